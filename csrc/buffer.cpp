@@ -1,0 +1,79 @@
+#include "buffer.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace pwt {
+
+static uint64_t round4(uint64_t n) { return (n + 3) & ~uint64_t(3); }
+
+Buffer::Buffer(std::shared_ptr<Device> dev, uint64_t bytes, const std::string& label, WGPUBufferUsage extra_usage)
+    : dev_(std::move(dev)), bytes_(bytes) {
+  const uint64_t size = std::max<uint64_t>(4, round4(bytes));
+  const auto& lim = dev_->limits();
+  if (size > lim.max_buffer)
+    throw OutOfMemoryError("allocating " + std::to_string(bytes) + " bytes: exceeds the device's max_buffer_size of " +
+                           std::to_string(lim.max_buffer) + " bytes");
+  WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
+  d.label = WGPUStringView{label.data(), label.size()};
+  d.size = size;
+  d.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopySrc | WGPUBufferUsage_CopyDst | extra_usage;
+  dev_->guarded("allocating " + std::to_string(bytes) + " bytes (" + label + ")",
+                [&] { buf_ = BufferHandle(wgpuDeviceCreateBuffer(dev_->raw(), &d)); });
+  if (!buf_) throw OutOfMemoryError("allocating " + std::to_string(bytes) + " bytes: the device returned no buffer");
+}
+
+void Buffer::upload(const void* src, uint64_t bytes, uint64_t offset) {
+  if (offset + bytes > bytes_) throw ArgumentError("upload of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " overruns a buffer of " + std::to_string(bytes_) + " bytes");
+  if (bytes == 0) return;
+  const uint64_t whole = bytes & ~uint64_t(3);
+  dev_->guarded("uploading " + std::to_string(bytes) + " bytes", [&] {
+    if (whole) wgpuQueueWriteBuffer(dev_->queue(), buf_.get(), offset, src, whole);
+    if (whole != bytes) {  // ragged tail: pad to the 4-byte copy granule
+      uint8_t tail[4] = {0, 0, 0, 0};
+      std::memcpy(tail, static_cast<const uint8_t*>(src) + whole, bytes - whole);
+      wgpuQueueWriteBuffer(dev_->queue(), buf_.get(), offset + whole, tail, 4);
+    }
+  });
+}
+
+void Buffer::download(void* dst, uint64_t bytes, uint64_t offset) const {
+  if (offset + bytes > bytes_) throw ArgumentError("download of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " overruns a buffer of " + std::to_string(bytes_) + " bytes");
+  std::lock_guard<std::recursive_mutex> lk(dev_->mutex());
+  auto* out = static_cast<uint8_t*>(dst);
+  // Chunks through the capped, grow-only staging buffer.
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t chunk = std::min(bytes - done, Device::kStagingCap - 4);
+    const uint64_t src_off = (offset + done) & ~uint64_t(3);
+    const uint64_t lead = (offset + done) - src_off;
+    const uint64_t copy = round4(lead + chunk);
+    WGPUBuffer staging = dev_->staging(copy);
+    struct Map { bool done = false; WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error; std::string msg; } m;
+    dev_->guarded("downloading " + std::to_string(bytes) + " bytes", [&] {
+      CommandEncoderHandle enc(wgpuDeviceCreateCommandEncoder(dev_->raw(), nullptr));
+      wgpuCommandEncoderCopyBufferToBuffer(enc.get(), buf_.get(), src_off, staging, 0, copy);
+      CommandBufferHandle cmd(wgpuCommandEncoderFinish(enc.get(), nullptr));
+      WGPUCommandBuffer cmds[] = {cmd.get()};
+      wgpuQueueSubmit(dev_->queue(), 1, cmds);
+      WGPUBufferMapCallbackInfo cb = {};
+      cb.mode = WGPUCallbackMode_AllowSpontaneous;
+      cb.callback = [](WGPUMapAsyncStatus s, WGPUStringView msg, void* u1, void*) {
+        auto* m = static_cast<Map*>(u1);
+        m->status = s;
+        m->msg = to_string(msg);
+        m->done = true;
+      };
+      cb.userdata1 = &m;
+      wgpuBufferMapAsync(staging, WGPUMapMode_Read, 0, copy, cb);
+      while (!m.done && !dev_->lost()) wgpuDevicePoll(dev_->raw(), true, nullptr);
+    });
+    dev_->ensure_alive("downloading " + std::to_string(bytes) + " bytes");
+    if (m.status != WGPUMapAsyncStatus_Success) throw GpuError("mapping the staging buffer failed: " + m.msg);
+    const void* p = wgpuBufferGetConstMappedRange(staging, 0, copy);
+    std::memcpy(out + done, static_cast<const uint8_t*>(p) + lead, chunk);
+    wgpuBufferUnmap(staging);
+    done += chunk;
+  }
+}
+
+}  // namespace pwt

@@ -1,0 +1,356 @@
+#include "device.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+#include "pipeline_cache.hpp"
+
+namespace pwt {
+namespace {
+
+InstanceHandle make_instance() {
+  // Primary backends only (Vulkan, Metal, DX12): the GL backend lacks the
+  // compute features the kernels rely on.
+  WGPUInstanceExtras extras = {};
+  extras.chain.sType = static_cast<WGPUSType>(WGPUSType_InstanceExtras);
+  extras.backends = WGPUInstanceBackend_Primary;
+  WGPUInstanceDescriptor desc = {};
+  desc.nextInChain = &extras.chain;
+  InstanceHandle inst(wgpuCreateInstance(&desc));
+  if (!inst) throw GpuError("wgpuCreateInstance failed: no WebGPU instance could be created");
+  return inst;
+}
+
+std::vector<AdapterHandle> enumerate(WGPUInstance inst) {
+  size_t n = wgpuInstanceEnumerateAdapters(inst, nullptr, nullptr);
+  std::vector<WGPUAdapter> raw(n);
+  if (n) wgpuInstanceEnumerateAdapters(inst, nullptr, raw.data());
+  std::vector<AdapterHandle> out;
+  for (auto a : raw) out.emplace_back(a);
+  return out;
+}
+
+const char* adapter_type_name(WGPUAdapterType t) {
+  switch (t) {
+    case WGPUAdapterType_DiscreteGPU: return "discrete-gpu";
+    case WGPUAdapterType_IntegratedGPU: return "integrated-gpu";
+    case WGPUAdapterType_CPU: return "cpu";
+    default: return "unknown";
+  }
+}
+
+AdapterSummary summarize(WGPUAdapter a, uint32_t index) {
+  WGPUAdapterInfo info = {};
+  wgpuAdapterGetInfo(a, &info);
+  AdapterSummary s;
+  s.index = index;
+  s.name = to_string(info.device);
+  s.vendor = to_string(info.vendor);
+  s.architecture = to_string(info.architecture);
+  s.driver = to_string(info.description);
+  s.backend = backend_name(info.backendType);
+  s.adapter_type = adapter_type_name(info.adapterType);
+  s.vendor_id = info.vendorID;
+  s.device_id = info.deviceID;
+  s.subgroup_min = info.subgroupMinSize;
+  s.subgroup_max = info.subgroupMaxSize;
+  wgpuAdapterInfoFreeMembers(info);
+  return s;
+}
+
+int type_rank(const std::string& t) {
+  if (t == "discrete-gpu") return 0;
+  if (t == "integrated-gpu") return 1;
+  if (t == "unknown") return 2;
+  return 3;  // cpu last
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+std::string feature_name(WGPUFeatureName f) {
+  switch (static_cast<uint32_t>(f)) {
+    case WGPUFeatureName_ShaderF16: return "shader-f16";
+    case WGPUFeatureName_Subgroups: return "subgroups";
+    case WGPUFeatureName_TimestampQuery: return "timestamp-query";
+    case WGPUFeatureName_Float32Filterable: return "float32-filterable";
+    case WGPUNativeFeature_TimestampQueryInsideEncoders: return "timestamp-query-inside-encoders";
+    case WGPUNativeFeature_TimestampQueryInsidePasses: return "timestamp-query-inside-passes";
+    case WGPUNativeFeature_Immediates: return "immediates";
+    case WGPUNativeFeature_ShaderFloat32Atomic: return "shader-float32-atomic";
+    case WGPUNativeFeature_ShaderF64: return "shader-f64";
+    case WGPUNativeFeature_ShaderInt64: return "shader-int64";
+    case WGPUNativeFeature_SubgroupBarrier: return "subgroup-barrier";
+    case WGPUNativeFeature_CooperativeMatrix: return "cooperative-matrix";
+    default: return {};
+  }
+}
+
+// Features pywgtrain uses when the adapter has them.
+const WGPUFeatureName kWanted[] = {
+    WGPUFeatureName_ShaderF16,
+    WGPUFeatureName_Subgroups,
+    WGPUFeatureName_TimestampQuery,
+    static_cast<WGPUFeatureName>(WGPUNativeFeature_TimestampQueryInsideEncoders),
+    static_cast<WGPUFeatureName>(WGPUNativeFeature_TimestampQueryInsidePasses),
+};
+
+struct ScopeResult {
+  bool done = false;
+  WGPUErrorType type = WGPUErrorType_NoError;
+  std::string message;
+};
+
+void on_pop(WGPUPopErrorScopeStatus status, WGPUErrorType type, WGPUStringView msg, void* u1, void*) {
+  auto* r = static_cast<ScopeResult*>(u1);
+  r->done = true;
+  r->type = status == WGPUPopErrorScopeStatus_Success ? type : WGPUErrorType_NoError;
+  r->message = to_string(msg);
+}
+
+}  // namespace
+
+std::string backend_name(WGPUBackendType t) {
+  switch (t) {
+    case WGPUBackendType_Vulkan: return "vulkan";
+    case WGPUBackendType_Metal: return "metal";
+    case WGPUBackendType_D3D12: return "dx12";
+    case WGPUBackendType_D3D11: return "dx11";
+    case WGPUBackendType_OpenGL: return "opengl";
+    case WGPUBackendType_OpenGLES: return "opengles";
+    case WGPUBackendType_WebGPU: return "webgpu";
+    default: return "unknown";
+  }
+}
+
+std::vector<AdapterSummary> Device::list_adapters() {
+  auto inst = make_instance();
+  auto adapters = enumerate(inst.get());
+  std::vector<AdapterSummary> out;
+  for (uint32_t i = 0; i < adapters.size(); ++i) out.push_back(summarize(adapters[i].get(), i));
+  return out;
+}
+
+void Device::on_device_lost(WGPUDevice const*, WGPUDeviceLostReason reason, WGPUStringView msg, void* u1, void*) {
+  auto* self = static_cast<Device*>(u1);
+  if (self->releasing_.load()) return;  // our own release, not a loss
+  std::lock_guard<std::mutex> lk(self->msg_mu_);
+  self->lost_message_ = (reason == WGPUDeviceLostReason_Destroyed ? "device destroyed: " : "device lost: ") + to_string(msg);
+  self->lost_.store(true);
+}
+
+void Device::on_uncaptured_error(WGPUDevice const*, WGPUErrorType type, WGPUStringView msg, void* u1, void*) {
+  // Every wgpu call the core makes sits inside guarded(); this only records
+  // strays so that the next guarded() reports them instead of the default
+  // handler aborting the process.
+  auto* self = static_cast<Device*>(u1);
+  std::lock_guard<std::mutex> lk(self->msg_mu_);
+  if (self->uncaptured_.empty()) self->uncaptured_ = (type == WGPUErrorType_OutOfMemory ? "out of memory: " : "") + to_string(msg);
+}
+
+std::shared_ptr<Device> Device::open(const std::string& selector_in) {
+  std::string selector = selector_in;
+  if (selector.empty()) {
+    if (const char* env = std::getenv("PYWGTRAIN_ADAPTER")) selector = env;
+  }
+  std::shared_ptr<Device> dev(new Device());
+  dev->instance_ = make_instance();
+  auto adapters = enumerate(dev->instance_.get());
+  if (adapters.empty())
+    throw GpuError("no WebGPU adapter found (Vulkan/Metal/DX12); on Linux install a Vulkan driver, e.g. mesa-vulkan-drivers");
+  std::vector<AdapterSummary> infos;
+  for (uint32_t i = 0; i < adapters.size(); ++i) infos.push_back(summarize(adapters[i].get(), i));
+
+  int chosen = -1;
+  if (selector.empty()) {
+    // High-performance preference: discrete, then integrated, then CPU.
+    chosen = 0;
+    for (uint32_t i = 1; i < infos.size(); ++i)
+      if (type_rank(infos[i].adapter_type) < type_rank(infos[chosen].adapter_type)) chosen = int(i);
+  } else if (std::all_of(selector.begin(), selector.end(), ::isdigit)) {
+    unsigned long idx = std::stoul(selector);
+    if (idx >= infos.size())
+      throw ArgumentError("adapter index " + selector + " out of range: " + std::to_string(infos.size()) + " adapter(s) available");
+    chosen = int(idx);
+  } else {
+    for (uint32_t i = 0; i < infos.size() && chosen < 0; ++i)
+      if (lower(infos[i].name).find(lower(selector)) != std::string::npos) chosen = int(i);
+    if (chosen < 0) {
+      std::string names;
+      for (auto& s : infos) names += (names.empty() ? "" : ", ") + ("'" + s.name + "'");
+      throw ArgumentError("no adapter name contains '" + selector + "'; available: " + names);
+    }
+  }
+  dev->adapter_ = std::move(adapters[chosen]);
+  dev->info_ = infos[chosen];
+
+  WGPULimits alim = WGPU_LIMITS_INIT;
+  wgpuAdapterGetLimits(dev->adapter_.get(), &alim);
+  std::vector<WGPUFeatureName> req;
+  for (auto f : kWanted)
+    if (wgpuAdapterHasFeature(dev->adapter_.get(), f)) req.push_back(f);
+
+  WGPUDeviceDescriptor desc = WGPU_DEVICE_DESCRIPTOR_INIT;
+  desc.label = sv("pywgtrain");
+  desc.requiredFeatureCount = req.size();
+  desc.requiredFeatures = req.data();
+  desc.requiredLimits = &alim;  // everything the adapter offers (bindings, buffer sizes, workgroup memory)
+  desc.deviceLostCallbackInfo.mode = WGPUCallbackMode_AllowSpontaneous;
+  desc.deviceLostCallbackInfo.callback = &Device::on_device_lost;
+  desc.deviceLostCallbackInfo.userdata1 = dev.get();
+  desc.uncapturedErrorCallbackInfo.callback = &Device::on_uncaptured_error;
+  desc.uncapturedErrorCallbackInfo.userdata1 = dev.get();
+
+  struct Req { bool done = false; WGPUDevice device = nullptr; std::string msg; } r;
+  WGPURequestDeviceCallbackInfo cb = {};
+  cb.mode = WGPUCallbackMode_AllowSpontaneous;
+  cb.callback = [](WGPURequestDeviceStatus status, WGPUDevice d, WGPUStringView m, void* u1, void*) {
+    auto* r = static_cast<Req*>(u1);
+    r->done = true;
+    if (status == WGPURequestDeviceStatus_Success) r->device = d; else r->msg = to_string(m);
+  };
+  cb.userdata1 = &r;
+  wgpuAdapterRequestDevice(dev->adapter_.get(), &desc, cb);
+  while (!r.done) wgpuInstanceProcessEvents(dev->instance_.get());
+  if (!r.device) throw GpuError("requesting a device from adapter '" + dev->info_.name + "' failed: " + r.msg);
+  dev->device_ = DeviceHandle(r.device);
+  dev->queue_ = QueueHandle(wgpuDeviceGetQueue(r.device));
+
+  WGPULimits lim = WGPU_LIMITS_INIT;
+  wgpuDeviceGetLimits(r.device, &lim);
+  dev->limits_.max_storage_binding = lim.maxStorageBufferBindingSize;
+  dev->limits_.max_buffer = lim.maxBufferSize;
+  dev->limits_.max_workgroups_per_dim = lim.maxComputeWorkgroupsPerDimension;
+  dev->limits_.max_invocations = lim.maxComputeInvocationsPerWorkgroup;
+  dev->limits_.max_workgroup_storage = lim.maxComputeWorkgroupStorageSize;
+  dev->limits_.storage_offset_alignment = lim.minStorageBufferOffsetAlignment;
+  dev->limits_.uniform_offset_alignment = lim.minUniformBufferOffsetAlignment;
+  dev->limits_.max_storage_buffers_per_stage = lim.maxStorageBuffersPerShaderStage;
+
+  WGPUSupportedFeatures feats = {};
+  wgpuDeviceGetFeatures(r.device, &feats);
+  for (size_t i = 0; i < feats.featureCount; ++i) {
+    auto n = feature_name(feats.features[i]);
+    if (!n.empty()) dev->feature_names_.push_back(n);
+  }
+  wgpuSupportedFeaturesFreeMembers(feats);
+  std::sort(dev->feature_names_.begin(), dev->feature_names_.end());
+  dev->pipelines_ = std::make_unique<PipelineCache>(*dev);
+  return dev;
+}
+
+Device::~Device() {
+  // Release order: our own objects first, then queue, device, adapter, instance.
+  releasing_.store(true);
+  pipelines_.reset();
+  uniform_pool_.clear();
+  staging_.reset();
+  queue_.reset();
+  device_.reset();
+  adapter_.reset();
+  instance_.reset();
+}
+
+std::string Device::lost_message() const {
+  std::lock_guard<std::mutex> lk(msg_mu_);
+  return lost_message_;
+}
+
+void Device::ensure_alive(const std::string& what) const {
+  if (lost_.load()) throw DeviceLostError(what + ": " + lost_message() + " (create a new pywgtrain.Device)");
+}
+
+void Device::guarded(const std::string& what, const std::function<void()>& body) {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  ensure_alive(what);
+  WGPUDevice d = device_.get();
+  wgpuDevicePushErrorScope(d, WGPUErrorFilter_OutOfMemory);
+  wgpuDevicePushErrorScope(d, WGPUErrorFilter_Validation);
+  std::exception_ptr thrown;
+  try { body(); } catch (...) { thrown = std::current_exception(); }
+  ScopeResult res[2];
+  for (auto& r : res) {
+    WGPUPopErrorScopeCallbackInfo cb = {};
+    cb.mode = WGPUCallbackMode_AllowSpontaneous;
+    cb.callback = on_pop;
+    cb.userdata1 = &r;
+    wgpuDevicePopErrorScope(d, cb);
+  }
+  for (auto& r : res)
+    while (!r.done) wgpuInstanceProcessEvents(instance_.get());
+  if (thrown) std::rethrow_exception(thrown);
+  ensure_alive(what);
+  for (auto& r : res) {
+    if (r.type == WGPUErrorType_NoError) continue;
+    if (r.type == WGPUErrorType_OutOfMemory) throw OutOfMemoryError(what + ": out of GPU memory: " + r.message);
+    if (r.type == WGPUErrorType_Validation) throw ValidationError(what + ": " + r.message);
+    throw GpuError(what + ": internal wgpu error: " + r.message);
+  }
+  std::string stray;
+  {
+    std::lock_guard<std::mutex> ml(msg_mu_);
+    stray.swap(uncaptured_);
+  }
+  if (!stray.empty()) throw GpuError(what + ": earlier uncaptured wgpu error: " + stray);
+}
+
+void Device::wait(uint64_t submission) {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  ensure_alive("waiting for the GPU");
+  WGPUSubmissionIndex idx = submission;
+  wgpuDevicePoll(device_.get(), true, &idx);
+  ensure_alive("waiting for the GPU");
+}
+
+void Device::destroy() {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  wgpuDeviceDestroy(device_.get());
+  wgpuInstanceProcessEvents(instance_.get());
+  if (!lost_.load()) {
+    std::lock_guard<std::mutex> ml(msg_mu_);
+    lost_message_ = "device destroyed";
+    lost_.store(true);
+  }
+}
+
+BufferHandle Device::take_uniform_chunk() {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  if (!uniform_pool_.empty()) {
+    BufferHandle h = std::move(uniform_pool_.back());
+    uniform_pool_.pop_back();
+    return h;
+  }
+  WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
+  d.label = sv("pywgtrain.uniforms");
+  d.size = kUniformChunkBytes;
+  d.usage = WGPUBufferUsage_Uniform | WGPUBufferUsage_CopyDst;
+  BufferHandle h;
+  guarded("allocating uniform memory", [&] { h = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
+  return h;
+}
+
+void Device::give_uniform_chunk(BufferHandle chunk) {
+  // Safe to reuse at once: queue writes and submissions execute in queue order.
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  if (uniform_pool_.size() < 64) uniform_pool_.push_back(std::move(chunk));
+}
+
+WGPUBuffer Device::staging(uint64_t bytes) {
+  if (bytes > staging_bytes_) {
+    uint64_t size = std::min<uint64_t>(kStagingCap, std::max<uint64_t>(bytes, 1 << 20));
+    WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
+    d.label = sv("pywgtrain.staging");
+    d.size = size;
+    d.usage = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
+    staging_.reset();
+    staging_bytes_ = 0;
+    guarded("allocating the download staging buffer", [&] { staging_ = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
+    staging_bytes_ = size;
+  }
+  return staging_.get();
+}
+
+}  // namespace pwt

@@ -1,0 +1,109 @@
+// One wgpu device and everything that lives exactly once per device: queue,
+// limits, features, error plumbing, the pipeline cache and staging memory.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "errors.hpp"
+#include "handle.hpp"
+
+namespace pwt {
+
+class PipelineCache;
+
+struct AdapterSummary {
+  uint32_t index = 0;
+  std::string name, vendor, architecture, driver, backend, adapter_type;
+  uint32_t vendor_id = 0, device_id = 0, subgroup_min = 0, subgroup_max = 0;
+};
+
+struct DeviceLimits {
+  uint64_t max_storage_binding = 0;
+  uint64_t max_buffer = 0;
+  uint32_t max_workgroups_per_dim = 0;
+  uint32_t max_invocations = 0;
+  uint32_t max_workgroup_storage = 0;
+  uint32_t storage_offset_alignment = 0;
+  uint32_t uniform_offset_alignment = 0;
+  uint32_t max_storage_buffers_per_stage = 0;
+};
+
+class Device : public std::enable_shared_from_this<Device> {
+ public:
+  // selector: "" (then $PYWGTRAIN_ADAPTER, then the high-performance adapter),
+  // a decimal index into list_adapters(), or a case-insensitive name substring.
+  static std::shared_ptr<Device> open(const std::string& selector);
+  static std::vector<AdapterSummary> list_adapters();
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  WGPUDevice raw() const { return device_.get(); }
+  WGPUQueue queue() const { return queue_.get(); }
+  WGPUInstance instance() const { return instance_.get(); }
+  const AdapterSummary& info() const { return info_; }
+  const DeviceLimits& limits() const { return limits_; }
+  const std::vector<std::string>& features() const { return feature_names_; }
+  bool has_feature(WGPUFeatureName f) const { return wgpuDeviceHasFeature(device_.get(), f); }
+  PipelineCache& pipelines() { return *pipelines_; }
+
+  // Serializes every use of the device: wgpu error scopes are per device, so
+  // an error must be attributed to the thread that caused it.
+  std::recursive_mutex& mutex() { return mu_; }
+
+  bool lost() const { return lost_.load(); }
+  std::string lost_message() const;
+  void ensure_alive(const std::string& what) const;
+
+  // Runs `body` inside validation and out-of-memory error scopes (wgpu-native
+  // rejects the internal filter) and turns whatever they caught into the
+  // matching exception, prefixed by `what`.
+  void guarded(const std::string& what, const std::function<void()>& body);
+
+  // Blocks until the submission has finished (the GIL is released by callers).
+  void wait(uint64_t submission);
+  // Deliberately destroys the device (tests of device loss use this).
+  void destroy();
+
+  // Reused per-dispatch uniform memory (see Recorder).
+  BufferHandle take_uniform_chunk();
+  void give_uniform_chunk(BufferHandle chunk);
+  static constexpr uint64_t kUniformChunkBytes = 64 * 1024;
+
+  // Grow-only MAP_READ staging buffer for downloads, capped at kStagingCap.
+  WGPUBuffer staging(uint64_t bytes);
+  static constexpr uint64_t kStagingCap = 64ull << 20;
+
+ private:
+  Device() = default;
+  static void on_device_lost(WGPUDevice const*, WGPUDeviceLostReason, WGPUStringView, void*, void*);
+  static void on_uncaptured_error(WGPUDevice const*, WGPUErrorType, WGPUStringView, void*, void*);
+
+  InstanceHandle instance_;
+  AdapterHandle adapter_;
+  DeviceHandle device_;
+  QueueHandle queue_;
+  AdapterSummary info_;
+  DeviceLimits limits_;
+  std::vector<std::string> feature_names_;
+  std::unique_ptr<PipelineCache> pipelines_;
+  std::vector<BufferHandle> uniform_pool_;
+  BufferHandle staging_;
+  uint64_t staging_bytes_ = 0;
+
+  std::recursive_mutex mu_;
+  std::atomic<bool> lost_{false};
+  std::atomic<bool> releasing_{false};
+  mutable std::mutex msg_mu_;
+  std::string lost_message_;
+  std::string uncaptured_;  // errors outside any scope, reported by the next guarded()
+};
+
+std::string backend_name(WGPUBackendType t);
+
+}  // namespace pwt

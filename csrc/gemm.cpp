@@ -1,0 +1,218 @@
+// GEMM and GEMV launchers: variant choice, splitting of operands that exceed
+// the storage-binding limit into bindable pieces, and dispatch.
+#include <algorithm>
+#include <string>
+
+#include "dispatch_util.hpp"
+#include "ops.hpp"
+
+namespace pwt {
+
+void check_floats(const Buffer& b, uint64_t count, const char* what) {
+  if (b.bytes() < count * 4)
+    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 4) + " floats, needs " + std::to_string(count));
+}
+
+namespace {
+
+struct GemmParams {
+  uint32_t m, n, k, lda, ldb, ldc, a_off, b_off, c_off;
+  float alpha, beta;
+  uint32_t bias_off;
+};
+
+struct GemvParams {
+  uint32_t n, k, ldb, x_off, b_off, y_off;
+  float alpha, beta;
+};
+
+struct TileConfig { uint32_t bm, bn, bk, tm, tn; };
+
+// 128x128 tiles (8x8 per thread) when they fill the GPU, 64x64 (4x4) otherwise.
+TileConfig choose_tiles(uint32_t m, uint32_t n) {
+  const uint64_t big_tiles = ceil_div(m, 128) * ceil_div(n, 128);
+  if (big_tiles >= 96) return {128, 128, 16, 8, 8};
+  return {64, 64, 16, 4, 4};
+}
+
+enum class Epilogue { Plain, BiasAct, BiasActTrain };
+
+const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act) {
+  KernelDesc d;
+  d.shader = "gemm";
+  d.entry = ep == Epilogue::Plain ? "gemm" : ep == Epilogue::BiasAct ? "gemm_bias_act" : "gemm_bias_act_train";
+  d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
+  if (ep != Epilogue::Plain) d.bindings.push_back({4, Bind::ReadOnly});
+  if (ep == Epilogue::BiasActTrain) d.bindings.push_back({5, Bind::ReadWrite});
+  auto u = [](uint32_t v) { return std::to_string(v) + "u"; };
+  d.constants = {{"BM", u(t.bm)}, {"BN", u(t.bn)}, {"BK", u(t.bk)}, {"TM", u(t.tm)}, {"TN", u(t.tn)},
+                 {"TRANS_A", ta ? "true" : "false"}, {"TRANS_B", tb ? "true" : "false"},
+                 {"ACT", u(uint32_t(ep == Epilogue::Plain ? Activation::None : act))}};
+  return dev.pipelines().get(d);
+}
+
+const Kernel& gemv_kernel(Device& dev, bool tb) {
+  KernelDesc d;
+  d.shader = "gemv";
+  d.entry = "gemv";
+  d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
+  d.constants = {{"TRANS_B", tb ? "true" : "false"}};
+  return dev.pipelines().get(d);
+}
+
+// A window of whole rows [row0, row0 + rows) of a row-major matrix with leading
+// dimension ld, bound at an aligned offset; `inner` is where row0 starts.
+struct RowWindow { Range range; uint32_t inner; };
+
+RowWindow row_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t ld) {
+  const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+  const uint64_t first = base + row0 * ld;
+  const uint64_t start = first / align * align;
+  const uint64_t count = first - start + rows * ld;
+  return {floats(buf, start, count), uint32_t(first - start)};
+}
+
+// Largest row count whose window (plus alignment slack) fits one binding.
+uint64_t rows_per_binding(const Device& dev, uint64_t ld, const char* operand) {
+  const uint64_t cap = dev.limits().max_storage_binding / 4;
+  const uint64_t slack = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+  if (ld + slack > cap)
+    throw ArgumentError(std::string("one row of ") + operand + " (" + std::to_string(ld) +
+                        " floats) exceeds the device's max_storage_buffer_binding_size of " +
+                        std::to_string(dev.limits().max_storage_binding) + " bytes");
+  return (cap - slack) / ld;
+}
+
+// Block size along one dimension: every operand stored with that dimension as
+// its row index must fit; 0 constraints means the whole extent.
+uint64_t block_along(uint64_t extent, uint64_t limit, uint64_t tile) {
+  uint64_t b = std::min(extent, limit);
+  if (b < extent && b >= tile) b = b / tile * tile;
+  return std::max<uint64_t>(b, 1);
+}
+
+void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b, const Buffer& y, uint64_t y_base,
+                 uint32_t n, uint32_t k, bool tb, float alpha, float beta) {
+  Device& dev = r.device();
+  const Kernel& kern = gemv_kernel(dev, tb);
+  // B is stored (tb ? N x K : K x N); split along its rows so each piece binds.
+  const uint64_t ld = tb ? k : n;
+  const uint64_t per_group = tb ? 8 : 32;
+  const uint64_t n_limit = uint64_t(dev.limits().max_workgroups_per_dim) * per_group;
+  const uint64_t rows_cap = rows_per_binding(dev, ld, "the matrix operand");
+  const uint64_t kb = tb ? k : block_along(k, rows_cap, 1);
+  const uint64_t nb = tb ? block_along(n, std::min(rows_cap, n_limit), per_group) : block_along(n, n_limit, per_group);
+  for (uint64_t n0 = 0; n0 < n; n0 += nb) {
+    const uint64_t nc = std::min<uint64_t>(nb, n - n0);
+    for (uint64_t k0 = 0; k0 < k; k0 += kb) {
+      const uint64_t kc = std::min<uint64_t>(kb, k - k0);
+      RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ld) : row_window(dev, b, 0, k0, kc, ld);
+      RowWindow xw = row_window(dev, x, x_base, k0, kc, 1);
+      RowWindow yw = row_window(dev, y, y_base, n0, nc, 1);
+      GemvParams p{uint32_t(nc), uint32_t(kc), uint32_t(ld), xw.inner, bw.inner + (tb ? 0u : uint32_t(n0)), yw.inner,
+                   alpha, k0 == 0 ? beta : 1.0f};
+      r.dispatch(kern, {xw.range, bw.range, yw.range}, p, uint32_t(ceil_div(nc, per_group)));
+    }
+  }
+}
+
+void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+                 bool ta, bool tb, float alpha, float beta, Epilogue ep, Activation act, const Buffer* bias,
+                 const Buffer* preact) {
+  Device& dev = r.device();
+  const TileConfig t = choose_tiles(m, n);
+  const uint64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+  // Rows of each stored matrix are one of M, N, K; bound each block size by
+  // every operand whose rows run along that dimension.
+  uint64_t m_cap = rows_per_binding(dev, ldc, "C");
+  m_cap = std::min<uint64_t>(m_cap, uint64_t(dev.limits().max_workgroups_per_dim) * t.bm);
+  uint64_t n_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bn;
+  uint64_t k_cap = UINT64_MAX;
+  if (!ta) m_cap = std::min(m_cap, rows_per_binding(dev, lda, "A")); else k_cap = std::min(k_cap, rows_per_binding(dev, lda, "A"));
+  if (tb) n_cap = std::min(n_cap, rows_per_binding(dev, ldb, "B")); else k_cap = std::min(k_cap, rows_per_binding(dev, ldb, "B"));
+  const uint64_t mb = block_along(m, m_cap, t.bm), nb = block_along(n, n_cap, t.bn), kb = block_along(k, k_cap, t.bk);
+  // A fused epilogue must see the complete sum: with a K split it runs
+  // afterwards as its own elementwise pass.
+  const bool split_k = kb < k;
+  if (split_k && ep == Epilogue::BiasAct) {
+    // The unfused pass needs a separate pre-activation buffer.
+    auto scratch = std::make_shared<Buffer>(r.device_ptr(), uint64_t(m) * n * 4, "pywgtrain.preact_scratch");
+    r.hold(scratch);
+    preact = scratch.get();
+    ep = Epilogue::BiasActTrain;
+  }
+  const Epilogue in_kernel = split_k ? Epilogue::Plain : ep;
+  const Buffer& target = (split_k && ep == Epilogue::BiasActTrain) ? *preact : c;
+  const Kernel& kern = gemm_kernel(dev, t, ta, tb, in_kernel, act);
+
+  for (uint64_t m0 = 0; m0 < m; m0 += mb) {
+    const uint64_t mc = std::min(mb, m - m0);
+    for (uint64_t n0 = 0; n0 < n; n0 += nb) {
+      const uint64_t nc = std::min(nb, n - n0);
+      for (uint64_t k0 = 0; k0 < k; k0 += kb) {
+        const uint64_t kc = std::min(kb, k - k0);
+        RowWindow aw = ta ? row_window(dev, a, 0, k0, kc, lda) : row_window(dev, a, 0, m0, mc, lda);
+        RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ldb) : row_window(dev, b, 0, k0, kc, ldb);
+        RowWindow cw = row_window(dev, target, 0, m0, mc, ldc);
+        GemmParams p{uint32_t(mc), uint32_t(nc), uint32_t(kc), uint32_t(lda), uint32_t(ldb), uint32_t(ldc),
+                     aw.inner + uint32_t(ta ? m0 : k0), bw.inner + uint32_t(tb ? k0 : n0), cw.inner + uint32_t(n0),
+                     alpha, k0 == 0 ? beta : 1.0f, uint32_t(n0)};
+        std::vector<Range> ranges{aw.range, bw.range, cw.range};
+        if (in_kernel != Epilogue::Plain) ranges.push_back(whole(*bias));
+        if (in_kernel == Epilogue::BiasActTrain) ranges.push_back(row_window(dev, *preact, 0, m0, mc, ldc).range);
+        r.dispatch(kern, ranges, p, uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)));
+      }
+    }
+  }
+  if (split_k && ep != Epilogue::Plain) {
+    // preact holds op(A) op(B); add the bias in place and write act() to C.
+    KernelDesc d;
+    d.shader = "linear";
+    d.entry = "bias_act";
+    d.bindings = {{2, Bind::ReadWrite}, {3, Bind::Uniform}, {4, Bind::ReadOnly}, {5, Bind::ReadWrite}};
+    d.constants = {{"ACT", std::to_string(uint32_t(act)) + "u"}};
+    const Kernel& bk = dev.pipelines().get(d);
+    const uint64_t rows_per = rows_per_piece(dev, n);
+    for (uint64_t m0 = 0; m0 < m; m0 += rows_per) {
+      const uint64_t mc = std::min(rows_per, m - m0);
+      struct { uint32_t n, cols, bias_off, pad; } p{uint32_t(mc * n), n, 0, 0};
+      auto [gx, gy] = grid_1d(dev, ceil_div(mc * n, 256));
+      r.dispatch(bk, {floats(c, m0 * n, mc * n), whole(*bias), floats(*preact, m0 * n, mc * n)}, p, gx, gy);
+    }
+  }
+}
+
+void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k) {
+  if (m == 0 || n == 0 || k == 0) throw ArgumentError("gemm: M, N and K must be >= 1 (got " + std::to_string(m) + ", " + std::to_string(n) + ", " + std::to_string(k) + ")");
+  check_floats(a, uint64_t(m) * k, "gemm operand A");
+  check_floats(b, uint64_t(k) * n, "gemm operand B");
+  check_floats(c, uint64_t(m) * n, "gemm output C");
+}
+
+}  // namespace
+
+void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+          bool ta, bool tb, float alpha, float beta) {
+  check_gemm(a, b, c, m, n, k);
+  if (m == 1) {
+    // op(A) is one row whichever way A is stored.
+    record_gemv(r, a, 0, b, c, 0, n, k, tb, alpha, beta);
+  } else if (n == 1) {
+    // C^T = op(B)^T op(A)^T: the single column of op(B) is the vector and
+    // op(A)^T is the matrix, stored N x K style exactly when A is not transposed.
+    record_gemv(r, b, 0, a, c, 0, m, k, !ta, alpha, beta);
+  } else {
+    record_gemm(r, a, b, c, m, n, k, ta, tb, alpha, beta, Epilogue::Plain, Activation::None, nullptr, nullptr);
+  }
+}
+
+void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& y,
+                   const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb, Activation act) {
+  check_gemm(a, b, y, m, n, k);
+  check_floats(bias, n, "bias");
+  if (preact) check_floats(*preact, uint64_t(m) * n, "pre-activation output");
+  record_gemm(r, a, b, y, m, n, k, ta, tb, 1.0f, 0.0f, preact ? Epilogue::BiasActTrain : Epilogue::BiasAct, act, &bias,
+              preact);
+}
+
+}  // namespace pwt

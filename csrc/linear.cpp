@@ -1,0 +1,44 @@
+// Backward pieces of a linear layer that are not GEMMs.
+#include <string>
+
+#include "dispatch_util.hpp"
+#include "ops.hpp"
+
+namespace pwt {
+
+void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n, Activation act) {
+  for (auto* b : {&dy, &z, &dz}) check_floats(*b, n, "activation_backward operand");
+  Device& dev = r.device();
+  KernelDesc d;
+  d.shader = "linear";
+  d.entry = "act_backward";
+  d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
+  d.constants = {{"ACT", std::to_string(uint32_t(act)) + "u"}};
+  const Kernel& k = dev.pipelines().get(d);
+  for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
+    struct { uint32_t n, cols, bias_off, pad; } p{uint32_t(count), 1, 0, 0};
+    auto [gx, gy] = grid_1d(dev, ceil_div(count, 256));
+    r.dispatch(k, {floats(dy, first, count), floats(z, first, count), floats(dz, first, count)}, p, gx, gy);
+  });
+}
+
+void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols, float beta) {
+  check_floats(dz, uint64_t(rows) * cols, "bias_grad input");
+  check_floats(db, cols, "bias gradient");
+  Device& dev = r.device();
+  KernelDesc d;
+  d.shader = "linear";
+  d.entry = "bias_grad";
+  d.bindings = {{0, Bind::ReadOnly}, {2, Bind::ReadWrite}, {6, Bind::Uniform}};
+  d.constants = {{"ACT", "0u"}};
+  const Kernel& k = dev.pipelines().get(d);
+  // Row blocks that fit one binding; later blocks accumulate.
+  const uint64_t rows_per = rows_per_piece(dev, cols);
+  for (uint64_t r0 = 0; r0 < rows; r0 += rows_per) {
+    const uint64_t rc = std::min<uint64_t>(rows_per, rows - r0);
+    struct { uint32_t rows, cols; float beta; uint32_t pad; } p{uint32_t(rc), cols, r0 == 0 ? beta : 1.0f, 0};
+    r.dispatch(k, {floats(dz, r0 * cols, rc * cols), whole(db)}, p, uint32_t(ceil_div(cols, 64)));
+  }
+}
+
+}  // namespace pwt

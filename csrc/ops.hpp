@@ -1,0 +1,52 @@
+// Kernel launchers: each validates sizes, picks a kernel variant from the
+// pipeline cache, splits work that exceeds binding or dispatch limits, and
+// records into the caller's Recorder. Nothing here waits on the GPU.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "recorder.hpp"
+
+namespace pwt {
+
+enum class Activation : uint32_t { None = 0, Relu = 1, GeluTanh = 2, GeluErf = 3, Silu = 4 };
+
+// C[M,N] = alpha * op(A) op(B) + beta * C, row-major f32, op(A) is M x K.
+void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+          bool trans_a, bool trans_b, float alpha, float beta);
+
+// Y = act(op(A) op(B) + bias); when `preact` is given it receives op(A) op(B) + bias.
+void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& y,
+                   const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b,
+                   Activation act);
+
+// dZ = dY * act'(Z), elementwise over n values.
+void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n, Activation act);
+// db[cols] = column sums of dZ[rows, cols] (+ beta * db).
+void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols, float beta);
+
+struct AdamWConfig { float lr, beta1, beta2, eps, weight_decay; };
+// One AdamW step (step >= 1) over n parameters; `clip` (if given) holds
+// [norm, coefficient] from grad_norm and scales the gradient as it is read.
+void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
+           uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip);
+
+// Global L2 norm over several gradient vectors into out[0]; out[1] =
+// max_norm / (norm + 1e-6). `scratch` must hold grad_norm_scratch_floats().
+void grad_norm(Recorder& r, const std::vector<const Buffer*>& grads, const std::vector<uint64_t>& counts,
+               const Buffer& scratch, const Buffer& out, float max_norm);
+uint64_t grad_norm_scratch_floats(const Device& dev, const std::vector<uint64_t>& counts);
+// g *= min(1, out[1]) in place, skipped on the GPU when the norm is within bounds.
+void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& norm_out);
+
+// Mean softmax cross-entropy over rows -> out[out_index]; dlogits = d(mean)/dlogits.
+void softmax_cross_entropy(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& dlogits,
+                           const Buffer& row_losses, const Buffer& scratch, const Buffer& out, uint32_t out_index,
+                           uint32_t rows, uint32_t cols);
+// Mean squared error over n values -> out[out_index]; dpred = d(mean)/dpred.
+void mse_loss(Recorder& r, const Buffer& pred, const Buffer& target, const Buffer& dpred, const Buffer& sq,
+              const Buffer& scratch, const Buffer& out, uint32_t out_index, uint64_t n);
+// Scratch floats needed to reduce n values (mean/norm partials).
+uint64_t reduce_scratch_floats(uint64_t n);
+
+}  // namespace pwt

@@ -1,0 +1,92 @@
+// AdamW, global gradient norm and clipping launchers.
+#include <cmath>
+#include <string>
+
+#include "dispatch_util.hpp"
+#include "ops.hpp"
+
+namespace pwt {
+namespace {
+
+const Kernel& optim_kernel(Device& dev, const char* entry) {
+  KernelDesc d;
+  d.shader = "optim";
+  d.entry = entry;
+  const std::string e = entry;
+  if (e == "scale_by_clip") {
+    d.bindings = {{5, Bind::ReadOnly}, {6, Bind::ReadWrite}, {7, Bind::Uniform}};
+  } else {
+    d.bindings = {{0, Bind::ReadWrite}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::ReadWrite}, {4, Bind::Uniform}};
+    if (e == "adamw_clipped") d.bindings.push_back({5, Bind::ReadOnly});
+  }
+  return dev.pipelines().get(d);
+}
+
+}  // namespace
+
+uint64_t grad_norm_scratch_floats(const Device& dev, const std::vector<uint64_t>& counts) {
+  uint64_t total = 0;
+  const uint64_t piece = max_piece_floats(dev);
+  for (auto n : counts) {
+    for (uint64_t first = 0; first < n; first += piece) total += ceil_div(std::min(piece, n - first), kReduceGroup);
+  }
+  return std::max<uint64_t>(total, 1);
+}
+
+void grad_norm(Recorder& r, const std::vector<const Buffer*>& grads, const std::vector<uint64_t>& counts,
+               const Buffer& scratch, const Buffer& out, float max_norm) {
+  if (grads.size() != counts.size()) throw ArgumentError("grad_norm: one count per gradient buffer expected");
+  if (grads.empty()) throw ArgumentError("grad_norm: no gradients given");
+  check_floats(scratch, grad_norm_scratch_floats(r.device(), counts), "grad_norm scratch");
+  check_floats(out, 2, "grad_norm output");
+  uint64_t partials = 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    check_floats(*grads[i], counts[i], "gradient");
+    partials = record_partials(r, *grads[i], counts[i], true, scratch, partials);
+  }
+  record_finalize(r, "finalize_norm", scratch, partials, out, 0, 1.0f, max_norm);
+}
+
+void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& norm_out) {
+  check_floats(grad, n, "gradient");
+  check_floats(norm_out, 2, "norm output");
+  Device& dev = r.device();
+  const Kernel& k = optim_kernel(dev, "scale_by_clip");
+  for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
+    struct { uint32_t n; } p{uint32_t(count)};
+    auto [gx, gy] = grid_1d(dev, ceil_div(count, 256));
+    r.dispatch(k, {whole(norm_out), floats(grad, first, count)}, p, gx, gy);
+  });
+}
+
+void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
+           uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip) {
+  if (!(cfg.lr >= 0.0f)) throw ArgumentError("AdamW: lr must be >= 0, got " + std::to_string(cfg.lr));
+  if (!(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f)) throw ArgumentError("AdamW: beta1 must be in [0, 1), got " + std::to_string(cfg.beta1));
+  if (!(cfg.beta2 >= 0.0f && cfg.beta2 < 1.0f)) throw ArgumentError("AdamW: beta2 must be in [0, 1), got " + std::to_string(cfg.beta2));
+  if (!(cfg.eps > 0.0f)) throw ArgumentError("AdamW: eps must be > 0, got " + std::to_string(cfg.eps));
+  if (!(cfg.weight_decay >= 0.0f)) throw ArgumentError("AdamW: weight_decay must be >= 0, got " + std::to_string(cfg.weight_decay));
+  if (step < 1) throw ArgumentError("AdamW: step must be >= 1");
+  for (auto* b : {&param, &grad, &exp_avg, &exp_avg_sq}) check_floats(*b, n, "AdamW operand");
+  if (clip) check_floats(*clip, 2, "clip coefficient");
+  Device& dev = r.device();
+  const Kernel& k = optim_kernel(dev, clip ? "adamw_clipped" : "adamw");
+  // Bias corrections in double on the host, as torch computes them in Python floats.
+  const double bc1 = 1.0 - std::pow(double(cfg.beta1), double(step));
+  const double bc2 = 1.0 - std::pow(double(cfg.beta2), double(step));
+  struct {
+    uint32_t n;
+    float beta1, beta2, eps, decay, step_size, bc2_sqrt, pad;
+  } p{0, cfg.beta1, cfg.beta2, cfg.eps, float(1.0 - double(cfg.lr) * cfg.weight_decay), float(cfg.lr / bc1),
+      float(std::sqrt(bc2)), 0.0f};
+  for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
+    p.n = uint32_t(count);
+    auto [gx, gy] = grid_1d(dev, ceil_div(count, 256));
+    std::vector<Range> ranges{floats(param, first, count), floats(grad, first, count), floats(exp_avg, first, count),
+                              floats(exp_avg_sq, first, count)};
+    if (clip) ranges.push_back(whole(*clip));
+    r.dispatch(k, ranges, p, gx, gy);
+  });
+}
+
+}  // namespace pwt

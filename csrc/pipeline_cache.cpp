@@ -1,0 +1,88 @@
+#include "pipeline_cache.hpp"
+
+#include <sstream>
+
+#include "device.hpp"
+#include "shaders.hpp"
+
+namespace pwt {
+
+std::string KernelDesc::key() const {
+  std::string k = shader + ":" + entry;
+  for (auto& [name, value] : constants) k += ";" + name + "=" + value;
+  return k;
+}
+
+const Kernel& PipelineCache::get(const KernelDesc& desc) {
+  std::lock_guard<std::recursive_mutex> lk(dev_.mutex());
+  const std::string key = desc.key();
+  if (auto it = kernels_.find(key); it != kernels_.end()) return *it->second;
+
+  auto& sources = embedded_shaders();
+  auto src_it = sources.find(desc.shader);
+  if (src_it == sources.end()) throw GpuError("unknown shader '" + desc.shader + "'");
+  // `enable` directives must precede every declaration, so they go first.
+  std::string enables, body, line;
+  std::istringstream lines(src_it->second);
+  while (std::getline(lines, line)) {
+    if (line.rfind("enable ", 0) == 0) {
+      enables += line + "\n";
+    } else if (line.rfind("//!include ", 0) == 0) {  // shared helper functions
+      auto inc = sources.find(line.substr(11));
+      if (inc == sources.end()) throw GpuError(desc.shader + ".wgsl includes unknown shader '" + line.substr(11) + "'");
+      body += inc->second + "\n";
+    } else {
+      body += line + "\n";
+    }
+  }
+  std::string code = enables;
+  for (auto& [name, value] : desc.constants) code += "const " + name + " = " + value + ";\n";
+  code += body;
+
+  auto k = std::make_unique<Kernel>();
+  k->name = key;
+  k->bindings = desc.bindings;
+  WGPUDevice d = dev_.raw();
+  dev_.guarded("compiling kernel " + key, [&] {
+    WGPUShaderSourceWGSL wgsl = {};
+    wgsl.chain.sType = WGPUSType_ShaderSourceWGSL;
+    wgsl.code = WGPUStringView{code.data(), code.size()};
+    WGPUShaderModuleDescriptor smd = {};
+    smd.nextInChain = &wgsl.chain;
+    smd.label = WGPUStringView{key.data(), key.size()};
+    ShaderModuleHandle module(wgpuDeviceCreateShaderModule(d, &smd));
+
+    std::vector<WGPUBindGroupLayoutEntry> entries;
+    for (auto& [binding, kind] : desc.bindings) {
+      WGPUBindGroupLayoutEntry e = {};
+      e.binding = binding;
+      e.visibility = WGPUShaderStage_Compute;
+      e.buffer.type = kind == Bind::Uniform ? WGPUBufferBindingType_Uniform
+                      : kind == Bind::ReadOnly ? WGPUBufferBindingType_ReadOnlyStorage
+                                                : WGPUBufferBindingType_Storage;
+      entries.push_back(e);
+    }
+    WGPUBindGroupLayoutDescriptor bgld = {};
+    bgld.entryCount = entries.size();
+    bgld.entries = entries.data();
+    k->layout = BindGroupLayoutHandle(wgpuDeviceCreateBindGroupLayout(d, &bgld));
+
+    WGPUBindGroupLayout layouts[] = {k->layout.get()};
+    WGPUPipelineLayoutDescriptor pld = {};
+    pld.bindGroupLayoutCount = 1;
+    pld.bindGroupLayouts = layouts;
+    PipelineLayoutHandle pl(wgpuDeviceCreatePipelineLayout(d, &pld));
+
+    WGPUComputePipelineDescriptor cpd = {};
+    cpd.label = WGPUStringView{key.data(), key.size()};
+    cpd.layout = pl.get();
+    cpd.compute.module = module.get();
+    cpd.compute.entryPoint = WGPUStringView{desc.entry.data(), desc.entry.size()};
+    k->pipeline = ComputePipelineHandle(wgpuDeviceCreateComputePipeline(d, &cpd));
+  });
+  auto& ref = *k;
+  kernels_.emplace(key, std::move(k));
+  return ref;
+}
+
+}  // namespace pwt

@@ -1,0 +1,46 @@
+// Compute pipelines compiled once per device and looked up by key afterwards.
+// A kernel is (shader file, entry point, specialization constants, binding
+// layout); constants are emitted as WGSL `const` declarations ahead of the
+// shader text, so one .wgsl file serves every tile configuration.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "handle.hpp"
+
+namespace pwt {
+
+class Device;
+
+enum class Bind { ReadOnly, ReadWrite, Uniform };
+
+struct KernelDesc {
+  std::string shader;  // file stem under shaders/
+  std::string entry;
+  std::vector<std::pair<uint32_t, Bind>> bindings;  // (binding index, kind)
+  std::vector<std::pair<std::string, std::string>> constants;  // (name, WGSL literal)
+  std::string key() const;
+};
+
+struct Kernel {
+  std::string name;
+  std::vector<std::pair<uint32_t, Bind>> bindings;
+  BindGroupLayoutHandle layout;
+  ComputePipelineHandle pipeline;
+};
+
+class PipelineCache {
+ public:
+  explicit PipelineCache(Device& dev) : dev_(dev) {}
+  const Kernel& get(const KernelDesc& desc);
+  size_t size() const { return kernels_.size(); }
+
+ private:
+  Device& dev_;
+  std::map<std::string, std::unique_ptr<Kernel>> kernels_;
+};
+
+}  // namespace pwt

@@ -1,0 +1,155 @@
+#include "recorder.hpp"
+
+#include <cstring>
+
+namespace pwt {
+
+Recorder::Recorder(std::shared_ptr<Device> dev) : dev_(std::move(dev)) {}
+
+Recorder::~Recorder() {
+  // Unsubmitted work is dropped; uniform chunks go back to the pool.
+  pass_.reset();
+  encoder_.reset();
+  for (auto& c : uniforms_) dev_->give_uniform_chunk(std::move(c.buffer));
+}
+
+void Recorder::ensure_encoder() {
+  if (encoder_) return;
+  dev_->guarded("creating a command encoder", [&] {
+    encoder_ = CommandEncoderHandle(wgpuDeviceCreateCommandEncoder(dev_->raw(), nullptr));
+  });
+}
+
+void Recorder::ensure_pass() {
+  ensure_encoder();
+  if (pass_) return;
+  WGPUComputePassDescriptor d = {};
+  if (timed_) d.timestampWrites = &timestamps_;
+  pass_ = ComputePassHandle(wgpuCommandEncoderBeginComputePass(encoder_.get(), &d));
+  timed_ = false;
+}
+
+void Recorder::end_pass() {
+  if (!pass_) return;
+  wgpuComputePassEncoderEnd(pass_.get());
+  pass_.reset();
+}
+
+void Recorder::time_next_pass(WGPUQuerySet set, uint32_t begin_index, uint32_t end_index) {
+  end_pass();
+  timestamps_ = {};
+  timestamps_.querySet = set;
+  timestamps_.beginningOfPassWriteIndex = begin_index;
+  timestamps_.endOfPassWriteIndex = end_index;
+  timed_ = true;
+}
+
+Range Recorder::uniform_slot(const void* params, size_t bytes) {
+  const uint64_t align = std::max<uint32_t>(dev_->limits().uniform_offset_alignment, 16);
+  const uint64_t need = (bytes + align - 1) / align * align;
+  if (uniforms_.empty() || uniforms_.back().data.size() + need > Device::kUniformChunkBytes) {
+    uniforms_.push_back(UniformChunk{dev_->take_uniform_chunk(), {}});
+    uniforms_.back().data.reserve(Device::kUniformChunkBytes);
+  }
+  auto& c = uniforms_.back();
+  const uint64_t offset = c.data.size();
+  c.data.resize(offset + need, 0);
+  std::memcpy(c.data.data() + offset, params, bytes);
+  return Range{c.buffer.get(), offset, (bytes + 15) & ~uint64_t(15)};
+}
+
+void Recorder::dispatch(const Kernel& k, const std::vector<Range>& storage, const void* params, size_t params_bytes,
+                        uint32_t gx, uint32_t gy, uint32_t gz) {
+  const auto& lim = dev_->limits();
+  if (gx > lim.max_workgroups_per_dim || gy > lim.max_workgroups_per_dim || gz > lim.max_workgroups_per_dim)
+    throw ArgumentError(k.name + ": dispatch of (" + std::to_string(gx) + ", " + std::to_string(gy) + ", " +
+                        std::to_string(gz) + ") workgroups exceeds the device limit of " +
+                        std::to_string(lim.max_workgroups_per_dim) + " per dimension");
+  if (gx == 0 || gy == 0 || gz == 0) return;
+  std::vector<WGPUBindGroupEntry> entries;
+  size_t next_storage = 0;
+  for (auto& [binding, kind] : k.bindings) {
+    Range r;
+    if (kind == Bind::Uniform) {
+      r = uniform_slot(params, params_bytes);
+    } else {
+      if (next_storage >= storage.size()) throw ArgumentError(k.name + ": too few buffers bound");
+      r = storage[next_storage++];
+      if (r.size > lim.max_storage_binding)
+        throw ArgumentError(k.name + ": binding of " + std::to_string(r.size) + " bytes exceeds max_storage_buffer_binding_size " +
+                            std::to_string(lim.max_storage_binding));
+    }
+    WGPUBindGroupEntry e = {};
+    e.binding = binding;
+    e.buffer = r.buffer;
+    e.offset = r.offset;
+    e.size = r.size;
+    entries.push_back(e);
+  }
+  ensure_pass();
+  dev_->guarded("recording " + k.name, [&] {
+    WGPUBindGroupDescriptor d = {};
+    d.layout = k.layout.get();
+    d.entryCount = entries.size();
+    d.entries = entries.data();
+    BindGroupHandle group(wgpuDeviceCreateBindGroup(dev_->raw(), &d));
+    wgpuComputePassEncoderSetPipeline(pass_.get(), k.pipeline.get());
+    wgpuComputePassEncoderSetBindGroup(pass_.get(), 0, group.get(), 0, nullptr);
+    wgpuComputePassEncoderDispatchWorkgroups(pass_.get(), gx, gy, gz);
+  });
+  ++commands_;
+}
+
+void Recorder::copy(const Buffer& src, uint64_t so, const Buffer& dst, uint64_t doff, uint64_t bytes) {
+  if (bytes == 0) return;
+  end_pass();
+  ensure_encoder();
+  dev_->guarded("recording a copy of " + std::to_string(bytes) + " bytes",
+                [&] { wgpuCommandEncoderCopyBufferToBuffer(encoder_.get(), src.raw(), so, dst.raw(), doff, bytes); });
+  ++commands_;
+}
+
+void Recorder::fill_zero(const Buffer& dst, uint64_t offset, uint64_t bytes) {
+  if (bytes == 0) return;
+  end_pass();
+  ensure_encoder();
+  dev_->guarded("recording a clear of " + std::to_string(bytes) + " bytes",
+                [&] { wgpuCommandEncoderClearBuffer(encoder_.get(), dst.raw(), offset, bytes); });
+  ++commands_;
+}
+
+void Recorder::resolve_queries(WGPUQuerySet set, uint32_t count, const Buffer& dst) {
+  end_pass();
+  ensure_encoder();
+  dev_->guarded("resolving timestamp queries", [&] { wgpuCommandEncoderResolveQuerySet(encoder_.get(), set, 0, count, dst.raw(), 0); });
+  ++commands_;
+}
+
+uint64_t Recorder::submit() {
+  if (!encoder_) { held_.clear(); return 0; }
+  end_pass();
+  uint64_t index = 0;
+  // Whatever happens, the recorder ends empty and its uniform chunks return.
+  auto encoder = std::move(encoder_);
+  auto chunks = std::move(uniforms_);
+  uniforms_.clear();
+  commands_ = 0;
+  held_.clear();
+  std::exception_ptr err;
+  try {
+    dev_->guarded("submitting recorded GPU work", [&] {
+      for (auto& c : chunks)
+        if (!c.data.empty()) wgpuQueueWriteBuffer(dev_->queue(), c.buffer.get(), 0, c.data.data(), c.data.size());
+      CommandBufferHandle cmd(wgpuCommandEncoderFinish(encoder.get(), nullptr));
+      WGPUCommandBuffer cmds[] = {cmd.get()};
+      index = wgpuQueueSubmitForIndex(dev_->queue(), 1, cmds);
+    });
+  } catch (...) {
+    err = std::current_exception();
+  }
+  for (auto& c : chunks) dev_->give_uniform_chunk(std::move(c.buffer));
+  if (err) std::rethrow_exception(err);
+  return index;
+}
+
+}  // namespace pwt

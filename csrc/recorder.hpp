@@ -1,0 +1,70 @@
+// Batched recording: many dispatches and copies go into one command encoder
+// and reach the GPU in one submit. Every operation in the core records into a
+// Recorder; the synchronous helpers make one, record, submit.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "buffer.hpp"
+#include "pipeline_cache.hpp"
+
+namespace pwt {
+
+// A byte range of a buffer bound to one shader binding.
+struct Range {
+  WGPUBuffer buffer;
+  uint64_t offset;
+  uint64_t size;
+};
+inline Range whole(const Buffer& b) { return Range{b.raw(), 0, std::max<uint64_t>(4, (b.bytes() + 3) & ~uint64_t(3))}; }
+
+class Recorder {
+ public:
+  explicit Recorder(std::shared_ptr<Device> dev);
+  ~Recorder();
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  Device& device() { return *dev_; }
+  const std::shared_ptr<Device>& device_ptr() const { return dev_; }
+
+  // Storage ranges go to the kernel's non-uniform bindings in order; `params`
+  // (if the kernel has a uniform binding) is copied into per-dispatch uniform memory.
+  void dispatch(const Kernel& k, const std::vector<Range>& storage, const void* params, size_t params_bytes,
+                uint32_t groups_x, uint32_t groups_y = 1, uint32_t groups_z = 1);
+  template <typename P>
+  void dispatch(const Kernel& k, const std::vector<Range>& storage, const P& params, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
+    dispatch(k, storage, &params, sizeof(P), gx, gy, gz);
+  }
+  void copy(const Buffer& src, uint64_t src_offset, const Buffer& dst, uint64_t dst_offset, uint64_t bytes);
+  void fill_zero(const Buffer& dst, uint64_t offset, uint64_t bytes);
+  // Next compute pass writes GPU timestamps at its start and end (benchmarks).
+  void time_next_pass(WGPUQuerySet set, uint32_t begin_index, uint32_t end_index);
+  void end_pass();
+  void resolve_queries(WGPUQuerySet set, uint32_t count, const Buffer& dst);
+
+  // Keeps a buffer alive until the recorded work has been submitted.
+  void hold(std::shared_ptr<const Buffer> b) { held_.push_back(std::move(b)); }
+  size_t pending() const { return commands_; }
+  // Finishes and submits everything recorded (one submit); the recorder is
+  // reusable afterwards. Returns the submission index (0 if nothing was recorded).
+  uint64_t submit();
+
+ private:
+  void ensure_encoder();
+  void ensure_pass();
+  Range uniform_slot(const void* params, size_t bytes);
+
+  std::shared_ptr<Device> dev_;
+  CommandEncoderHandle encoder_;
+  ComputePassHandle pass_;
+  struct UniformChunk { BufferHandle buffer; std::vector<uint8_t> data; };
+  std::vector<UniformChunk> uniforms_;
+  std::vector<std::shared_ptr<const Buffer>> held_;
+  size_t commands_ = 0;
+  bool timed_ = false;
+  WGPUPassTimestampWrites timestamps_ = {};
+};
+
+}  // namespace pwt

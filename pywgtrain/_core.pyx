@@ -1,0 +1,240 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Thin wrappers over the C++ core. The Python layer (tensor.py, ops.py, ...)
+does argument checking and shape logic; these wrappers move bytes and record
+kernels. Every call that can wait on the GPU releases the GIL."""
+from libc.stdint cimport uint32_t, uint64_t
+from libcpp cimport bool
+from libcpp.memory cimport shared_ptr, unique_ptr
+from libcpp.string cimport string
+from libcpp.vector cimport vector
+
+from ._corelib cimport (
+    Activation, AdamWConfig, Buffer, Device, PassTimer, Recorder, raise_py_error, set_py_error_types,
+)
+from . cimport _corelib as c
+
+
+class GpuError(RuntimeError):
+    """The GPU or wgpu refused an operation."""
+
+
+class ValidationError(GpuError):
+    """wgpu validation failed (malformed binding, size or usage)."""
+
+
+class OutOfMemoryError(GpuError, MemoryError):
+    """The device could not allocate the requested memory."""
+
+
+class DeviceLostError(GpuError):
+    """The device was lost or destroyed; create a new pywgtrain.Device."""
+
+
+set_py_error_types(GpuError, ValidationError, OutOfMemoryError, DeviceLostError)
+
+
+def _s(string v):
+    return v.decode("utf-8", "replace")
+
+
+cdef dict _summary(const c.AdapterSummary& s):
+    return {
+        "index": s.index, "name": _s(s.name), "vendor": _s(s.vendor), "architecture": _s(s.architecture),
+        "driver": _s(s.driver), "backend": _s(s.backend), "adapter_type": _s(s.adapter_type),
+        "vendor_id": s.vendor_id, "device_id": s.device_id,
+        "subgroup_min_size": s.subgroup_min, "subgroup_max_size": s.subgroup_max,
+    }
+
+
+def list_adapters():
+    cdef vector[c.AdapterSummary] v
+    with nogil:
+        v = Device.list_adapters()
+    return [_summary(s) for s in v]
+
+
+cdef class _Device:
+    cdef shared_ptr[Device] ptr
+
+    def __cinit__(self, str selector=""):
+        cdef string sel = selector.encode()
+        with nogil:
+            self.ptr = Device.open(sel)
+
+    @property
+    def info(self):
+        return _summary(self.ptr.get().info())
+
+    @property
+    def limits(self):
+        cdef const c.DeviceLimits* l = &self.ptr.get().limits()
+        return {
+            "max_storage_buffer_binding_size": l.max_storage_binding,
+            "max_buffer_size": l.max_buffer,
+            "max_compute_workgroups_per_dimension": l.max_workgroups_per_dim,
+            "max_compute_invocations_per_workgroup": l.max_invocations,
+            "max_compute_workgroup_storage_size": l.max_workgroup_storage,
+            "min_storage_buffer_offset_alignment": l.storage_offset_alignment,
+            "min_uniform_buffer_offset_alignment": l.uniform_offset_alignment,
+            "max_storage_buffers_per_shader_stage": l.max_storage_buffers_per_stage,
+        }
+
+    @property
+    def features(self):
+        cdef vector[string] names = self.ptr.get().features()
+        return [_s(f) for f in names]
+
+    @property
+    def lost(self):
+        return self.ptr.get().lost()
+
+    def wait(self, uint64_t submission):
+        with nogil:
+            self.ptr.get().wait(submission)
+
+    def destroy(self):
+        self.ptr.get().destroy()
+
+    def grad_norm_scratch_floats(self, counts):
+        cdef vector[uint64_t] v = counts
+        return c.grad_norm_scratch_floats(self.ptr.get()[0], v)
+
+
+cdef class _Buffer:
+    cdef shared_ptr[Buffer] ptr
+    cdef readonly _Device device
+
+    def __cinit__(self, _Device device, uint64_t nbytes, str label="pywgtrain.tensor"):
+        cdef string lab = label.encode()
+        self.device = device
+        with nogil:
+            self.ptr.reset(new Buffer(device.ptr, nbytes, lab))
+
+    @property
+    def nbytes(self):
+        return self.ptr.get().bytes()
+
+    def upload(self, const unsigned char[::1] data, uint64_t offset=0):
+        cdef uint64_t n = data.shape[0]
+        if n == 0:
+            return
+        with nogil:
+            self.ptr.get().upload(&data[0], n, offset)
+
+    def download(self, unsigned char[::1] out, uint64_t offset=0):
+        cdef uint64_t n = out.shape[0]
+        if n == 0:
+            return
+        with nogil:
+            self.ptr.get().download(&out[0], n, offset)
+
+
+cdef class _Recorder:
+    """Records dispatches into one command encoder; submit() sends them in one submit."""
+    cdef unique_ptr[Recorder] ptr
+    cdef readonly _Device device
+
+    def __cinit__(self, _Device device):
+        self.device = device
+        self.ptr.reset(new Recorder(device.ptr))
+
+    @property
+    def pending(self):
+        return self.ptr.get().pending()
+
+    def submit(self):
+        cdef uint64_t index
+        with nogil:
+            index = self.ptr.get().submit()
+        return index
+
+    def copy(self, _Buffer src, uint64_t src_offset, _Buffer dst, uint64_t dst_offset, uint64_t nbytes):
+        self.ptr.get().copy(src.ptr.get()[0], src_offset, dst.ptr.get()[0], dst_offset, nbytes)
+
+    def fill_zero(self, _Buffer dst, uint64_t offset, uint64_t nbytes):
+        self.ptr.get().fill_zero(dst.ptr.get()[0], offset, nbytes)
+
+
+cdef class _PassTimer:
+    cdef unique_ptr[PassTimer] ptr
+
+    def __cinit__(self, _Device device, uint32_t max_passes):
+        self.ptr.reset(new PassTimer(device.ptr, max_passes))
+
+    def time_next_pass(self, _Recorder r, uint32_t index):
+        self.ptr.get().time_next_pass(r.ptr.get()[0], index)
+
+    def read(self, _Recorder r, uint32_t passes):
+        cdef vector[double] ns
+        with nogil:
+            ns = self.ptr.get().read(r.ptr.get()[0], passes)
+        return list(ns)
+
+
+cdef inline Buffer* _b(_Buffer b):
+    return b.ptr.get()
+
+
+cdef inline const Buffer* _opt(_Buffer b):
+    if b is None:
+        return <const Buffer*>NULL
+    return b.ptr.get()
+
+
+def gemm(_Recorder r, _Buffer a, _Buffer b, _Buffer out, uint32_t m, uint32_t n, uint32_t k,
+         bint trans_a, bint trans_b, float alpha, float beta):
+    c.gemm(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(out)[0], m, n, k, trans_a, trans_b, alpha, beta)
+
+
+def gemm_bias_act(_Recorder r, _Buffer a, _Buffer b, _Buffer bias, _Buffer y, _Buffer preact,
+                  uint32_t m, uint32_t n, uint32_t k, bint trans_a, bint trans_b, uint32_t act):
+    c.gemm_bias_act(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(bias)[0], _b(y)[0], _opt(preact), m, n, k,
+                    trans_a, trans_b, <Activation>act)
+
+
+def activation_backward(_Recorder r, _Buffer dy, _Buffer z, _Buffer dz, uint64_t n, uint32_t act):
+    c.activation_backward(r.ptr.get()[0], _b(dy)[0], _b(z)[0], _b(dz)[0], n, <Activation>act)
+
+
+def bias_grad(_Recorder r, _Buffer dz, _Buffer db, uint32_t rows, uint32_t cols, float beta):
+    c.bias_grad(r.ptr.get()[0], _b(dz)[0], _b(db)[0], rows, cols, beta)
+
+
+def adamw(_Recorder r, _Buffer param, _Buffer grad, _Buffer exp_avg, _Buffer exp_avg_sq, uint64_t n,
+          float lr, float beta1, float beta2, float eps, float weight_decay, uint64_t step, _Buffer clip=None):
+    cdef AdamWConfig cfg
+    cfg.lr = lr
+    cfg.beta1 = beta1
+    cfg.beta2 = beta2
+    cfg.eps = eps
+    cfg.weight_decay = weight_decay
+    c.adamw(r.ptr.get()[0], _b(param)[0], _b(grad)[0], _b(exp_avg)[0], _b(exp_avg_sq)[0], n, cfg, step, _opt(clip))
+
+
+def grad_norm(_Recorder r, list grads, list counts, _Buffer scratch, _Buffer out, float max_norm):
+    cdef vector[const Buffer*] gs
+    cdef vector[uint64_t] ns = counts
+    cdef _Buffer g
+    for g in grads:
+        gs.push_back(g.ptr.get())
+    c.grad_norm(r.ptr.get()[0], gs, ns, _b(scratch)[0], _b(out)[0], max_norm)
+
+
+def scale_by_clip(_Recorder r, _Buffer grad, uint64_t n, _Buffer norm_out):
+    c.scale_by_clip(r.ptr.get()[0], _b(grad)[0], n, _b(norm_out)[0])
+
+
+def softmax_cross_entropy(_Recorder r, _Buffer logits, _Buffer labels, _Buffer dlogits, _Buffer row_losses,
+                          _Buffer scratch, _Buffer out, uint32_t out_index, uint32_t rows, uint32_t cols):
+    c.softmax_cross_entropy(r.ptr.get()[0], _b(logits)[0], _b(labels)[0], _b(dlogits)[0], _b(row_losses)[0],
+                            _b(scratch)[0], _b(out)[0], out_index, rows, cols)
+
+
+def mse_loss(_Recorder r, _Buffer pred, _Buffer target, _Buffer dpred, _Buffer sq, _Buffer scratch,
+             _Buffer out, uint32_t out_index, uint64_t n):
+    c.mse_loss(r.ptr.get()[0], _b(pred)[0], _b(target)[0], _b(dpred)[0], _b(sq)[0], _b(scratch)[0],
+               _b(out)[0], out_index, n)
+
+
+def reduce_scratch_floats(uint64_t n):
+    return c.reduce_scratch_floats(n)

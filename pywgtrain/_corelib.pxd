@@ -1,0 +1,90 @@
+# Declarations of the C++ core (csrc/) for the Cython wrappers in _core.pyx.
+from libc.stdint cimport uint32_t, uint64_t
+from libcpp cimport bool
+from libcpp.memory cimport shared_ptr, unique_ptr
+from libcpp.string cimport string
+from libcpp.vector cimport vector
+
+
+cdef extern from "py_errors.hpp" namespace "pwt":
+    void raise_py_error()
+    void set_py_error_types(object gpu, object validation, object oom, object lost)
+
+
+cdef extern from "device.hpp" namespace "pwt" nogil:
+    cdef cppclass AdapterSummary:
+        uint32_t index
+        string name, vendor, architecture, driver, backend, adapter_type
+        uint32_t vendor_id, device_id, subgroup_min, subgroup_max
+
+    cdef cppclass DeviceLimits:
+        uint64_t max_storage_binding, max_buffer
+        uint32_t max_workgroups_per_dim, max_invocations, max_workgroup_storage
+        uint32_t storage_offset_alignment, uniform_offset_alignment, max_storage_buffers_per_stage
+
+    cdef cppclass Device:
+        @staticmethod
+        shared_ptr[Device] open(const string& selector) except +raise_py_error
+        @staticmethod
+        vector[AdapterSummary] list_adapters() except +raise_py_error
+        const AdapterSummary& info()
+        const DeviceLimits& limits()
+        const vector[string]& features()
+        bool lost()
+        string lost_message()
+        void wait(uint64_t submission) except +raise_py_error
+        void destroy() except +raise_py_error
+
+
+cdef extern from "buffer.hpp" namespace "pwt" nogil:
+    cdef cppclass Buffer:
+        Buffer(shared_ptr[Device] dev, uint64_t nbytes, const string& label) except +raise_py_error
+        uint64_t bytes()
+        void upload(const void* src, uint64_t nbytes, uint64_t offset) except +raise_py_error
+        void download(void* dst, uint64_t nbytes, uint64_t offset) except +raise_py_error
+
+
+cdef extern from "recorder.hpp" namespace "pwt" nogil:
+    cdef cppclass Recorder:
+        Recorder(shared_ptr[Device] dev) except +raise_py_error
+        void copy(const Buffer& src, uint64_t so, const Buffer& dst, uint64_t do, uint64_t nbytes) except +raise_py_error
+        void fill_zero(const Buffer& dst, uint64_t offset, uint64_t nbytes) except +raise_py_error
+        size_t pending()
+        uint64_t submit() except +raise_py_error
+
+
+cdef extern from "timing.hpp" namespace "pwt" nogil:
+    cdef cppclass PassTimer:
+        PassTimer(shared_ptr[Device] dev, uint32_t max_passes) except +raise_py_error
+        void time_next_pass(Recorder& r, uint32_t index) except +raise_py_error
+        vector[double] read(Recorder& r, uint32_t passes) except +raise_py_error
+
+
+cdef extern from "ops.hpp" namespace "pwt" nogil:
+    cdef enum class Activation(uint32_t):
+        pass
+
+    cdef cppclass AdamWConfig:
+        float lr, beta1, beta2, eps, weight_decay
+
+    void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+              bool trans_a, bool trans_b, float alpha, float beta) except +raise_py_error
+    void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& y,
+                       const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b,
+                       Activation act) except +raise_py_error
+    void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n,
+                             Activation act) except +raise_py_error
+    void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols,
+                   float beta) except +raise_py_error
+    void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
+               uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip) except +raise_py_error
+    void grad_norm(Recorder& r, const vector[const Buffer*]& grads, const vector[uint64_t]& counts,
+                   const Buffer& scratch, const Buffer& out, float max_norm) except +raise_py_error
+    uint64_t grad_norm_scratch_floats(const Device& dev, const vector[uint64_t]& counts)
+    void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& norm_out) except +raise_py_error
+    void softmax_cross_entropy(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& dlogits,
+                               const Buffer& row_losses, const Buffer& scratch, const Buffer& out, uint32_t out_index,
+                               uint32_t rows, uint32_t cols) except +raise_py_error
+    void mse_loss(Recorder& r, const Buffer& pred, const Buffer& target, const Buffer& dpred, const Buffer& sq,
+                  const Buffer& scratch, const Buffer& out, uint32_t out_index, uint64_t n) except +raise_py_error
+    uint64_t reduce_scratch_floats(uint64_t n)

@@ -1,0 +1,150 @@
+// Tiled, register-blocked GEMM: C = alpha * op(A) * op(B) + beta * C, row-major
+// f32, op = transpose when TRANS_A / TRANS_B. Transposition happens in the tile
+// loads, so backward products (dC*B^T, A^T*dC) run on untransposed buffers.
+//
+// Specialization constants (emitted by the pipeline cache):
+//   BM, BN, BK: workgroup tile; TM, TN: per-thread tile (multiples of 4);
+//   TRANS_A, TRANS_B: bool; ACT: activation of the fused entry points.
+// Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
+// workgroup, so shared-memory reads are consecutive vec4s across threads.
+// Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
+//!include activations
+
+struct Params {
+  m: u32, n: u32, k: u32,
+  lda: u32, ldb: u32, ldc: u32,
+  a_off: u32, b_off: u32, c_off: u32,  // element offsets inside the bound ranges
+  alpha: f32, beta: f32,
+  bias_off: u32,
+}
+
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> c: array<f32>;
+@group(0) @binding(3) var<uniform> p: Params;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read_write> preact: array<f32>;
+
+const WG_X: u32 = BN / TN;
+const WG_Y: u32 = BM / TM;
+const THREADS: u32 = WG_X * WG_Y;
+const VM: u32 = TM / 4u;
+const VN: u32 = TN / 4u;
+
+var<workgroup> tile_a: array<vec4<f32>, BK * BM / 4u>;  // [k][m], m packed by 4
+var<workgroup> tile_b: array<vec4<f32>, BK * BN / 4u>;  // [k][n], n packed by 4
+
+fn op_a(m: u32, k: u32) -> f32 {
+  if (m >= p.m || k >= p.k) { return 0.0; }
+  if (TRANS_A) { return a[p.a_off + k * p.lda + m]; }
+  return a[p.a_off + m * p.lda + k];
+}
+
+fn op_b(k: u32, n: u32) -> f32 {
+  if (k >= p.k || n >= p.n) { return 0.0; }
+  if (TRANS_B) { return b[p.b_off + n * p.ldb + k]; }
+  return b[p.b_off + k * p.ldb + n];
+}
+
+fn tile_product(wid: vec3<u32>, lid: vec3<u32>) -> array<vec4<f32>, TM * VN> {
+  let tid = lid.y * WG_X + lid.x;
+  let m0 = wid.y * BM;
+  let n0 = wid.x * BN;
+  var acc: array<vec4<f32>, TM * VN>;
+  for (var k0 = 0u; k0 < p.k; k0 += BK) {
+    // Load order follows the stored layout so neighbouring threads read
+    // neighbouring addresses.
+    for (var e = tid; e < BM * BK; e += THREADS) {
+      var mm: u32; var kk: u32;
+      if (TRANS_A) { kk = e / BM; mm = e % BM; } else { mm = e / BK; kk = e % BK; }
+      tile_a[kk * (BM / 4u) + mm / 4u][mm % 4u] = op_a(m0 + mm, k0 + kk);
+    }
+    for (var e = tid; e < BN * BK; e += THREADS) {
+      var nn: u32; var kk: u32;
+      if (TRANS_B) { nn = e / BK; kk = e % BK; } else { kk = e / BN; nn = e % BN; }
+      tile_b[kk * (BN / 4u) + nn / 4u][nn % 4u] = op_b(k0 + kk, n0 + nn);
+    }
+    workgroupBarrier();
+    for (var kk = 0u; kk < BK; kk++) {
+      var av: array<vec4<f32>, VM>;
+      var bv: array<vec4<f32>, VN>;
+      for (var i = 0u; i < VM; i++) { av[i] = tile_a[kk * (BM / 4u) + i * WG_Y + lid.y]; }
+      for (var j = 0u; j < VN; j++) { bv[j] = tile_b[kk * (BN / 4u) + j * WG_X + lid.x]; }
+      for (var i = 0u; i < VM; i++) {
+        for (var r = 0u; r < 4u; r++) {
+          for (var j = 0u; j < VN; j++) {
+            acc[(i * 4u + r) * VN + j] = fma(vec4<f32>(av[i][r]), bv[j], acc[(i * 4u + r) * VN + j]);
+          }
+        }
+      }
+    }
+    workgroupBarrier();
+  }
+  return acc;
+}
+
+fn out_row(wid: vec3<u32>, lid: vec3<u32>, i: u32, r: u32) -> u32 { return wid.y * BM + i * 4u * WG_Y + lid.y * 4u + r; }
+fn out_col(wid: vec3<u32>, lid: vec3<u32>, j: u32, q: u32) -> u32 { return wid.x * BN + j * 4u * WG_X + lid.x * 4u + q; }
+
+@compute @workgroup_size(WG_X, WG_Y)
+fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let acc = tile_product(wid, lid);
+  for (var i = 0u; i < VM; i++) {
+    for (var r = 0u; r < 4u; r++) {
+      let m = out_row(wid, lid, i, r);
+      if (m >= p.m) { continue; }
+      for (var j = 0u; j < VN; j++) {
+        for (var q = 0u; q < 4u; q++) {
+          let n = out_col(wid, lid, j, q);
+          if (n >= p.n) { continue; }
+          let idx = p.c_off + m * p.ldc + n;
+          var v = p.alpha * acc[(i * 4u + r) * VN + j][q];
+          // beta == 0 never reads C, so garbage (even NaN) there is ignored.
+          if (p.beta != 0.0) { v = fma(p.beta, c[idx], v); }
+          c[idx] = v;
+        }
+      }
+    }
+  }
+}
+
+// y = act(alpha * op(A) op(B) + bias[n]); the pre-activation is kept for backward.
+@compute @workgroup_size(WG_X, WG_Y)
+fn gemm_bias_act_train(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let acc = tile_product(wid, lid);
+  for (var i = 0u; i < VM; i++) {
+    for (var r = 0u; r < 4u; r++) {
+      let m = out_row(wid, lid, i, r);
+      if (m >= p.m) { continue; }
+      for (var j = 0u; j < VN; j++) {
+        for (var q = 0u; q < 4u; q++) {
+          let n = out_col(wid, lid, j, q);
+          if (n >= p.n) { continue; }
+          let idx = p.c_off + m * p.ldc + n;
+          let z = p.alpha * acc[(i * 4u + r) * VN + j][q] + bias[p.bias_off + n];
+          preact[idx] = z;
+          c[idx] = activate(z);
+        }
+      }
+    }
+  }
+}
+
+// Inference form: no pre-activation output.
+@compute @workgroup_size(WG_X, WG_Y)
+fn gemm_bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let acc = tile_product(wid, lid);
+  for (var i = 0u; i < VM; i++) {
+    for (var r = 0u; r < 4u; r++) {
+      let m = out_row(wid, lid, i, r);
+      if (m >= p.m) { continue; }
+      for (var j = 0u; j < VN; j++) {
+        for (var q = 0u; q < 4u; q++) {
+          let n = out_col(wid, lid, j, q);
+          if (n >= p.n) { continue; }
+          c[p.c_off + m * p.ldc + n] = activate(p.alpha * acc[(i * 4u + r) * VN + j][q] + bias[p.bias_off + n]);
+        }
+      }
+    }
+  }
+}

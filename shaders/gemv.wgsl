@@ -1,0 +1,58 @@
+// y = alpha * x * op(B) + beta * y for one row x (GEMM with M = 1), memory bound.
+// TRANS_B = false: B is K x N; 32 columns per workgroup, 8 lanes split K, so
+//   each row of B is read by 32 consecutive threads.
+// TRANS_B = true:  B is N x K; 8 outputs per workgroup, 32 lanes split each dot
+//   product, so each row of B is read contiguously.
+
+struct Params {
+  n: u32, k: u32, ldb: u32,
+  x_off: u32, b_off: u32, y_off: u32,
+  alpha: f32, beta: f32,
+}
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+var<workgroup> partial: array<f32, 256>;
+
+fn store(n: u32, s: f32) {
+  var v = p.alpha * s;
+  if (p.beta != 0.0) { v = fma(p.beta, y[p.y_off + n], v); }
+  y[p.y_off + n] = v;
+}
+
+@compute @workgroup_size(32, 8)
+fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  var s = 0.0;
+  var n: u32;
+  if (TRANS_B) {
+    n = wid.x * 8u + lid.y;
+    if (n < p.n) {
+      let row = p.b_off + n * p.ldb;
+      for (var k = lid.x; k < p.k; k += 32u) { s = fma(x[p.x_off + k], b[row + k], s); }
+    }
+  } else {
+    n = wid.x * 32u + lid.x;
+    if (n < p.n) {
+      for (var k = lid.y; k < p.k; k += 8u) { s = fma(x[p.x_off + k], b[p.b_off + k * p.ldb + n], s); }
+    }
+  }
+  partial[lid.y * 32u + lid.x] = s;
+  workgroupBarrier();
+  if (TRANS_B) {
+    // 32 lanes of one output -> 1
+    for (var stride = 16u; stride > 0u; stride >>= 1u) {
+      if (lid.x < stride) { partial[lid.y * 32u + lid.x] += partial[lid.y * 32u + lid.x + stride]; }
+      workgroupBarrier();
+    }
+    if (lid.x == 0u && n < p.n) { store(n, partial[lid.y * 32u]); }
+  } else {
+    if (lid.y == 0u && n < p.n) {
+      var t = 0.0;
+      for (var l = 0u; l < 8u; l++) { t += partial[l * 32u + lid.x]; }
+      store(n, t);
+    }
+  }
+}

@@ -1,0 +1,71 @@
+// Optimizer updates, one thread per parameter. Dispatches are 2-D when a
+// vector needs more than 65535 workgroups; the index is linearized here.
+//
+// AdamW as torch.optim.AdamW (amsgrad=False): decoupled decay p *= 1 - lr*wd,
+// then p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). The host passes the
+// bias corrections for this step.
+
+struct AdamParams {
+  n: u32,
+  beta1: f32, beta2: f32, eps: f32,
+  decay: f32,      // 1 - lr * weight_decay
+  step_size: f32,  // lr / (1 - beta1^t)
+  bc2_sqrt: f32,   // sqrt(1 - beta2^t)
+  _pad: f32,
+}
+
+@group(0) @binding(0) var<storage, read_write> param: array<f32>;
+@group(0) @binding(1) var<storage, read> grad: array<f32>;
+@group(0) @binding(2) var<storage, read_write> exp_avg: array<f32>;
+@group(0) @binding(3) var<storage, read_write> exp_avg_sq: array<f32>;
+@group(0) @binding(4) var<uniform> ap: AdamParams;
+// [norm, clip coefficient] from reduce.wgsl's finalize_norm.
+@group(0) @binding(5) var<storage, read> clip: array<f32>;
+
+struct ScaleParams { n: u32, }
+@group(0) @binding(6) var<storage, read_write> grads: array<f32>;
+@group(0) @binding(7) var<uniform> sp: ScaleParams;
+
+fn linear_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+  return (wid.y * nwg.x + wid.x) * 256u + lid;
+}
+
+// torch scales by min(coef, 1); NaN coefficients (non-finite norms) propagate.
+fn clip_scale() -> f32 {
+  let coef = clip[1];
+  return select(coef, 1.0, coef >= 1.0);
+}
+
+fn adamw_update(i: u32, g: f32) {
+  let m = ap.beta1 * exp_avg[i] + (1.0 - ap.beta1) * g;
+  let v = ap.beta2 * exp_avg_sq[i] + (1.0 - ap.beta2) * g * g;
+  exp_avg[i] = m;
+  exp_avg_sq[i] = v;
+  let denom = sqrt(v) / ap.bc2_sqrt + ap.eps;
+  param[i] = param[i] * ap.decay - ap.step_size * (m / denom);
+}
+
+@compute @workgroup_size(256)
+fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+  let i = linear_index(wid, nwg, lid);
+  if (i < ap.n) { adamw_update(i, grad[i]); }
+}
+
+// Gradient clipping fused into the update: the clip scale is applied to the
+// gradient as it is read, so gradients are read once and never rewritten.
+@compute @workgroup_size(256)
+fn adamw_clipped(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+  let i = linear_index(wid, nwg, lid);
+  if (i < ap.n) { adamw_update(i, grad[i] * clip_scale()); }
+}
+
+// In-place clipping for clip_grad_norm_: only writes when the norm exceeds max_norm.
+@compute @workgroup_size(256)
+fn scale_by_clip(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+  let i = linear_index(wid, nwg, lid);
+  let s = clip_scale();
+  if (i < sp.n && s != 1.0) { grads[i] = grads[i] * s; }
+}

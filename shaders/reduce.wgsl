@@ -1,0 +1,65 @@
+// Two-pass reductions over large vectors: partial_sum writes one value per
+// workgroup; a finalize entry combines the partials in one workgroup.
+// SQUARE: sum of squares (gradient norms) instead of a plain sum (losses).
+
+const ITEMS: u32 = 16u;  // elements per thread in the partial pass
+
+struct PartialParams { n: u32, out_off: u32, }
+struct FinalParams { count: u32, out_off: u32, scale: f32, max_norm: f32, }
+
+@group(0) @binding(0) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<uniform> pp: PartialParams;
+@group(0) @binding(3) var<uniform> fp: FinalParams;
+
+var<workgroup> scratch: array<f32, 256>;
+
+fn workgroup_sum(lid: u32, v: f32) -> f32 {
+  scratch[lid] = v;
+  workgroupBarrier();
+  for (var stride = 128u; stride > 0u; stride >>= 1u) {
+    if (lid < stride) { scratch[lid] += scratch[lid + stride]; }
+    workgroupBarrier();
+  }
+  return scratch[0];
+}
+
+@compute @workgroup_size(256)
+fn partial_sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+  let group = wid.y * nwg.x + wid.x;
+  let base = group * 256u * ITEMS;
+  var s = 0.0;
+  for (var t = 0u; t < ITEMS; t++) {
+    let i = base + t * 256u + lid;
+    if (i < pp.n) {
+      let v = src[i];
+      if (SQUARE) { s = fma(v, v, s); } else { s += v; }
+    }
+  }
+  let total = workgroup_sum(lid, s);
+  if (lid == 0u) { dst[pp.out_off + group] = total; }
+}
+
+// dst[out_off] = sqrt(sum); dst[out_off + 1] = max_norm / (norm + 1e-6), the
+// clip coefficient as torch.nn.utils.clip_grad_norm_ computes it.
+@compute @workgroup_size(256)
+fn finalize_norm(@builtin(local_invocation_index) lid: u32) {
+  var s = 0.0;
+  for (var i = lid; i < fp.count; i += 256u) { s += src[i]; }
+  let total = workgroup_sum(lid, s);
+  if (lid == 0u) {
+    let norm = sqrt(total);
+    dst[fp.out_off] = norm;
+    dst[fp.out_off + 1u] = fp.max_norm / (norm + 1e-6);
+  }
+}
+
+// dst[out_off] = scale * sum (a mean when scale = 1/count of the original items).
+@compute @workgroup_size(256)
+fn finalize_sum(@builtin(local_invocation_index) lid: u32) {
+  var s = 0.0;
+  for (var i = lid; i < fp.count; i += 256u) { s += src[i]; }
+  let total = workgroup_sum(lid, s);
+  if (lid == 0u) { dst[fp.out_off] = fp.scale * total; }
+}
