@@ -301,7 +301,7 @@ void Device::wait(uint64_t submission) {
   std::lock_guard<std::recursive_mutex> lk(mu_);
   ensure_alive("waiting for the GPU");
   WGPUSubmissionIndex idx = submission;
-  wgpuDevicePoll(device_.get(), true, &idx);
+  wgpuDevicePoll(device_.get(), true, submission ? &idx : nullptr);
   ensure_alive("waiting for the GPU");
 }
 

@@ -65,7 +65,8 @@ class Device : public std::enable_shared_from_this<Device> {
   // matching exception, prefixed by `what`.
   void guarded(const std::string& what, const std::function<void()>& body);
 
-  // Blocks until the submission has finished (the GIL is released by callers).
+  // Blocks until the submission (0: all submitted work) has finished; the
+  // Cython layer releases the GIL around it.
   void wait(uint64_t submission);
   // Deliberately destroys the device (tests of device loss use this).
   void destroy();

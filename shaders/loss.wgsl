@@ -11,7 +11,7 @@ struct MseParams { n: u32, grad_scale: f32, }
 @group(0) @binding(4) var<uniform> xp: XentParams;
 
 @group(0) @binding(5) var<storage, read> pred: array<f32>;
-@group(0) @binding(6) var<storage, read> target: array<f32>;
+@group(0) @binding(6) var<storage, read> targets: array<f32>;
 @group(0) @binding(7) var<uniform> mp: MseParams;
 
 var<workgroup> scratch: array<f32, 64>;
@@ -64,7 +64,7 @@ fn mse(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
        @builtin(local_invocation_index) lid: u32) {
   let i = (wid.y * nwg.x + wid.x) * 256u + lid;
   if (i >= mp.n) { return; }
-  let d = pred[i] - target[i];
+  let d = pred[i] - targets[i];
   dlogits[i] = mp.grad_scale * d;
   losses[i] = d * d;
 }

@@ -1,0 +1,113 @@
+"""Devices and batched recording."""
+import contextlib
+import threading
+
+from . import _core
+
+
+def list_adapters():
+    """Every WebGPU adapter wgpu-native sees (Vulkan, Metal, DX12), as dicts."""
+    return _core.list_adapters()
+
+
+class Device:
+    """One GPU. ``adapter`` picks it: ``None`` (then ``$PYWGTRAIN_ADAPTER``, then
+    the high-performance adapter), an index into ``list_adapters()``, or a
+    case-insensitive substring of the adapter name.
+
+    Threads may share a Device: its operations are serialized in the core and
+    the GIL is released while the GPU works. Each thread has its own batch.
+    """
+
+    def __init__(self, adapter=None):
+        if adapter is not None and not isinstance(adapter, (int, str)):
+            raise TypeError(f"adapter must be None, an int index or a name substring, got {type(adapter).__name__}")
+        self._dev = _core._Device("" if adapter is None else str(adapter))
+        self._local = threading.local()
+
+    # -- description -------------------------------------------------------
+    @property
+    def info(self):
+        return self._dev.info
+
+    @property
+    def name(self):
+        return self._dev.info["name"]
+
+    @property
+    def backend(self):
+        return self._dev.info["backend"]
+
+    @property
+    def limits(self):
+        return self._dev.limits
+
+    @property
+    def features(self):
+        return self._dev.features
+
+    @property
+    def lost(self):
+        return self._dev.lost
+
+    def __repr__(self):
+        return f"<pywgtrain.Device {self.name!r} ({self.backend})>"
+
+    # -- recording ---------------------------------------------------------
+    @contextlib.contextmanager
+    def batch(self):
+        """Record every operation inside the block and submit them together,
+        once, at its end. Reading a tensor inside the block submits what is
+        recorded so far first. An exception inside the block discards the
+        recorded work and propagates."""
+        outer = getattr(self._local, "recorder", None)
+        if outer is not None:  # nested batches join the outer one
+            yield outer
+            return
+        rec = _core._Recorder(self._dev)
+        self._local.recorder = rec
+        try:
+            yield rec
+            self._local.recorder = None
+            rec.submit()
+        finally:
+            self._local.recorder = None
+
+    @contextlib.contextmanager
+    def _recording(self):
+        rec = getattr(self._local, "recorder", None)
+        if rec is not None:
+            yield rec
+            return
+        rec = _core._Recorder(self._dev)
+        yield rec
+        rec.submit()
+
+    def flush(self):
+        """Submit whatever the current thread's batch has recorded so far."""
+        rec = getattr(self._local, "recorder", None)
+        if rec is not None and rec.pending:
+            rec.submit()
+
+    def synchronize(self):
+        """Wait until all submitted work has finished."""
+        self.flush()
+        self._dev.wait(0)
+
+    def destroy(self):
+        """Destroy the device now (its tensors become unusable). Tests use this
+        to provoke device loss."""
+        self._dev.destroy()
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_device():
+    """The process-wide device used when none is given (created on first use)."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.lost:
+            _default = Device()
+        return _default

@@ -1,0 +1,264 @@
+"""Functional GPU operations: GEMM, fused linear, AdamW, gradient clipping, losses.
+
+Every function accepts NumPy arrays or device tensors. Device tensors stay on
+the GPU and calls return without waiting; NumPy inputs are uploaded and
+results come back as NumPy arrays.
+"""
+import math
+
+import numpy as np
+
+from . import _core
+from .tensor import Tensor, _check_array, _resolve_device, empty, tensor
+
+ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu_tanh": 2, "gelu": 3, "silu": 4}
+
+
+def _device_of(*xs, device=None):
+    for x in xs:
+        if isinstance(x, Tensor):
+            return x.device
+    return _resolve_device(device)
+
+
+def _as_tensor(x, name, device, ndim=None, dtype=np.float32):
+    if isinstance(x, Tensor):
+        if x.device is not device:
+            raise ValueError(f"{name} lives on {x.device!r}, but the operation runs on {device!r}")
+        if x.dtype != np.dtype(dtype):
+            raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {x.dtype.name}")
+        t = x
+    else:
+        t = tensor(_check_array(x, name, dtype), device)
+    if ndim is not None and t.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {t.shape}")
+    return t
+
+
+def _activation_code(activation):
+    try:
+        return ACTIVATIONS[activation]
+    except (KeyError, TypeError):
+        raise ValueError(f"activation must be one of {sorted(k for k in ACTIVATIONS if k)}, got {activation!r}") from None
+
+
+def gemm(a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None, device=None):
+    """``out = alpha * op(a) @ op(b) + beta * out`` with ``op`` = transpose when
+    ``trans_a`` / ``trans_b``. ``a``, ``b``: 2-D float32. ``beta != 0`` needs
+    ``out``. Returns ``out`` if given, a NumPy array if ``a`` and ``b`` are NumPy
+    arrays, else a Tensor."""
+    dev = _device_of(a, b, out, device=device)
+    ta = _as_tensor(a, "a", dev, ndim=2)
+    tb = _as_tensor(b, "b", dev, ndim=2)
+    m, k = ta.shape[::-1] if trans_a else ta.shape
+    k2, n = tb.shape[::-1] if trans_b else tb.shape
+    if k != k2:
+        raise ValueError(f"gemm: inner dimensions differ: op(a) is {m}x{k}, op(b) is {k2}x{n}")
+    alpha, beta = float(alpha), float(beta)
+    if not (math.isfinite(alpha) and math.isfinite(beta)):
+        raise ValueError(f"gemm: alpha and beta must be finite, got alpha={alpha}, beta={beta}")
+    if beta != 0.0 and out is None:
+        raise ValueError("gemm: beta != 0 accumulates into out, so out= must be given")
+    if out is None:
+        tc = empty((m, n), np.float32, dev)
+    else:
+        if isinstance(out, Tensor):
+            if out._buf is ta._buf or out._buf is tb._buf:
+                raise ValueError("gemm: out must not alias a or b (the kernel reads them while writing out)")
+        elif isinstance(out, np.ndarray) and any(isinstance(x, np.ndarray) and np.shares_memory(out, x) for x in (a, b)):
+            raise ValueError("gemm: out must not alias a or b")
+        if isinstance(out, Tensor):
+            tc = _as_tensor(out, "out", dev, ndim=2)
+        else:
+            _check_array(out, "out")
+            tc = tensor(out, dev) if beta != 0.0 else empty(out.shape, np.float32, dev)
+        if tc.shape != (m, n):
+            raise ValueError(f"gemm: out has shape {tc.shape}, expected ({m}, {n})")
+    with dev._recording() as rec:
+        _core.gemm(rec, ta._buf, tb._buf, tc._buf, m, n, k, bool(trans_a), bool(trans_b), alpha, beta)
+    if out is not None:
+        if isinstance(out, np.ndarray):
+            out[...] = tc.numpy()
+        return out
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return tc.numpy()
+    return tc
+
+
+def matmul(a, b, out=None):
+    """``a @ b`` for 2-D operands (see :func:`gemm`)."""
+    return gemm(a, b, out=out)
+
+
+def linear(x, weight, bias, activation=None, preact=None):
+    """``act(x @ weight.T + bias)`` in one fused kernel, like ``torch.nn.functional.linear``
+    followed by the activation. ``x``: [..., in], ``weight``: [out, in], ``bias``: [out].
+    ``preact`` (a Tensor of the output's shape) receives ``x @ weight.T + bias``."""
+    dev = _device_of(x, weight, bias, preact)
+    tw = _as_tensor(weight, "weight", dev, ndim=2)
+    tbias = _as_tensor(bias, "bias", dev, ndim=1)
+    tx = _as_tensor(x, "x", dev)
+    out_f, in_f = tw.shape
+    if tx.shape[-1] != in_f:
+        raise ValueError(f"linear: x has {tx.shape[-1]} features (shape {tx.shape}), weight expects {in_f}")
+    if tbias.shape != (out_f,):
+        raise ValueError(f"linear: bias has shape {tbias.shape}, expected ({out_f},)")
+    rows = tx.size // in_f
+    y = empty(tx.shape[:-1] + (out_f,), np.float32, dev)
+    if preact is not None and (not isinstance(preact, Tensor) or preact.shape != y.shape):
+        raise ValueError(f"linear: preact must be a Tensor of shape {y.shape}")
+    with dev._recording() as rec:
+        _core.gemm_bias_act(rec, tx._buf, tw._buf, tbias._buf, y._buf, None if preact is None else preact._buf,
+                            rows, out_f, in_f, False, True, _activation_code(activation))
+    return y.numpy() if isinstance(x, np.ndarray) else y
+
+
+def _scratch(dev, key, floats):
+    """Per-device reusable scratch tensors (grow-only)."""
+    cache = dev.__dict__.setdefault("_scratch", {})
+    t = cache.get(key)
+    if t is None or t.size < floats:
+        t = empty((max(int(floats), 1),), np.float32, dev)
+        cache[key] = t
+    return t
+
+
+def _grad_list(grads, name):
+    if isinstance(grads, (Tensor, np.ndarray)):
+        return [grads]
+    out = []
+    for g in grads:
+        g = getattr(g, "grad", g)  # parameters carry .grad
+        if g is not None:
+            out.append(g)
+    return out
+
+
+def record_grad_norm(rec, dev, grads, max_norm):
+    """Record the global-norm reduction; returns the [norm, coefficient] tensor."""
+    counts = [g.size for g in grads]
+    scratch = _scratch(dev, "norm_partials", dev._dev.grad_norm_scratch_floats(counts))
+    norm_out = empty((2,), np.float32, dev)
+    _core.grad_norm(rec, [g._buf for g in grads], counts, scratch._buf, norm_out._buf, float(max_norm))
+    return norm_out
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
+    """Scale gradients in place so their global L2 norm is at most ``max_norm``;
+    returns the norm before clipping (a float), as ``torch.nn.utils.clip_grad_norm_``.
+    ``parameters``: tensors/arrays, or objects with ``.grad``. The norm is reduced
+    on the GPU; only the 4-byte result is read back."""
+    max_norm = float(max_norm)
+    if float(norm_type) != 2.0:
+        raise ValueError(f"clip_grad_norm_: only norm_type=2.0 is supported, got {norm_type}")
+    if not max_norm >= 0.0 or not math.isfinite(max_norm):
+        raise ValueError(f"clip_grad_norm_: max_norm must be finite and >= 0, got {max_norm}")
+    grads = _grad_list(parameters, "parameters")
+    if not grads:
+        return 0.0
+    dev = _device_of(*grads)
+    tgrads = [_as_tensor(g, f"parameters[{i}]", dev) for i, g in enumerate(grads)]
+    with dev._recording() as rec:
+        norm_out = record_grad_norm(rec, dev, tgrads, max_norm)
+        for g in tgrads:
+            _core.scale_by_clip(rec, g._buf, g.size, norm_out._buf)
+    norm = float(norm_out.numpy()[0])
+    for g, t in zip(grads, tgrads):
+        if isinstance(g, np.ndarray):
+            g[...] = t.numpy()
+    if error_if_nonfinite and not math.isfinite(norm):
+        raise RuntimeError(
+            f"The total norm of order 2.0 for gradients from `parameters` is non-finite ({norm}), so it cannot be "
+            "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+            "`error_if_nonfinite=False`")
+    return norm
+
+
+def check_adamw_hyperparameters(lr, betas, eps, weight_decay):
+    lr, eps, weight_decay = float(lr), float(eps), float(weight_decay)
+    if not lr >= 0.0:
+        raise ValueError(f"Invalid learning rate: {lr} (lr must be >= 0)")
+    if len(betas) != 2:
+        raise ValueError(f"betas must be a pair, got {betas!r}")
+    for i, b in enumerate(betas):
+        if not 0.0 <= float(b) < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {b} (must be in [0, 1))")
+    if not eps > 0.0:
+        raise ValueError(f"Invalid epsilon value: {eps} (eps must be > 0)")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay} (must be >= 0)")
+    return lr, (float(betas[0]), float(betas[1])), eps, weight_decay
+
+
+def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+    """One AdamW update (torch semantics) of ``param``, ``exp_avg``, ``exp_avg_sq``
+    in place; ``step`` is this update's 1-based count. NumPy arrays are updated
+    in place through the GPU."""
+    lr, betas, eps, weight_decay = check_adamw_hyperparameters(lr, betas, eps, weight_decay)
+    if int(step) < 1:
+        raise ValueError(f"step must be >= 1 (the 1-based count of this update), got {step}")
+    dev = _device_of(param, grad, exp_avg, exp_avg_sq)
+    names = ("param", "grad", "exp_avg", "exp_avg_sq")
+    ts = [_as_tensor(x, n, dev) for x, n in zip((param, grad, exp_avg, exp_avg_sq), names)]
+    for t, n in zip(ts[1:], names[1:]):
+        if t.shape != ts[0].shape:
+            raise ValueError(f"{n} has shape {t.shape}, param has {ts[0].shape}")
+    with dev._recording() as rec:
+        _core.adamw(rec, ts[0]._buf, ts[1]._buf, ts[2]._buf, ts[3]._buf, ts[0].size, lr, betas[0], betas[1], eps,
+                    weight_decay, int(step))
+    for x, t in zip((param, exp_avg, exp_avg_sq), (ts[0], ts[2], ts[3])):
+        if isinstance(x, np.ndarray):
+            x[...] = t.numpy()
+    return param
+
+
+def cross_entropy(logits, labels, return_grad=False):
+    """Mean softmax cross-entropy of ``logits`` [batch, classes] against int
+    ``labels`` [batch]; with ``return_grad`` also d(loss)/d(logits)."""
+    dev = _device_of(logits, labels)
+    tl = _as_tensor(logits, "logits", dev, ndim=2)
+    if isinstance(labels, np.ndarray):
+        if labels.dtype.kind not in "iu":
+            raise TypeError(f"labels must be integers, got dtype {labels.dtype.name}")
+        if labels.size and (labels.min() < 0 or labels.max() >= tl.shape[1]):
+            raise ValueError(f"labels must lie in [0, {tl.shape[1]}), got range [{labels.min()}, {labels.max()}]")
+        labels = np.ascontiguousarray(labels, dtype=np.int32)
+    tlab = _as_tensor(labels, "labels", dev, ndim=1, dtype=np.int32)
+    if tlab.shape[0] != tl.shape[0]:
+        raise ValueError(f"labels has {tlab.shape[0]} entries, logits has {tl.shape[0]} rows")
+    loss, grad = record_loss(dev, "xent", tl, tlab)
+    value = float(loss.numpy()[0])
+    if return_grad:
+        return value, (grad.numpy() if isinstance(logits, np.ndarray) else grad)
+    return value
+
+
+def mse_loss(pred, target, return_grad=False):
+    """Mean squared error; with ``return_grad`` also d(loss)/d(pred)."""
+    dev = _device_of(pred, target)
+    tp = _as_tensor(pred, "pred", dev)
+    tt = _as_tensor(target, "target", dev)
+    if tp.shape != tt.shape:
+        raise ValueError(f"target has shape {tt.shape}, pred has {tp.shape}")
+    loss, grad = record_loss(dev, "mse", tp, tt)
+    value = float(loss.numpy()[0])
+    if return_grad:
+        return value, (grad.numpy() if isinstance(pred, np.ndarray) else grad)
+    return value
+
+
+def record_loss(dev, kind, pred, target):
+    """Record a loss and its gradient; returns (loss tensor [1], gradient tensor)."""
+    grad = empty(pred.shape, np.float32, dev)
+    loss = empty((1,), np.float32, dev)
+    n = pred.shape[0] if kind == "xent" else pred.size
+    per_item = _scratch(dev, f"{kind}_items", n)
+    partials = _scratch(dev, f"{kind}_partials", _core.reduce_scratch_floats(n))
+    with dev._recording() as rec:
+        if kind == "xent":
+            _core.softmax_cross_entropy(rec, pred._buf, target._buf, grad._buf, per_item._buf, partials._buf,
+                                        loss._buf, 0, pred.shape[0], pred.shape[1])
+        else:
+            _core.mse_loss(rec, pred._buf, target._buf, grad._buf, per_item._buf, partials._buf, loss._buf, 0,
+                           pred.size)
+    return loss, grad
