@@ -26,6 +26,7 @@ Buffer::Buffer(std::shared_ptr<Device> dev, uint64_t bytes, const std::string& l
 void Buffer::upload(const void* src, uint64_t bytes, uint64_t offset) {
   if (offset + bytes > bytes_) throw ArgumentError("upload of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " overruns a buffer of " + std::to_string(bytes_) + " bytes");
   if (bytes == 0) return;
+  if (offset % 4) throw ArgumentError("upload offset " + std::to_string(offset) + " is not a multiple of 4 bytes");
   const uint64_t whole = bytes & ~uint64_t(3);
   dev_->guarded("uploading " + std::to_string(bytes) + " bytes", [&] {
     if (whole) wgpuQueueWriteBuffer(dev_->queue(), buf_.get(), offset, src, whole);

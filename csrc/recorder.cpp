@@ -6,16 +6,11 @@ namespace pwt {
 
 Recorder::Recorder(std::shared_ptr<Device> dev) : dev_(std::move(dev)) {}
 
-Recorder::~Recorder() {
-  // Unsubmitted work is dropped; uniform chunks go back to the pool.
-  pass_.reset();
-  encoder_.reset();
-  for (auto& c : uniforms_) dev_->give_uniform_chunk(std::move(c.buffer));
-}
+Recorder::~Recorder() { discard(); }
 
 void Recorder::ensure_encoder() {
   if (encoder_) return;
-  dev_->guarded("creating a command encoder", [&] {
+  recording_step("creating a command encoder", [&] {
     encoder_ = CommandEncoderHandle(wgpuDeviceCreateCommandEncoder(dev_->raw(), nullptr));
   });
 }
@@ -87,7 +82,7 @@ void Recorder::dispatch(const Kernel& k, const std::vector<Range>& storage, cons
     entries.push_back(e);
   }
   ensure_pass();
-  dev_->guarded("recording " + k.name, [&] {
+  recording_step("recording " + k.name, [&] {
     WGPUBindGroupDescriptor d = {};
     d.layout = k.layout.get();
     d.entryCount = entries.size();
@@ -102,27 +97,61 @@ void Recorder::dispatch(const Kernel& k, const std::vector<Range>& storage, cons
 
 void Recorder::copy(const Buffer& src, uint64_t so, const Buffer& dst, uint64_t doff, uint64_t bytes) {
   if (bytes == 0) return;
+  check_range(src, so, bytes, "copy source");
+  check_range(dst, doff, bytes, "copy destination");
   end_pass();
   ensure_encoder();
-  dev_->guarded("recording a copy of " + std::to_string(bytes) + " bytes",
-                [&] { wgpuCommandEncoderCopyBufferToBuffer(encoder_.get(), src.raw(), so, dst.raw(), doff, bytes); });
+  recording_step("recording a copy of " + std::to_string(bytes) + " bytes",
+                 [&] { wgpuCommandEncoderCopyBufferToBuffer(encoder_.get(), src.raw(), so, dst.raw(), doff, bytes); });
   ++commands_;
 }
 
 void Recorder::fill_zero(const Buffer& dst, uint64_t offset, uint64_t bytes) {
   if (bytes == 0) return;
+  check_range(dst, offset, bytes, "clear");
   end_pass();
   ensure_encoder();
-  dev_->guarded("recording a clear of " + std::to_string(bytes) + " bytes",
-                [&] { wgpuCommandEncoderClearBuffer(encoder_.get(), dst.raw(), offset, bytes); });
+  recording_step("recording a clear of " + std::to_string(bytes) + " bytes",
+                 [&] { wgpuCommandEncoderClearBuffer(encoder_.get(), dst.raw(), offset, bytes); });
   ++commands_;
 }
 
 void Recorder::resolve_queries(WGPUQuerySet set, uint32_t count, const Buffer& dst) {
   end_pass();
   ensure_encoder();
-  dev_->guarded("resolving timestamp queries", [&] { wgpuCommandEncoderResolveQuerySet(encoder_.get(), set, 0, count, dst.raw(), 0); });
+  recording_step("resolving timestamp queries", [&] { wgpuCommandEncoderResolveQuerySet(encoder_.get(), set, 0, count, dst.raw(), 0); });
   ++commands_;
+}
+
+void Recorder::discard() {
+  pass_.reset();
+  encoder_.reset();
+  for (auto& c : uniforms_) dev_->give_uniform_chunk(std::move(c.buffer));
+  uniforms_.clear();
+  held_.clear();
+  commands_ = 0;
+  timed_ = false;
+}
+
+void Recorder::recording_step(const std::string& what, const std::function<void()>& body) {
+  try {
+    dev_->guarded(what, body);
+  } catch (const std::exception& e) {
+    // wgpu-native aborts the process when an invalid command buffer is
+    // submitted, so a failed step invalidates everything recorded with it.
+    discard();
+    throw;
+  }
+}
+
+void Recorder::check_range(const Buffer& b, uint64_t offset, uint64_t bytes, const char* what) const {
+  // Checked here: wgpu-native validates copies only at submit, where an error is fatal.
+  if (offset % 4 || bytes % 4)
+    throw ValidationError(std::string(what) + ": offset " + std::to_string(offset) + " and size " + std::to_string(bytes) +
+                          " must be multiples of 4 bytes");
+  if (offset + bytes > wgpuBufferGetSize(b.raw()))
+    throw ValidationError(std::string(what) + ": copy of " + std::to_string(bytes) + " bytes at offset " +
+                          std::to_string(offset) + " overruns a buffer of " + std::to_string(wgpuBufferGetSize(b.raw())) + " bytes");
 }
 
 uint64_t Recorder::submit() {
@@ -137,10 +166,13 @@ uint64_t Recorder::submit() {
   held_.clear();
   std::exception_ptr err;
   try {
+    // Finish in its own scope: an invalid command buffer must never reach
+    // wgpuQueueSubmit, whose errors wgpu-native treats as fatal.
+    CommandBufferHandle cmd;
+    dev_->guarded("finishing recorded GPU work", [&] { cmd = CommandBufferHandle(wgpuCommandEncoderFinish(encoder.get(), nullptr)); });
     dev_->guarded("submitting recorded GPU work", [&] {
       for (auto& c : chunks)
         if (!c.data.empty()) wgpuQueueWriteBuffer(dev_->queue(), c.buffer.get(), 0, c.data.data(), c.data.size());
-      CommandBufferHandle cmd(wgpuCommandEncoderFinish(encoder.get(), nullptr));
       WGPUCommandBuffer cmds[] = {cmd.get()};
       index = wgpuQueueSubmitForIndex(dev_->queue(), 1, cmds);
     });

@@ -3,6 +3,8 @@
 // Recorder; the synchronous helpers make one, record, submit.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -50,9 +52,15 @@ class Recorder {
   // Finishes and submits everything recorded (one submit); the recorder is
   // reusable afterwards. Returns the submission index (0 if nothing was recorded).
   uint64_t submit();
+  // Drops everything recorded and not yet submitted.
+  void discard();
 
  private:
   void ensure_encoder();
+  // Runs one recording call inside error scopes; on error discards the whole
+  // recording (see recorder.cpp) and rethrows.
+  void recording_step(const std::string& what, const std::function<void()>& body);
+  void check_range(const Buffer& b, uint64_t offset, uint64_t bytes, const char* what) const;
   void ensure_pass();
   Range uniform_slot(const void* params, size_t bytes);
 

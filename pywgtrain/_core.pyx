@@ -238,3 +238,8 @@ def mse_loss(_Recorder r, _Buffer pred, _Buffer target, _Buffer dpred, _Buffer s
 
 def reduce_scratch_floats(uint64_t n):
     return c.reduce_scratch_floats(n)
+
+
+def _inject_invalid_binding(_Recorder r, _Buffer buf):
+    """Test hook: records a dispatch whose binding overruns ``buf`` (a wgpu validation error)."""
+    c.inject_invalid_binding(r.ptr.get()[0], _b(buf)[0])

@@ -88,3 +88,7 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
     void mse_loss(Recorder& r, const Buffer& pred, const Buffer& target, const Buffer& dpred, const Buffer& sq,
                   const Buffer& scratch, const Buffer& out, uint32_t out_index, uint64_t n) except +raise_py_error
     uint64_t reduce_scratch_floats(uint64_t n)
+
+
+cdef extern from "faults.hpp" namespace "pwt" nogil:
+    void inject_invalid_binding(Recorder& r, const Buffer& buf) except +raise_py_error

@@ -1,0 +1,137 @@
+import itertools
+
+import numpy as np
+import pytest
+
+import pywgtrain as pw
+from conftest import assert_close, poisoned, rand
+
+SIZES = [1, 7, 33, 129, 1000]
+# Non-multiples of the 64/128 tiles, the 16 K-step and the 8/32 GEMV blocks.
+ODD = [(65, 127, 17), (130, 257, 31), (200, 3, 300), (3, 200, 5), (257, 65, 129)]
+TRANS = list(itertools.product([False, True], repeat=2))
+
+
+def stored(x, trans):
+    """The array to pass so that op(stored) == x."""
+    return np.ascontiguousarray(x.T) if trans else x
+
+
+def ref_gemm(a, b, alpha=1.0, beta=0.0, c=None):
+    r = alpha * (a.astype(np.float64) @ b.astype(np.float64))
+    return r if c is None else r + beta * c.astype(np.float64)
+
+
+def k_tolerance(k):
+    return 1e-5 * max(1.0, np.sqrt(k) / 4)
+
+
+@pytest.mark.parametrize("ta,tb", TRANS)
+@pytest.mark.parametrize("m,n,k", [(s, s, s) for s in SIZES] + ODD)
+def test_gemm_shapes_and_transposes(dev, rng, m, n, k, ta, tb):
+    a, b = rand(rng, m, k), rand(rng, k, n)
+    out = poisoned(dev, (m, n))
+    pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), trans_a=ta, trans_b=tb, out=out)
+    assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
+
+
+@pytest.mark.parametrize("ta,tb", TRANS)
+@pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (0.5, -2.0), (-1.5, 0.25), (2.0, 0.0)])
+def test_gemm_alpha_beta(dev, rng, ta, tb, alpha, beta):
+    m, n, k = 67, 45, 71
+    a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
+    out = pw.tensor(c, dev)
+    pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, alpha, beta, out=out)
+    assert_close(out.numpy(), ref_gemm(a, b, alpha, beta, c))
+
+
+def test_gemm_beta_zero_ignores_nan_in_out(dev, rng):
+    a, b = rand(rng, 20, 30), rand(rng, 30, 10)
+    out = poisoned(dev, (20, 10))
+    pw.gemm(a, b, out=out, beta=0.0)
+    assert_close(out.numpy(), ref_gemm(a, b))
+
+
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 33), (129, 1000), (1000, 129), (4099, 257)])
+def test_gemv_row_vector(dev, rng, n, k, ta, tb):
+    a, b = rand(rng, 1, k), rand(rng, k, n)
+    c = rand(rng, 1, n)
+    out = pw.tensor(c, dev)
+    pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, 0.75, 0.5, out=out)
+    assert_close(out.numpy(), ref_gemm(a, b, 0.75, 0.5, c), atol_scale=k_tolerance(k))
+
+
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("m,k", [(7, 33), (1000, 129), (129, 1000)])
+def test_gemm_single_column(dev, rng, m, k, ta, tb):
+    a, b = rand(rng, m, k), rand(rng, k, 1)
+    out = poisoned(dev, (m, 1))
+    pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, out=out)
+    assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
+
+
+def test_numpy_in_numpy_out_and_tensor_out(dev, rng):
+    a, b = rand(rng, 9, 8), rand(rng, 8, 7)
+    r = pw.gemm(a, b)
+    assert isinstance(r, np.ndarray)
+    assert_close(r, ref_gemm(a, b))
+    t = pw.matmul(pw.tensor(a, dev), b)
+    assert isinstance(t, pw.Tensor) and t.shape == (9, 7)
+    assert_close(t.numpy(), ref_gemm(a, b))
+    assert_close((pw.tensor(a, dev) @ pw.tensor(b, dev)).numpy(), ref_gemm(a, b))
+    out = np.full((9, 7), np.nan, np.float32)
+    assert pw.gemm(a, b, out=out) is out
+    assert_close(out, ref_gemm(a, b))
+
+
+def test_backward_products_without_host_transpose(dev, rng):
+    """dA = dC B^T and dB = A^T dC (and accumulation) straight from stored buffers."""
+    m, k, n = 37, 53, 29
+    a, b, dc = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
+    ta, tb, tdc = pw.tensor(a, dev), pw.tensor(b, dev), pw.tensor(dc, dev)
+    da = pw.gemm(tdc, tb, trans_b=True)
+    db = pw.tensor(rand(rng, k, n), dev)
+    db0 = db.numpy()
+    pw.gemm(ta, tdc, trans_a=True, beta=1.0, out=db)
+    assert_close(da.numpy(), dc.astype(np.float64) @ b.T)
+    assert_close(db.numpy(), a.T.astype(np.float64) @ dc + db0)
+
+
+BIG = 8200 * 4100  # floats: 134.5 MB, past lavapipe's 128 MiB storage binding
+
+
+@pytest.mark.parametrize("ta,tb,case", [
+    (False, False, "A rows split along M"),
+    (True, False, "A^T split along K"),
+    (False, True, "B^T split along N"),
+    (False, False, "B split along K"),
+])
+def test_gemm_operand_past_binding_limit(dev, rng, ta, tb, case):
+    limit = dev.limits["max_storage_buffer_binding_size"]
+    if case.startswith("A"):
+        m, k, n = 8200, 4100, 9
+    elif case.startswith("B^T"):
+        m, k, n = 9, 4100, 8200
+    else:
+        m, k, n = 9, 8200, 4100
+    a, b = rand(rng, m, k), rand(rng, k, n)
+    big = max(a.nbytes, b.nbytes)
+    if big <= limit:
+        pytest.skip(f"binding limit {limit} is larger than the {big}-byte operand on this adapter")
+    out = poisoned(dev, (m, n))
+    pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, out=out)
+    assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
+
+
+@pytest.mark.parametrize("tb", [False, True])
+def test_gemv_matrix_past_binding_limit(dev, rng, tb):
+    k, n = 4100, 8200
+    a, b = rand(rng, 1, k), rand(rng, k, n)
+    if b.nbytes <= dev.limits["max_storage_buffer_binding_size"]:
+        pytest.skip("binding limit larger than the operand on this adapter")
+    out = poisoned(dev, (1, n))
+    pw.gemm(a, pw.tensor(stored(b, tb), dev), trans_b=tb, out=out)
+    assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))

@@ -1,0 +1,126 @@
+import math
+
+import numpy as np
+import pytest
+
+import pywgtrain as pw
+from conftest import assert_close, poisoned, rand
+
+ERF = np.vectorize(math.erf)
+
+
+def act_ref(name, z):
+    if name is None:
+        return z, np.ones_like(z)
+    if name == "relu":
+        return np.maximum(z, 0), (z > 0).astype(np.float64)
+    if name == "silu":
+        s = 1 / (1 + np.exp(-z))
+        return z * s, s * (1 + z * (1 - s))
+    if name == "gelu":
+        cdf = 0.5 * (1 + ERF(z / math.sqrt(2)))
+        return z * cdf, cdf + z * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    if name == "gelu_tanh":
+        c = math.sqrt(2 / math.pi)
+        u = c * (z + 0.044715 * z ** 3)
+        t = np.tanh(u)
+        return 0.5 * z * (1 + t), 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z)
+    raise ValueError(name)
+
+
+ACTS = [None, "relu", "gelu", "gelu_tanh", "silu"]
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("batch,fin,fout", [(1, 7, 33), (33, 129, 7), (130, 65, 257)])
+def test_fused_linear_forward(dev, rng, act, batch, fin, fout):
+    x, w, b = rand(rng, batch, fin), rand(rng, fout, fin), rand(rng, fout)
+    z = x.astype(np.float64) @ w.T + b
+    pre = poisoned(dev, (batch, fout))
+    y = pw.linear(pw.tensor(x, dev), pw.tensor(w, dev), pw.tensor(b, dev), activation=act, preact=pre)
+    assert_close(pre.numpy(), z, atol_scale=3e-5)
+    assert_close(y.numpy(), act_ref(act, z)[0], atol_scale=3e-5)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_linear_backward_batched(dev, rng, act):
+    """[batch, M, K] input: dW and db sum over batch and rows; dX per element."""
+    batch, m, fin, fout = 3, 11, 37, 19
+    x, w, b, dy = rand(rng, batch, m, fin), rand(rng, fout, fin), rand(rng, fout), rand(rng, batch, m, fout)
+    layer = pw.nn.Linear(fin, fout, activation=act, device=dev)
+    layer.weight.copy_(w)
+    layer.bias.copy_(b)
+    y = layer(x)
+    dx = layer.backward(pw.tensor(dy, dev))
+    z = x.astype(np.float64) @ w.T + b
+    out, dact = act_ref(act, z)
+    dz = dy * dact
+    assert_close(y.numpy(), out, atol_scale=3e-5)
+    assert_close(layer.weight.grad.numpy(), dz.reshape(-1, fout).T @ x.reshape(-1, fin), atol_scale=3e-5)
+    assert_close(layer.bias.grad.numpy(), dz.reshape(-1, fout).sum(0), atol_scale=3e-5)
+    assert_close(dx.numpy(), dz @ w, atol_scale=3e-5)
+
+
+def test_grads_accumulate_until_zero_grad(dev, rng):
+    layer = pw.nn.Linear(5, 4, device=dev, seed=1)
+    x, dy = rand(rng, 6, 5), rand(rng, 6, 4)
+    layer(x)
+    layer.backward(pw.tensor(dy, dev))
+    g1 = layer.weight.grad.numpy()
+    layer(x)
+    layer.backward(pw.tensor(dy, dev))
+    assert_close(layer.weight.grad.numpy(), 2 * g1.astype(np.float64))
+    layer.zero_grad()
+    layer(x)
+    layer.backward(pw.tensor(dy, dev))
+    assert_close(layer.weight.grad.numpy(), g1.astype(np.float64))
+
+
+@pytest.mark.parametrize("batch,classes", [(1, 1), (7, 10), (129, 33), (64, 1000)])
+def test_cross_entropy_and_grad(dev, rng, batch, classes):
+    logits = 3 * rand(rng, batch, classes)
+    labels = rng.integers(0, classes, batch)
+    l64 = logits.astype(np.float64)
+    mx = l64.max(1, keepdims=True)
+    lse = mx[:, 0] + np.log(np.exp(l64 - mx).sum(1))
+    loss = np.mean(lse - l64[np.arange(batch), labels])
+    sm = np.exp(l64 - lse[:, None])
+    sm[np.arange(batch), labels] -= 1
+    got, grad = pw.cross_entropy(pw.tensor(logits, dev), labels, return_grad=True)
+    assert got == pytest.approx(loss, rel=1e-5, abs=1e-6)
+    assert_close(grad.numpy(), sm / batch)
+
+
+@pytest.mark.parametrize("shape", [(1,), (7, 33), (129, 5)])
+def test_mse_and_grad(dev, rng, shape):
+    p, t = rand(rng, *shape), rand(rng, *shape)
+    d = p.astype(np.float64) - t
+    got, grad = pw.mse_loss(p, t, return_grad=True)
+    assert got == pytest.approx(np.mean(d * d), rel=1e-5)
+    assert_close(grad, 2 * d / d.size)
+
+
+def test_cross_entropy_rejects_bad_labels(dev, rng):
+    logits = rand(rng, 4, 3)
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
+        pw.cross_entropy(logits, np.array([0, 1, 3, 0]))
+    with pytest.raises(TypeError, match="labels must be integers"):
+        pw.cross_entropy(logits, np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="labels has 3 entries"):
+        pw.cross_entropy(logits, np.array([0, 1, 2]))
+
+
+def test_linear_init_matches_torch_bounds_and_seed():
+    a = pw.nn.Linear(100, 50, seed=3)
+    b = pw.nn.Linear(100, 50, seed=3)
+    w = a.weight.numpy()
+    np.testing.assert_array_equal(w, b.weight.numpy())
+    assert np.abs(w).max() <= 1 / math.sqrt(100) and np.abs(w).max() > 0.09
+    assert np.abs(a.bias.numpy()).max() <= 1 / math.sqrt(100)
+
+
+def test_sequential_rejects_unsupported_layouts(dev):
+    with pytest.raises(ValueError, match="must directly follow a Linear"):
+        pw.nn.Sequential(pw.nn.ReLU(), pw.nn.Linear(2, 2, device=dev))
+    with pytest.raises(TypeError, match="Sequential supports"):
+        pw.nn.Sequential(pw.nn.Linear(2, 2, device=dev), object())

@@ -1,0 +1,136 @@
+import math
+
+import numpy as np
+import pytest
+
+import pywgtrain as pw
+from conftest import assert_close, rand
+
+
+def numpy_adamw(p, g, m, v, step, lr, betas, eps, wd):
+    """torch.optim.AdamW (amsgrad=False) in float64."""
+    p, g, m, v = (x.astype(np.float64) for x in (p, g, m, v))
+    b1, b2 = betas
+    p = p * (1 - lr * wd)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
+    p = p - (lr / bc1) * m / (np.sqrt(v) / math.sqrt(bc2) + eps)
+    return p, m, v
+
+
+@pytest.mark.parametrize("n", [1, 7, 33, 129, 1000, 4097, 65 * 1031])
+@pytest.mark.parametrize("hp", [dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, wd=1e-2),
+                                dict(lr=3e-2, betas=(0.8, 0.99), eps=1e-6, wd=0.0)])
+def test_adamw_matches_numpy_over_steps(dev, rng, n, hp):
+    p = rand(rng, n)
+    tp, tm, tv = pw.tensor(p, dev), pw.zeros(n, device=dev), pw.zeros(n, device=dev)
+    rp, rm, rv = p.astype(np.float64), np.zeros(n), np.zeros(n)
+    for step in range(1, 8):
+        g = rand(rng, n)
+        pw.adamw_step(tp, pw.tensor(g, dev), tm, tv, step, lr=hp["lr"], betas=hp["betas"], eps=hp["eps"],
+                      weight_decay=hp["wd"])
+        rp, rm, rv = numpy_adamw(rp, g, rm, rv, step, hp["lr"], hp["betas"], hp["eps"], hp["wd"])
+    assert_close(tm.numpy(), rm)
+    assert_close(tv.numpy(), rv)
+    assert_close(tp.numpy(), rp)
+
+
+def test_adamw_numpy_arrays_updated_in_place(rng):
+    p, g = rand(rng, 50), rand(rng, 50)
+    m, v = np.zeros(50, np.float32), np.zeros(50, np.float32)
+    rp, rm, rv = numpy_adamw(p, g, m, v, 1, 1e-2, (0.9, 0.999), 1e-8, 0.1)
+    pw.adamw_step(p, g, m, v, 1, lr=1e-2, weight_decay=0.1)
+    assert_close(p, rp)
+    assert_close(m, rm)
+    assert_close(v, rv)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(lr=-1.0), "Invalid learning rate"),
+    (dict(betas=(1.0, 0.999)), "beta parameter at index 0"),
+    (dict(betas=(0.9, -0.1)), "beta parameter at index 1"),
+    (dict(eps=0.0), "Invalid epsilon"),
+    (dict(weight_decay=-1e-2), "weight_decay"),
+])
+def test_adamw_rejects_bad_hyperparameters(dev, kwargs, match):
+    t = pw.zeros(4, device=dev)
+    with pytest.raises(ValueError, match=match):
+        pw.adamw_step(t, t.clone(), t.clone(), t.clone(), 1, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        pw.optim.AdamW([pw.nn.Linear(2, 2, device=dev).weight], **kwargs)
+
+
+def test_adamw_step_count_must_be_positive(dev):
+    t = pw.zeros(4, device=dev)
+    with pytest.raises(ValueError, match="step must be >= 1"):
+        pw.adamw_step(t, t.clone(), t.clone(), t.clone(), 0)
+
+
+def ref_clip(grads, max_norm):
+    norm = math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads))
+    coef = min(max_norm / (norm + 1e-6), 1.0)
+    return norm, [g.astype(np.float64) * coef for g in grads]
+
+
+@pytest.mark.parametrize("sizes", [[1], [7, 33, 129], [1000, 1, 4097, 65 * 1031]])
+@pytest.mark.parametrize("regime", ["above", "below"])
+def test_clip_grad_norm_several_buffers(dev, rng, sizes, regime):
+    grads = [rand(rng, n) for n in sizes]
+    norm = math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads))
+    max_norm = norm / 3 if regime == "above" else norm * 2
+    tg = [pw.tensor(g, dev) for g in grads]
+    got = pw.clip_grad_norm_(tg, max_norm)
+    want_norm, want = ref_clip(grads, max_norm)
+    assert got == pytest.approx(want_norm, rel=1e-5)
+    for t, w in zip(tg, want):
+        assert_close(t.numpy(), w)
+    if regime == "below":  # untouched bit for bit
+        for t, g in zip(tg, grads):
+            np.testing.assert_array_equal(t.numpy(), g)
+
+
+def test_clip_numpy_arrays_in_place(rng):
+    g = [rand(rng, 100), rand(rng, 3, 5)]
+    want_norm, want = ref_clip(g, 0.5)
+    assert pw.clip_grad_norm_(g, 0.5) == pytest.approx(want_norm, rel=1e-5)
+    for a, w in zip(g, want):
+        assert_close(a, w)
+
+
+def test_clip_nonfinite(dev, rng):
+    g = rand(rng, 64)
+    g[5] = np.inf
+    t = pw.tensor(g, dev)
+    assert not math.isfinite(pw.clip_grad_norm_([t], 1.0))
+    with pytest.raises(RuntimeError, match="non-finite"):
+        pw.clip_grad_norm_([pw.tensor(g, dev)], 1.0, error_if_nonfinite=True)
+    g[5] = np.nan
+    assert math.isnan(pw.clip_grad_norm_([pw.tensor(g, dev)], 1.0))
+
+
+def test_clip_rejects_bad_arguments(dev):
+    t = pw.zeros(3, device=dev)
+    with pytest.raises(ValueError, match="norm_type"):
+        pw.clip_grad_norm_([t], 1.0, norm_type=1.0)
+    with pytest.raises(ValueError, match="max_norm"):
+        pw.clip_grad_norm_([t], -1.0)
+
+
+def test_adamw_and_clip_past_binding_limit(dev, rng):
+    """Vectors longer than one storage binding are processed piecewise on the GPU."""
+    limit = dev.limits["max_storage_buffer_binding_size"]
+    n = limit // 4 + 1000
+    if n * 4 * 5 > 2**31:
+        pytest.skip("binding limit too large to exceed in a test on this adapter")
+    g = rand(rng, n)
+    p = rand(rng, n)
+    tp, tg = pw.tensor(p, dev), pw.tensor(g, dev)
+    tm, tv = pw.zeros(n, device=dev), pw.zeros(n, device=dev)
+    pw.adamw_step(tp, tg, tm, tv, 1, lr=1e-2)
+    rp, _, _ = numpy_adamw(p, g, np.zeros(n), np.zeros(n), 1, 1e-2, (0.9, 0.999), 1e-8, 1e-2)
+    assert_close(tp.numpy(), rp)
+    norm = pw.clip_grad_norm_([tg], 1.0)
+    want_norm, want = ref_clip([g], 1.0)
+    assert norm == pytest.approx(want_norm, rel=1e-4)
+    assert_close(tg.numpy(), want[0])

@@ -1,0 +1,37 @@
+"""One device shared by several Python threads (see docs/reliability.md)."""
+import threading
+
+import numpy as np
+
+import pywgtrain as pw
+from conftest import assert_close
+
+
+def test_eight_threads_issue_gemms_concurrently(dev):
+    errors, results = [], {}
+
+    def worker(i):
+        try:
+            r = np.random.default_rng(i)
+            for j in range(5):
+                m, k, n = 40 + i, 30 + j, 20 + i + j
+                a = r.standard_normal((m, k)).astype(np.float32)
+                b = r.standard_normal((k, n)).astype(np.float32)
+                with dev.batch():
+                    c = pw.gemm(pw.tensor(a, dev), pw.tensor(b, dev))
+                    c2 = pw.gemm(c, pw.tensor(np.ascontiguousarray(b.T), dev))
+                results[(i, j)] = (c.numpy(), c2.numpy(), a, b)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 40
+    for c, c2, a, b in results.values():
+        ref = a.astype(np.float64) @ b
+        assert_close(c, ref)
+        assert_close(c2, ref @ b.T, atol_scale=3e-5)
