@@ -1,0 +1,249 @@
+"""Benchmarks: ``python -m pywgtrain bench {gemm,adamw,train,all}``.
+
+pywgtrain kernels are timed with GPU timestamp queries around their compute
+passes (median of many runs after warm-up, fresh random data, inputs rotated
+across buffer sets larger than the L2 cache). When PyTorch with CUDA is
+importable, the same work runs through cuBLAS / PyTorch in the same process
+(CUDA events, TF32 off) and the ratio is printed.
+"""
+import json
+import statistics
+import time
+
+import numpy as np
+
+from . import _core, nn, optim
+from .device import Device
+from .tensor import tensor, zeros
+from .train import Trainer
+
+SQUARE = [1024, 2048, 4095, 4096, 4097, 8192]
+TRAINING = [(64, 1024, 1024), (256, 768, 3072), (512, 1024, 4096), (4096, 4096, 1024), (4096, 1024, 4096)]
+GEMV = [(1, 4096, 4096)]
+ROTATE_BYTES = 256 << 20  # > 5x the H100's 50 MB L2
+
+
+def _torch_cuda():
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+
+def _sets(nbytes):
+    return int(min(8, max(1, ROTATE_BYTES // max(nbytes, 1))))
+
+
+def time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps, warmup=3):
+    rng = np.random.default_rng(0)
+    a_shape = (k, m) if ta else (m, k)
+    b_shape = (n, k) if tb else (k, n)
+    nsets = _sets(4 * (m * k + k * n + m * n))
+    sets = [(tensor(rng.standard_normal(a_shape, np.float32), dev), tensor(rng.standard_normal(b_shape, np.float32), dev),
+             zeros((m, n), device=dev)) for _ in range(nsets)]
+    timer = _core._PassTimer(dev._dev, reps)
+    rec = _core._Recorder(dev._dev)
+    for i in range(warmup):
+        a, b, c = sets[i % nsets]
+        _core.gemm(rec, a._buf, b._buf, c._buf, m, n, k, ta, tb, 1.0, 0.0)
+    rec.submit()
+    for i in range(reps):
+        a, b, c = sets[i % nsets]
+        timer.time_next_pass(rec, i)
+        _core.gemm(rec, a._buf, b._buf, c._buf, m, n, k, ta, tb, 1.0, 0.0)
+    ns = timer.read(rec, reps)
+    return statistics.median(ns) / 1e3  # microseconds
+
+
+def _time_cuda(torch, fn, reps, warmup=3):
+    for _ in range(warmup):
+        fn(0)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(i)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3)
+    return statistics.median(times)
+
+
+def time_torch_gemm(torch, m, k, n, ta, tb, reps):
+    nsets = _sets(4 * (m * k + k * n + m * n))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    sets = []
+    for _ in range(nsets):
+        a = torch.randn((k, m) if ta else (m, k), device="cuda", generator=g)
+        b = torch.randn((n, k) if tb else (k, n), device="cuda", generator=g)
+        sets.append((a.t() if ta else a, b.t() if tb else b, torch.empty(m, n, device="cuda")))
+
+    def run(i):
+        a, b, c = sets[i % nsets]
+        torch.mm(a, b, out=c)
+
+    return _time_cuda(torch, run, reps)
+
+
+def bench_gemm(dev, quick, torch):
+    rows = []
+    shapes = [(s, s, s, False, False) for s in SQUARE if not (quick and s == 8192)]
+    shapes += [(4096, 4096, 4096, ta, tb) for ta, tb in ((False, True), (True, False), (True, True))]
+    shapes += [(m, k, n, False, False) for m, k, n in TRAINING + GEMV]
+    for m, k, n, ta, tb in shapes:
+        flops = 2.0 * m * n * k
+        reps = 5 if quick else max(10, min(200, int(2e12 / flops * 4)))
+        us = time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps)
+        row = {"m": m, "k": k, "n": n, "trans_a": ta, "trans_b": tb, "pywgtrain_us": us,
+               "pywgtrain_tflops": flops / us / 1e6}
+        if torch is not None:
+            tus = time_torch_gemm(torch, m, k, n, ta, tb, reps)
+            row.update(cublas_us=tus, cublas_tflops=flops / tus / 1e6, time_ratio=us / tus)
+        rows.append(row)
+        mode = ("T" if ta else "N") + ("T" if tb else "N")
+        line = f"{m}x{k}x{n} {mode}: pywgtrain {us:9.1f} us {row['pywgtrain_tflops']:6.2f} TFLOP/s"
+        if torch is not None:
+            line += f" | cuBLAS {row['cublas_us']:9.1f} us {row['cublas_tflops']:6.2f} TFLOP/s | time ratio {row['time_ratio']:.2f}x"
+        print(line, flush=True)
+    return rows
+
+
+def bench_adamw(dev, quick, torch):
+    n = 1 << (22 if quick else 26)
+    rng = np.random.default_rng(0)
+    p, g = tensor(rng.standard_normal(n, np.float32), dev), tensor(rng.standard_normal(n, np.float32), dev)
+    m, v = zeros(n, device=dev), zeros(n, device=dev)
+    reps = 20
+    timer = _core._PassTimer(dev._dev, reps)
+    rec = _core._Recorder(dev._dev)
+    for i in range(reps):
+        timer.time_next_pass(rec, i)
+        _core.adamw(rec, p._buf, g._buf, m._buf, v._buf, n, 1e-3, 0.9, 0.999, 1e-8, 1e-2, i + 1, None)
+    us = statistics.median(timer.read(rec, reps)) / 1e3
+    row = {"params": n, "pywgtrain_us": us, "pywgtrain_GBps": 7 * 4 * n / us / 1e3}
+    line = f"AdamW {n} params: pywgtrain {us:.1f} us ({row['pywgtrain_GBps']:.0f} GB/s)"
+    if torch is not None:
+        tp = torch.nn.Parameter(torch.randn(n, device="cuda"))
+        tp.grad = torch.randn(n, device="cuda")
+        topt = torch.optim.AdamW([tp], lr=1e-3, fused=True)
+        tus = _time_cuda(torch, lambda i: topt.step(), reps)
+        row.update(torch_fused_us=tus, time_ratio=us / tus)
+        line += f" | torch fused AdamW {tus:.1f} us | time ratio {us / tus:.2f}x"
+    print(line, flush=True)
+    return [row]
+
+
+TRAIN_CONFIGS = [
+    {"name": "MLP 784-1024-1024-10, batch 256 (GELU)", "sizes": [784, 1024, 1024, 10], "batch": 256, "act": "gelu"},
+    {"name": "MLP 1024-4096-4096-1024, batch 512 (GELU)", "sizes": [1024, 4096, 4096, 1024], "batch": 512, "act": "gelu"},
+]
+
+
+def _torch_mlp(torch, sizes, act):
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(torch.nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.GELU() if act == "gelu" else torch.nn.ReLU())
+    return torch.nn.Sequential(*layers).cuda()
+
+
+def bench_train(dev, quick, torch):
+    rows = []
+    steps = 10 if quick else 50
+    for cfg in TRAIN_CONFIGS:
+        sizes, batch = cfg["sizes"], cfg["batch"]
+        rng = np.random.default_rng(0)
+        xs = [rng.standard_normal((batch, sizes[0]), np.float32) for _ in range(4)]
+        ys = [rng.integers(0, sizes[-1], batch).astype(np.int32) for _ in range(4)]
+        model = nn.MLP(sizes, activation=cfg["act"], device=dev, seed=0)
+        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-3, max_grad_norm=1.0), nn.CrossEntropyLoss())
+        dx = [tensor(x, dev) for x in xs]
+        dy = [tensor(y, dev) for y in ys]
+        for i in range(3):
+            trainer.step(dx[i % 4], dy[i % 4]).item()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            loss = trainer.step(dx[i % 4], dy[i % 4])
+        loss.item()
+        dev.synchronize()
+        us = (time.perf_counter() - t0) / steps * 1e6
+        row = {"config": cfg["name"], "pywgtrain_us": us}
+        line = f"{cfg['name']}: pywgtrain {us:.0f} us/step"
+        if torch is not None:
+            row.update(_torch_train_times(torch, cfg, xs, ys, steps))
+            line += f" | torch eager {row['torch_eager_us']:.0f} us | torch CUDA graph {row['torch_graph_us']:.0f} us"
+        rows.append(row)
+        print(line, flush=True)
+    return rows
+
+
+def _torch_train_times(torch, cfg, xs, ys, steps):
+    sizes = cfg["sizes"]
+    tx = [torch.from_numpy(x).cuda() for x in xs]
+    ty = [torch.from_numpy(y.astype(np.int64)).cuda() for y in ys]
+    out = {}
+    for mode in ("eager", "graph"):
+        model = _torch_mlp(torch, sizes, cfg["act"])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=(mode == "graph"))
+        lossf = torch.nn.CrossEntropyLoss()
+
+        def step(x, y):
+            opt.zero_grad(set_to_none=False)
+            loss = lossf(model(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            return loss
+
+        if mode == "eager":
+            for i in range(3):
+                step(tx[i % 4], ty[i % 4])
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(steps):
+                step(tx[i % 4], ty[i % 4])
+            torch.cuda.synchronize()
+        else:
+            sx, sy = tx[0].clone(), ty[0].clone()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    step(sx, sy)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step(sx, sy)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(steps):
+                sx.copy_(tx[i % 4])
+                sy.copy_(ty[i % 4])
+                g.replay()
+            torch.cuda.synchronize()
+        out[f"torch_{mode}_us"] = (time.perf_counter() - t0) / steps * 1e6
+    return out
+
+
+def main(args):
+    dev = Device(args.adapter)
+    torch = _torch_cuda()
+    header = {"adapter": dev.name, "backend": dev.backend, "driver": dev.info["driver"],
+              "torch_cuda": None if torch is None else torch.cuda.get_device_name(0)}
+    print(f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']}); "
+          f"baseline: {header['torch_cuda'] or 'none (PyTorch with CUDA not importable)'}", flush=True)
+    results = {"meta": header}
+    kinds = ["gemm", "adamw", "train"] if args.what == "all" else [args.what]
+    for kind in kinds:
+        results[kind] = {"gemm": bench_gemm, "adamw": bench_adamw, "train": bench_train}[kind](dev, args.quick, torch)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
