@@ -7,7 +7,7 @@ what=${1:-all}
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 source .gpu/prelude.sh
-python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -3
+python3 -m pip install -q --no-build-isolation --no-deps . 2>&1 | tail -30
 cd /tmp  # import the installed package, not the source tree
 python3 -m pywgtrain info 2>&1 | tee "$OUT/info.txt" | head -8
 root=$OLDPWD
