@@ -48,6 +48,7 @@ const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Ep
   d.constants = {{"BM", u(t.bm)}, {"BN", u(t.bn)}, {"BK", u(t.bk)}, {"TM", u(t.tm)}, {"TN", u(t.tn)},
                  {"TRANS_A", ta ? "true" : "false"}, {"TRANS_B", tb ? "true" : "false"},
                  {"ACT", u(uint32_t(ep == Epilogue::Plain ? Activation::None : act))}};
+  d.trusted = true;
   return dev.pipelines().get(d);
 }
 
@@ -57,6 +58,7 @@ const Kernel& gemv_kernel(Device& dev, bool tb) {
   d.entry = "gemv";
   d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
   d.constants = {{"TRANS_B", tb ? "true" : "false"}};
+  d.trusted = true;
   return dev.pipelines().get(d);
 }
 

@@ -10,6 +10,7 @@ namespace pwt {
 std::string KernelDesc::key() const {
   std::string k = shader + ":" + entry;
   for (auto& [name, value] : constants) k += ";" + name + "=" + value;
+  if (trusted) k += ";trusted";
   return k;
 }
 
@@ -50,7 +51,8 @@ const Kernel& PipelineCache::get(const KernelDesc& desc) {
     WGPUShaderModuleDescriptor smd = {};
     smd.nextInChain = &wgsl.chain;
     smd.label = WGPUStringView{key.data(), key.size()};
-    ShaderModuleHandle module(wgpuDeviceCreateShaderModule(d, &smd));
+    ShaderModuleHandle module(desc.trusted ? wgpuDeviceCreateShaderModuleTrusted(d, &smd, WGPUShaderRuntimeChecks_None)
+                                           : wgpuDeviceCreateShaderModule(d, &smd));
 
     std::vector<WGPUBindGroupLayoutEntry> entries;
     for (auto& [binding, kind] : desc.bindings) {

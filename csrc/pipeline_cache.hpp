@@ -22,6 +22,10 @@ struct KernelDesc {
   std::string entry;
   std::vector<std::pair<uint32_t, Bind>> bindings;  // (binding index, kind)
   std::vector<std::pair<std::string, std::string>> constants;  // (name, WGSL literal)
+  // Skip wgpu's injected bounds checks: only for kernels whose every access is
+  // bounds-checked in the shader itself (the checks cost registers and
+  // block vectorization in hot loops).
+  bool trusted = false;
   std::string key() const;
 };
 

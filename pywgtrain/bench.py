@@ -91,11 +91,23 @@ def time_torch_gemm(torch, m, k, n, ta, tb, reps):
     return _time_cuda(torch, run, reps)
 
 
-def bench_gemm(dev, quick, torch):
+def parse_shapes(text):
+    """'4096x4096x4096:NT,64x1024x1024' -> [(m, k, n, trans_a, trans_b)] (M x K x N, default NN)."""
+    out = []
+    for item in text.split(","):
+        dims, _, mode = item.partition(":")
+        m, k, n = (int(v) for v in dims.lower().split("x"))
+        mode = (mode or "NN").upper()
+        out.append((m, k, n, mode[0] == "T", mode[1] == "T"))
+    return out
+
+
+def bench_gemm(dev, quick, torch, shapes=None):
     rows = []
-    shapes = [(s, s, s, False, False) for s in SQUARE if not (quick and s == 8192)]
-    shapes += [(4096, 4096, 4096, ta, tb) for ta, tb in ((False, True), (True, False), (True, True))]
-    shapes += [(m, k, n, False, False) for m, k, n in TRAINING + GEMV]
+    if shapes is None:
+        shapes = [(s, s, s, False, False) for s in SQUARE if not (quick and s == 8192)]
+        shapes += [(4096, 4096, 4096, ta, tb) for ta, tb in ((False, True), (True, False), (True, True))]
+        shapes += [(m, k, n, False, False) for m, k, n in TRAINING + GEMV]
     for m, k, n, ta, tb in shapes:
         flops = 2.0 * m * n * k
         reps = 5 if quick else max(10, min(200, int(2e12 / flops * 4)))
@@ -242,7 +254,10 @@ def main(args):
     results = {"meta": header}
     kinds = ["gemm", "adamw", "train"] if args.what == "all" else [args.what]
     for kind in kinds:
-        results[kind] = {"gemm": bench_gemm, "adamw": bench_adamw, "train": bench_train}[kind](dev, args.quick, torch)
+        if kind == "gemm" and args.shapes:
+            results[kind] = bench_gemm(dev, args.quick, torch, parse_shapes(args.shapes))
+        else:
+            results[kind] = {"gemm": bench_gemm, "adamw": bench_adamw, "train": bench_train}[kind](dev, args.quick, torch)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

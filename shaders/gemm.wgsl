@@ -52,17 +52,22 @@ fn tile_product(wid: vec3<u32>, lid: vec3<u32>) -> array<vec4<f32>, TM * VN> {
   let n0 = wid.x * BN;
   var acc: array<vec4<f32>, TM * VN>;
   for (var k0 = 0u; k0 < p.k; k0 += BK) {
-    // Load order follows the stored layout so neighbouring threads read
+    // Each thread fills whole vec4 slots (4 consecutive m or n at one k);
+    // slot order follows the stored layout so neighbouring threads read
     // neighbouring addresses.
-    for (var e = tid; e < BM * BK; e += THREADS) {
-      var mm: u32; var kk: u32;
-      if (TRANS_A) { kk = e / BM; mm = e % BM; } else { mm = e / BK; kk = e % BK; }
-      tile_a[kk * (BM / 4u) + mm / 4u][mm % 4u] = op_a(m0 + mm, k0 + kk);
+    for (var s = tid; s < BM * BK / 4u; s += THREADS) {
+      var kk: u32; var m4: u32;
+      if (TRANS_A) { kk = s / (BM / 4u); m4 = s % (BM / 4u); } else { kk = s % BK; m4 = s / BK; }
+      let m = m0 + m4 * 4u;
+      let k = k0 + kk;
+      tile_a[kk * (BM / 4u) + m4] = vec4<f32>(op_a(m, k), op_a(m + 1u, k), op_a(m + 2u, k), op_a(m + 3u, k));
     }
-    for (var e = tid; e < BN * BK; e += THREADS) {
-      var nn: u32; var kk: u32;
-      if (TRANS_B) { nn = e / BK; kk = e % BK; } else { kk = e / BN; nn = e % BN; }
-      tile_b[kk * (BN / 4u) + nn / 4u][nn % 4u] = op_b(k0 + kk, n0 + nn);
+    for (var s = tid; s < BN * BK / 4u; s += THREADS) {
+      var kk: u32; var n4: u32;
+      if (TRANS_B) { kk = s % BK; n4 = s / BK; } else { kk = s / (BN / 4u); n4 = s % (BN / 4u); }
+      let n = n0 + n4 * 4u;
+      let k = k0 + kk;
+      tile_b[kk * (BN / 4u) + n4] = vec4<f32>(op_b(k, n), op_b(k, n + 1u), op_b(k, n + 2u), op_b(k, n + 3u));
     }
     workgroupBarrier();
     for (var kk = 0u; kk < BK; kk++) {
