@@ -305,6 +305,16 @@ void Device::wait(uint64_t submission) {
   ensure_alive("waiting for the GPU");
 }
 
+std::vector<std::pair<std::string, uint64_t>> Device::resource_report() const {
+  WGPUGlobalReport r = {};
+  wgpuGenerateReport(instance_.get(), &r);
+  const auto& h = r.hub;
+  return {{"buffers", h.buffers.numAllocated},       {"bind_groups", h.bindGroups.numAllocated},
+          {"bind_group_layouts", h.bindGroupLayouts.numAllocated}, {"compute_pipelines", h.computePipelines.numAllocated},
+          {"pipeline_layouts", h.pipelineLayouts.numAllocated}, {"shader_modules", h.shaderModules.numAllocated},
+          {"command_buffers", h.commandBuffers.numAllocated}, {"query_sets", h.querySets.numAllocated}};
+}
+
 void Device::destroy() {
   std::lock_guard<std::recursive_mutex> lk(mu_);
   wgpuDeviceDestroy(device_.get());

@@ -68,6 +68,8 @@ class Device : public std::enable_shared_from_this<Device> {
   // Blocks until the submission (0: all submitted work) has finished; the
   // Cython layer releases the GIL around it.
   void wait(uint64_t submission);
+  // Live wgpu objects by kind (wgpuGenerateReport), for leak checks.
+  std::vector<std::pair<std::string, uint64_t>> resource_report() const;
   // Deliberately destroys the device (tests of device loss use this).
   void destroy();
 

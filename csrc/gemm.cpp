@@ -19,6 +19,7 @@ struct GemmParams {
   uint32_t m, n, k, lda, ldb, ldc, a_off, b_off, c_off;
   float alpha, beta;
   uint32_t bias_off;
+  uint32_t k_chunk, split_stride, splits, pad;
 };
 
 struct GemvParams {
@@ -118,6 +119,42 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
   }
 }
 
+
+// Split K across workgroups when the output has too few tiles to fill the GPU
+// and K is long enough to share: each split writes a partial product to a
+// workspace, a second pass sums them into C.
+uint32_t choose_splits(uint32_t m, uint32_t n, uint32_t k, const TileConfig& t) {
+  const uint64_t tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn);
+  if (tiles >= 96 || k < 512) return 1;
+  uint64_t splits = std::min<uint64_t>({ceil_div(128, tiles), k / 256, 16});
+  return uint32_t(std::max<uint64_t>(splits, 1));
+}
+
+void record_split_k(Recorder& r, const Kernel& kern, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m,
+                    uint32_t n, uint32_t k, bool ta, bool tb, uint64_t lda, uint64_t ldb, const TileConfig& t,
+                    uint32_t splits, float alpha, float beta) {
+  Device& dev = r.device();
+  const uint32_t k_chunk = uint32_t(ceil_div(ceil_div(k, splits), t.bk) * t.bk);  // whole K tiles per split
+  splits = uint32_t(ceil_div(k, k_chunk));
+  const uint64_t stride = uint64_t(m) * n;
+  auto ws = std::make_shared<Buffer>(r.device_ptr(), stride * splits * 4, "pywgtrain.splitk_workspace");
+  r.hold(ws);
+  GemmParams p{m, n, k, uint32_t(lda), uint32_t(ldb), n, 0, 0, 0, 1.0f, 0.0f, 0, k_chunk, uint32_t(stride), splits, 0};
+  RowWindow aw = row_window(dev, a, 0, 0, ta ? k : m, lda), bw = row_window(dev, b, 0, 0, tb ? n : k, ldb);
+  r.dispatch(kern, {aw.range, bw.range, whole(*ws)}, p, uint32_t(ceil_div(n, t.bn)), uint32_t(ceil_div(m, t.bm)), splits);
+  KernelDesc d;
+  d.shader = "gemm";
+  d.entry = "splitk_reduce";
+  d.bindings = {{2, Bind::ReadWrite}, {3, Bind::Uniform}, {6, Bind::ReadOnly}};
+  auto u = [](uint32_t v) { return std::to_string(v) + "u"; };
+  d.constants = {{"BM", u(t.bm)}, {"BN", u(t.bn)}, {"BK", u(t.bk)}, {"TM", u(t.tm)}, {"TN", u(t.tn)},
+                 {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", "0u"}};
+  d.trusted = true;
+  GemmParams q{m, n, k, 0, 0, n, 0, 0, 0, alpha, beta, 0, k_chunk, uint32_t(stride), splits, 0};
+  auto [gx, gy] = grid_1d(dev, ceil_div(stride, 256));
+  r.dispatch(dev.pipelines().get(d), {whole(c), whole(*ws)}, q, gx, gy);
+}
+
 void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
                  bool ta, bool tb, float alpha, float beta, Epilogue ep, Activation act, const Buffer* bias,
                  const Buffer* preact) {
@@ -146,6 +183,10 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
   const Epilogue in_kernel = split_k ? Epilogue::Plain : ep;
   const Buffer& target = (split_k && ep == Epilogue::BiasActTrain) ? *preact : c;
   const Kernel& kern = gemm_kernel(dev, t, ta, tb, in_kernel, act);
+  if (!split_k && ep == Epilogue::Plain && mb == m && nb == n) {
+    const uint32_t splits = choose_splits(m, n, k, t);
+    if (splits > 1) return record_split_k(r, kern, a, b, c, m, n, k, ta, tb, lda, ldb, t, splits, alpha, beta);
+  }
 
   for (uint64_t m0 = 0; m0 < m; m0 += mb) {
     const uint64_t mc = std::min(mb, m - m0);
@@ -158,7 +199,7 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
         RowWindow cw = row_window(dev, target, 0, m0, mc, ldc);
         GemmParams p{uint32_t(mc), uint32_t(nc), uint32_t(kc), uint32_t(lda), uint32_t(ldb), uint32_t(ldc),
                      aw.inner + uint32_t(ta ? m0 : k0), bw.inner + uint32_t(tb ? k0 : n0), cw.inner + uint32_t(n0),
-                     alpha, k0 == 0 ? beta : 1.0f, uint32_t(n0)};
+                     alpha, k0 == 0 ? beta : 1.0f, uint32_t(n0), uint32_t(kc), 0, 1, 0};
         std::vector<Range> ranges{aw.range, bw.range, cw.range};
         if (in_kernel != Epilogue::Plain) ranges.push_back(whole(*bias));
         if (in_kernel == Epilogue::BiasActTrain) ranges.push_back(row_window(dev, *preact, 0, m0, mc, ldc).range);

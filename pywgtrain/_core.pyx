@@ -95,6 +95,9 @@ cdef class _Device:
     def destroy(self):
         self.ptr.get().destroy()
 
+    def resource_report(self):
+        return {_s(k): v for k, v in self.ptr.get().resource_report()}
+
     def grad_norm_scratch_floats(self, counts):
         cdef vector[uint64_t] v = counts
         return c.grad_norm_scratch_floats(self.ptr.get()[0], v)

@@ -3,6 +3,7 @@ from libc.stdint cimport uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr, unique_ptr
 from libcpp.string cimport string
+from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 
 
@@ -34,6 +35,7 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
         string lost_message()
         void wait(uint64_t submission) except +raise_py_error
         void destroy() except +raise_py_error
+        vector[pair[string, uint64_t]] resource_report()
 
 
 cdef extern from "buffer.hpp" namespace "pwt" nogil:

@@ -94,6 +94,10 @@ class Device:
         self.flush()
         self._dev.wait(0)
 
+    def resource_report(self):
+        """Live wgpu objects by kind (wgpuGenerateReport): buffers, bind groups, pipelines..."""
+        return self._dev.resource_report()
+
     def destroy(self):
         """Destroy the device now (its tensors become unusable). Tests use this
         to provoke device loss."""

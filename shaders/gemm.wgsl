@@ -16,6 +16,9 @@ struct Params {
   a_off: u32, b_off: u32, c_off: u32,  // element offsets inside the bound ranges
   alpha: f32, beta: f32,
   bias_off: u32,
+  // Split-K: workgroup z sums k in [z * k_chunk, (z + 1) * k_chunk) and writes
+  // its partial product split_stride elements further on (plain entry only).
+  k_chunk: u32, split_stride: u32, splits: u32,
 }
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
@@ -24,6 +27,7 @@ struct Params {
 @group(0) @binding(3) var<uniform> p: Params;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> preact: array<f32>;
+@group(0) @binding(6) var<storage, read> partials: array<f32>;
 
 const WG_X: u32 = BN / TN;
 const WG_Y: u32 = BM / TM;
@@ -51,7 +55,9 @@ fn tile_product(wid: vec3<u32>, lid: vec3<u32>) -> array<vec4<f32>, TM * VN> {
   let m0 = wid.y * BM;
   let n0 = wid.x * BN;
   var acc: array<vec4<f32>, TM * VN>;
-  for (var k0 = 0u; k0 < p.k; k0 += BK) {
+  let k_begin = wid.z * p.k_chunk;
+  let k_end = min(p.k, k_begin + p.k_chunk);
+  for (var k0 = k_begin; k0 < k_end; k0 += BK) {
     // Each thread fills whole vec4 slots (4 consecutive m or n at one k);
     // slot order follows the stored layout so neighbouring threads read
     // neighbouring addresses.
@@ -102,7 +108,7 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         for (var q = 0u; q < 4u; q++) {
           let n = out_col(wid, lid, j, q);
           if (n >= p.n) { continue; }
-          let idx = p.c_off + m * p.ldc + n;
+          let idx = p.c_off + wid.z * p.split_stride + m * p.ldc + n;
           var v = p.alpha * acc[(i * 4u + r) * VN + j][q];
           // beta == 0 never reads C, so garbage (even NaN) there is ignored.
           if (p.beta != 0.0) { v = fma(p.beta, c[idx], v); }
@@ -152,4 +158,20 @@ fn gemm_bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
       }
     }
   }
+}
+
+// Split-K second pass: C = alpha * sum of the partial products + beta * C.
+@compute @workgroup_size(256)
+fn splitk_reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+  let e = (wid.y * nwg.x + wid.x) * 256u + lid;
+  if (e >= p.m * p.n) { return; }
+  let m = e / p.n;
+  let n = e % p.n;
+  var s = 0.0;
+  for (var z = 0u; z < p.splits; z++) { s += partials[z * p.split_stride + e]; }
+  let idx = p.c_off + m * p.ldc + n;
+  var v = p.alpha * s;
+  if (p.beta != 0.0) { v = fma(p.beta, c[idx], v); }
+  c[idx] = v;
 }

@@ -31,12 +31,29 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     n = wid.x * 8u + lid.y;
     if (n < p.n) {
       let row = p.b_off + n * p.ldb;
-      for (var k = lid.x; k < p.k; k += 32u) { s = fma(x[p.x_off + k], b[row + k], s); }
+      // Four independent chains keep several loads in flight per thread.
+      var s4 = vec4<f32>(0.0);
+      var k = lid.x;
+      for (; k + 96u < p.k; k += 128u) {
+        s4 = fma(vec4<f32>(x[p.x_off + k], x[p.x_off + k + 32u], x[p.x_off + k + 64u], x[p.x_off + k + 96u]),
+                 vec4<f32>(b[row + k], b[row + k + 32u], b[row + k + 64u], b[row + k + 96u]), s4);
+      }
+      for (; k < p.k; k += 32u) { s4.x = fma(x[p.x_off + k], b[row + k], s4.x); }
+      s = s4.x + s4.y + s4.z + s4.w;
     }
   } else {
     n = wid.x * 32u + lid.x;
     if (n < p.n) {
-      for (var k = lid.y; k < p.k; k += 8u) { s = fma(x[p.x_off + k], b[p.b_off + k * p.ldb + n], s); }
+      var s4 = vec4<f32>(0.0);
+      let col = p.b_off + n;
+      var k = lid.y;
+      for (; k + 24u < p.k; k += 32u) {
+        s4 = fma(vec4<f32>(x[p.x_off + k], x[p.x_off + k + 8u], x[p.x_off + k + 16u], x[p.x_off + k + 24u]),
+                 vec4<f32>(b[col + k * p.ldb], b[col + (k + 8u) * p.ldb], b[col + (k + 16u) * p.ldb],
+                           b[col + (k + 24u) * p.ldb]), s4);
+      }
+      for (; k < p.k; k += 8u) { s4.x = fma(x[p.x_off + k], b[col + k * p.ldb], s4.x); }
+      s = s4.x + s4.y + s4.z + s4.w;
     }
   }
   partial[lid.y * 32u + lid.x] = s;

@@ -119,13 +119,14 @@ def test_device_loss_raises_and_new_device_works():
     np.testing.assert_array_equal(pw.gemm(y, y).numpy(), np.full((3, 3), 3.0, np.float32))
 
 
-def test_no_abort_in_subprocess():
+def test_no_abort_in_subprocess(tmp_path):
     """Faults in a separate process end with exceptions and a clean exit code."""
     code = (
         "import numpy as np, pywgtrain as pw\n"
         "d = pw.Device(); t = pw.zeros((4,), device=d); d.destroy()\n"
         "try:\n    t.numpy()\nexcept pw.DeviceLostError as e:\n    print('caught', type(e).__name__)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # cwd outside the checkout: `python -c` puts the cwd first on sys.path.
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "caught DeviceLostError" in r.stdout

@@ -45,6 +45,19 @@ def test_gemm_alpha_beta(dev, rng, ta, tb, alpha, beta):
     assert_close(out.numpy(), ref_gemm(a, b, alpha, beta, c))
 
 
+@pytest.mark.parametrize("ta,tb", TRANS)
+@pytest.mark.parametrize("m,n,k", [(64, 1024, 1024), (7, 33, 2000), (130, 70, 4001), (65, 65, 777)])
+def test_split_k_small_outputs_long_k(dev, rng, m, n, k, ta, tb):
+    """Few output tiles and long K take the split-K path (partial products + reduce)."""
+    a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
+    out = pw.tensor(c, dev)
+    pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, 1.5, -0.5, out=out)
+    assert_close(out.numpy(), ref_gemm(a, b, 1.5, -0.5, c), atol_scale=k_tolerance(k))
+    poison = poisoned(dev, (m, n))
+    pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, out=poison)
+    assert_close(poison.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
+
+
 def test_gemm_beta_zero_ignores_nan_in_out(dev, rng):
     a, b = rand(rng, 20, 30), rand(rng, 30, 10)
     out = poisoned(dev, (20, 10))

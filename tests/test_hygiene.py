@@ -1,0 +1,55 @@
+"""Resource hygiene: long create/use/free loops keep host memory and the wgpu
+resource report flat."""
+import gc
+import resource
+
+import numpy as np
+
+import pywgtrain as pw
+from pywgtrain import _core
+
+
+def rss_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cycle(dev, i, a, b):
+    t = pw.tensor(a, dev)                     # buffer create + upload
+    c = pw.gemm(t, b)                          # recorder, bind groups, pipeline lookup
+    rec = _core._Recorder(dev._dev)            # an explicit recorder, used and freed
+    rec.fill_zero(c._buf, 0, 4)
+    rec.submit()
+    if i % 100 == 0:
+        c.numpy()                              # download through the staging buffer
+
+
+def test_ten_thousand_cycles_are_flat(dev):
+    a = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    b = pw.tensor(a, dev)
+    for i in range(500):                       # warm caches, pools and allocator
+        cycle(dev, i, a, b)
+    dev.synchronize()
+    gc.collect()
+    rss0, rep0 = rss_mb(), dev.resource_report()
+    for i in range(10_000):
+        cycle(dev, i, a, b)
+    dev.synchronize()
+    gc.collect()
+    rss1, rep1 = rss_mb(), dev.resource_report()
+    print(f"RSS {rss0:.1f} -> {rss1:.1f} MB; report before {rep0}; after {rep1}")
+    assert rss1 - rss0 < 20, f"RSS grew {rss1 - rss0:.1f} MB over 10,000 cycles"
+    for kind in ("buffers", "bind_groups", "compute_pipelines", "command_buffers"):
+        assert rep1[kind] <= rep0[kind] + 8, f"{kind}: {rep0[kind]} -> {rep1[kind]}"
+
+
+def test_pipelines_compiled_once(dev):
+    a = np.ones((5, 5), np.float32)
+    pw.gemm(a, a)
+    before = dev.resource_report()["compute_pipelines"]
+    for _ in range(50):
+        pw.gemm(a, a)
+    assert dev.resource_report()["compute_pipelines"] == before
