@@ -248,6 +248,7 @@ Device::~Device() {
   pipelines_.reset();
   uniform_pool_.clear();
   staging_.reset();
+  workspace_.reset();
   queue_.reset();
   device_.reset();
   adapter_.reset();
@@ -346,6 +347,23 @@ void Device::give_uniform_chunk(BufferHandle chunk) {
   // Safe to reuse at once: queue writes and submissions execute in queue order.
   std::lock_guard<std::recursive_mutex> lk(mu_);
   if (uniform_pool_.size() < 64) uniform_pool_.push_back(std::move(chunk));
+}
+
+WGPUBuffer Device::workspace(uint64_t bytes) {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  if (bytes > workspace_bytes_) {
+    const uint64_t size = std::max<uint64_t>(bytes, workspace_bytes_ + workspace_bytes_ / 2);
+    WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
+    d.label = sv("pywgtrain.workspace");
+    d.size = (size + 255) & ~uint64_t(255);
+    d.usage = WGPUBufferUsage_Storage;
+    BufferHandle fresh;
+    guarded("allocating " + std::to_string(d.size) + " bytes of GEMM workspace",
+            [&] { fresh = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
+    workspace_ = std::move(fresh);
+    workspace_bytes_ = d.size;
+  }
+  return workspace_.get();
 }
 
 WGPUBuffer Device::staging(uint64_t bytes) {

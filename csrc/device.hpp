@@ -78,6 +78,11 @@ class Device : public std::enable_shared_from_this<Device> {
   void give_uniform_chunk(BufferHandle chunk);
   static constexpr uint64_t kUniformChunkBytes = 64 * 1024;
 
+  // Grow-only storage scratch for split-K partial products. Replacing it while
+  // recorded work still binds the old one is safe: wgpu keeps a buffer alive
+  // for as long as a command encoder references it.
+  WGPUBuffer workspace(uint64_t bytes);
+
   // Grow-only MAP_READ staging buffer for downloads, capped at kStagingCap.
   WGPUBuffer staging(uint64_t bytes);
   static constexpr uint64_t kStagingCap = 64ull << 20;
@@ -98,6 +103,8 @@ class Device : public std::enable_shared_from_this<Device> {
   std::vector<BufferHandle> uniform_pool_;
   BufferHandle staging_;
   uint64_t staging_bytes_ = 0;
+  BufferHandle workspace_;
+  uint64_t workspace_bytes_ = 0;
 
   std::recursive_mutex mu_;
   std::atomic<bool> lost_{false};

@@ -1,6 +1,8 @@
 // GEMM and GEMV launchers: variant choice, splitting of operands that exceed
 // the storage-binding limit into bindable pieces, and dispatch.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "dispatch_util.hpp"
@@ -25,14 +27,21 @@ struct GemmParams {
 struct GemvParams {
   uint32_t n, k, ldb, x_off, b_off, y_off;
   float alpha, beta;
+  uint32_t k_chunk, split_stride;
 };
 
 struct TileConfig { uint32_t bm, bn, bk, tm, tn; };
 
-// 128x128 tiles (8x8 per thread) when they fill the GPU, 64x64 (4x4) otherwise.
+// 128x128 tiles (8x8 per thread) unless the output is too small to give
+// enough of them; then 128x64 (8x4), then 64x64 (4x4). Split-K (below) adds
+// parallelism along K. PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN" forces one
+// configuration (tuning experiments, see docs/gemm_notes.md).
 TileConfig choose_tiles(uint32_t m, uint32_t n) {
-  const uint64_t big_tiles = ceil_div(m, 128) * ceil_div(n, 128);
-  if (big_tiles >= 96) return {128, 128, 16, 8, 8};
+  static const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");
+  TileConfig t{};
+  if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn) == 5) return t;
+  if (ceil_div(m, 128) * ceil_div(n, 128) >= 256) return {128, 128, 16, 8, 8};
+  if (ceil_div(m, 128) * ceil_div(n, 64) >= 64) return {128, 64, 16, 8, 4};
   return {64, 64, 16, 4, 4};
 }
 
@@ -94,6 +103,24 @@ uint64_t block_along(uint64_t extent, uint64_t limit, uint64_t tile) {
   return std::max<uint64_t>(b, 1);
 }
 
+// C[m, n] (at c_off, leading dimension ldc) = alpha * sum of `splits` partial
+// products spaced `stride` floats apart in ws + beta * C.
+void record_split_reduce(Recorder& r, const Range& ws, const Buffer& c, uint32_t m, uint32_t n, uint32_t ldc,
+                         uint32_t c_off, uint32_t splits, uint32_t stride, float alpha, float beta, Range c_range) {
+  Device& dev = r.device();
+  KernelDesc d;
+  d.shader = "gemm";
+  d.entry = "splitk_reduce";
+  d.bindings = {{2, Bind::ReadWrite}, {3, Bind::Uniform}, {6, Bind::ReadOnly}};
+  // The reduce entry ignores the tile constants; fixed values keep one pipeline.
+  d.constants = {{"BM", "64u"}, {"BN", "64u"}, {"BK", "16u"}, {"TM", "4u"}, {"TN", "4u"},
+                 {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", "0u"}};
+  d.trusted = true;
+  GemmParams q{m, n, 0, 0, 0, ldc, 0, 0, c_off, alpha, beta, 0, 0, stride, splits, 0};
+  auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(m) * n, 256));
+  r.dispatch(dev.pipelines().get(d), {c_range, ws}, q, gx, gy);
+}
+
 void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b, const Buffer& y, uint64_t y_base,
                  uint32_t n, uint32_t k, bool tb, float alpha, float beta) {
   Device& dev = r.device();
@@ -113,8 +140,27 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
       RowWindow xw = row_window(dev, x, x_base, k0, kc, 1);
       RowWindow yw = row_window(dev, y, y_base, n0, nc, 1);
       GemvParams p{uint32_t(nc), uint32_t(kc), uint32_t(ld), xw.inner, bw.inner + (tb ? 0u : uint32_t(n0)), yw.inner,
-                   alpha, k0 == 0 ? beta : 1.0f};
-      r.dispatch(kern, {xw.range, bw.range, yw.range}, p, uint32_t(ceil_div(nc, per_group)));
+                   alpha, k0 == 0 ? beta : 1.0f, uint32_t(kc), 0};
+      const uint64_t groups = ceil_div(nc, per_group);
+      // Column-parallel form with few columns: split K over workgroups too
+      // (partials + reduce) so enough loads are in flight to saturate memory.
+      const uint32_t splits = (!tb && nb == n && kb == k && groups < 256 && kc >= 1024)
+                                  ? uint32_t(std::min<uint64_t>({ceil_div(512, groups), kc / 256, 32})) : 1;
+      if (splits > 1) {
+        const uint32_t k_chunk = uint32_t(ceil_div(kc, splits));
+        const Range ws{dev.workspace(uint64_t(nc) * splits * 4), 0, uint64_t(nc) * splits * 4};
+        GemvParams q = p;
+        q.y_off = 0;
+        q.alpha = 1.0f;
+        q.beta = 0.0f;
+        q.k_chunk = k_chunk;
+        q.split_stride = uint32_t(nc);
+        r.dispatch(kern, {xw.range, bw.range, ws}, q, uint32_t(groups), uint32_t(ceil_div(kc, k_chunk)));
+        record_split_reduce(r, ws, y, 1, uint32_t(nc), uint32_t(nc), yw.inner, uint32_t(ceil_div(kc, k_chunk)),
+                            uint32_t(nc), alpha, k0 == 0 ? beta : 1.0f, yw.range);
+        continue;
+      }
+      r.dispatch(kern, {xw.range, bw.range, yw.range}, p, uint32_t(groups));
     }
   }
 }
@@ -125,8 +171,8 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
 // workspace, a second pass sums them into C.
 uint32_t choose_splits(uint32_t m, uint32_t n, uint32_t k, const TileConfig& t) {
   const uint64_t tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn);
-  if (tiles >= 96 || k < 512) return 1;
-  uint64_t splits = std::min<uint64_t>({ceil_div(128, tiles), k / 256, 16});
+  if (tiles >= 128 || k < 512) return 1;
+  uint64_t splits = std::min<uint64_t>({ceil_div(192, tiles), k / 256, 16});
   return uint32_t(std::max<uint64_t>(splits, 1));
 }
 
@@ -137,22 +183,11 @@ void record_split_k(Recorder& r, const Kernel& kern, const Buffer& a, const Buff
   const uint32_t k_chunk = uint32_t(ceil_div(ceil_div(k, splits), t.bk) * t.bk);  // whole K tiles per split
   splits = uint32_t(ceil_div(k, k_chunk));
   const uint64_t stride = uint64_t(m) * n;
-  auto ws = std::make_shared<Buffer>(r.device_ptr(), stride * splits * 4, "pywgtrain.splitk_workspace");
-  r.hold(ws);
+  const Range ws{dev.workspace(stride * splits * 4), 0, stride * splits * 4};
   GemmParams p{m, n, k, uint32_t(lda), uint32_t(ldb), n, 0, 0, 0, 1.0f, 0.0f, 0, k_chunk, uint32_t(stride), splits, 0};
   RowWindow aw = row_window(dev, a, 0, 0, ta ? k : m, lda), bw = row_window(dev, b, 0, 0, tb ? n : k, ldb);
-  r.dispatch(kern, {aw.range, bw.range, whole(*ws)}, p, uint32_t(ceil_div(n, t.bn)), uint32_t(ceil_div(m, t.bm)), splits);
-  KernelDesc d;
-  d.shader = "gemm";
-  d.entry = "splitk_reduce";
-  d.bindings = {{2, Bind::ReadWrite}, {3, Bind::Uniform}, {6, Bind::ReadOnly}};
-  auto u = [](uint32_t v) { return std::to_string(v) + "u"; };
-  d.constants = {{"BM", u(t.bm)}, {"BN", u(t.bn)}, {"BK", u(t.bk)}, {"TM", u(t.tm)}, {"TN", u(t.tn)},
-                 {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", "0u"}};
-  d.trusted = true;
-  GemmParams q{m, n, k, 0, 0, n, 0, 0, 0, alpha, beta, 0, k_chunk, uint32_t(stride), splits, 0};
-  auto [gx, gy] = grid_1d(dev, ceil_div(stride, 256));
-  r.dispatch(dev.pipelines().get(d), {whole(c), whole(*ws)}, q, gx, gy);
+  r.dispatch(kern, {aw.range, bw.range, ws}, p, uint32_t(ceil_div(n, t.bn)), uint32_t(ceil_div(m, t.bm)), splits);
+  record_split_reduce(r, ws, c, m, n, n, 0, splits, uint32_t(stride), alpha, beta, whole(c));
 }
 
 void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,

@@ -1,4 +1,6 @@
 """Device tensors: a GPU buffer with a shape and a dtype."""
+import math
+
 import numpy as np
 
 from . import _core
@@ -14,22 +16,19 @@ class Tensor:
     Create with :func:`tensor` / :func:`zeros`; read back with ``.numpy()``.
     """
 
-    __slots__ = ("_buf", "shape", "dtype", "device", "_grad_fn", "__weakref__")
+    __slots__ = ("_buf", "shape", "dtype", "device", "size", "_grad_fn", "__weakref__")
 
     def __init__(self, buf, shape, dtype, device):
         self._buf = buf
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.device = device
+        self.size = math.prod(self.shape)
         self._grad_fn = None  # set by Sequential.forward in training mode
 
     @property
     def ndim(self):
         return len(self.shape)
-
-    @property
-    def size(self):
-        return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def nbytes(self):
@@ -131,7 +130,7 @@ def empty(shape, dtype=np.float32, device=None):
         raise ValueError(f"shape must have at least one dimension, all >= 1, got {shape}")
     if any(int(s) > MAX_DIM for s in shape):
         raise ValueError(f"shape has a dimension above {MAX_DIM}: {shape}")
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(int(s) for s in shape) * dtype.itemsize
     return Tensor(_core._Buffer(device._dev, nbytes), shape, dtype, device)
 
 

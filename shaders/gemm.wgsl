@@ -50,6 +50,32 @@ fn op_b(k: u32, n: u32) -> f32 {
   return b[p.b_off + k * p.ldb + n];
 }
 
+const A_SLOTS: u32 = BM * BK / 4u / THREADS;  // vec4 slots of the A tile per thread
+const B_SLOTS: u32 = BN * BK / 4u / THREADS;
+
+// Tile loads fill whole vec4 slots (4 consecutive m or n at one k); slot order
+// follows the stored layout so neighbouring threads read neighbouring addresses.
+fn a_slot(s: u32) -> vec2<u32> {  // (kk, m4)
+  if (TRANS_A) { return vec2<u32>(s / (BM / 4u), s % (BM / 4u)); }
+  return vec2<u32>(s % BK, s / BK);
+}
+fn b_slot(s: u32) -> vec2<u32> {  // (kk, n4)
+  if (TRANS_B) { return vec2<u32>(s % BK, s / BK); }
+  return vec2<u32>(s / (BN / 4u), s % (BN / 4u));
+}
+fn fetch_a(m0: u32, k0: u32, s: u32) -> vec4<f32> {
+  let c = a_slot(s);
+  let m = m0 + c.y * 4u;
+  let k = k0 + c.x;
+  return vec4<f32>(op_a(m, k), op_a(m + 1u, k), op_a(m + 2u, k), op_a(m + 3u, k));
+}
+fn fetch_b(n0: u32, k0: u32, s: u32) -> vec4<f32> {
+  let c = b_slot(s);
+  let n = n0 + c.y * 4u;
+  let k = k0 + c.x;
+  return vec4<f32>(op_b(k, n), op_b(k, n + 1u), op_b(k, n + 2u), op_b(k, n + 3u));
+}
+
 fn tile_product(wid: vec3<u32>, lid: vec3<u32>) -> array<vec4<f32>, TM * VN> {
   let tid = lid.y * WG_X + lid.x;
   let m0 = wid.y * BM;
@@ -57,25 +83,26 @@ fn tile_product(wid: vec3<u32>, lid: vec3<u32>) -> array<vec4<f32>, TM * VN> {
   var acc: array<vec4<f32>, TM * VN>;
   let k_begin = wid.z * p.k_chunk;
   let k_end = min(p.k, k_begin + p.k_chunk);
+  // Software pipelining: the next K tile is fetched into registers while the
+  // current one is multiplied out of workgroup memory.
+  var ra: array<vec4<f32>, A_SLOTS>;
+  var rb: array<vec4<f32>, B_SLOTS>;
+  for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k_begin, tid + i * THREADS); }
+  for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k_begin, tid + i * THREADS); }
   for (var k0 = k_begin; k0 < k_end; k0 += BK) {
-    // Each thread fills whole vec4 slots (4 consecutive m or n at one k);
-    // slot order follows the stored layout so neighbouring threads read
-    // neighbouring addresses.
-    for (var s = tid; s < BM * BK / 4u; s += THREADS) {
-      var kk: u32; var m4: u32;
-      if (TRANS_A) { kk = s / (BM / 4u); m4 = s % (BM / 4u); } else { kk = s % BK; m4 = s / BK; }
-      let m = m0 + m4 * 4u;
-      let k = k0 + kk;
-      tile_a[kk * (BM / 4u) + m4] = vec4<f32>(op_a(m, k), op_a(m + 1u, k), op_a(m + 2u, k), op_a(m + 3u, k));
+    for (var i = 0u; i < A_SLOTS; i++) {
+      let c = a_slot(tid + i * THREADS);
+      tile_a[c.x * (BM / 4u) + c.y] = ra[i];
     }
-    for (var s = tid; s < BN * BK / 4u; s += THREADS) {
-      var kk: u32; var n4: u32;
-      if (TRANS_B) { kk = s % BK; n4 = s / BK; } else { kk = s / (BN / 4u); n4 = s % (BN / 4u); }
-      let n = n0 + n4 * 4u;
-      let k = k0 + kk;
-      tile_b[kk * (BN / 4u) + n4] = vec4<f32>(op_b(k, n), op_b(k, n + 1u), op_b(k, n + 2u), op_b(k, n + 3u));
+    for (var i = 0u; i < B_SLOTS; i++) {
+      let c = b_slot(tid + i * THREADS);
+      tile_b[c.x * (BN / 4u) + c.y] = rb[i];
     }
     workgroupBarrier();
+    if (k0 + BK < k_end) {
+      for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k0 + BK, tid + i * THREADS); }
+      for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k0 + BK, tid + i * THREADS); }
+    }
     for (var kk = 0u; kk < BK; kk++) {
       var av: array<vec4<f32>, VM>;
       var bv: array<vec4<f32>, VN>;

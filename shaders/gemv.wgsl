@@ -8,6 +8,9 @@ struct Params {
   n: u32, k: u32, ldb: u32,
   x_off: u32, b_off: u32, y_off: u32,
   alpha: f32, beta: f32,
+  // Split-K (column-parallel form): workgroup row y sums k in
+  // [y * k_chunk, (y + 1) * k_chunk) and writes split_stride floats further on.
+  k_chunk: u32, split_stride: u32,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -17,10 +20,11 @@ struct Params {
 
 var<workgroup> partial: array<f32, 256>;
 
-fn store(n: u32, s: f32) {
+fn store(n: u32, s: f32, split: u32) {
+  let idx = p.y_off + split * p.split_stride + n;
   var v = p.alpha * s;
-  if (p.beta != 0.0) { v = fma(p.beta, y[p.y_off + n], v); }
-  y[p.y_off + n] = v;
+  if (p.beta != 0.0) { v = fma(p.beta, y[idx], v); }
+  y[idx] = v;
 }
 
 @compute @workgroup_size(32, 8)
@@ -46,13 +50,14 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (n < p.n) {
       var s4 = vec4<f32>(0.0);
       let col = p.b_off + n;
-      var k = lid.y;
-      for (; k + 24u < p.k; k += 32u) {
+      let k_end = min(p.k, (wid.y + 1u) * p.k_chunk);
+      var k = wid.y * p.k_chunk + lid.y;
+      for (; k + 24u < k_end; k += 32u) {
         s4 = fma(vec4<f32>(x[p.x_off + k], x[p.x_off + k + 8u], x[p.x_off + k + 16u], x[p.x_off + k + 24u]),
                  vec4<f32>(b[col + k * p.ldb], b[col + (k + 8u) * p.ldb], b[col + (k + 16u) * p.ldb],
                            b[col + (k + 24u) * p.ldb]), s4);
       }
-      for (; k < p.k; k += 8u) { s4.x = fma(x[p.x_off + k], b[col + k * p.ldb], s4.x); }
+      for (; k < k_end; k += 8u) { s4.x = fma(x[p.x_off + k], b[col + k * p.ldb], s4.x); }
       s = s4.x + s4.y + s4.z + s4.w;
     }
   }
@@ -64,12 +69,12 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
       if (lid.x < stride) { partial[lid.y * 32u + lid.x] += partial[lid.y * 32u + lid.x + stride]; }
       workgroupBarrier();
     }
-    if (lid.x == 0u && n < p.n) { store(n, partial[lid.y * 32u]); }
+    if (lid.x == 0u && n < p.n) { store(n, partial[lid.y * 32u], 0u); }
   } else {
     if (lid.y == 0u && n < p.n) {
       var t = 0.0;
       for (var l = 0u; l < 8u; l++) { t += partial[l * 32u + lid.x]; }
-      store(n, t);
+      store(n, t, wid.y);
     }
   }
 }
