@@ -84,6 +84,7 @@ std::string feature_name(WGPUFeatureName f) {
     case WGPUNativeFeature_ShaderF64: return "shader-f64";
     case WGPUNativeFeature_ShaderInt64: return "shader-int64";
     case WGPUNativeFeature_SubgroupBarrier: return "subgroup-barrier";
+    case WGPUNativeFeature_Subgroup: return "subgroup";
     case WGPUNativeFeature_CooperativeMatrix: return "cooperative-matrix";
     default: return {};
   }
@@ -93,6 +94,7 @@ std::string feature_name(WGPUFeatureName f) {
 const WGPUFeatureName kWanted[] = {
     WGPUFeatureName_ShaderF16,
     WGPUFeatureName_Subgroups,
+    static_cast<WGPUFeatureName>(WGPUNativeFeature_Subgroup),
     WGPUFeatureName_TimestampQuery,
     static_cast<WGPUFeatureName>(WGPUNativeFeature_TimestampQueryInsideEncoders),
     static_cast<WGPUFeatureName>(WGPUNativeFeature_TimestampQueryInsidePasses),

@@ -166,13 +166,15 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
 }
 
 
-// Split K across workgroups when the output has too few tiles to fill the GPU
-// and K is long enough to share: each split writes a partial product to a
+// Split K across workgroups when the output has too few tiles to keep
+// several workgroups on every multiprocessor (measured on the H100: one
+// 256-thread workgroup per SM runs latency-bound, ~4 TFLOP/s at 1024^3) and K
+// is long enough to share: each split writes a partial product to the device
 // workspace, a second pass sums them into C.
 uint32_t choose_splits(uint32_t m, uint32_t n, uint32_t k, const TileConfig& t) {
   const uint64_t tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn);
-  if (tiles >= 128 || k < 512) return 1;
-  uint64_t splits = std::min<uint64_t>({ceil_div(192, tiles), k / 256, 16});
+  if (tiles >= 256 || k < 512) return 1;
+  const uint64_t splits = std::min<uint64_t>({ceil_div(512, tiles), k / 128, 16});
   return uint32_t(std::max<uint64_t>(splits, 1));
 }
 
