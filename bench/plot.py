@@ -1,6 +1,7 @@
-"""Plot GEMM TFLOP/s against size from a `pywgtrain bench --json` result.
+"""Plot GEMM TFLOP/s against size from a `pywgtrain bench --json` result, and
+print the markdown tables of docs/performance.md with --tables.
 
-    python bench/plot.py bench/results/h100_bench.json docs/gemm_h100.png
+    python bench/plot.py bench/results/h100_bench.json docs/gemm_h100.png [--tables]
 """
 import json
 import sys
@@ -34,3 +35,30 @@ def main(src, dst):
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])
+
+
+def markdown_tables(res):
+    """The GEMM, AdamW and train-step tables of docs/performance.md."""
+    out = ["| shape (M×K×N, op) | pywgtrain | cuBLAS fp32 | pywgtrain / cuBLAS time |", "|---|---|---|---|"]
+    for r in res["gemm"]:
+        mode = ("T" if r["trans_a"] else "N") + ("T" if r["trans_b"] else "N")
+        shape = f"{r['m']}×{r['k']}×{r['n']} {mode}"
+        ours = f"{r['pywgtrain_us']:.1f} µs ({r['pywgtrain_tflops']:.1f} TFLOP/s)"
+        theirs = f"{r['cublas_us']:.1f} µs ({r['cublas_tflops']:.1f} TFLOP/s)" if "cublas_us" in r else "—"
+        ratio = f"{r['time_ratio']:.2f}×" if "time_ratio" in r else "—"
+        out.append(f"| {shape} | {ours} | {theirs} | {ratio} |")
+    out += ["", "| AdamW | pywgtrain | PyTorch fused AdamW | ratio |", "|---|---|---|---|"]
+    for r in res.get("adamw", []):
+        out.append(f"| {r['params']} params | {r['pywgtrain_us']:.1f} µs ({r['pywgtrain_GBps']:.0f} GB/s) | "
+                   f"{r.get('torch_fused_us', float('nan')):.1f} µs | {r.get('time_ratio', float('nan')):.2f}× |")
+    out += ["", "| one training step (fwd, CE, bwd, clip 1.0, AdamW) | pywgtrain | PyTorch eager | PyTorch + CUDA graph |",
+            "|---|---|---|---|"]
+    for r in res.get("train", []):
+        out.append(f"| {r['config']} | {r['pywgtrain_us']:.0f} µs | {r.get('torch_eager_us', float('nan')):.0f} µs | "
+                   f"{r.get('torch_graph_us', float('nan')):.0f} µs |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__" and len(sys.argv) > 3 and sys.argv[3] == "--tables":
+    with open(sys.argv[1]) as f:
+        print(markdown_tables(json.load(f)))
