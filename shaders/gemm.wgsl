@@ -35,8 +35,13 @@ const THREADS: u32 = WG_X * WG_Y;
 const VM: u32 = TM / 4u;
 const VN: u32 = TN / 4u;
 
-var<workgroup> tile_a: array<vec4<f32>, BK * BM / 4u>;  // [k][m], m packed by 4
-var<workgroup> tile_b: array<vec4<f32>, BK * BN / 4u>;  // [k][n], n packed by 4
+// Rows of the workgroup tiles are padded by one vec4: slot stores that walk
+// along k (non-transposed A, transposed B) then spread over all banks instead
+// of hitting the same ones 16 times.
+const A_STRIDE: u32 = BM / 4u + 1u;
+const B_STRIDE: u32 = BN / 4u + 1u;
+var<workgroup> tile_a: array<vec4<f32>, BK * A_STRIDE>;  // [k][m], m packed by 4
+var<workgroup> tile_b: array<vec4<f32>, BK * B_STRIDE>;  // [k][n], n packed by 4
 
 fn op_a(m: u32, k: u32) -> f32 {
   if (m >= p.m || k >= p.k) { return 0.0; }
@@ -92,11 +97,11 @@ fn tile_product(wid: vec3<u32>, lid: vec3<u32>) -> array<vec4<f32>, TM * VN> {
   for (var k0 = k_begin; k0 < k_end; k0 += BK) {
     for (var i = 0u; i < A_SLOTS; i++) {
       let c = a_slot(tid + i * THREADS);
-      tile_a[c.x * (BM / 4u) + c.y] = ra[i];
+      tile_a[c.x * A_STRIDE + c.y] = ra[i];
     }
     for (var i = 0u; i < B_SLOTS; i++) {
       let c = b_slot(tid + i * THREADS);
-      tile_b[c.x * (BN / 4u) + c.y] = rb[i];
+      tile_b[c.x * B_STRIDE + c.y] = rb[i];
     }
     workgroupBarrier();
     if (k0 + BK < k_end) {
@@ -106,8 +111,8 @@ fn tile_product(wid: vec3<u32>, lid: vec3<u32>) -> array<vec4<f32>, TM * VN> {
     for (var kk = 0u; kk < BK; kk++) {
       var av: array<vec4<f32>, VM>;
       var bv: array<vec4<f32>, VN>;
-      for (var i = 0u; i < VM; i++) { av[i] = tile_a[kk * (BM / 4u) + i * WG_Y + lid.y]; }
-      for (var j = 0u; j < VN; j++) { bv[j] = tile_b[kk * (BN / 4u) + j * WG_X + lid.x]; }
+      for (var i = 0u; i < VM; i++) { av[i] = tile_a[kk * A_STRIDE + i * WG_Y + lid.y]; }
+      for (var j = 0u; j < VN; j++) { bv[j] = tile_b[kk * B_STRIDE + j * WG_X + lid.x]; }
       for (var i = 0u; i < VM; i++) {
         for (var r = 0u; r < 4u; r++) {
           for (var j = 0u; j < VN; j++) {

@@ -130,3 +130,39 @@ def test_no_abort_in_subprocess(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "caught DeviceLostError" in r.stdout
+
+
+def test_training_interrupted_by_device_loss_resumes_from_checkpoint(rng, tmp_path):
+    """Train, checkpoint, lose the device mid-run: the failing step raises,
+    and a new device resumed from the checkpoint continues exactly as an
+    uninterrupted run would."""
+    from pywgtrain.train import Trainer
+
+    xs = [rng.standard_normal((16, 10)).astype(np.float32) for _ in range(4)]
+    ys = [rng.integers(0, 3, 16) for _ in range(4)]
+
+    def make(device):
+        model = pw.nn.MLP([10, 16, 3], activation="relu", device=device, seed=11)
+        return Trainer(model, pw.optim.AdamW(model.parameters(), lr=5e-3, max_grad_norm=1.0), pw.nn.CrossEntropyLoss())
+
+    reference = make(pw.Device())
+    for i in range(4):
+        want = reference.step(xs[i], ys[i]).item()
+
+    d = pw.Device()
+    run = make(d)
+    for i in range(2):
+        run.step(xs[i], ys[i])
+    ckpt = tmp_path / "run.npz"
+    run.save(ckpt)
+    d.destroy()  # the fault
+    with pytest.raises(pw.DeviceLostError):
+        run.step(xs[2], ys[2]).item()
+
+    resumed = make(pw.Device())
+    resumed.load(ckpt)
+    for i in range(2, 4):
+        got = resumed.step(xs[i], ys[i]).item()
+    assert got == want
+    for (name, p), (_, q) in zip(reference.model.named_parameters(), resumed.model.named_parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=name)
