@@ -15,13 +15,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 def main(src, dst):
     with open(src) as f:
         res = json.load(f)
-    rows = [r for r in res["gemm"] if r["m"] == r["k"] == r["n"] and not r["trans_a"] and not r["trans_b"]]
-    rows.sort(key=lambda r: r["m"])
-    sizes = [r["m"] for r in rows]
+    square = [r for r in res["gemm"] if r["m"] == r["k"] == r["n"] and not r["trans_a"] and not r["trans_b"]]
+    square.sort(key=lambda r: r["m"])
+    pow2 = [r for r in square if r["m"] & (r["m"] - 1) == 0]
+    ragged = [r for r in square if r["m"] & (r["m"] - 1)]
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    ax.plot(sizes, [r["pywgtrain_tflops"] for r in rows], "o-", label="pywgtrain (WGSL via wgpu-native/Vulkan)")
-    if "cublas_tflops" in rows[0]:
-        ax.plot(sizes, [r["cublas_tflops"] for r in rows], "s-", label="cuBLAS fp32 (TF32 off)")
+    ax.plot([r["m"] for r in pow2], [r["pywgtrain_tflops"] for r in pow2], "o-", color="C0",
+            label="pywgtrain (WGSL via wgpu-native/Vulkan)")
+    ax.plot([r["m"] for r in ragged], [r["pywgtrain_tflops"] for r in ragged], "x", color="C0", label="pywgtrain, 4095/4097")
+    if "cublas_tflops" in square[0]:
+        ax.plot([r["m"] for r in pow2], [r["cublas_tflops"] for r in pow2], "s-", color="C1", label="cuBLAS fp32 (TF32 off)")
+        ax.plot([r["m"] for r in ragged], [r["cublas_tflops"] for r in ragged], "+", color="C1", label="cuBLAS, 4095/4097")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M = N = K")
     ax.set_ylabel("TFLOP/s")
