@@ -166,3 +166,12 @@ def test_training_interrupted_by_device_loss_resumes_from_checkpoint(rng, tmp_pa
     assert got == want
     for (name, p), (_, q) in zip(reference.model.named_parameters(), resumed.model.named_parameters()):
         np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=name)
+
+
+def test_sizes_beyond_32_bit_indices_are_rejected(dev):
+    """Kernels index with 32-bit integers inside each bound range; larger
+    dimensions are refused up front, larger totals by the buffer limit."""
+    with pytest.raises(ValueError, match="dimension above 2147483647"):
+        pw.empty((2**31, 1), device=dev)
+    with pytest.raises(pw.OutOfMemoryError, match="exceeds the device's max_buffer_size"):
+        pw.empty((100_000, 100_000), device=dev)  # 4e10 bytes: beyond 2^32 elements' worth
