@@ -123,7 +123,7 @@ def _scratch(dev, key, floats):
     return t
 
 
-def _grad_list(grads, name):
+def _grad_list(grads):
     if isinstance(grads, (Tensor, np.ndarray)):
         return [grads]
     out = []
@@ -153,7 +153,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         raise ValueError(f"clip_grad_norm_: only norm_type=2.0 is supported, got {norm_type}")
     if not max_norm >= 0.0 or not math.isfinite(max_norm):
         raise ValueError(f"clip_grad_norm_: max_norm must be finite and >= 0, got {max_norm}")
-    grads = _grad_list(parameters, "parameters")
+    grads = _grad_list(parameters)
     if not grads:
         return 0.0
     dev = _device_of(*grads)

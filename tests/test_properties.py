@@ -3,6 +3,7 @@ and sequences of AdamW and clip calls, against float64 NumPy."""
 import math
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import pywgtrain as pw
@@ -53,7 +54,7 @@ def test_adamw_clip_sequences(dev, sizes, ops, lr, wd, seed):
         if op == "clip":
             norm = pw.clip_grad_norm_(tg, arg)
             want, rg = ref_clip([g.astype(np.float32) for g in rg], arg)
-            assert norm == __import__("pytest").approx(want, rel=1e-4)
+            assert norm == pytest.approx(want, rel=1e-4)
         else:
             step += 1
             for i in range(len(sizes)):
