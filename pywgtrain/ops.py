@@ -203,6 +203,8 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.99
     for t, n in zip(ts[1:], names[1:]):
         if t.shape != ts[0].shape:
             raise ValueError(f"{n} has shape {t.shape}, param has {ts[0].shape}")
+    if len({id(t._buf) for t in ts}) != 4:
+        raise ValueError("adamw_step: param, grad, exp_avg and exp_avg_sq must be four distinct buffers")
     with dev._recording() as rec:
         _core.adamw(rec, ts[0]._buf, ts[1]._buf, ts[2]._buf, ts[3]._buf, ts[0].size, lr, betas[0], betas[1], eps,
                     weight_decay, int(step))

@@ -1,5 +1,6 @@
 """Resource hygiene: long create/use/free loops keep host memory and the wgpu
 resource report flat."""
+import ctypes
 import gc
 import resource
 
@@ -10,6 +11,13 @@ from pywgtrain import _core
 
 
 def rss_mb():
+    """Resident memory after handing freed heap pages back to the OS: glibc
+    otherwise keeps them after GC-ordered frees, which reads as growth
+    without any object being alive."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
@@ -53,3 +61,26 @@ def test_pipelines_compiled_once(dev):
     for _ in range(50):
         pw.gemm(a, a)
     assert dev.resource_report()["compute_pipelines"] == before
+
+
+def test_device_cycles_release_pipelines_and_memory():
+    """Devices (with their pipelines, layouts, staging and workspace) created,
+    used and dropped repeatedly leave host memory flat."""
+    a = np.ones((130, 70), np.float32)
+
+    def cycle():
+        d = pw.Device()
+        pw.gemm(pw.tensor(a, d), pw.tensor(np.ascontiguousarray(a.T), d)).numpy()  # compiles a pipeline
+        pw.clip_grad_norm_([pw.tensor(a, d)], 1.0)                                  # reduce + scale pipelines
+        del d
+
+    for _ in range(5):
+        cycle()
+    gc.collect()
+    rss0 = rss_mb()
+    for _ in range(60):
+        cycle()
+    gc.collect()
+    rss1 = rss_mb()
+    print(f"RSS over 60 device cycles: {rss0:.1f} -> {rss1:.1f} MB")
+    assert rss1 - rss0 < 30, f"RSS grew {rss1 - rss0:.1f} MB over 60 device cycles"

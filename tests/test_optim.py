@@ -61,6 +61,12 @@ def test_adamw_rejects_bad_hyperparameters(dev, kwargs, match):
         pw.optim.AdamW([pw.nn.Linear(2, 2, device=dev).weight], **kwargs)
 
 
+def test_adamw_rejects_aliased_buffers(dev):
+    t = pw.zeros(4, device=dev)
+    with pytest.raises(ValueError, match="four distinct buffers"):
+        pw.adamw_step(t, t, pw.zeros(4, device=dev), pw.zeros(4, device=dev), 1)
+
+
 def test_adamw_step_count_must_be_positive(dev):
     t = pw.zeros(4, device=dev)
     with pytest.raises(ValueError, match="step must be >= 1"):
