@@ -1,5 +1,6 @@
 // AdamW, global gradient norm and clipping launchers.
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "dispatch_util.hpp"
@@ -23,6 +24,29 @@ const Kernel& optim_kernel(Device& dev, const char* entry) {
 }
 
 }  // namespace
+
+AdamWUniform adamw_uniform(uint32_t n, const AdamWConfig& cfg, uint64_t step) {
+  // Bias corrections in double on the host, as torch computes them in Python floats.
+  const double bc1 = 1.0 - std::pow(double(cfg.beta1), double(step));
+  const double bc2 = 1.0 - std::pow(double(cfg.beta2), double(step));
+  return {n, cfg.beta1, cfg.beta2, cfg.eps, float(1.0 - double(cfg.lr) * cfg.weight_decay), float(cfg.lr / bc1),
+          float(std::sqrt(bc2)), 0.0f};
+}
+
+void StepGraph::patch_adamw(size_t i, float lr, float beta1, float beta2, float eps, float weight_decay, uint64_t step) {
+  if (i >= dispatches_.size()) throw ArgumentError("patch_adamw: dispatch index out of range");
+  const auto& d = dispatches_[i];
+  if (d.kernel->name.rfind("optim:adamw", 0) != 0 || d.bytes != sizeof(AdamWUniform))
+    throw ArgumentError("patch_adamw: dispatch " + std::to_string(i) + " is " + d.kernel->name + ", not an AdamW update");
+  AdamWConfig cfg{lr, beta1, beta2, eps, weight_decay};
+  if (!(cfg.lr >= 0.0f) || step < 1) throw ArgumentError("patch_adamw: lr must be >= 0 and step >= 1");
+  uint8_t* block = data_[d.chunk].data() + d.offset;
+  uint32_t n;
+  std::memcpy(&n, block, 4);
+  const AdamWUniform u = adamw_uniform(n, cfg, step);
+  std::memcpy(block, &u, sizeof u);
+  dirty_ = true;
+}
 
 uint64_t grad_norm_scratch_floats(const Device& dev, const std::vector<uint64_t>& counts) {
   uint64_t total = 0;
@@ -71,14 +95,7 @@ void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& e
   if (clip) check_floats(*clip, 2, "clip coefficient");
   Device& dev = r.device();
   const Kernel& k = optim_kernel(dev, clip ? "adamw_clipped" : "adamw");
-  // Bias corrections in double on the host, as torch computes them in Python floats.
-  const double bc1 = 1.0 - std::pow(double(cfg.beta1), double(step));
-  const double bc2 = 1.0 - std::pow(double(cfg.beta2), double(step));
-  struct {
-    uint32_t n;
-    float beta1, beta2, eps, decay, step_size, bc2_sqrt, pad;
-  } p{0, cfg.beta1, cfg.beta2, cfg.eps, float(1.0 - double(cfg.lr) * cfg.weight_decay), float(cfg.lr / bc1),
-      float(std::sqrt(bc2)), 0.0f};
+  AdamWUniform p = adamw_uniform(0, cfg, step);
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
     p.n = uint32_t(count);
     auto [gx, gy] = grid_1d(dev, ceil_div(count, 256));

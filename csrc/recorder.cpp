@@ -48,6 +48,7 @@ Range Recorder::uniform_slot(const void* params, size_t bytes) {
   }
   auto& c = uniforms_.back();
   const uint64_t offset = c.data.size();
+  uniform_offset_ = offset;
   c.data.resize(offset + need, 0);
   std::memcpy(c.data.data() + offset, params, bytes);
   return Range{c.buffer.get(), offset, (bytes + 15) & ~uint64_t(15)};
@@ -91,12 +92,19 @@ void Recorder::dispatch(const Kernel& k, const std::vector<Range>& storage, cons
     wgpuComputePassEncoderSetPipeline(pass_.get(), k.pipeline.get());
     wgpuComputePassEncoderSetBindGroup(pass_.get(), 0, group.get(), 0, nullptr);
     wgpuComputePassEncoderDispatchWorkgroups(pass_.get(), gx, gy, gz);
+    if (graph_) {
+      const bool has_uniform = !uniforms_.empty() && params_bytes;
+      graph_->dispatches_.push_back({&k, std::move(group), has_uniform ? uniforms_.size() - 1 : 0,
+                                     has_uniform ? uniform_offset_ : 0, uint32_t(has_uniform ? params_bytes : 0),
+                                     gx, gy, gz});
+    }
   });
   ++commands_;
 }
 
 void Recorder::copy(const Buffer& src, uint64_t so, const Buffer& dst, uint64_t doff, uint64_t bytes) {
   if (bytes == 0) return;
+  if (graph_) throw ArgumentError("a buffer copy cannot be captured in a step graph");
   check_range(src, so, bytes, "copy source");
   check_range(dst, doff, bytes, "copy destination");
   end_pass();
@@ -108,6 +116,7 @@ void Recorder::copy(const Buffer& src, uint64_t so, const Buffer& dst, uint64_t 
 
 void Recorder::fill_zero(const Buffer& dst, uint64_t offset, uint64_t bytes) {
   if (bytes == 0) return;
+  if (graph_) throw ArgumentError("a buffer clear cannot be captured in a step graph");
   check_range(dst, offset, bytes, "clear");
   end_pass();
   ensure_encoder();
@@ -123,14 +132,59 @@ void Recorder::resolve_queries(WGPUQuerySet set, uint32_t count, const Buffer& d
   ++commands_;
 }
 
+void Recorder::begin_capture() {
+  if (pending()) throw ArgumentError("begin_capture: the recorder already holds uncaptured work; submit it first");
+  graph_ = std::make_unique<StepGraph>();
+  graph_->dev_ = dev_;
+}
+
+std::unique_ptr<StepGraph> Recorder::end_capture() {
+  if (!graph_) throw ArgumentError("end_capture without begin_capture");
+  auto g = std::move(graph_);
+  // The graph shares the uniform chunks from now on: they never return to
+  // the pool. submit() writes this recording's bytes; the graph keeps a copy
+  // for its replays.
+  for (auto& chunk : uniforms_) {
+    wgpuBufferAddRef(chunk.buffer.get());
+    g->chunks_.push_back(BufferHandle(chunk.buffer.get()));
+    g->data_.push_back(chunk.data);
+    chunk.owned_by_graph = true;
+  }
+  g->dirty_ = false;
+  return g;
+}
+
+void Recorder::replay(StepGraph& g) {
+  if (graph_) throw ArgumentError("replay while capturing");
+  if (g.dispatches_.empty()) return;
+  if (g.dev_ != dev_) throw ArgumentError("replay: the graph was captured on another device");
+  ensure_pass();
+  recording_step("replaying a captured step", [&] {
+    if (g.dirty_) {
+      // Ordered before this recorder's submit (queue timeline), after every earlier submission.
+      for (size_t i = 0; i < g.chunks_.size(); ++i)
+        wgpuQueueWriteBuffer(dev_->queue(), g.chunks_[i].get(), 0, g.data_[i].data(), g.data_[i].size());
+      g.dirty_ = false;
+    }
+    for (auto& d : g.dispatches_) {
+      wgpuComputePassEncoderSetPipeline(pass_.get(), d.kernel->pipeline.get());
+      wgpuComputePassEncoderSetBindGroup(pass_.get(), 0, d.group.get(), 0, nullptr);
+      wgpuComputePassEncoderDispatchWorkgroups(pass_.get(), d.gx, d.gy, d.gz);
+    }
+  });
+  commands_ += g.dispatches_.size();
+}
+
 void Recorder::discard() {
   pass_.reset();
   encoder_.reset();
-  for (auto& c : uniforms_) dev_->give_uniform_chunk(std::move(c.buffer));
+  for (auto& c : uniforms_)
+    if (!c.owned_by_graph) dev_->give_uniform_chunk(std::move(c.buffer));
   uniforms_.clear();
   held_.clear();
   commands_ = 0;
   timed_ = false;
+  graph_.reset();
 }
 
 void Recorder::recording_step(const std::string& what, const std::function<void()>& body) {
@@ -179,7 +233,8 @@ uint64_t Recorder::submit() {
   } catch (...) {
     err = std::current_exception();
   }
-  for (auto& c : chunks) dev_->give_uniform_chunk(std::move(c.buffer));
+  for (auto& c : chunks)
+    if (!c.owned_by_graph) dev_->give_uniform_chunk(std::move(c.buffer));
   if (err) std::rethrow_exception(err);
   return index;
 }

@@ -21,6 +21,35 @@ struct Range {
 };
 inline Range whole(const Buffer& b) { return Range{b.raw(), 0, std::max<uint64_t>(4, (b.bytes() + 3) & ~uint64_t(3))}; }
 
+// A recorded sequence of dispatches that can be re-encoded cheaply: it keeps
+// each dispatch's pipeline, bind group and uniform block, so a training step
+// captured once replays without Python, kernel lookups or bind-group creation
+// (the WebGPU counterpart of a CUDA graph; command buffers themselves cannot
+// be resubmitted). Buffers bound in it stay alive through its bind groups.
+class StepGraph {
+ public:
+  size_t size() const { return dispatches_.size(); }
+  // Rewrites the AdamW uniform block of dispatch i for another step (the
+  // element count of that dispatch is kept).
+  void patch_adamw(size_t i, float lr, float beta1, float beta2, float eps, float weight_decay, uint64_t step);
+
+ private:
+  friend class Recorder;
+  struct Dispatch {
+    const Kernel* kernel;
+    BindGroupHandle group;
+    size_t chunk;
+    uint64_t offset;
+    uint32_t bytes;
+    uint32_t gx, gy, gz;
+  };
+  std::shared_ptr<Device> dev_;
+  std::vector<Dispatch> dispatches_;
+  std::vector<BufferHandle> chunks_;
+  std::vector<std::vector<uint8_t>> data_;
+  bool dirty_ = true;  // uniform data not yet written to the chunks
+};
+
 class Recorder {
  public:
   explicit Recorder(std::shared_ptr<Device> dev);
@@ -55,6 +84,15 @@ class Recorder {
   // Drops everything recorded and not yet submitted.
   void discard();
 
+  // Capture: dispatches recorded between begin_capture() and end_capture()
+  // are also kept in a StepGraph (copies and clears are not capturable).
+  void begin_capture();
+  std::unique_ptr<StepGraph> end_capture();
+  bool capturing() const { return graph_ != nullptr; }
+  size_t captured() const { return graph_ ? graph_->dispatches_.size() : 0; }
+  // Records the graph's dispatches again (uniform blocks written first).
+  void replay(StepGraph& graph);
+
  private:
   void ensure_encoder();
   // Runs one recording call inside error scopes; on error discards the whole
@@ -67,11 +105,13 @@ class Recorder {
   std::shared_ptr<Device> dev_;
   CommandEncoderHandle encoder_;
   ComputePassHandle pass_;
-  struct UniformChunk { BufferHandle buffer; std::vector<uint8_t> data; };
+  struct UniformChunk { BufferHandle buffer; std::vector<uint8_t> data; bool owned_by_graph = false; };
   std::vector<UniformChunk> uniforms_;
   std::vector<std::shared_ptr<const Buffer>> held_;
   size_t commands_ = 0;
   bool timed_ = false;
+  std::unique_ptr<StepGraph> graph_;
+  uint64_t uniform_offset_ = 0;  // offset of the last uniform block in uniforms_.back()
   WGPUPassTimestampWrites timestamps_ = {};
 };
 

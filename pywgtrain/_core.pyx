@@ -6,10 +6,11 @@ from libc.stdint cimport uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr, unique_ptr
 from libcpp.string cimport string
+from libcpp.utility cimport move
 from libcpp.vector cimport vector
 
 from ._corelib cimport (
-    Activation, AdamWConfig, Buffer, Device, PassTimer, Recorder, raise_py_error, set_py_error_types,
+    Activation, AdamWConfig, Buffer, Device, PassTimer, Recorder, StepGraph, raise_py_error, set_py_error_types,
 )
 from . cimport _corelib as c
 
@@ -151,11 +152,43 @@ cdef class _Recorder:
             index = self.ptr.get().submit()
         return index
 
+    def begin_capture(self):
+        self.ptr.get().begin_capture()
+
+    def end_capture(self):
+        cdef _StepGraph g = _StepGraph.__new__(_StepGraph)
+        g.ptr = move(self.ptr.get().end_capture())
+        return g
+
+    @property
+    def captured(self):
+        """Dispatches captured so far (indices for _StepGraph.patch_adamw)."""
+        return self.ptr.get().captured()
+
+    @property
+    def capturing(self):
+        return self.ptr.get().capturing()
+
+    def replay(self, _StepGraph graph):
+        self.ptr.get().replay(graph.ptr.get()[0])
+
     def copy(self, _Buffer src, uint64_t src_offset, _Buffer dst, uint64_t dst_offset, uint64_t nbytes):
         self.ptr.get().copy(src.ptr.get()[0], src_offset, dst.ptr.get()[0], dst_offset, nbytes)
 
     def fill_zero(self, _Buffer dst, uint64_t offset, uint64_t nbytes):
         self.ptr.get().fill_zero(dst.ptr.get()[0], offset, nbytes)
+
+
+cdef class _StepGraph:
+    """A captured dispatch sequence (see csrc/recorder.hpp StepGraph)."""
+    cdef unique_ptr[StepGraph] ptr
+
+    def __len__(self):
+        return self.ptr.get().size()
+
+    def patch_adamw(self, size_t index, float lr, float beta1, float beta2, float eps, float weight_decay,
+                    uint64_t step):
+        self.ptr.get().patch_adamw(index, lr, beta1, beta2, eps, weight_decay, step)
 
 
 cdef class _PassTimer:

@@ -47,12 +47,22 @@ cdef extern from "buffer.hpp" namespace "pwt" nogil:
 
 
 cdef extern from "recorder.hpp" namespace "pwt" nogil:
+    cdef cppclass StepGraph:
+        size_t size()
+        void patch_adamw(size_t i, float lr, float beta1, float beta2, float eps, float weight_decay,
+                         uint64_t step) except +raise_py_error
+
     cdef cppclass Recorder:
         Recorder(shared_ptr[Device] dev) except +raise_py_error
         void copy(const Buffer& src, uint64_t so, const Buffer& dst, uint64_t do, uint64_t nbytes) except +raise_py_error
         void fill_zero(const Buffer& dst, uint64_t offset, uint64_t nbytes) except +raise_py_error
         size_t pending()
         uint64_t submit() except +raise_py_error
+        void begin_capture() except +raise_py_error
+        unique_ptr[StepGraph] end_capture() except +raise_py_error
+        size_t captured()
+        bool capturing()
+        void replay(StepGraph& graph) except +raise_py_error
 
 
 cdef extern from "timing.hpp" namespace "pwt" nogil:

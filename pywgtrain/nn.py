@@ -242,6 +242,8 @@ class Loss:
         return self._value
 
     def backward(self):
+        if self._source is None:
+            raise RuntimeError("backward(): this loss came from a replayed training step, whose backward already ran")
         fn = getattr(self._source, "_grad_fn", None)
         if fn is None:
             raise RuntimeError("backward(): the loss input was not produced by a module in training mode")

@@ -27,6 +27,7 @@ class AdamW:
         self.device = self.params[0].device
         self.state = [{} for _ in self.params]
         self._norm = None
+        self._captured = None  # [(param index, AdamW dispatch indices)] of a captured step
 
     def zero_grad(self, set_to_none=True):
         """The next backward overwrites gradients instead of accumulating (no GPU work)."""
@@ -51,11 +52,27 @@ class AdamW:
             if self.max_grad_norm is not None:
                 self._norm = record_grad_norm(rec, self.device, [p.grad for _, p in live], self.max_grad_norm)
                 clip = self._norm._buf
+            captured = [] if rec.capturing else None
             for i, p in live:
                 st = self._state_for(i)
                 st["step"] += 1
+                first = rec.captured
                 _core.adamw(rec, p._buf, p.grad._buf, st["exp_avg"]._buf, st["exp_avg_sq"]._buf, p.size,
                             lr, b1, b2, eps, wd, st["step"], clip)
+                if captured is not None:
+                    captured.append((i, range(first, rec.captured)))
+            if captured is not None:
+                self._captured = captured
+
+    def _advance_captured(self, graph):
+        """Replay counterpart of step(): bump step counts and rewrite the
+        captured AdamW uniforms (bias corrections, lr) for this step."""
+        lr, (b1, b2), eps, wd = check_adamw_hyperparameters(self.lr, self.betas, self.eps, self.weight_decay)
+        for i, dispatches in self._captured:
+            st = self.state[i]
+            st["step"] += 1
+            for d in dispatches:
+                graph.patch_adamw(d, lr, b1, b2, eps, wd, st["step"])
 
     def last_grad_norm(self):
         """Global gradient norm computed by the last clipped ``step()`` (reads 4 bytes back)."""
