@@ -9,17 +9,26 @@
 namespace pwt {
 namespace {
 
-InstanceHandle make_instance() {
-  // Primary backends only (Vulkan, Metal, DX12): the GL backend lacks the
-  // compute features the kernels rely on.
-  WGPUInstanceExtras extras = {};
-  extras.chain.sType = static_cast<WGPUSType>(WGPUSType_InstanceExtras);
-  extras.backends = WGPUInstanceBackend_Primary;
-  WGPUInstanceDescriptor desc = {};
-  desc.nextInChain = &extras.chain;
-  InstanceHandle inst(wgpuCreateInstance(&desc));
-  if (!inst) throw GpuError("wgpuCreateInstance failed: no WebGPU instance could be created");
-  return inst;
+// One instance per process, shared by every Device: the NVIDIA Vulkan driver
+// stops enumerating adapters after about 30 instance create/destroy cycles in
+// one process (measured on the H100), so instances are never churned.
+std::shared_ptr<InstanceHandle> shared_instance() {
+  static std::mutex mu;
+  static std::shared_ptr<InstanceHandle> instance;
+  std::lock_guard<std::mutex> lk(mu);
+  if (!instance) {
+    // Primary backends only (Vulkan, Metal, DX12): the GL backend lacks the
+    // compute features the kernels rely on.
+    WGPUInstanceExtras extras = {};
+    extras.chain.sType = static_cast<WGPUSType>(WGPUSType_InstanceExtras);
+    extras.backends = WGPUInstanceBackend_Primary;
+    WGPUInstanceDescriptor desc = {};
+    desc.nextInChain = &extras.chain;
+    WGPUInstance raw = wgpuCreateInstance(&desc);
+    if (!raw) throw GpuError("wgpuCreateInstance failed: no WebGPU instance could be created");
+    instance = std::make_shared<InstanceHandle>(raw);
+  }
+  return instance;
 }
 
 std::vector<AdapterHandle> enumerate(WGPUInstance inst) {
@@ -129,8 +138,8 @@ std::string backend_name(WGPUBackendType t) {
 }
 
 std::vector<AdapterSummary> Device::list_adapters() {
-  auto inst = make_instance();
-  auto adapters = enumerate(inst.get());
+  auto inst = shared_instance();
+  auto adapters = enumerate(inst->get());
   std::vector<AdapterSummary> out;
   for (uint32_t i = 0; i < adapters.size(); ++i) out.push_back(summarize(adapters[i].get(), i));
   return out;
@@ -159,8 +168,8 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
     if (const char* env = std::getenv("PYWGTRAIN_ADAPTER")) selector = env;
   }
   std::shared_ptr<Device> dev(new Device());
-  dev->instance_ = make_instance();
-  auto adapters = enumerate(dev->instance_.get());
+  dev->instance_ = shared_instance();
+  auto adapters = enumerate(dev->instance_->get());
   if (adapters.empty())
     throw GpuError("no WebGPU adapter found (Vulkan/Metal/DX12); on Linux install a Vulkan driver, e.g. mesa-vulkan-drivers");
   std::vector<AdapterSummary> infos;
@@ -216,7 +225,7 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   };
   cb.userdata1 = &r;
   wgpuAdapterRequestDevice(dev->adapter_.get(), &desc, cb);
-  while (!r.done) wgpuInstanceProcessEvents(dev->instance_.get());
+  while (!r.done) wgpuInstanceProcessEvents(dev->instance_->get());
   if (!r.device) throw GpuError("requesting a device from adapter '" + dev->info_.name + "' failed: " + r.msg);
   dev->device_ = DeviceHandle(r.device);
   dev->queue_ = QueueHandle(wgpuDeviceGetQueue(r.device));
@@ -254,7 +263,6 @@ Device::~Device() {
   queue_.reset();
   device_.reset();
   adapter_.reset();
-  instance_.reset();
 }
 
 std::string Device::lost_message() const {
@@ -283,7 +291,7 @@ void Device::guarded(const std::string& what, const std::function<void()>& body)
     wgpuDevicePopErrorScope(d, cb);
   }
   for (auto& r : res)
-    while (!r.done) wgpuInstanceProcessEvents(instance_.get());
+    while (!r.done) wgpuInstanceProcessEvents(instance_->get());
   if (thrown) std::rethrow_exception(thrown);
   ensure_alive(what);
   for (auto& r : res) {
@@ -310,7 +318,7 @@ void Device::wait(uint64_t submission) {
 
 std::vector<std::pair<std::string, uint64_t>> Device::resource_report() const {
   WGPUGlobalReport r = {};
-  wgpuGenerateReport(instance_.get(), &r);
+  wgpuGenerateReport(instance_->get(), &r);
   const auto& h = r.hub;
   return {{"buffers", h.buffers.numAllocated},       {"bind_groups", h.bindGroups.numAllocated},
           {"bind_group_layouts", h.bindGroupLayouts.numAllocated}, {"compute_pipelines", h.computePipelines.numAllocated},
@@ -321,7 +329,7 @@ std::vector<std::pair<std::string, uint64_t>> Device::resource_report() const {
 void Device::destroy() {
   std::lock_guard<std::recursive_mutex> lk(mu_);
   wgpuDeviceDestroy(device_.get());
-  wgpuInstanceProcessEvents(instance_.get());
+  wgpuInstanceProcessEvents(instance_->get());
   if (!lost_.load()) {
     std::lock_guard<std::mutex> ml(msg_mu_);
     lost_message_ = "device destroyed";

@@ -45,7 +45,7 @@ class Device : public std::enable_shared_from_this<Device> {
 
   WGPUDevice raw() const { return device_.get(); }
   WGPUQueue queue() const { return queue_.get(); }
-  WGPUInstance instance() const { return instance_.get(); }
+  WGPUInstance instance() const { return instance_->get(); }
   const AdapterSummary& info() const { return info_; }
   const DeviceLimits& limits() const { return limits_; }
   const std::vector<std::string>& features() const { return feature_names_; }
@@ -68,7 +68,8 @@ class Device : public std::enable_shared_from_this<Device> {
   // Blocks until the submission (0: all submitted work) has finished; the
   // Cython layer releases the GIL around it.
   void wait(uint64_t submission);
-  // Live wgpu objects by kind (wgpuGenerateReport), for leak checks.
+  // Live wgpu objects by kind (wgpuGenerateReport over the process-wide
+  // instance, so all devices together), for leak checks.
   std::vector<std::pair<std::string, uint64_t>> resource_report() const;
   // Deliberately destroys the device (tests of device loss use this).
   void destroy();
@@ -92,7 +93,7 @@ class Device : public std::enable_shared_from_this<Device> {
   static void on_device_lost(WGPUDevice const*, WGPUDeviceLostReason, WGPUStringView, void*, void*);
   static void on_uncaptured_error(WGPUDevice const*, WGPUErrorType, WGPUStringView, void*, void*);
 
-  InstanceHandle instance_;
+  std::shared_ptr<InstanceHandle> instance_;  // process-wide (device.cpp)
   AdapterHandle adapter_;
   DeviceHandle device_;
   QueueHandle queue_;
