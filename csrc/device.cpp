@@ -12,11 +12,14 @@ namespace {
 // One instance per process, shared by every Device: the NVIDIA Vulkan driver
 // stops enumerating adapters after about 30 instance create/destroy cycles in
 // one process (measured on the H100), so instances are never churned.
+// It is never released: a static destructor would run at interpreter exit,
+// after drivers may have torn down their own state (seen as a segfault at exit
+// on the NVIDIA driver), and the OS reclaims it anyway.
 std::shared_ptr<InstanceHandle> shared_instance() {
   static std::mutex mu;
-  static std::shared_ptr<InstanceHandle> instance;
+  static auto* instance = new std::shared_ptr<InstanceHandle>();
   std::lock_guard<std::mutex> lk(mu);
-  if (!instance) {
+  if (!*instance) {
     // Primary backends only (Vulkan, Metal, DX12): the GL backend lacks the
     // compute features the kernels rely on.
     WGPUInstanceExtras extras = {};
@@ -26,9 +29,9 @@ std::shared_ptr<InstanceHandle> shared_instance() {
     desc.nextInChain = &extras.chain;
     WGPUInstance raw = wgpuCreateInstance(&desc);
     if (!raw) throw GpuError("wgpuCreateInstance failed: no WebGPU instance could be created");
-    instance = std::make_shared<InstanceHandle>(raw);
+    *instance = std::make_shared<InstanceHandle>(raw);
   }
-  return instance;
+  return *instance;
 }
 
 std::vector<AdapterHandle> enumerate(WGPUInstance inst) {
