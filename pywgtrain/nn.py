@@ -12,7 +12,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import _core
-from .ops import ACTIVATIONS, _as_tensor, _device_of, record_loss
+from .ops import ACTIVATIONS, _as_tensor, _device_of, as_labels, linear, record_loss
 from .tensor import Tensor, empty, tensor, _resolve_device
 
 
@@ -134,16 +134,9 @@ class Linear(Module):
 
     def forward(self, x):
         x = _as_tensor(x, "x", self.device)
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"Linear({self.in_features}, {self.out_features}) got input of shape {x.shape}")
-        rows = x.size // self.in_features
-        y = empty(x.shape[:-1] + (self.out_features,), np.float32, self.device)
         keep = self.training and self.activation not in (None, "none")
-        preact = empty(y.shape, np.float32, self.device) if keep else None
-        with self.device._recording() as rec:
-            _core.gemm_bias_act(rec, x._buf, self.weight._buf, self.bias._buf, y._buf,
-                                None if preact is None else preact._buf, rows, self.out_features,
-                                self.in_features, False, True, ACTIVATIONS[self.activation])
+        preact = empty(x.shape[:-1] + (self.out_features,), np.float32, self.device) if keep else None
+        y = linear(x, self.weight, self.bias, self.activation, preact=preact)
         if self.training:
             self._input, self._preact = x, preact
         return y
@@ -260,13 +253,7 @@ class CrossEntropyLoss:
     def __call__(self, logits, labels):
         dev = _device_of(logits, labels)
         logits = _as_tensor(logits, "logits", dev, ndim=2)
-        if isinstance(labels, np.ndarray):
-            if labels.dtype.kind not in "iu":
-                raise TypeError(f"labels must be integers, got dtype {labels.dtype.name}")
-            labels = tensor(np.ascontiguousarray(labels, dtype=np.int32), dev)
-        if not isinstance(labels, Tensor) or labels.dtype != np.int32 or labels.shape != (logits.shape[0],):
-            raise ValueError(f"labels must be int32 of shape ({logits.shape[0]},)")
-        value, grad = record_loss(dev, "xent", logits, labels)
+        value, grad = record_loss(dev, "xent", logits, as_labels(labels, dev, *logits.shape))
         return Loss(value, grad, logits)
 
 

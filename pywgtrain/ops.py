@@ -214,21 +214,29 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.99
     return param
 
 
+def as_labels(labels, dev, rows=None, classes=None):
+    """Class labels as an int32 device tensor. NumPy labels are checked for an
+    integer dtype and, when ``classes`` is given, for range (device tensors are
+    taken as they are: checking them would mean a GPU round trip)."""
+    if isinstance(labels, np.ndarray) or isinstance(labels, (list, tuple)):
+        labels = np.asarray(labels)
+        if labels.dtype.kind not in "iu":
+            raise TypeError(f"labels must be integers, got dtype {labels.dtype.name}")
+        if classes is not None and labels.size and (labels.min() < 0 or labels.max() >= classes):
+            raise ValueError(f"labels must lie in [0, {classes}), got range [{labels.min()}, {labels.max()}]")
+        labels = np.ascontiguousarray(labels, dtype=np.int32)
+    t = _as_tensor(labels, "labels", dev, ndim=1, dtype=np.int32)
+    if rows is not None and t.shape[0] != rows:
+        raise ValueError(f"labels has {t.shape[0]} entries, logits has {rows} rows")
+    return t
+
+
 def cross_entropy(logits, labels, return_grad=False):
     """Mean softmax cross-entropy of ``logits`` [batch, classes] against int
     ``labels`` [batch]; with ``return_grad`` also d(loss)/d(logits)."""
     dev = _device_of(logits, labels)
     tl = _as_tensor(logits, "logits", dev, ndim=2)
-    if isinstance(labels, np.ndarray):
-        if labels.dtype.kind not in "iu":
-            raise TypeError(f"labels must be integers, got dtype {labels.dtype.name}")
-        if labels.size and (labels.min() < 0 or labels.max() >= tl.shape[1]):
-            raise ValueError(f"labels must lie in [0, {tl.shape[1]}), got range [{labels.min()}, {labels.max()}]")
-        labels = np.ascontiguousarray(labels, dtype=np.int32)
-    tlab = _as_tensor(labels, "labels", dev, ndim=1, dtype=np.int32)
-    if tlab.shape[0] != tl.shape[0]:
-        raise ValueError(f"labels has {tlab.shape[0]} entries, logits has {tl.shape[0]} rows")
-    loss, grad = record_loss(dev, "xent", tl, tlab)
+    loss, grad = record_loss(dev, "xent", tl, as_labels(labels, dev, *tl.shape))
     value = float(loss.numpy()[0])
     if return_grad:
         return value, (grad.numpy() if isinstance(logits, np.ndarray) else grad)

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import nn, optim
 from .device import Device
+from .ops import as_labels
 from .tensor import Tensor, empty, tensor
 
 
@@ -29,18 +30,10 @@ class Trainer:
         self.capture = capture
         self._graph = None
 
-    def _labels(self, y):
-        if isinstance(y, Tensor):
-            return y
-        y = np.asarray(y)
-        if y.dtype.kind not in "iu":
-            raise TypeError(f"labels must be integers, got dtype {y.dtype.name}")
-        return tensor(np.ascontiguousarray(y, dtype=np.int32), self.device)
-
     def step(self, x, y):
         """One training step on a batch; returns the (lazy) loss."""
         x = x if isinstance(x, Tensor) else tensor(np.ascontiguousarray(x, dtype=np.float32), self.device)
-        y = self._labels(y) if isinstance(self.loss_fn, nn.CrossEntropyLoss) else y
+        y = as_labels(y, self.device) if isinstance(self.loss_fn, nn.CrossEntropyLoss) else y
         g = self._graph
         if g is not None and g["x"].shape == x.shape and g["y"].shape == getattr(y, "shape", None) \
                 and g["max_grad_norm"] == self.optimizer.max_grad_norm:
