@@ -1,4 +1,5 @@
 import os
+import zlib
 
 import numpy as np
 import pytest
@@ -23,7 +24,8 @@ def dev():
 @pytest.fixture
 def rng(request):
     # Distinct stream per test, reproducible from SEED.
-    return np.random.default_rng([SEED, abs(hash(request.node.nodeid)) % 2**32])
+    # zlib.crc32, not hash(): str hashes change per process.
+    return np.random.default_rng([SEED, zlib.crc32(request.node.nodeid.encode())])
 
 
 def rand(rng, *shape):
@@ -42,3 +44,8 @@ def assert_close(actual, expected, rtol=1e-5, atol_scale=1e-5):
     assert np.all(np.isfinite(actual)), "non-finite values in the result (unwritten or poisoned elements)"
     scale = max(float(np.max(np.abs(expected))), 1e-30)
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol_scale * scale)
+
+
+def pytest_terminal_summary(terminalreporter):
+    # Shown even with -q (the header is not): what PYWGTRAIN_TEST_SEED replays this run.
+    terminalreporter.write_line(f"pywgtrain test seed: {SEED} (replay with PYWGTRAIN_TEST_SEED={SEED})")
