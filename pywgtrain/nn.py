@@ -12,7 +12,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import _core
-from .ops import ACTIVATIONS, _as_tensor, _device_of, as_labels, linear, record_loss
+from .ops import ACTIVATIONS, _as_tensor, linear, record_cross_entropy, record_mse
 from .tensor import Tensor, empty, tensor, _resolve_device
 
 
@@ -251,20 +251,13 @@ class CrossEntropyLoss:
     """Mean softmax cross-entropy over the batch (``torch.nn.CrossEntropyLoss()``)."""
 
     def __call__(self, logits, labels):
-        dev = _device_of(logits, labels)
-        logits = _as_tensor(logits, "logits", dev, ndim=2)
-        value, grad = record_loss(dev, "xent", logits, as_labels(labels, dev, *logits.shape))
-        return Loss(value, grad, logits)
+        source, value, grad = record_cross_entropy(logits, labels)
+        return Loss(value, grad, source)
 
 
 class MSELoss:
     """Mean squared error (``torch.nn.MSELoss()``)."""
 
     def __call__(self, pred, target):
-        dev = _device_of(pred, target)
-        pred = _as_tensor(pred, "pred", dev)
-        target = _as_tensor(target, "target", dev)
-        if pred.shape != target.shape:
-            raise ValueError(f"target has shape {target.shape}, pred has {pred.shape}")
-        value, grad = record_loss(dev, "mse", pred, target)
-        return Loss(value, grad, pred)
+        source, value, grad = record_mse(pred, target)
+        return Loss(value, grad, source)

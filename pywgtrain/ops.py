@@ -231,30 +231,45 @@ def as_labels(labels, dev, rows=None, classes=None):
     return t
 
 
-def cross_entropy(logits, labels, return_grad=False):
-    """Mean softmax cross-entropy of ``logits`` [batch, classes] against int
-    ``labels`` [batch]; with ``return_grad`` also d(loss)/d(logits)."""
+def record_cross_entropy(logits, labels):
+    """Check inputs and record the mean cross-entropy with its gradient;
+    returns (logits tensor, loss tensor [1], d(loss)/d(logits))."""
     dev = _device_of(logits, labels)
     tl = _as_tensor(logits, "logits", dev, ndim=2)
-    loss, grad = record_loss(dev, "xent", tl, as_labels(labels, dev, *tl.shape))
-    value = float(loss.numpy()[0])
-    if return_grad:
-        return value, (grad.numpy() if isinstance(logits, np.ndarray) else grad)
-    return value
+    value, grad = record_loss(dev, "xent", tl, as_labels(labels, dev, *tl.shape))
+    return tl, value, grad
 
 
-def mse_loss(pred, target, return_grad=False):
-    """Mean squared error; with ``return_grad`` also d(loss)/d(pred)."""
+def record_mse(pred, target):
+    """Check inputs and record the mean squared error with its gradient;
+    returns (pred tensor, loss tensor [1], d(loss)/d(pred))."""
     dev = _device_of(pred, target)
     tp = _as_tensor(pred, "pred", dev)
     tt = _as_tensor(target, "target", dev)
     if tp.shape != tt.shape:
         raise ValueError(f"target has shape {tt.shape}, pred has {tp.shape}")
-    loss, grad = record_loss(dev, "mse", tp, tt)
-    value = float(loss.numpy()[0])
+    value, grad = record_loss(dev, "mse", tp, tt)
+    return tp, value, grad
+
+
+def _loss_result(value, grad, source, return_grad):
+    loss = float(value.numpy()[0])
     if return_grad:
-        return value, (grad.numpy() if isinstance(pred, np.ndarray) else grad)
-    return value
+        return loss, (grad.numpy() if isinstance(source, np.ndarray) else grad)
+    return loss
+
+
+def cross_entropy(logits, labels, return_grad=False):
+    """Mean softmax cross-entropy of ``logits`` [batch, classes] against int
+    ``labels`` [batch]; with ``return_grad`` also d(loss)/d(logits)."""
+    _, value, grad = record_cross_entropy(logits, labels)
+    return _loss_result(value, grad, logits, return_grad)
+
+
+def mse_loss(pred, target, return_grad=False):
+    """Mean squared error; with ``return_grad`` also d(loss)/d(pred)."""
+    _, value, grad = record_mse(pred, target)
+    return _loss_result(value, grad, pred, return_grad)
 
 
 def record_loss(dev, kind, pred, target):
