@@ -210,10 +210,10 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
   // A fused epilogue must see the complete sum: with a K split it runs
   // afterwards as its own elementwise pass.
   const bool split_k = kb < k;
+  std::unique_ptr<Buffer> scratch;  // released after recording: wgpu keeps it alive for the encoder
   if (split_k && ep == Epilogue::BiasAct) {
     // The unfused pass needs a separate pre-activation buffer.
-    auto scratch = std::make_shared<Buffer>(r.device_ptr(), uint64_t(m) * n * 4, "pywgtrain.preact_scratch");
-    r.hold(scratch);
+    scratch = std::make_unique<Buffer>(r.device_ptr(), uint64_t(m) * n * 4, "pywgtrain.preact_scratch");
     preact = scratch.get();
     ep = Epilogue::BiasActTrain;
   }

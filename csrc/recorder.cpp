@@ -181,7 +181,6 @@ void Recorder::discard() {
   for (auto& c : uniforms_)
     if (!c.owned_by_graph) dev_->give_uniform_chunk(std::move(c.buffer));
   uniforms_.clear();
-  held_.clear();
   commands_ = 0;
   timed_ = false;
   graph_.reset();
@@ -209,7 +208,7 @@ void Recorder::check_range(const Buffer& b, uint64_t offset, uint64_t bytes, con
 }
 
 uint64_t Recorder::submit() {
-  if (!encoder_) { held_.clear(); return 0; }
+  if (!encoder_) return 0;
   end_pass();
   uint64_t index = 0;
   // Whatever happens, the recorder ends empty and its uniform chunks return.
@@ -217,7 +216,6 @@ uint64_t Recorder::submit() {
   auto chunks = std::move(uniforms_);
   uniforms_.clear();
   commands_ = 0;
-  held_.clear();
   std::exception_ptr err;
   try {
     // Finish in its own scope: an invalid command buffer must never reach

@@ -75,8 +75,6 @@ class Recorder {
   void end_pass();
   void resolve_queries(WGPUQuerySet set, uint32_t count, const Buffer& dst);
 
-  // Keeps a buffer alive until the recorded work has been submitted.
-  void hold(std::shared_ptr<const Buffer> b) { held_.push_back(std::move(b)); }
   size_t pending() const { return commands_; }
   // Finishes and submits everything recorded (one submit); the recorder is
   // reusable afterwards. Returns the submission index (0 if nothing was recorded).
@@ -107,7 +105,6 @@ class Recorder {
   ComputePassHandle pass_;
   struct UniformChunk { BufferHandle buffer; std::vector<uint8_t> data; bool owned_by_graph = false; };
   std::vector<UniformChunk> uniforms_;
-  std::vector<std::shared_ptr<const Buffer>> held_;
   size_t commands_ = 0;
   bool timed_ = false;
   std::unique_ptr<StepGraph> graph_;

@@ -193,3 +193,25 @@ def test_captured_steps_equal_uncaptured_steps(dev, rng):
         np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=name)
     with pytest.raises(RuntimeError, match="replayed training step"):
         captured_losses[3].backward()
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_fused_linear_with_k_split_past_binding_limit(dev, rng, train):
+    """op(B) = B stored K x N past the binding limit forces a K split, so the
+    bias + activation runs as its own pass (with a scratch pre-activation
+    buffer in the inference form)."""
+    from pywgtrain import _core
+
+    m, k, n = 5, 8200, 4100
+    if k * n * 4 <= dev.limits["max_storage_buffer_binding_size"]:
+        pytest.skip("binding limit larger than the operand on this adapter")
+    a, b, bias = rand(rng, m, k), rand(rng, k, n), rand(rng, n)
+    y, pre = poisoned(dev, (m, n)), poisoned(dev, (m, n))
+    ta, tb, tbias = pw.tensor(a, dev), pw.tensor(b, dev), pw.tensor(bias, dev)
+    with dev.batch() as rec:
+        _core.gemm_bias_act(rec, ta._buf, tb._buf, tbias._buf, y._buf, pre._buf if train else None,
+                            m, n, k, False, False, 1)
+    z = a.astype(np.float64) @ b + bias
+    assert_close(y.numpy(), np.maximum(z, 0), atol_scale=1e-4)
+    if train:
+        assert_close(pre.numpy(), z, atol_scale=1e-4)
