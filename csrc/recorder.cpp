@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "timing.hpp"
+
 namespace pwt {
 
 Recorder::Recorder(std::shared_ptr<Device> dev) : dev_(std::move(dev)) {}
@@ -154,7 +156,13 @@ std::unique_ptr<StepGraph> Recorder::end_capture() {
   return g;
 }
 
-void Recorder::replay(StepGraph& g) {
+std::vector<std::string> StepGraph::kernel_names() const {
+  std::vector<std::string> names;
+  for (auto& d : dispatches_) names.push_back(d.kernel->name);
+  return names;
+}
+
+void Recorder::replay(StepGraph& g, PassTimer* timer) {
   if (graph_) throw ArgumentError("replay while capturing");
   if (g.dispatches_.empty()) return;
   if (g.dev_ != dev_) throw ArgumentError("replay: the graph was captured on another device");
@@ -166,7 +174,12 @@ void Recorder::replay(StepGraph& g) {
         wgpuQueueWriteBuffer(dev_->queue(), g.chunks_[i].get(), 0, g.data_[i].data(), g.data_[i].size());
       g.dirty_ = false;
     }
-    for (auto& d : g.dispatches_) {
+    for (size_t i = 0; i < g.dispatches_.size(); ++i) {
+      auto& d = g.dispatches_[i];
+      if (timer) {
+        timer->time_next_pass(*this, uint32_t(i));
+        ensure_pass();
+      }
       wgpuComputePassEncoderSetPipeline(pass_.get(), d.kernel->pipeline.get());
       wgpuComputePassEncoderSetBindGroup(pass_.get(), 0, d.group.get(), 0, nullptr);
       wgpuComputePassEncoderDispatchWorkgroups(pass_.get(), d.gx, d.gy, d.gz);

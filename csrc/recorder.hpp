@@ -13,6 +13,8 @@
 
 namespace pwt {
 
+class PassTimer;
+
 // A byte range of a buffer bound to one shader binding.
 struct Range {
   WGPUBuffer buffer;
@@ -29,6 +31,8 @@ inline Range whole(const Buffer& b) { return Range{b.raw(), 0, std::max<uint64_t
 class StepGraph {
  public:
   size_t size() const { return dispatches_.size(); }
+  // Kernel name of each captured dispatch (profiles).
+  std::vector<std::string> kernel_names() const;
   // Rewrites the AdamW uniform block of dispatch i for another step (the
   // element count of that dispatch is kept).
   void patch_adamw(size_t i, float lr, float beta1, float beta2, float eps, float weight_decay, uint64_t step);
@@ -89,7 +93,9 @@ class Recorder {
   bool capturing() const { return graph_ != nullptr; }
   size_t captured() const { return graph_ ? graph_->dispatches_.size() : 0; }
   // Records the graph's dispatches again (uniform blocks written first).
-  void replay(StepGraph& graph);
+  // With `timer`, each dispatch runs in its own timed pass (index = dispatch
+  // index; profiles only: the pass breaks cost time of their own).
+  void replay(StepGraph& graph, PassTimer* timer = nullptr);
 
  private:
   void ensure_encoder();

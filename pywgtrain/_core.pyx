@@ -169,8 +169,12 @@ cdef class _Recorder:
     def capturing(self):
         return self.ptr.get().capturing()
 
-    def replay(self, _StepGraph graph):
-        self.ptr.get().replay(graph.ptr.get()[0])
+    def replay(self, _StepGraph graph, _PassTimer timer=None):
+        """Re-record the graph's dispatches; with `timer`, each in its own timed pass."""
+        cdef PassTimer* t = NULL
+        if timer is not None:
+            t = timer.ptr.get()
+        self.ptr.get().replay(graph.ptr.get()[0], t)
 
     def copy(self, _Buffer src, uint64_t src_offset, _Buffer dst, uint64_t dst_offset, uint64_t nbytes):
         self.ptr.get().copy(src.ptr.get()[0], src_offset, dst.ptr.get()[0], dst_offset, nbytes)
@@ -185,6 +189,9 @@ cdef class _StepGraph:
 
     def __len__(self):
         return self.ptr.get().size()
+
+    def kernel_names(self):
+        return [n.decode() for n in self.ptr.get().kernel_names()]
 
     def patch_adamw(self, size_t index, float lr, float beta1, float beta2, float eps, float weight_decay,
                     uint64_t step):

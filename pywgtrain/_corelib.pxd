@@ -47,8 +47,10 @@ cdef extern from "buffer.hpp" namespace "pwt" nogil:
 
 
 cdef extern from "recorder.hpp" namespace "pwt" nogil:
+    cdef cppclass PassTimer
     cdef cppclass StepGraph:
         size_t size()
+        vector[string] kernel_names()
         void patch_adamw(size_t i, float lr, float beta1, float beta2, float eps, float weight_decay,
                          uint64_t step) except +raise_py_error
 
@@ -62,7 +64,7 @@ cdef extern from "recorder.hpp" namespace "pwt" nogil:
         unique_ptr[StepGraph] end_capture() except +raise_py_error
         size_t captured()
         bool capturing()
-        void replay(StepGraph& graph) except +raise_py_error
+        void replay(StepGraph& graph, PassTimer* timer) except +raise_py_error
 
 
 cdef extern from "timing.hpp" namespace "pwt" nogil:

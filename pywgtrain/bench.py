@@ -187,6 +187,7 @@ def _torch_mlp(torch, sizes, act):
 
 def bench_train(dev, quick, torch):
     rows = []
+    warm_up(dev, torch)
     steps = 10 if quick else 50
     for cfg in TRAIN_CONFIGS:
         sizes, batch = cfg["sizes"], cfg["batch"]
@@ -202,17 +203,46 @@ def bench_train(dev, quick, torch):
         t0 = time.perf_counter()
         for i in range(steps):
             loss = trainer.step(dx[i % 4], dy[i % 4])
+        host_us = (time.perf_counter() - t0) / steps * 1e6
         loss.item()
         dev.synchronize()
         us = (time.perf_counter() - t0) / steps * 1e6
-        row = {"config": cfg["name"], "pywgtrain_us": us}
-        line = f"{cfg['name']}: pywgtrain {us:.0f} us/step"
+        row = {"config": cfg["name"], "pywgtrain_us": us, "pywgtrain_host_us": host_us}
+        line = f"{cfg['name']}: pywgtrain {us:.0f} us/step (host {host_us:.0f})"
+        if trainer._graph is not None and "timestamp-query" in dev.features:
+            row["profile"] = profile_step(dev, trainer._graph["graph"])
+            line += f" | GPU {row['profile']['gpu_us']:.0f} us in {row['profile']['dispatches']} dispatches"
         if torch is not None:
             row.update(_torch_train_times(torch, cfg, xs, ys, steps))
             line += f" | torch eager {row['torch_eager_us']:.0f} us | torch CUDA graph {row['torch_graph_us']:.0f} us"
         rows.append(row)
         print(line, flush=True)
     return rows
+
+
+def profile_step(dev, graph, reps=5):
+    """GPU time of a captured step: the whole replay in one timed pass, and
+    each dispatch in a pass of its own (summed per kernel). Medians of `reps`."""
+    names = graph.kernel_names()
+    whole, each = [], []
+    for _ in range(reps):
+        rec = _core._Recorder(dev._dev)
+        timer = _core._PassTimer(dev._dev, 1)
+        timer.time_next_pass(rec, 0)
+        rec.replay(graph)
+        whole.append(timer.read(rec, 1)[0] / 1e3)
+        rec = _core._Recorder(dev._dev)
+        timer = _core._PassTimer(dev._dev, len(names))
+        rec.replay(graph, timer)
+        each.append(timer.read(rec, len(names)))
+    per_dispatch = np.median(np.array(each), axis=0) / 1e3
+    by_kernel = {}
+    for name, us in zip(names, per_dispatch):
+        n, t = by_kernel.get(name, (0, 0.0))
+        by_kernel[name] = (n + 1, t + float(us))
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])
+    return {"gpu_us": float(np.median(whole)), "dispatches": len(names), "sum_of_dispatches_us": float(per_dispatch.sum()),
+            "kernels": [{"kernel": k, "count": n, "us": t} for k, (n, t) in top]}
 
 
 def _torch_train_times(torch, cfg, xs, ys, steps):

@@ -7,8 +7,9 @@ import pywgtrain as pw
 from conftest import assert_close, poisoned, rand
 
 SIZES = [1, 7, 33, 129, 1000]
-# Non-multiples of the 64/128 tiles, the 16 K-step and the 8/32 GEMV blocks.
-ODD = [(65, 127, 17), (130, 257, 31), (200, 3, 300), (3, 200, 5), (257, 65, 129)]
+# Non-multiples of the 64/128 tiles, the 16 K-step and the 8/32 GEMV blocks;
+# (132, 260, 36): multiples of 4 with partial tiles along every dimension.
+ODD = [(65, 127, 17), (130, 257, 31), (200, 3, 300), (3, 200, 5), (257, 65, 129), (132, 260, 36)]
 TRANS = list(itertools.product([False, True], repeat=2))
 
 
