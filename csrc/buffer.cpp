@@ -23,17 +23,30 @@ Buffer::Buffer(std::shared_ptr<Device> dev, uint64_t bytes, const std::string& l
   if (!buf_) throw OutOfMemoryError("allocating " + std::to_string(bytes) + " bytes: the device returned no buffer");
 }
 
+Buffer::Buffer(const Buffer& parent, uint64_t offset, uint64_t bytes)
+    : dev_(parent.dev_), bytes_(bytes), offset_(parent.offset_ + offset) {
+  const uint64_t align = std::max<uint32_t>(dev_->limits().storage_offset_alignment, 4);
+  if (offset % align)
+    throw ArgumentError("buffer view offset " + std::to_string(offset) + " is not a multiple of the storage offset alignment (" +
+                        std::to_string(align) + " bytes)");
+  if (offset + bytes > parent.bytes_)
+    throw ArgumentError("buffer view of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+                        " overruns a buffer of " + std::to_string(parent.bytes_) + " bytes");
+  wgpuBufferAddRef(parent.raw());
+  buf_ = BufferHandle(parent.raw());
+}
+
 void Buffer::upload(const void* src, uint64_t bytes, uint64_t offset) {
   if (offset + bytes > bytes_) throw ArgumentError("upload of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " overruns a buffer of " + std::to_string(bytes_) + " bytes");
   if (bytes == 0) return;
   if (offset % 4) throw ArgumentError("upload offset " + std::to_string(offset) + " is not a multiple of 4 bytes");
   const uint64_t whole = bytes & ~uint64_t(3);
   dev_->guarded("uploading " + std::to_string(bytes) + " bytes", [&] {
-    if (whole) wgpuQueueWriteBuffer(dev_->queue(), buf_.get(), offset, src, whole);
+    if (whole) wgpuQueueWriteBuffer(dev_->queue(), buf_.get(), offset_ + offset, src, whole);
     if (whole != bytes) {  // ragged tail: pad to the 4-byte copy granule
       uint8_t tail[4] = {0, 0, 0, 0};
       std::memcpy(tail, static_cast<const uint8_t*>(src) + whole, bytes - whole);
-      wgpuQueueWriteBuffer(dev_->queue(), buf_.get(), offset + whole, tail, 4);
+      wgpuQueueWriteBuffer(dev_->queue(), buf_.get(), offset_ + offset + whole, tail, 4);
     }
   });
 }
@@ -52,7 +65,7 @@ void Buffer::download(void* dst, uint64_t bytes, uint64_t offset) const {
     struct Map { bool done = false; WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error; std::string msg; } m;
     dev_->guarded("downloading " + std::to_string(bytes) + " bytes", [&] {
       CommandEncoderHandle enc(wgpuDeviceCreateCommandEncoder(dev_->raw(), nullptr));
-      wgpuCommandEncoderCopyBufferToBuffer(enc.get(), buf_.get(), src_off, staging, 0, copy);
+      wgpuCommandEncoderCopyBufferToBuffer(enc.get(), buf_.get(), offset_ + src_off, staging, 0, copy);
       CommandBufferHandle cmd(wgpuCommandEncoderFinish(enc.get(), nullptr));
       WGPUCommandBuffer cmds[] = {cmd.get()};
       wgpuQueueSubmit(dev_->queue(), 1, cmds);

@@ -1,5 +1,5 @@
-// Device memory. A Buffer is a storage buffer that can also be copied from and
-// to; bytes are rounded up to 4 as wgpu copies require.
+// Device memory. A Buffer is a storage buffer (or an aligned view of one) that
+// can also be copied from and to; bytes are rounded up to 4 as wgpu copies require.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -13,8 +13,14 @@ class Buffer {
  public:
   Buffer(std::shared_ptr<Device> dev, uint64_t bytes, const std::string& label = "pywgtrain.tensor",
          WGPUBufferUsage extra_usage = WGPUBufferUsage_None);
+  // A view of `bytes` bytes of `parent` from `offset` (a multiple of the
+  // device's storage offset alignment, so every binding inside stays aligned).
+  // Views share the parent's memory: flat parameter arenas hand one to each tensor.
+  Buffer(const Buffer& parent, uint64_t offset, uint64_t bytes);
   uint64_t bytes() const { return bytes_; }
   WGPUBuffer raw() const { return buf_.get(); }
+  // Byte offset of this buffer's first byte inside raw().
+  uint64_t offset() const { return offset_; }
   Device& device() const { return *dev_; }
   const std::shared_ptr<Device>& device_ptr() const { return dev_; }
 
@@ -26,6 +32,7 @@ class Buffer {
   std::shared_ptr<Device> dev_;
   BufferHandle buf_;
   uint64_t bytes_;
+  uint64_t offset_ = 0;
 };
 
 }  // namespace pwt

@@ -38,7 +38,7 @@ inline void for_each_piece(const Device& dev, uint64_t n, const std::function<vo
 }
 
 inline Range floats(const Buffer& b, uint64_t first, uint64_t count) {
-  return Range{b.raw(), first * 4, std::max<uint64_t>(count, 1) * 4};
+  return Range{b.raw(), b.offset() + first * 4, std::max<uint64_t>(count, 1) * 4};
 }
 
 // Rows per piece of a [rows, cols] matrix such that a piece fits one binding

@@ -15,7 +15,7 @@ void inject_invalid_binding(Recorder& r, const Buffer& buf) {
   const Kernel& k = r.device().pipelines().get(d);
   struct { uint32_t n, out_off; } p{1, 0};
   // A range past the end of the buffer at a misaligned offset: wgpu rejects the bind group.
-  Range bad{buf.raw(), 4, buf.bytes() + 256};
+  Range bad{buf.raw(), buf.offset() + 4, buf.bytes() + 256};
   r.dispatch(k, {bad, whole(buf)}, p, 1);
 }
 

@@ -112,7 +112,7 @@ void Recorder::copy(const Buffer& src, uint64_t so, const Buffer& dst, uint64_t 
   end_pass();
   ensure_encoder();
   recording_step("recording a copy of " + std::to_string(bytes) + " bytes",
-                 [&] { wgpuCommandEncoderCopyBufferToBuffer(encoder_.get(), src.raw(), so, dst.raw(), doff, bytes); });
+                 [&] { wgpuCommandEncoderCopyBufferToBuffer(encoder_.get(), src.raw(), src.offset() + so, dst.raw(), dst.offset() + doff, bytes); });
   ++commands_;
 }
 
@@ -123,14 +123,14 @@ void Recorder::fill_zero(const Buffer& dst, uint64_t offset, uint64_t bytes) {
   end_pass();
   ensure_encoder();
   recording_step("recording a clear of " + std::to_string(bytes) + " bytes",
-                 [&] { wgpuCommandEncoderClearBuffer(encoder_.get(), dst.raw(), offset, bytes); });
+                 [&] { wgpuCommandEncoderClearBuffer(encoder_.get(), dst.raw(), dst.offset() + offset, bytes); });
   ++commands_;
 }
 
 void Recorder::resolve_queries(WGPUQuerySet set, uint32_t count, const Buffer& dst) {
   end_pass();
   ensure_encoder();
-  recording_step("resolving timestamp queries", [&] { wgpuCommandEncoderResolveQuerySet(encoder_.get(), set, 0, count, dst.raw(), 0); });
+  recording_step("resolving timestamp queries", [&] { wgpuCommandEncoderResolveQuerySet(encoder_.get(), set, 0, count, dst.raw(), dst.offset()); });
   ++commands_;
 }
 
@@ -215,9 +215,10 @@ void Recorder::check_range(const Buffer& b, uint64_t offset, uint64_t bytes, con
   if (offset % 4 || bytes % 4)
     throw ValidationError(std::string(what) + ": offset " + std::to_string(offset) + " and size " + std::to_string(bytes) +
                           " must be multiples of 4 bytes");
-  if (offset + bytes > wgpuBufferGetSize(b.raw()))
+  const uint64_t extent = (b.bytes() + 3) & ~uint64_t(3);
+  if (offset + bytes > extent)
     throw ValidationError(std::string(what) + ": copy of " + std::to_string(bytes) + " bytes at offset " +
-                          std::to_string(offset) + " overruns a buffer of " + std::to_string(wgpuBufferGetSize(b.raw())) + " bytes");
+                          std::to_string(offset) + " overruns a buffer of " + std::to_string(extent) + " bytes");
 }
 
 uint64_t Recorder::submit() {

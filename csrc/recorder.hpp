@@ -21,7 +21,7 @@ struct Range {
   uint64_t offset;
   uint64_t size;
 };
-inline Range whole(const Buffer& b) { return Range{b.raw(), 0, std::max<uint64_t>(4, (b.bytes() + 3) & ~uint64_t(3))}; }
+inline Range whole(const Buffer& b) { return Range{b.raw(), b.offset(), std::max<uint64_t>(4, (b.bytes() + 3) & ~uint64_t(3))}; }
 
 // A recorded sequence of dispatches that can be re-encoded cheaply: it keeps
 // each dispatch's pipeline, bind group and uniform block, so a training step

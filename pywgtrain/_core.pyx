@@ -108,15 +108,32 @@ cdef class _Buffer:
     cdef shared_ptr[Buffer] ptr
     cdef readonly _Device device
 
-    def __cinit__(self, _Device device, uint64_t nbytes, str label="pywgtrain.tensor"):
+    def __cinit__(self, _Device device, uint64_t nbytes, str label="pywgtrain.tensor", _Buffer parent=None,
+                  uint64_t offset=0):
         cdef string lab = label.encode()
         self.device = device
+        if parent is not None:
+            self.ptr.reset(new Buffer(parent.ptr.get()[0], offset, nbytes))
+            return
         with nogil:
             self.ptr.reset(new Buffer(device.ptr, nbytes, lab))
+
+    def view(self, uint64_t offset, uint64_t nbytes):
+        """A buffer sharing this one's memory from byte `offset` (storage-aligned)."""
+        return _Buffer(self.device, nbytes, parent=self, offset=offset)
+
+    def shares_memory(self, _Buffer other):
+        """Whether both are views of the same wgpu buffer."""
+        return self.ptr.get().raw() == other.ptr.get().raw()
 
     @property
     def nbytes(self):
         return self.ptr.get().bytes()
+
+    @property
+    def offset(self):
+        """Byte offset inside the underlying wgpu buffer (0 unless a view)."""
+        return self.ptr.get().offset()
 
     def upload(self, const unsigned char[::1] data, uint64_t offset=0):
         cdef uint64_t n = data.shape[0]

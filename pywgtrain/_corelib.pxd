@@ -41,7 +41,10 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
 cdef extern from "buffer.hpp" namespace "pwt" nogil:
     cdef cppclass Buffer:
         Buffer(shared_ptr[Device] dev, uint64_t nbytes, const string& label) except +raise_py_error
+        Buffer(const Buffer& parent, uint64_t offset, uint64_t nbytes) except +raise_py_error
         uint64_t bytes()
+        uint64_t offset()
+        const void* raw()
         void upload(const void* src, uint64_t nbytes, uint64_t offset) except +raise_py_error
         void download(void* dst, uint64_t nbytes, uint64_t offset) except +raise_py_error
 

@@ -19,18 +19,19 @@ from .tensor import Tensor, empty, tensor, _resolve_device
 class Parameter(Tensor):
     """A trainable tensor with a ``grad`` tensor of the same shape."""
 
-    __slots__ = ("grad", "_grad_fresh")
+    __slots__ = ("grad", "_grad_fresh", "_grad_home")
 
     def __init__(self, data, device):
         t = tensor(np.ascontiguousarray(data, dtype=np.float32), device)
         super().__init__(t._buf, t.shape, t.dtype, device)
         self.grad = None
         self._grad_fresh = True  # next backward overwrites instead of accumulating
+        self._grad_home = None  # where a new grad lives (a view of an optimizer's flat arena)
 
     def _grad_target(self):
         """(grad tensor, beta): beta 0 overwrites, 1 accumulates like torch."""
         if self.grad is None:
-            self.grad = empty(self.shape, np.float32, self.device)
+            self.grad = self._grad_home if self._grad_home is not None else empty(self.shape, np.float32, self.device)
             self._grad_fresh = True
         beta = 0.0 if self._grad_fresh else 1.0
         self._grad_fresh = False

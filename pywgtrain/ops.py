@@ -63,8 +63,8 @@ def gemm(a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None, devi
         tc = empty((m, n), np.float32, dev)
     else:
         if isinstance(out, Tensor):
-            if out._buf is ta._buf or out._buf is tb._buf:
-                raise ValueError("gemm: out must not alias a or b (the kernel reads them while writing out)")
+            if out._buf.shares_memory(ta._buf) or out._buf.shares_memory(tb._buf):
+                raise ValueError("gemm: out must not share a device buffer with a or b (the kernel reads them while writing out)")
         elif isinstance(out, np.ndarray) and any(isinstance(x, np.ndarray) and np.shares_memory(out, x) for x in (a, b)):
             raise ValueError("gemm: out must not alias a or b")
         if isinstance(out, Tensor):
@@ -203,8 +203,8 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.99
     for t, n in zip(ts[1:], names[1:]):
         if t.shape != ts[0].shape:
             raise ValueError(f"{n} has shape {t.shape}, param has {ts[0].shape}")
-    if len({id(t._buf) for t in ts}) != 4:
-        raise ValueError("adamw_step: param, grad, exp_avg and exp_avg_sq must be four distinct buffers")
+    if any(ts[i]._buf.shares_memory(ts[j]._buf) for i in range(4) for j in range(i + 1, 4)):
+        raise ValueError("adamw_step: param, grad, exp_avg and exp_avg_sq must be four distinct buffers (views of one device buffer count as one)")
     with dev._recording() as rec:
         _core.adamw(rec, ts[0]._buf, ts[1]._buf, ts[2]._buf, ts[3]._buf, ts[0].size, lr, betas[0], betas[1], eps,
                     weight_decay, int(step))

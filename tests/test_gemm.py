@@ -149,3 +149,34 @@ def test_gemv_matrix_past_binding_limit(dev, rng, tb):
     out = poisoned(dev, (1, n))
     pw.gemm(a, pw.tensor(stored(b, tb), dev), trans_b=tb, out=out)
     assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
+
+
+def test_gemm_on_buffer_views(dev, rng):
+    """Operands and output as aligned views inside larger buffers (how flat
+    parameter arenas hand out tensors): nothing outside the view is touched."""
+    align = dev.limits["min_storage_buffer_offset_alignment"]
+    a, b = rand(rng, 33, 17), rand(rng, 17, 9)
+    host = rand(rng, 4096)
+    big = pw.tensor(host, dev)
+    va = pw.Tensor(big._buf.view(align, a.nbytes), a.shape, np.float32, dev).copy_(a)
+    b_at = (align + a.nbytes) // align * align + align
+    vb = pw.Tensor(big._buf.view(b_at, b.nbytes), b.shape, np.float32, dev).copy_(b)
+    out_big = pw.tensor(host, dev)
+    vc = pw.Tensor(out_big._buf.view(2 * align, 33 * 9 * 4), (33, 9), np.float32, dev)
+    pw.gemm(va, vb, out=vc)
+    assert_close(vc.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(17))
+    rest = out_big.numpy()
+    lo, hi = 2 * align // 4, 2 * align // 4 + 33 * 9
+    np.testing.assert_array_equal(np.delete(rest, np.arange(lo, hi)), np.delete(host, np.arange(lo, hi)))
+    with pytest.raises(ValueError, match="share a device buffer"):
+        pw.gemm(va, vb, out=pw.Tensor(big._buf.view(b_at + 2 * align + b.nbytes // align * align, 33 * 9 * 4),
+                                      (33, 9), np.float32, dev))
+
+
+def test_buffer_view_bounds_and_alignment(dev):
+    align = dev.limits["min_storage_buffer_offset_alignment"]
+    big = pw.zeros(1024, device=dev)
+    with pytest.raises(ValueError, match="alignment"):
+        big._buf.view(4, 16)
+    with pytest.raises(ValueError, match="overruns"):
+        big._buf.view(align, 4096)

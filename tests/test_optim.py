@@ -140,3 +140,74 @@ def test_adamw_and_clip_past_binding_limit(dev, rng):
     want_norm, want = ref_clip([g], 1.0)
     assert norm == pytest.approx(want_norm, rel=1e-4)
     assert_close(tg.numpy(), want[0])
+
+
+def _mlp_run(dev, rng_seed, fused, steps, max_grad_norm, skip_bias_grad_at=None):
+    model = pw.nn.MLP([12, 24, 4], activation="relu", device=dev, seed=3)
+    opt = pw.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, max_grad_norm=max_grad_norm, fused=fused)
+    data = np.random.default_rng(rng_seed)
+    for s in range(steps):
+        opt.zero_grad()
+        x = data.standard_normal((9, 12)).astype(np.float32)
+        y = data.integers(0, 4, 9)
+        pw.nn.CrossEntropyLoss()(model(x), y).backward()
+        if s == skip_bias_grad_at:
+            model.layers[0].bias.grad = None  # this parameter sits the step out
+        opt.step()
+    return model, opt
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 0.05])
+def test_fused_adamw_matches_per_tensor_adamw(dev, max_grad_norm):
+    """The flat-arena step (one dispatch) equals tensor-by-tensor updates; without
+    clipping bit for bit, with clipping up to the norm's summation order."""
+    fused, fopt = _mlp_run(dev, 11, True, 5, max_grad_norm)
+    plain, popt = _mlp_run(dev, 11, False, 5, max_grad_norm)
+    assert fopt._arena is not None and popt._arena is None
+    for (name, p), (_, q) in zip(fused.named_parameters(), plain.named_parameters()):
+        if max_grad_norm is None:
+            np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=name)
+        else:
+            assert_close(p.numpy(), q.numpy().astype(np.float64), rtol=1e-5, atol_scale=1e-5)
+    if max_grad_norm is not None:
+        assert fopt.last_grad_norm() == pytest.approx(popt.last_grad_norm(), rel=1e-6)
+    sd_f, sd_p = fopt.state_dict()["state"], popt.state_dict()["state"]
+    assert sd_f.keys() == sd_p.keys() and all(sd_f[i]["step"] == 5 for i in sd_f)
+
+
+def test_fused_adamw_falls_back_when_a_parameter_has_no_grad(dev):
+    """A parameter without a gradient is skipped (torch semantics), so that step
+    goes tensor by tensor; later steps use the arena again with mixed step counts
+    handled per tensor."""
+    fused, fopt = _mlp_run(dev, 5, True, 4, 1.0, skip_bias_grad_at=1)
+    plain, popt = _mlp_run(dev, 5, False, 4, 1.0, skip_bias_grad_at=1)
+    steps = [fopt.state[i]["step"] for i in range(len(fopt.params))]
+    assert steps == [4, 3, 4, 4]
+    for (name, p), (_, q) in zip(fused.named_parameters(), plain.named_parameters()):
+        assert_close(p.numpy(), q.numpy().astype(np.float64), rtol=1e-5, atol_scale=1e-5)
+
+
+def test_fused_step_graph_has_one_adamw_dispatch(dev, rng):
+    from pywgtrain.train import Trainer
+
+    model = pw.nn.MLP([12, 24, 24, 4], device=dev, seed=1)
+    tr = Trainer(model, pw.optim.AdamW(model.parameters(), max_grad_norm=1.0), pw.nn.CrossEntropyLoss())
+    for _ in range(3):
+        tr.step(rand(rng, 8, 12), rng.integers(0, 4, 8))
+    names = tr._graph["graph"].kernel_names()
+    assert sum(n.startswith("optim:adamw") for n in names) == 1
+    assert sum(n.startswith("reduce:partial_sum;SQUARE=true") for n in names) == 1
+
+
+def test_parameters_moved_into_the_arena_keep_values_and_identity(dev, rng):
+    model = pw.nn.MLP([5, 7, 3], device=dev, seed=2)
+    before = {k: v.copy() for k, v in model.state_dict().items()}
+    params = model.parameters()
+    opt = pw.optim.AdamW(params)
+    assert [id(p) for p in model.parameters()] == [id(p) for p in params]
+    arena = opt._arena.buffers["param"]
+    for name, p in model.named_parameters():
+        assert p._buf.shares_memory(arena) and p._buf.offset % dev.limits["min_storage_buffer_offset_alignment"] == 0
+        np.testing.assert_array_equal(p.numpy(), before[name], err_msg=name)
+    with pytest.raises(ValueError, match="same parameter twice"):
+        pw.optim.AdamW(params + params[:1])
