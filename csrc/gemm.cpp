@@ -45,15 +45,25 @@ TileConfig choose_tiles(uint32_t m, uint32_t n) {
   return {64, 64, 16, 4, 4};
 }
 
-enum class Epilogue { Plain, BiasAct, BiasActTrain };
+// What happens to alpha * op(A) op(B) on its way to C (gemm.wgsl entry points).
+enum class Epilogue { Plain, BiasAct, BiasActTrain, ActGrad };
+
+bool has_bias(Epilogue ep) { return ep == Epilogue::BiasAct || ep == Epilogue::BiasActTrain; }
+bool has_preact(Epilogue ep) { return ep == Epilogue::BiasActTrain || ep == Epilogue::ActGrad; }
+
+// Bindings 4 (bias) and 5 (pre-activation) after the ones every variant has.
+void add_epilogue_bindings(KernelDesc& d, Epilogue ep) {
+  if (has_bias(ep)) d.bindings.push_back({4, Bind::ReadOnly});
+  if (has_preact(ep)) d.bindings.push_back({5, Bind::ReadWrite});
+}
 
 const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act) {
+  static const char* entries[] = {"gemm", "gemm_bias_act", "gemm_bias_act_train", "gemm_act_grad"};
   KernelDesc d;
   d.shader = "gemm";
-  d.entry = ep == Epilogue::Plain ? "gemm" : ep == Epilogue::BiasAct ? "gemm_bias_act" : "gemm_bias_act_train";
+  d.entry = entries[int(ep)];
   d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
-  if (ep != Epilogue::Plain) d.bindings.push_back({4, Bind::ReadOnly});
-  if (ep == Epilogue::BiasActTrain) d.bindings.push_back({5, Bind::ReadWrite});
+  add_epilogue_bindings(d, ep);
   auto u = [](uint32_t v) { return std::to_string(v) + "u"; };
   d.constants = {{"BM", u(t.bm)}, {"BN", u(t.bn)}, {"BK", u(t.bk)}, {"TM", u(t.tm)}, {"TN", u(t.tn)},
                  {"TRANS_A", ta ? "true" : "false"}, {"TRANS_B", tb ? "true" : "false"},
@@ -103,22 +113,35 @@ uint64_t block_along(uint64_t extent, uint64_t limit, uint64_t tile) {
   return std::max<uint64_t>(b, 1);
 }
 
-// C[m, n] (at c_off, leading dimension ldc) = alpha * sum of `splits` partial
-// products spaced `stride` floats apart in ws + beta * C.
-void record_split_reduce(Recorder& r, const Range& ws, const Buffer& c, uint32_t m, uint32_t n, uint32_t ldc,
-                         uint32_t c_off, uint32_t splits, uint32_t stride, float alpha, float beta, Range c_range) {
+// Optional epilogue operands, bound whole.
+struct EpilogueArgs {
+  Epilogue ep = Epilogue::Plain;
+  Activation act = Activation::None;
+  const Buffer* bias = nullptr;
+  const Buffer* preact = nullptr;
+};
+
+// C[m, n] (at c_off, leading dimension ldc) = epilogue(alpha * sum of `splits`
+// partial products spaced `stride` floats apart in ws); the plain epilogue adds beta * C.
+void record_split_reduce(Recorder& r, const Range& ws, uint32_t m, uint32_t n, uint32_t ldc, uint32_t c_off,
+                         uint32_t splits, uint32_t stride, float alpha, float beta, Range c_range, const EpilogueArgs& e) {
+  static const char* entries[] = {"splitk_reduce", "splitk_bias_act", "splitk_bias_act_train", "splitk_act_grad"};
   Device& dev = r.device();
   KernelDesc d;
   d.shader = "gemm";
-  d.entry = "splitk_reduce";
+  d.entry = entries[int(e.ep)];
   d.bindings = {{2, Bind::ReadWrite}, {3, Bind::Uniform}, {6, Bind::ReadOnly}};
-  // The reduce entry ignores the tile constants; fixed values keep one pipeline.
+  add_epilogue_bindings(d, e.ep);
+  // The reduce entries ignore the tile constants; fixed values keep one pipeline each.
   d.constants = {{"BM", "64u"}, {"BN", "64u"}, {"BK", "16u"}, {"TM", "4u"}, {"TN", "4u"},
-                 {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", "0u"}};
+                 {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", std::to_string(uint32_t(e.act)) + "u"}};
   d.trusted = true;
   GemmParams q{m, n, 0, 0, 0, ldc, 0, 0, c_off, alpha, beta, 0, 0, stride, splits, 0};
+  std::vector<Range> ranges{c_range, ws};
+  if (has_bias(e.ep)) ranges.push_back(whole(*e.bias));
+  if (has_preact(e.ep)) ranges.push_back(whole(*e.preact));
   auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(m) * n, 256));
-  r.dispatch(dev.pipelines().get(d), {c_range, ws}, q, gx, gy);
+  r.dispatch(dev.pipelines().get(d), ranges, q, gx, gy);
 }
 
 void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b, const Buffer& y, uint64_t y_base,
@@ -156,8 +179,8 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
         q.k_chunk = k_chunk;
         q.split_stride = uint32_t(nc);
         r.dispatch(kern, {xw.range, bw.range, ws}, q, uint32_t(groups), uint32_t(ceil_div(kc, k_chunk)));
-        record_split_reduce(r, ws, y, 1, uint32_t(nc), uint32_t(nc), yw.inner, uint32_t(ceil_div(kc, k_chunk)),
-                            uint32_t(nc), alpha, k0 == 0 ? beta : 1.0f, yw.range);
+        record_split_reduce(r, ws, 1, uint32_t(nc), uint32_t(nc), yw.inner, uint32_t(ceil_div(kc, k_chunk)),
+                            uint32_t(nc), alpha, k0 == 0 ? beta : 1.0f, yw.range, EpilogueArgs{});
         continue;
       }
       r.dispatch(kern, {xw.range, bw.range, yw.range}, p, uint32_t(groups));
@@ -178,9 +201,9 @@ uint32_t choose_splits(uint32_t m, uint32_t n, uint32_t k, const TileConfig& t) 
   return uint32_t(std::max<uint64_t>(splits, 1));
 }
 
-void record_split_k(Recorder& r, const Kernel& kern, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m,
-                    uint32_t n, uint32_t k, bool ta, bool tb, uint64_t lda, uint64_t ldb, const TileConfig& t,
-                    uint32_t splits, float alpha, float beta) {
+void record_split_k(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+                    bool ta, bool tb, uint64_t lda, uint64_t ldb, const TileConfig& t, uint32_t splits, float alpha,
+                    float beta, const EpilogueArgs& e) {
   Device& dev = r.device();
   const uint32_t k_chunk = uint32_t(ceil_div(ceil_div(k, splits), t.bk) * t.bk);  // whole K tiles per split
   splits = uint32_t(ceil_div(k, k_chunk));
@@ -188,13 +211,13 @@ void record_split_k(Recorder& r, const Kernel& kern, const Buffer& a, const Buff
   const Range ws{dev.workspace(stride * splits * 4), 0, stride * splits * 4};
   GemmParams p{m, n, k, uint32_t(lda), uint32_t(ldb), n, 0, 0, 0, 1.0f, 0.0f, 0, k_chunk, uint32_t(stride), splits, 0};
   RowWindow aw = row_window(dev, a, 0, 0, ta ? k : m, lda), bw = row_window(dev, b, 0, 0, tb ? n : k, ldb);
-  r.dispatch(kern, {aw.range, bw.range, ws}, p, uint32_t(ceil_div(n, t.bn)), uint32_t(ceil_div(m, t.bm)), splits);
-  record_split_reduce(r, ws, c, m, n, n, 0, splits, uint32_t(stride), alpha, beta, whole(c));
+  r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None), {aw.range, bw.range, ws}, p,
+             uint32_t(ceil_div(n, t.bn)), uint32_t(ceil_div(m, t.bm)), splits);
+  record_split_reduce(r, ws, m, n, n, 0, splits, uint32_t(stride), alpha, beta, whole(c), e);
 }
 
 void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
-                 bool ta, bool tb, float alpha, float beta, Epilogue ep, Activation act, const Buffer* bias,
-                 const Buffer* preact) {
+                 bool ta, bool tb, float alpha, float beta, EpilogueArgs e) {
   Device& dev = r.device();
   const TileConfig t = choose_tiles(m, n);
   const uint64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
@@ -207,24 +230,28 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
   if (!ta) m_cap = std::min(m_cap, rows_per_binding(dev, lda, "A")); else k_cap = std::min(k_cap, rows_per_binding(dev, lda, "A"));
   if (tb) n_cap = std::min(n_cap, rows_per_binding(dev, ldb, "B")); else k_cap = std::min(k_cap, rows_per_binding(dev, ldb, "B"));
   const uint64_t mb = block_along(m, m_cap, t.bm), nb = block_along(n, n_cap, t.bn), kb = block_along(k, k_cap, t.bk);
-  // A fused epilogue must see the complete sum: with a K split it runs
-  // afterwards as its own elementwise pass.
-  const bool split_k = kb < k;
-  std::unique_ptr<Buffer> scratch;  // released after recording: wgpu keeps it alive for the encoder
-  if (split_k && ep == Epilogue::BiasAct) {
-    // The unfused pass needs a separate pre-activation buffer.
-    scratch = std::make_unique<Buffer>(r.device_ptr(), uint64_t(m) * n * 4, "pywgtrain.preact_scratch");
-    preact = scratch.get();
-    ep = Epilogue::BiasActTrain;
-  }
-  const Epilogue in_kernel = split_k ? Epilogue::Plain : ep;
-  const Buffer& target = (split_k && ep == Epilogue::BiasActTrain) ? *preact : c;
-  const Kernel& kern = gemm_kernel(dev, t, ta, tb, in_kernel, act);
-  if (!split_k && ep == Epilogue::Plain && mb == m && nb == n) {
+  if (kb == k && mb == m && nb == n) {
     const uint32_t splits = choose_splits(m, n, k, t);
-    if (splits > 1) return record_split_k(r, kern, a, b, c, m, n, k, ta, tb, lda, ldb, t, splits, alpha, beta);
+    if (splits > 1) return record_split_k(r, a, b, c, m, n, k, ta, tb, lda, ldb, t, splits, alpha, beta, e);
   }
-
+  // Operands past the binding limit along K: the blocks accumulate into C
+  // (beta = 1 after the first), so a fused epilogue runs afterwards as its
+  // own elementwise pass over the complete sum.
+  const bool k_blocks = kb < k;
+  std::unique_ptr<Buffer> scratch;  // released after recording: wgpu keeps it alive for the encoder
+  const Buffer* target = &c;
+  if (k_blocks && e.ep != Epilogue::Plain) {
+    if (e.ep == Epilogue::BiasAct) {  // needs a pre-activation buffer of its own
+      scratch = std::make_unique<Buffer>(r.device_ptr(), uint64_t(m) * n * 4, "pywgtrain.preact_scratch");
+      e.preact = scratch.get();
+      e.ep = Epilogue::BiasActTrain;
+    } else if (e.ep == Epilogue::ActGrad) {
+      scratch = std::make_unique<Buffer>(r.device_ptr(), uint64_t(m) * n * 4, "pywgtrain.product_scratch");
+    }
+    target = e.ep == Epilogue::BiasActTrain ? e.preact : scratch.get();
+  }
+  const Epilogue in_kernel = k_blocks ? Epilogue::Plain : e.ep;
+  const Kernel& kern = gemm_kernel(dev, t, ta, tb, in_kernel, e.act);
   for (uint64_t m0 = 0; m0 < m; m0 += mb) {
     const uint64_t mc = std::min(mb, m - m0);
     for (uint64_t n0 = 0; n0 < n; n0 += nb) {
@@ -233,32 +260,32 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
         const uint64_t kc = std::min(kb, k - k0);
         RowWindow aw = ta ? row_window(dev, a, 0, k0, kc, lda) : row_window(dev, a, 0, m0, mc, lda);
         RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ldb) : row_window(dev, b, 0, k0, kc, ldb);
-        RowWindow cw = row_window(dev, target, 0, m0, mc, ldc);
+        RowWindow cw = row_window(dev, *target, 0, m0, mc, ldc);
         GemmParams p{uint32_t(mc), uint32_t(nc), uint32_t(kc), uint32_t(lda), uint32_t(ldb), uint32_t(ldc),
                      aw.inner + uint32_t(ta ? m0 : k0), bw.inner + uint32_t(tb ? k0 : n0), cw.inner + uint32_t(n0),
                      alpha, k0 == 0 ? beta : 1.0f, uint32_t(n0), uint32_t(kc), 0, 1, 0};
         std::vector<Range> ranges{aw.range, bw.range, cw.range};
-        if (in_kernel != Epilogue::Plain) ranges.push_back(whole(*bias));
-        if (in_kernel == Epilogue::BiasActTrain) ranges.push_back(row_window(dev, *preact, 0, m0, mc, ldc).range);
+        if (has_bias(in_kernel)) ranges.push_back(whole(*e.bias));
+        if (has_preact(in_kernel)) ranges.push_back(row_window(dev, *e.preact, 0, m0, mc, ldc).range);
         r.dispatch(kern, ranges, p, uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)));
       }
     }
   }
-  if (split_k && ep != Epilogue::Plain) {
-    // preact holds op(A) op(B); add the bias in place and write act() to C.
-    KernelDesc d;
-    d.shader = "linear";
-    d.entry = "bias_act";
-    d.bindings = {{2, Bind::ReadWrite}, {3, Bind::Uniform}, {4, Bind::ReadOnly}, {5, Bind::ReadWrite}};
-    d.constants = {{"ACT", std::to_string(uint32_t(act)) + "u"}};
-    const Kernel& bk = dev.pipelines().get(d);
-    const uint64_t rows_per = rows_per_piece(dev, n);
-    for (uint64_t m0 = 0; m0 < m; m0 += rows_per) {
-      const uint64_t mc = std::min(rows_per, m - m0);
-      struct { uint32_t n, cols, bias_off, pad; } p{uint32_t(mc * n), n, 0, 0};
-      auto [gx, gy] = grid_1d(dev, ceil_div(mc * n, 256));
-      r.dispatch(bk, {floats(c, m0 * n, mc * n), whole(*bias), floats(*preact, m0 * n, mc * n)}, p, gx, gy);
-    }
+  if (!k_blocks || e.ep == Epilogue::Plain) return;
+  if (e.ep == Epilogue::ActGrad) return activation_backward(r, *scratch, *e.preact, c, uint64_t(m) * n, e.act);
+  // preact holds op(A) op(B); add the bias in place and write act() to C.
+  KernelDesc d;
+  d.shader = "linear";
+  d.entry = "bias_act";
+  d.bindings = {{2, Bind::ReadWrite}, {3, Bind::Uniform}, {4, Bind::ReadOnly}, {5, Bind::ReadWrite}};
+  d.constants = {{"ACT", std::to_string(uint32_t(e.act)) + "u"}};
+  const Kernel& bk = dev.pipelines().get(d);
+  const uint64_t rows_per = rows_per_piece(dev, n);
+  for (uint64_t m0 = 0; m0 < m; m0 += rows_per) {
+    const uint64_t mc = std::min(rows_per, m - m0);
+    struct { uint32_t n, cols, bias_off, pad; } p{uint32_t(mc * n), n, 0, 0};
+    auto [gx, gy] = grid_1d(dev, ceil_div(mc * n, 256));
+    r.dispatch(bk, {floats(c, m0 * n, mc * n), whole(*e.bias), floats(*e.preact, m0 * n, mc * n)}, p, gx, gy);
   }
 }
 
@@ -282,7 +309,7 @@ void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32
     // op(A)^T is the matrix, stored N x K style exactly when A is not transposed.
     record_gemv(r, b, 0, a, c, 0, m, k, !ta, alpha, beta);
   } else {
-    record_gemm(r, a, b, c, m, n, k, ta, tb, alpha, beta, Epilogue::Plain, Activation::None, nullptr, nullptr);
+    record_gemm(r, a, b, c, m, n, k, ta, tb, alpha, beta, EpilogueArgs{});
   }
 }
 
@@ -291,8 +318,15 @@ void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
   check_gemm(a, b, y, m, n, k);
   check_floats(bias, n, "bias");
   if (preact) check_floats(*preact, uint64_t(m) * n, "pre-activation output");
-  record_gemm(r, a, b, y, m, n, k, ta, tb, 1.0f, 0.0f, preact ? Epilogue::BiasActTrain : Epilogue::BiasAct, act, &bias,
-              preact);
+  record_gemm(r, a, b, y, m, n, k, ta, tb, 1.0f, 0.0f,
+              EpilogueArgs{preact ? Epilogue::BiasActTrain : Epilogue::BiasAct, act, &bias, preact});
+}
+
+void gemm_act_grad(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& preact, const Buffer& c, uint32_t m,
+                   uint32_t n, uint32_t k, bool ta, bool tb, Activation act) {
+  check_gemm(a, b, c, m, n, k);
+  check_floats(preact, uint64_t(m) * n, "pre-activation");
+  record_gemm(r, a, b, c, m, n, k, ta, tb, 1.0f, 0.0f, EpilogueArgs{Epilogue::ActGrad, act, nullptr, &preact});
 }
 
 }  // namespace pwt

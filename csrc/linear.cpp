@@ -37,7 +37,7 @@ void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, u
   for (uint64_t r0 = 0; r0 < rows; r0 += rows_per) {
     const uint64_t rc = std::min<uint64_t>(rows_per, rows - r0);
     struct { uint32_t rows, cols; float beta; uint32_t pad; } p{uint32_t(rc), cols, r0 == 0 ? beta : 1.0f, 0};
-    r.dispatch(k, {floats(dz, r0 * cols, rc * cols), whole(db)}, p, uint32_t(ceil_div(cols, 64)));
+    r.dispatch(k, {floats(dz, r0 * cols, rc * cols), whole(db)}, p, uint32_t(ceil_div(cols, 16)));  // linear.wgsl COLS
   }
 }
 

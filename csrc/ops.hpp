@@ -21,6 +21,10 @@ void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
                    Activation act);
 
 // dZ = dY * act'(Z), elementwise over n values.
+// dZ = (op(A) op(B)) * act'(Z): a layer's input gradient carried through the
+// activation of the layer below in the GEMM's epilogue (Z: that layer's pre-activation).
+void gemm_act_grad(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& preact, const Buffer& c, uint32_t m,
+                   uint32_t n, uint32_t k, bool ta, bool tb, Activation act);
 void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n, Activation act);
 // db[cols] = column sums of dZ[rows, cols] (+ beta * db).
 void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols, float beta);

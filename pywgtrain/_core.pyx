@@ -252,6 +252,12 @@ def gemm_bias_act(_Recorder r, _Buffer a, _Buffer b, _Buffer bias, _Buffer y, _B
                     trans_a, trans_b, <Activation>act)
 
 
+def gemm_act_grad(_Recorder r, _Buffer a, _Buffer b, _Buffer preact, _Buffer out, uint32_t m, uint32_t n,
+                  uint32_t k, bint trans_a, bint trans_b, uint32_t act):
+    c.gemm_act_grad(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(preact)[0], _b(out)[0], m, n, k, trans_a, trans_b,
+                    <Activation>act)
+
+
 def activation_backward(_Recorder r, _Buffer dy, _Buffer z, _Buffer dz, uint64_t n, uint32_t act):
     c.activation_backward(r.ptr.get()[0], _b(dy)[0], _b(z)[0], _b(dz)[0], n, <Activation>act)
 

@@ -142,8 +142,13 @@ class Linear(Module):
             self._input, self._preact = x, preact
         return y
 
-    def backward(self, dy, need_input_grad=True):
-        """Given d(loss)/dy, accumulate weight/bias grads; return d(loss)/dx."""
+    def backward(self, dy, need_input_grad=True, dy_is_preact_grad=False, input_act=None):
+        """Given d(loss)/dy, accumulate weight/bias grads; return d(loss)/dx.
+
+        ``dy_is_preact_grad``: dy is already the gradient of the pre-activation.
+        ``input_act = (preact, activation)`` of the layer that produced x: the
+        returned gradient is then carried through that activation in the dX
+        GEMM's epilogue (one kernel instead of a GEMM and an elementwise pass)."""
         if self._input is None:
             raise RuntimeError("Linear.backward called without a training-mode forward")
         x = self._input
@@ -153,7 +158,7 @@ class Linear(Module):
         db, beta_b = self.bias._grad_target()
         with dev._recording() as rec:
             dz = dy
-            if self._preact is not None:
+            if self._preact is not None and not dy_is_preact_grad:
                 dz = empty(dy.shape, np.float32, dev)
                 _core.activation_backward(rec, dy._buf, self._preact._buf, dz._buf, dy.size, ACTIVATIONS[self.activation])
             # dW[out, in] = dZ^T X ; db = column sums of dZ ; dX = dZ W
@@ -162,8 +167,12 @@ class Linear(Module):
             dx = None
             if need_input_grad:
                 dx = empty(x.shape, np.float32, dev)
-                _core.gemm(rec, dz._buf, self.weight._buf, dx._buf, rows, self.in_features, self.out_features,
-                           False, False, 1.0, 0.0)
+                if input_act is not None:
+                    _core.gemm_act_grad(rec, dz._buf, self.weight._buf, input_act[0]._buf, dx._buf, rows,
+                                        self.in_features, self.out_features, False, False, ACTIVATIONS[input_act[1]])
+                else:
+                    _core.gemm(rec, dz._buf, self.weight._buf, dx._buf, rows, self.in_features, self.out_features,
+                               False, False, 1.0, 0.0)
         return dx
 
     def __repr__(self):
@@ -203,8 +212,14 @@ class Sequential(Module):
         return x
 
     def backward(self, dy):
+        # Each layer's input gradient leaves its dX GEMM already multiplied by
+        # the activation derivative of the layer below.
+        dy_is_preact_grad = False
         for i, layer in reversed(list(enumerate(self.layers))):
-            dy = layer.backward(dy, need_input_grad=i > 0)
+            below = self.layers[i - 1] if i > 0 else None
+            input_act = (below._preact, below.activation) if below is not None and below._preact is not None else None
+            dy = layer.backward(dy, need_input_grad=i > 0, dy_is_preact_grad=dy_is_preact_grad, input_act=input_act)
+            dy_is_preact_grad = input_act is not None
 
     def __repr__(self):
         return "Sequential(\n" + "".join(f"  {layer!r}\n" for layer in self.layers) + ")"

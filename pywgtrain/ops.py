@@ -64,7 +64,7 @@ def gemm(a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None, devi
     else:
         if isinstance(out, Tensor):
             if out._buf.shares_memory(ta._buf) or out._buf.shares_memory(tb._buf):
-                raise ValueError("gemm: out must not share a device buffer with a or b (the kernel reads them while writing out)")
+                raise ValueError("gemm: out must not alias a or b: it shares a device buffer with them (the kernel reads them while writing out)")
         elif isinstance(out, np.ndarray) and any(isinstance(x, np.ndarray) and np.shares_memory(out, x) for x in (a, b)):
             raise ValueError("gemm: out must not alias a or b")
         if isinstance(out, Tensor):

@@ -192,18 +192,72 @@ fn gemm_bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
   }
 }
 
-// Split-K second pass: C = alpha * sum of the partial products + beta * C.
+// Backward through the activation of the layer below: dZ = (alpha * op(A) op(B)) * act'(Z),
+// Z read from `preact` at C's indices.
+@compute @workgroup_size(WG_X, WG_Y)
+fn gemm_act_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let acc = tile_product(wid, lid);
+  for (var i = 0u; i < VM; i++) {
+    for (var r = 0u; r < 4u; r++) {
+      let m = out_row(wid, lid, i, r);
+      if (m >= p.m) { continue; }
+      for (var j = 0u; j < VN; j++) {
+        for (var q = 0u; q < 4u; q++) {
+          let n = out_col(wid, lid, j, q);
+          if (n >= p.n) { continue; }
+          let idx = p.c_off + m * p.ldc + n;
+          c[idx] = p.alpha * acc[(i * 4u + r) * VN + j][q] * activate_grad(preact[idx]);
+        }
+      }
+    }
+  }
+}
+
+// Split-K second passes: sum the partial products of element e, then apply
+// the epilogue the one-pass kernels apply (plain: alpha, beta; the fused ones
+// as above).
+fn split_element(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 { return (wid.y * nwg.x + wid.x) * 256u + lid; }
+fn split_sum(e: u32) -> f32 {
+  var s = 0.0;
+  for (var z = 0u; z < p.splits; z++) { s += partials[z * p.split_stride + e]; }
+  return p.alpha * s;
+}
+
 @compute @workgroup_size(256)
 fn splitk_reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
-  let e = (wid.y * nwg.x + wid.x) * 256u + lid;
+  let e = split_element(wid, nwg, lid);
   if (e >= p.m * p.n) { return; }
-  let m = e / p.n;
-  let n = e % p.n;
-  var s = 0.0;
-  for (var z = 0u; z < p.splits; z++) { s += partials[z * p.split_stride + e]; }
-  let idx = p.c_off + m * p.ldc + n;
-  var v = p.alpha * s;
+  let idx = p.c_off + (e / p.n) * p.ldc + e % p.n;
+  var v = split_sum(e);
   if (p.beta != 0.0) { v = fma(p.beta, c[idx], v); }
   c[idx] = v;
+}
+
+@compute @workgroup_size(256)
+fn splitk_bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+  let e = split_element(wid, nwg, lid);
+  if (e >= p.m * p.n) { return; }
+  c[p.c_off + (e / p.n) * p.ldc + e % p.n] = activate(split_sum(e) + bias[p.bias_off + e % p.n]);
+}
+
+@compute @workgroup_size(256)
+fn splitk_bias_act_train(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+  let e = split_element(wid, nwg, lid);
+  if (e >= p.m * p.n) { return; }
+  let idx = p.c_off + (e / p.n) * p.ldc + e % p.n;
+  let z = split_sum(e) + bias[p.bias_off + e % p.n];
+  preact[idx] = z;
+  c[idx] = activate(z);
+}
+
+@compute @workgroup_size(256)
+fn splitk_act_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+  let e = split_element(wid, nwg, lid);
+  if (e >= p.m * p.n) { return; }
+  let idx = p.c_off + (e / p.n) * p.ldc + e % p.n;
+  c[idx] = split_sum(e) * activate_grad(preact[idx]);
 }

@@ -37,20 +37,25 @@ fn bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
   }
 }
 
+const COLS: u32 = 16u;   // columns per workgroup
+const LANES: u32 = 16u;  // row lanes per column
 var<workgroup> colsum: array<f32, 256>;
 
-// db[j] = sum_i dZ[i, j] (+ beta * db[j]); 64 columns x 4 row lanes per workgroup.
-@compute @workgroup_size(64, 4)
+// db[j] = sum_i dZ[i, j] (+ beta * db[j]). Narrow column blocks give many
+// workgroups even for a few hundred columns (64-column blocks left most of
+// the H100 idle: 16 workgroups for 1024 columns).
+@compute @workgroup_size(COLS, LANES)
 fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let j = wid.x * 64u + lid.x;
+  let j = wid.x * COLS + lid.x;
   var s = 0.0;
   if (j < cp.cols) {
-    for (var i = lid.y; i < cp.rows; i += 4u) { s += upstream[i * cp.cols + j]; }
+    for (var i = lid.y; i < cp.rows; i += LANES) { s += upstream[i * cp.cols + j]; }
   }
-  colsum[lid.y * 64u + lid.x] = s;
+  colsum[lid.y * COLS + lid.x] = s;
   workgroupBarrier();
   if (lid.y == 0u && j < cp.cols) {
-    var t = colsum[lid.x] + colsum[64u + lid.x] + colsum[128u + lid.x] + colsum[192u + lid.x];
+    var t = 0.0;
+    for (var l = 0u; l < LANES; l++) { t += colsum[l * COLS + lid.x]; }
     if (cp.beta != 0.0) { t += cp.beta * result[j]; }
     result[j] = t;
   }
