@@ -59,5 +59,10 @@ uint64_t record_partials(Recorder& r, const Buffer& src, uint64_t n, bool square
 // One-workgroup pass over `partials` values of scratch: finalize_norm or finalize_sum.
 void record_finalize(Recorder& r, const char* entry, const Buffer& scratch, uint64_t partials, const Buffer& out,
                      uint32_t out_index, float scale, float max_norm);
+// out[out_index] = scale * sum of src[0, n): directly in one workgroup up to
+// kDirectSumMax elements, else through partials in scratch.
+constexpr uint64_t kDirectSumMax = 16384;
+void record_scaled_sum(Recorder& r, const Buffer& src, uint64_t n, const Buffer& scratch, const Buffer& out,
+                       uint32_t out_index, float scale);
 
 }  // namespace pwt

@@ -1,5 +1,5 @@
 // Loss launchers: per-row/per-element loss and gradient in one pass, then a
-// mean through the shared reduction.
+// mean through the shared reduction (one more dispatch for a batch of rows).
 #include <string>
 
 #include "dispatch_util.hpp"
@@ -28,8 +28,7 @@ void softmax_cross_entropy(Recorder& r, const Buffer& logits, const Buffer& labe
   struct { uint32_t rows, cols; float grad_scale; uint32_t pad; } p{rows, cols, float(1.0 / rows), 0};
   auto [gx, gy] = grid_1d(dev, rows);
   r.dispatch(dev.pipelines().get(d), {whole(logits), whole(labels), whole(dlogits), whole(row_losses)}, p, gx, gy);
-  const uint64_t parts = record_partials(r, row_losses, rows, false, scratch, 0);
-  record_finalize(r, "finalize_sum", scratch, parts, out, out_index, float(1.0 / rows), 0.0f);
+  record_scaled_sum(r, row_losses, rows, scratch, out, out_index, float(1.0 / rows));
 }
 
 void mse_loss(Recorder& r, const Buffer& pred, const Buffer& target, const Buffer& dpred, const Buffer& sq,
@@ -48,8 +47,7 @@ void mse_loss(Recorder& r, const Buffer& pred, const Buffer& target, const Buffe
   struct { uint32_t n; float grad_scale; } p{uint32_t(n), float(2.0 / double(n))};
   auto [gx, gy] = grid_1d(dev, ceil_div(n, 256));
   r.dispatch(dev.pipelines().get(d), {whole(dpred), whole(sq), whole(pred), whole(target)}, p, gx, gy);
-  const uint64_t parts = record_partials(r, sq, n, false, scratch, 0);
-  record_finalize(r, "finalize_sum", scratch, parts, out, out_index, float(1.0 / double(n)), 0.0f);
+  record_scaled_sum(r, sq, n, scratch, out, out_index, float(1.0 / double(n)));
 }
 
 }  // namespace pwt

@@ -42,4 +42,13 @@ void record_finalize(Recorder& r, const char* entry, const Buffer& scratch, uint
   r.dispatch(reduce_kernel(r.device(), entry, false), {whole(scratch), whole(out)}, p, 1);
 }
 
+void record_scaled_sum(Recorder& r, const Buffer& src, uint64_t n, const Buffer& scratch, const Buffer& out,
+                       uint32_t out_index, float scale) {
+  // Short vectors (a batch of row losses): one workgroup sums them directly,
+  // one dispatch instead of two.
+  if (n <= kDirectSumMax) return record_finalize(r, "finalize_sum", src, n, out, out_index, scale, 0.0f);
+  const uint64_t parts = record_partials(r, src, n, false, scratch, 0);
+  record_finalize(r, "finalize_sum", scratch, parts, out, out_index, scale, 0.0f);
+}
+
 }  // namespace pwt

@@ -67,6 +67,7 @@ def main(argv=None):
     b.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
     b.add_argument("--json", default=None, help="write results here")
     b.add_argument("--shapes", default=None, help="GEMM shapes MxKxN[:NT],... (default: the standard set)")
+    b.add_argument("--no-baseline", action="store_true", help="skip the PyTorch/cuBLAS columns (A/B experiments)")
     b.set_defaults(fn=cmd_bench)
 
     args = p.parse_args(argv)

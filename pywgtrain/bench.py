@@ -211,7 +211,9 @@ def bench_train(dev, quick, torch):
         line = f"{cfg['name']}: pywgtrain {us:.0f} us/step (host {host_us:.0f})"
         if trainer._graph is not None and "timestamp-query" in dev.features:
             row["profile"] = profile_step(dev, trainer._graph["graph"])
-            line += f" | GPU {row['profile']['gpu_us']:.0f} us in {row['profile']['dispatches']} dispatches"
+            prof = row["profile"]
+            line += (f" | GPU {prof['gpu_us']:.0f} us in {prof['dispatches']} dispatches"
+                     f" | bare replays {prof['replay_stream_us']:.0f} us/step (host {prof['replay_host_us']:.0f})")
         if torch is not None:
             row.update(_torch_train_times(torch, cfg, xs, ys, steps))
             line += f" | torch eager {row['torch_eager_us']:.0f} us | torch CUDA graph {row['torch_graph_us']:.0f} us"
@@ -235,6 +237,17 @@ def profile_step(dev, graph, reps=5):
         timer = _core._PassTimer(dev._dev, len(names))
         rec.replay(graph, timer)
         each.append(timer.read(rec, len(names)))
+    # Replays back to back (no batch copies, no loss read): host cost per
+    # replay+submit, and wall time per step once the queue has drained.
+    dev.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(50):
+        rec = _core._Recorder(dev._dev)
+        rec.replay(graph)
+        rec.submit()
+    host = time.perf_counter() - t0
+    dev.synchronize()
+    stream = time.perf_counter() - t0
     per_dispatch = np.median(np.array(each), axis=0) / 1e3
     by_kernel = {}
     for name, us in zip(names, per_dispatch):
@@ -242,6 +255,7 @@ def profile_step(dev, graph, reps=5):
         by_kernel[name] = (n + 1, t + float(us))
     top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])
     return {"gpu_us": float(np.median(whole)), "dispatches": len(names), "sum_of_dispatches_us": float(per_dispatch.sum()),
+            "replay_host_us": host / 50 * 1e6, "replay_stream_us": stream / 50 * 1e6,
             "kernels": [{"kernel": k, "count": n, "us": t} for k, (n, t) in top]}
 
 
@@ -295,7 +309,7 @@ def _torch_train_times(torch, cfg, xs, ys, steps):
 
 def main(args):
     dev = Device(args.adapter)
-    torch = _torch_cuda()
+    torch = None if args.no_baseline else _torch_cuda()
     header = {"adapter": dev.name, "backend": dev.backend, "driver": dev.info["driver"],
               "torch_cuda": None if torch is None else torch.cuda.get_device_name(0)}
     print(f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']}); "

@@ -106,7 +106,8 @@ def test_grads_accumulate_until_zero_grad(dev, rng):
     assert_close(layer.weight.grad.numpy(), g1.astype(np.float64))
 
 
-@pytest.mark.parametrize("batch,classes", [(1, 1), (7, 10), (129, 33), (64, 1000)])
+# 20000 rows: past the one-workgroup mean (kDirectSumMax), reduced in two passes.
+@pytest.mark.parametrize("batch,classes", [(1, 1), (7, 10), (129, 33), (64, 1000), (20000, 3)])
 def test_cross_entropy_and_grad(dev, rng, batch, classes):
     logits = 3 * rand(rng, batch, classes)
     labels = rng.integers(0, classes, batch)
@@ -121,7 +122,7 @@ def test_cross_entropy_and_grad(dev, rng, batch, classes):
     assert_close(grad.numpy(), sm / batch)
 
 
-@pytest.mark.parametrize("shape", [(1,), (7, 33), (129, 5)])
+@pytest.mark.parametrize("shape", [(1,), (7, 33), (129, 5), (130, 200)])
 def test_mse_and_grad(dev, rng, shape):
     p, t = rand(rng, *shape), rand(rng, *shape)
     d = p.astype(np.float64) - t
