@@ -32,31 +32,16 @@ struct GemvParams {
 
 struct TileConfig { uint32_t bm, bn, bk, tm, tn; };
 
-// Experiment knobs (docs/gemm_notes.md): an unsigned from the environment.
-uint32_t env_knob(const char* name, uint32_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? uint32_t(std::strtoul(v, nullptr, 10)) : fallback;
-}
-
-// Split-K applies from this K on (when the output has < 256 tiles).
-uint32_t split_min_k() {
-  static const uint32_t v = env_knob("PYWGTRAIN_GEMM_SPLIT_MIN_K", 512);
-  return v;
-}
-
 // 128x128 tiles (8x8 per thread) unless the output is too small to give
 // enough of them; then 128x64 (8x4), then 64x64 (4x4). Split-K (below) adds
-// parallelism along K, so when it applies 128x64 is kept down to 16 tiles.
-// PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN" forces one configuration.
-TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
+// parallelism along K. PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN" forces one
+// configuration (tuning experiments, see docs/gemm_notes.md).
+TileConfig choose_tiles(uint32_t m, uint32_t n) {
   static const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");
-  static const bool split_tiles = env_knob("PYWGTRAIN_GEMM_SPLIT_TILES", 1) != 0;
   TileConfig t{};
   if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn) == 5) return t;
-  const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
   if (ceil_div(m, 128) * ceil_div(n, 128) >= 256) return {128, 128, 16, 8, 8};
-  const bool rows_fill = ceil_div(m, 128) * 128 * 8 <= uint64_t(m) * 9;  // <= 1/8 of the tile rows idle
-  if (wide >= 64 || (split_tiles && k >= split_min_k() && wide >= 16 && rows_fill)) return {128, 64, 16, 8, 4};
+  if (ceil_div(m, 128) * ceil_div(n, 64) >= 64) return {128, 64, 16, 8, 4};
   return {64, 64, 16, 4, 4};
 }
 
@@ -211,7 +196,7 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
 // workspace, a second pass sums them into C.
 uint32_t choose_splits(uint32_t m, uint32_t n, uint32_t k, const TileConfig& t) {
   const uint64_t tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn);
-  if (tiles >= 256 || k < split_min_k()) return 1;
+  if (tiles >= 256 || k < 512) return 1;
   const uint64_t splits = std::min<uint64_t>({ceil_div(512, tiles), k / 128, 16});
   return uint32_t(std::max<uint64_t>(splits, 1));
 }
@@ -234,7 +219,7 @@ void record_split_k(Recorder& r, const Buffer& a, const Buffer& b, const Buffer&
 void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
                  bool ta, bool tb, float alpha, float beta, EpilogueArgs e) {
   Device& dev = r.device();
-  const TileConfig t = choose_tiles(m, n, k);
+  const TileConfig t = choose_tiles(m, n);
   const uint64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
   // Rows of each stored matrix are one of M, N, K; bound each block size by
   // every operand whose rows run along that dimension.

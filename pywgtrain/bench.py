@@ -211,9 +211,11 @@ def bench_train(dev, quick, torch):
         line = f"{cfg['name']}: pywgtrain {us:.0f} us/step (host {host_us:.0f})"
         if trainer._graph is not None and "timestamp-query" in dev.features:
             row["profile"] = profile_step(dev, trainer._graph["graph"])
+            row["profile"]["host_us"] = profile_host(dev, trainer, dx[2], dy[2])  # not the captured inputs (dx[1])
             prof = row["profile"]
             line += (f" | GPU {prof['gpu_us']:.0f} us in {prof['dispatches']} dispatches"
-                     f" | bare replays {prof['replay_stream_us']:.0f} us/step (host {prof['replay_host_us']:.0f})")
+                     f" | bare replays {prof['replay_stream_us']:.0f} us/step (host {prof['replay_host_us']:.0f})"
+                     f" | host: " + ", ".join(f"{k} {v:.0f}" for k, v in prof["host_us"].items()))
         if torch is not None:
             row.update(_torch_train_times(torch, cfg, xs, ys, steps))
             line += f" | torch eager {row['torch_eager_us']:.0f} us | torch CUDA graph {row['torch_graph_us']:.0f} us"
@@ -257,6 +259,39 @@ def profile_step(dev, graph, reps=5):
     return {"gpu_us": float(np.median(whole)), "dispatches": len(names), "sum_of_dispatches_us": float(per_dispatch.sum()),
             "replay_host_us": host / 50 * 1e6, "replay_stream_us": stream / 50 * 1e6,
             "kernels": [{"kernel": k, "count": n, "us": t} for k, (n, t) in top]}
+
+
+def profile_host(dev, trainer, x, y, steps=50):
+    """Host time per step of the replay path, piece by piece added (no waits
+    until the end of each variant): where Trainer.step's host time goes."""
+    g = trainer._graph
+    graph = g["graph"]
+    variants = {
+        "replay+submit": lambda rec: rec.replay(graph),
+        "+ adamw patch": lambda rec: (trainer.optimizer._advance_captured(graph), rec.replay(graph)),
+        "+ batch copies": lambda rec: (rec.copy(x._buf, 0, g["x"]._buf, 0, x.nbytes),
+                                       rec.copy(y._buf, 0, g["y"]._buf, 0, y.nbytes),
+                                       trainer.optimizer._advance_captured(graph), rec.replay(graph)),
+        "+ loss copy": lambda rec: (rec.copy(x._buf, 0, g["x"]._buf, 0, x.nbytes),
+                                    rec.copy(y._buf, 0, g["y"]._buf, 0, y.nbytes),
+                                    trainer.optimizer._advance_captured(graph), rec.replay(graph),
+                                    trainer._own_loss(rec, g["loss"])),
+    }
+    out = {}
+    for name, body in variants.items():
+        dev.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            with dev.batch() as rec:
+                body(rec)
+        out[name] = (time.perf_counter() - t0) / steps * 1e6
+    dev.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        trainer.step(x, y)
+    out["Trainer.step"] = (time.perf_counter() - t0) / steps * 1e6
+    dev.synchronize()
+    return out
 
 
 def _torch_train_times(torch, cfg, xs, ys, steps):

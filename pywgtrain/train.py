@@ -5,10 +5,31 @@ import time
 
 import numpy as np
 
-from . import nn, optim
+from . import _core, nn, optim
 from .device import Device
 from .ops import as_labels
 from .tensor import Tensor, empty, tensor
+
+
+class _LossSlots:
+    """4-byte loss values for replayed steps, carved out of shared chunks
+    (one buffer per 64 steps instead of one per step: a buffer allocation
+    costs more host time than the rest of a replayed step's bookkeeping)."""
+
+    PER_CHUNK = 64
+
+    def __init__(self, device):
+        self.device = device
+        self.stride = max(device.limits["min_storage_buffer_offset_alignment"], 4)
+        self.chunk, self.used = None, self.PER_CHUNK
+
+    def take(self):
+        if self.used == self.PER_CHUNK:
+            self.chunk = _core._Buffer(self.device._dev, self.stride * self.PER_CHUNK, "pywgtrain.losses")
+            self.used = 0
+        view = self.chunk.view(self.used * self.stride, 4)
+        self.used += 1
+        return Tensor(view, (1,), np.float32, self.device)
 
 
 class Trainer:
@@ -29,6 +50,7 @@ class Trainer:
         self.step_count = 0
         self.capture = capture
         self._graph = None
+        self._loss_slots = _LossSlots(self.device)
 
     def step(self, x, y):
         """One training step on a batch; returns the (lazy) loss."""
@@ -54,7 +76,7 @@ class Trainer:
         return loss
 
     def _own_loss(self, rec, value):
-        own = empty((1,), np.float32, self.device)
+        own = self._loss_slots.take()
         rec.copy(value._buf, 0, own._buf, 0, 4)
         return nn.Loss(own, None, None)
 
