@@ -46,7 +46,7 @@ TileConfig choose_tiles(uint32_t m, uint32_t n) {
 }
 
 // What happens to alpha * op(A) op(B) on its way to C (gemm.wgsl entry points).
-enum class Epilogue { Plain, BiasAct, BiasActTrain, ActGrad };
+enum class Epilogue { Plain, BiasAct, BiasActTrain, ActGrad, RowSum };
 
 bool has_bias(Epilogue ep) { return ep == Epilogue::BiasAct || ep == Epilogue::BiasActTrain; }
 bool has_preact(Epilogue ep) { return ep == Epilogue::BiasActTrain || ep == Epilogue::ActGrad; }
@@ -55,10 +55,11 @@ bool has_preact(Epilogue ep) { return ep == Epilogue::BiasActTrain || ep == Epil
 void add_epilogue_bindings(KernelDesc& d, Epilogue ep) {
   if (has_bias(ep)) d.bindings.push_back({4, Bind::ReadOnly});
   if (has_preact(ep)) d.bindings.push_back({5, Bind::ReadWrite});
+  if (ep == Epilogue::RowSum) d.bindings.push_back({7, Bind::ReadWrite});
 }
 
 const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act) {
-  static const char* entries[] = {"gemm", "gemm_bias_act", "gemm_bias_act_train", "gemm_act_grad"};
+  static const char* entries[] = {"gemm", "gemm_bias_act", "gemm_bias_act_train", "gemm_act_grad", "gemm_rowsum"};
   KernelDesc d;
   d.shader = "gemm";
   d.entry = entries[int(ep)];
@@ -67,7 +68,8 @@ const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Ep
   auto u = [](uint32_t v) { return std::to_string(v) + "u"; };
   d.constants = {{"BM", u(t.bm)}, {"BN", u(t.bn)}, {"BK", u(t.bk)}, {"TM", u(t.tm)}, {"TN", u(t.tn)},
                  {"TRANS_A", ta ? "true" : "false"}, {"TRANS_B", tb ? "true" : "false"},
-                 {"ACT", u(uint32_t(ep == Epilogue::Plain ? Activation::None : act))}};
+                 {"ACT", u(uint32_t(ep == Epilogue::Plain ? Activation::None : act))},
+                 {"ROWSUM", ep == Epilogue::RowSum ? "true" : "false"}};
   d.trusted = true;
   return dev.pipelines().get(d);
 }
@@ -119,6 +121,7 @@ struct EpilogueArgs {
   Activation act = Activation::None;
   const Buffer* bias = nullptr;
   const Buffer* preact = nullptr;
+  const Buffer* row_sums = nullptr;  // RowSum
 };
 
 // C[m, n] (at c_off, leading dimension ldc) = epilogue(alpha * sum of `splits`
@@ -134,7 +137,8 @@ void record_split_reduce(Recorder& r, const Range& ws, uint32_t m, uint32_t n, u
   add_epilogue_bindings(d, e.ep);
   // The reduce entries ignore the tile constants; fixed values keep one pipeline each.
   d.constants = {{"BM", "64u"}, {"BN", "64u"}, {"BK", "16u"}, {"TM", "4u"}, {"TN", "4u"},
-                 {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", std::to_string(uint32_t(e.act)) + "u"}};
+                 {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", std::to_string(uint32_t(e.act)) + "u"},
+                 {"ROWSUM", "false"}};
   d.trusted = true;
   GemmParams q{m, n, 0, 0, 0, ldc, 0, 0, c_off, alpha, beta, 0, 0, stride, splits, 0};
   std::vector<Range> ranges{c_range, ws};
@@ -230,6 +234,12 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
   if (!ta) m_cap = std::min(m_cap, rows_per_binding(dev, lda, "A")); else k_cap = std::min(k_cap, rows_per_binding(dev, lda, "A"));
   if (tb) n_cap = std::min(n_cap, rows_per_binding(dev, ldb, "B")); else k_cap = std::min(k_cap, rows_per_binding(dev, ldb, "B"));
   const uint64_t mb = block_along(m, m_cap, t.bm), nb = block_along(n, n_cap, t.bn), kb = block_along(k, k_cap, t.bk);
+  if (e.ep == Epilogue::RowSum && (kb < k || mb < m || nb < n || choose_splits(m, n, k, t) > 1)) {
+    // The in-kernel row sums need the whole K in one workgroup and one grid:
+    // otherwise a plain product and a separate column-sum pass (A is K x M).
+    record_gemm(r, a, b, c, m, n, k, ta, tb, alpha, beta, EpilogueArgs{});
+    return bias_grad(r, a, *e.row_sums, k, m, beta);
+  }
   if (kb == k && mb == m && nb == n) {
     const uint32_t splits = choose_splits(m, n, k, t);
     if (splits > 1) return record_split_k(r, a, b, c, m, n, k, ta, tb, lda, ldb, t, splits, alpha, beta, e);
@@ -267,6 +277,7 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
         std::vector<Range> ranges{aw.range, bw.range, cw.range};
         if (has_bias(in_kernel)) ranges.push_back(whole(*e.bias));
         if (has_preact(in_kernel)) ranges.push_back(row_window(dev, *e.preact, 0, m0, mc, ldc).range);
+        if (in_kernel == Epilogue::RowSum) ranges.push_back(whole(*e.row_sums));
         r.dispatch(kern, ranges, p, uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)));
       }
     }
@@ -320,6 +331,14 @@ void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
   if (preact) check_floats(*preact, uint64_t(m) * n, "pre-activation output");
   record_gemm(r, a, b, y, m, n, k, ta, tb, 1.0f, 0.0f,
               EpilogueArgs{preact ? Epilogue::BiasActTrain : Epilogue::BiasAct, act, &bias, preact});
+}
+
+void linear_weight_grads(Recorder& r, const Buffer& dz, const Buffer& x, const Buffer& dw, const Buffer& db,
+                         uint32_t rows, uint32_t out_features, uint32_t in_features, float beta) {
+  check_gemm(dz, x, dw, out_features, in_features, rows);
+  check_floats(db, out_features, "bias gradient");
+  record_gemm(r, dz, x, dw, out_features, in_features, rows, true, false, 1.0f, beta,
+              EpilogueArgs{Epilogue::RowSum, Activation::None, nullptr, nullptr, &db});
 }
 
 void gemm_act_grad(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& preact, const Buffer& c, uint32_t m,

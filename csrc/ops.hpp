@@ -21,6 +21,11 @@ void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
                    Activation act);
 
 // dZ = dY * act'(Z), elementwise over n values.
+// A linear layer's parameter gradients from dZ [rows, out] and its input
+// X [rows, in]: dW = dZ^T X and db = column sums of dZ, each + beta * itself;
+// db comes out of the same GEMM when K (= rows) is not split.
+void linear_weight_grads(Recorder& r, const Buffer& dz, const Buffer& x, const Buffer& dw, const Buffer& db,
+                         uint32_t rows, uint32_t out_features, uint32_t in_features, float beta);
 // dZ = (op(A) op(B)) * act'(Z): a layer's input gradient carried through the
 // activation of the layer below in the GEMM's epilogue (Z: that layer's pre-activation).
 void gemm_act_grad(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& preact, const Buffer& c, uint32_t m,

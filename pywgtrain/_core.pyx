@@ -252,6 +252,12 @@ def gemm_bias_act(_Recorder r, _Buffer a, _Buffer b, _Buffer bias, _Buffer y, _B
                     trans_a, trans_b, <Activation>act)
 
 
+def linear_weight_grads(_Recorder r, _Buffer dz, _Buffer x, _Buffer dw, _Buffer db, uint32_t rows,
+                        uint32_t out_features, uint32_t in_features, float beta):
+    c.linear_weight_grads(r.ptr.get()[0], _b(dz)[0], _b(x)[0], _b(dw)[0], _b(db)[0], rows, out_features,
+                          in_features, beta)
+
+
 def gemm_act_grad(_Recorder r, _Buffer a, _Buffer b, _Buffer preact, _Buffer out, uint32_t m, uint32_t n,
                   uint32_t k, bint trans_a, bint trans_b, uint32_t act):
     c.gemm_act_grad(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(preact)[0], _b(out)[0], m, n, k, trans_a, trans_b,

@@ -215,7 +215,8 @@ def bench_train(dev, quick, torch):
             prof = row["profile"]
             line += (f" | GPU {prof['gpu_us']:.0f} us in {prof['dispatches']} dispatches"
                      f" | bare replays {prof['replay_stream_us']:.0f} us/step (host {prof['replay_host_us']:.0f})"
-                     f" | host: " + ", ".join(f"{k} {v:.0f}" for k, v in prof["host_us"].items()))
+                     " | host/wall: " + ", ".join(f"{k} {v['host_us']:.0f}/{v['wall_us']:.0f}"
+                                                  for k, v in prof["host_us"].items()))
         if torch is not None:
             row.update(_torch_train_times(torch, cfg, xs, ys, steps))
             line += f" | torch eager {row['torch_eager_us']:.0f} us | torch CUDA graph {row['torch_graph_us']:.0f} us"
@@ -277,20 +278,23 @@ def profile_host(dev, trainer, x, y, steps=50):
                                     trainer.optimizer._advance_captured(graph), rec.replay(graph),
                                     trainer._own_loss(rec, g["loss"])),
     }
+    def run(body):
+        with dev.batch() as rec:
+            body(rec)
+
+    variants["Trainer.step"] = None
     out = {}
     for name, body in variants.items():
         dev.synchronize()
         t0 = time.perf_counter()
         for _ in range(steps):
-            with dev.batch() as rec:
-                body(rec)
-        out[name] = (time.perf_counter() - t0) / steps * 1e6
-    dev.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        trainer.step(x, y)
-    out["Trainer.step"] = (time.perf_counter() - t0) / steps * 1e6
-    dev.synchronize()
+            if body is None:
+                trainer.step(x, y)
+            else:
+                run(body)
+        host = time.perf_counter() - t0
+        dev.synchronize()
+        out[name] = {"host_us": host / steps * 1e6, "wall_us": (time.perf_counter() - t0) / steps * 1e6}
     return out
 
 

@@ -162,8 +162,13 @@ class Linear(Module):
                 dz = empty(dy.shape, np.float32, dev)
                 _core.activation_backward(rec, dy._buf, self._preact._buf, dz._buf, dy.size, ACTIVATIONS[self.activation])
             # dW[out, in] = dZ^T X ; db = column sums of dZ ; dX = dZ W
-            _core.gemm(rec, dz._buf, x._buf, dw._buf, self.out_features, self.in_features, rows, True, False, 1.0, beta_w)
-            _core.bias_grad(rec, dz._buf, db._buf, rows, self.out_features, beta_b)
+            if beta_w == beta_b:  # one GEMM computes both
+                _core.linear_weight_grads(rec, dz._buf, x._buf, dw._buf, db._buf, rows, self.out_features,
+                                          self.in_features, beta_w)
+            else:
+                _core.gemm(rec, dz._buf, x._buf, dw._buf, self.out_features, self.in_features, rows, True, False,
+                           1.0, beta_w)
+                _core.bias_grad(rec, dz._buf, db._buf, rows, self.out_features, beta_b)
             dx = None
             if need_input_grad:
                 dx = empty(x.shape, np.float32, dev)

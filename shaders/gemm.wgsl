@@ -4,7 +4,8 @@
 //
 // Specialization constants (emitted by the pipeline cache):
 //   BM, BN, BK: workgroup tile; TM, TN: per-thread tile (multiples of 4);
-//   TRANS_A, TRANS_B: bool; ACT: activation of the fused entry points.
+//   TRANS_A, TRANS_B: bool; ACT: activation of the fused entry points;
+//   ROWSUM: bool, row sums of op(A) for gemm_rowsum.
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
@@ -28,6 +29,11 @@ struct Params {
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> preact: array<f32>;
 @group(0) @binding(6) var<storage, read> partials: array<f32>;
+@group(0) @binding(7) var<storage, read_write> row_sums: array<f32>;
+
+// ROWSUM: tile_product also sums op(A) over k for the thread's rows (the bias
+// gradient comes with the weight gradient: db = dZ^T 1 next to dW = dZ^T X).
+var<private> row_sum: array<vec4<f32>, VM>;
 
 const WG_X: u32 = BN / TN;
 const WG_Y: u32 = BM / TM;
@@ -113,6 +119,7 @@ fn tile_product(wid: vec3<u32>, lid: vec3<u32>) -> array<vec4<f32>, TM * VN> {
       var bv: array<vec4<f32>, VN>;
       for (var i = 0u; i < VM; i++) { av[i] = tile_a[kk * A_STRIDE + i * WG_Y + lid.y]; }
       for (var j = 0u; j < VN; j++) { bv[j] = tile_b[kk * B_STRIDE + j * WG_X + lid.x]; }
+      if (ROWSUM) { for (var i = 0u; i < VM; i++) { row_sum[i] += av[i]; } }
       for (var i = 0u; i < VM; i++) {
         for (var r = 0u; r < 4u; r++) {
           for (var j = 0u; j < VN; j++) {
@@ -143,6 +150,35 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
           let idx = p.c_off + wid.z * p.split_stride + m * p.ldc + n;
           var v = p.alpha * acc[(i * 4u + r) * VN + j][q];
           // beta == 0 never reads C, so garbage (even NaN) there is ignored.
+          if (p.beta != 0.0) { v = fma(p.beta, c[idx], v); }
+          c[idx] = v;
+        }
+      }
+    }
+  }
+}
+
+// C = alpha * op(A) op(B) + beta * C, and row_sums[bias_off + m] = sum_k op(A)[m, k]
+// + beta * row_sums[...]: written by the first column of workgroups, one
+// thread per row group. Only for unsplit K (the sums must be complete).
+@compute @workgroup_size(WG_X, WG_Y)
+fn gemm_rowsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let acc = tile_product(wid, lid);
+  for (var i = 0u; i < VM; i++) {
+    for (var r = 0u; r < 4u; r++) {
+      let m = out_row(wid, lid, i, r);
+      if (m >= p.m) { continue; }
+      if (wid.x == 0u && lid.x == 0u) {
+        var s = row_sum[i][r];
+        if (p.beta != 0.0) { s = fma(p.beta, row_sums[p.bias_off + m], s); }
+        row_sums[p.bias_off + m] = s;
+      }
+      for (var j = 0u; j < VN; j++) {
+        for (var q = 0u; q < 4u; q++) {
+          let n = out_col(wid, lid, j, q);
+          if (n >= p.n) { continue; }
+          let idx = p.c_off + m * p.ldc + n;
+          var v = p.alpha * acc[(i * 4u + r) * VN + j][q];
           if (p.beta != 0.0) { v = fma(p.beta, c[idx], v); }
           c[idx] = v;
         }
