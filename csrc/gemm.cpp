@@ -32,16 +32,24 @@ struct GemvParams {
 
 struct TileConfig { uint32_t bm, bn, bk, tm, tn; };
 
-// 128x128 tiles (8x8 per thread) unless the output is too small to give
-// enough of them; then 128x64 (8x4), then 64x64 (4x4). Split-K (below) adds
-// parallelism along K. PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN" forces one
-// configuration (tuning experiments, see docs/gemm_notes.md).
-TileConfig choose_tiles(uint32_t m, uint32_t n) {
+constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tiles)
+// Row sums ride along in the GEMM up to this many multiply-adds, where the
+// separate pass (~9 us on the H100) costs more than the in-loop adds.
+constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
+
+// 128x128 tiles (8x8 per thread) when the output gives >= 256 of them; else
+// 128x64 (8x4) when that gives >= 256, or >= 64 without a K long enough to
+// split; else 64x64 (4x4), which split-K (below) multiplies. Measured on the
+// H100 (docs/gemm_notes.md #16): with split-K, 64x64 beat 128x64 on
+// 256x768x3072 (63 vs 84 us) and 1024^3 (93 vs 97 us).
+// PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN" forces one configuration.
+TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
   static const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");
   TileConfig t{};
   if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn) == 5) return t;
   if (ceil_div(m, 128) * ceil_div(n, 128) >= 256) return {128, 128, 16, 8, 8};
-  if (ceil_div(m, 128) * ceil_div(n, 64) >= 64) return {128, 64, 16, 8, 4};
+  const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
+  if (wide >= 256 || (wide >= 64 && k < kSplitMinK)) return {128, 64, 16, 8, 4};
   return {64, 64, 16, 4, 4};
 }
 
@@ -200,7 +208,7 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
 // workspace, a second pass sums them into C.
 uint32_t choose_splits(uint32_t m, uint32_t n, uint32_t k, const TileConfig& t) {
   const uint64_t tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn);
-  if (tiles >= 256 || k < 512) return 1;
+  if (tiles >= 256 || k < kSplitMinK) return 1;
   const uint64_t splits = std::min<uint64_t>({ceil_div(512, tiles), k / 128, 16});
   return uint32_t(std::max<uint64_t>(splits, 1));
 }
@@ -223,7 +231,7 @@ void record_split_k(Recorder& r, const Buffer& a, const Buffer& b, const Buffer&
 void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
                  bool ta, bool tb, float alpha, float beta, EpilogueArgs e) {
   Device& dev = r.device();
-  const TileConfig t = choose_tiles(m, n);
+  const TileConfig t = choose_tiles(m, n, k);
   const uint64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
   // Rows of each stored matrix are one of M, N, K; bound each block size by
   // every operand whose rows run along that dimension.
@@ -234,9 +242,11 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
   if (!ta) m_cap = std::min(m_cap, rows_per_binding(dev, lda, "A")); else k_cap = std::min(k_cap, rows_per_binding(dev, lda, "A"));
   if (tb) n_cap = std::min(n_cap, rows_per_binding(dev, ldb, "B")); else k_cap = std::min(k_cap, rows_per_binding(dev, ldb, "B"));
   const uint64_t mb = block_along(m, m_cap, t.bm), nb = block_along(n, n_cap, t.bn), kb = block_along(k, k_cap, t.bk);
-  if (e.ep == Epilogue::RowSum && (kb < k || mb < m || nb < n || choose_splits(m, n, k, t) > 1)) {
-    // The in-kernel row sums need the whole K in one workgroup and one grid:
-    // otherwise a plain product and a separate column-sum pass (A is K x M).
+  if (e.ep == Epilogue::RowSum &&
+      (kb < k || mb < m || nb < n || choose_splits(m, n, k, t) > 1 || uint64_t(m) * n * k > kRowSumMaxMacs)) {
+    // The in-kernel row sums need the whole K in one workgroup and one grid,
+    // and they slow the main loop by ~8% (H100, 4096x512x4096): large
+    // products take a plain GEMM and a separate column-sum pass (A is K x M).
     record_gemm(r, a, b, c, m, n, k, ta, tb, alpha, beta, EpilogueArgs{});
     return bias_grad(r, a, *e.row_sums, k, m, beta);
   }

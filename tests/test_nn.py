@@ -264,12 +264,15 @@ def test_gemm_act_grad(dev, rng, m, k, n, act):
                  atol_scale=1e-5 * max(1.0, math.sqrt(k) / 4))
 
 
-@pytest.mark.parametrize("rows,fout,fin", [(7, 33, 129), (256, 130, 65), (1, 5, 3), (600, 7, 9), (2000, 70, 33)])
+# (300, 2048, 2048): past the multiply-add count up to which the sums ride along.
+@pytest.mark.parametrize("rows,fout,fin", [(7, 33, 129), (256, 130, 65), (1, 5, 3), (600, 7, 9), (2000, 70, 33),
+                                           (300, 2048, 2048)])
 @pytest.mark.parametrize("beta", [0.0, 1.0])
 def test_linear_weight_grads(dev, rng, rows, fout, fin, beta):
     """dW = dZ^T X and db = column sums of dZ from one GEMM (row sums in the
-    kernel); K = rows >= 512 with few output tiles splits K, and the bias
-    gradient then takes its own pass. beta = 1 accumulates into both."""
+    kernel); K = rows >= 512 with few output tiles splits K, and large products
+    take a plain GEMM: the bias gradient then takes its own pass. beta = 1
+    accumulates into both."""
     from pywgtrain import _core
 
     dz, x = rand(rng, rows, fout), rand(rng, rows, fin)
