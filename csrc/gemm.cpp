@@ -82,11 +82,11 @@ const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Ep
   return dev.pipelines().get(d);
 }
 
-const Kernel& gemv_kernel(Device& dev, bool tb) {
+const Kernel& gemv_kernel(Device& dev, bool tb, bool vec4) {
   KernelDesc d;
   d.shader = "gemv";
-  d.entry = "gemv";
-  d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
+  d.entry = vec4 ? "gemv_vec4" : "gemv";
+  d.bindings = {{0, Bind::ReadOnly}, {vec4 ? 4u : 1u, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
   d.constants = {{"TRANS_B", tb ? "true" : "false"}};
   d.trusted = true;
   return dev.pipelines().get(d);
@@ -159,10 +159,17 @@ void record_split_reduce(Recorder& r, const Range& ws, uint32_t m, uint32_t n, u
 void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b, const Buffer& y, uint64_t y_base,
                  uint32_t n, uint32_t k, bool tb, float alpha, float beta) {
   Device& dev = r.device();
-  const Kernel& kern = gemv_kernel(dev, tb);
   // B is stored (tb ? N x K : K x N); split along its rows so each piece binds.
   const uint64_t ld = tb ? k : n;
-  const uint64_t per_group = tb ? 8 : 32;
+  // Column form with n a multiple of 4: 128-bit loads of column quads
+  // (PYWGTRAIN_GEMV_VEC4=0 turns them off for A/B runs, docs/gemm_notes.md).
+  static const bool vec4_enabled = [] {
+    const char* v = std::getenv("PYWGTRAIN_GEMV_VEC4");
+    return !(v && std::string(v) == "0");
+  }();
+  const bool vec4 = vec4_enabled && !tb && n % 4 == 0;
+  const Kernel& kern = gemv_kernel(dev, tb, vec4);
+  const uint64_t per_group = tb ? 8 : vec4 ? 128 : 32;
   const uint64_t n_limit = uint64_t(dev.limits().max_workgroups_per_dim) * per_group;
   const uint64_t rows_cap = rows_per_binding(dev, ld, "the matrix operand");
   const uint64_t kb = tb ? k : block_along(k, rows_cap, 1);

@@ -1,6 +1,7 @@
 // y = alpha * x * op(B) + beta * y for one row x (GEMM with M = 1), memory bound.
-// TRANS_B = false: B is K x N; 32 columns per workgroup, 8 lanes split K, so
-//   each row of B is read by 32 consecutive threads.
+// TRANS_B = false: B is K x N; 32 columns per workgroup (gemv_vec4: 32 column
+//   quads read as 128-bit loads, 128 columns), 8 lanes split K, so each row of
+//   B is read by 32 consecutive threads.
 // TRANS_B = true:  B is N x K; 8 outputs per workgroup, 32 lanes split each dot
 //   product, so each row of B is read contiguously.
 
@@ -17,14 +18,51 @@ struct Params {
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
+// b again as vec4s (gemv_vec4: ldb, b_off and n multiples of 4).
+@group(0) @binding(4) var<storage, read> b4: array<vec4<f32>>;
 
 var<workgroup> partial: array<f32, 256>;
+var<workgroup> partial4: array<vec4<f32>, 256>;
+
 
 fn store(n: u32, s: f32, split: u32) {
   let idx = p.y_off + split * p.split_stride + n;
   var v = p.alpha * s;
   if (p.beta != 0.0) { v = fma(p.beta, y[idx], v); }
   y[idx] = v;
+}
+
+// Column form with 128-bit loads: thread (x, y) owns columns 4x..4x+3 of the
+// workgroup's 128 and sums every 8th k of the chunk.
+@compute @workgroup_size(32, 8)
+fn gemv_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let n = wid.x * 128u + lid.x * 4u;
+  var s = vec4<f32>(0.0);
+  if (n < p.n) {
+    let col = (p.b_off + n) / 4u;
+    let ld4 = p.ldb / 4u;
+    let k_end = min(p.k, (wid.y + 1u) * p.k_chunk);
+    var k = wid.y * p.k_chunk + lid.y;
+    // Four independent chains keep four 128-bit loads in flight per thread.
+    var s1 = vec4<f32>(0.0);
+    var s2 = vec4<f32>(0.0);
+    var s3 = vec4<f32>(0.0);
+    for (; k + 24u < k_end; k += 32u) {
+      s = fma(vec4<f32>(x[p.x_off + k]), b4[col + k * ld4], s);
+      s1 = fma(vec4<f32>(x[p.x_off + k + 8u]), b4[col + (k + 8u) * ld4], s1);
+      s2 = fma(vec4<f32>(x[p.x_off + k + 16u]), b4[col + (k + 16u) * ld4], s2);
+      s3 = fma(vec4<f32>(x[p.x_off + k + 24u]), b4[col + (k + 24u) * ld4], s3);
+    }
+    for (; k < k_end; k += 8u) { s = fma(vec4<f32>(x[p.x_off + k]), b4[col + k * ld4], s); }
+    s += s1 + s2 + s3;
+  }
+  partial4[lid.y * 32u + lid.x] = s;
+  workgroupBarrier();
+  if (lid.y == 0u && n < p.n) {
+    var total = vec4<f32>(0.0);
+    for (var l = 0u; l < 8u; l++) { total += partial4[l * 32u + lid.x]; }
+    for (var q = 0u; q < 4u; q++) { store(n + q, total[q], wid.y); }
+  }
 }
 
 @compute @workgroup_size(32, 8)
