@@ -39,9 +39,10 @@ class Trainer:
 
     With ``capture=True`` (default) the second step is captured as a step
     graph and later steps with the same batch shapes replay it: the batch is
-    copied into the captured input tensors and the recorded dispatches are
-    re-encoded in one call, without Python-side model code, kernel lookups or
-    bind-group creation. Results are identical to uncaptured steps.
+    copied (a NumPy batch uploaded) into the graph's own input tensors and the
+    recorded dispatches are re-encoded in one call, without Python-side model
+    code, kernel lookups or bind-group creation. Results are identical to
+    uncaptured steps, and the caller's tensors are never written.
     """
 
     def __init__(self, model, optimizer, loss_fn, capture=True):
@@ -54,13 +55,23 @@ class Trainer:
 
     def step(self, x, y):
         """One training step on a batch; returns the (lazy) loss."""
-        x = x if isinstance(x, Tensor) else tensor(np.ascontiguousarray(x, dtype=np.float32), self.device)
+        user_x = isinstance(x, Tensor)
+        if not user_x:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        user_y = isinstance(y, Tensor)
         y = as_labels(y, self.device) if isinstance(self.loss_fn, nn.CrossEntropyLoss) else y
         g = self._graph
         if g is not None and g["x"].shape == x.shape and g["y"].shape == getattr(y, "shape", None) \
                 and g["max_grad_norm"] == self.optimizer.max_grad_norm:
             return self._replay(x, y)
+        if not user_x:
+            x = tensor(x, self.device)
         capture = self.capture and self.step_count >= 1 and isinstance(y, Tensor)
+        if capture:
+            # The graph keeps inputs of its own: replays overwrite them, and
+            # the caller's tensors must stay as they are.
+            x = x.clone() if user_x else x
+            y = y.clone() if user_y else y
         with self.device.batch() as rec:
             if capture:
                 rec.begin_capture()
@@ -82,9 +93,11 @@ class Trainer:
 
     def _replay(self, x, y):
         g = self._graph
+        if not isinstance(x, Tensor):
+            g["x"].copy_(x)  # straight into the graph's input (queue-ordered after the last step)
         with self.device.batch() as rec:
             for new, static in ((x, g["x"]), (y, g["y"])):
-                if new._buf is not static._buf:  # the captured tensors themselves may be passed again
+                if isinstance(new, Tensor):
                     rec.copy(new._buf, 0, static._buf, 0, new.nbytes)
             self.optimizer._advance_captured(g["graph"])
             rec.replay(g["graph"])
