@@ -220,19 +220,53 @@ uint32_t choose_splits(uint32_t m, uint32_t n, uint32_t k, const TileConfig& t) 
   return uint32_t(std::max<uint64_t>(splits, 1));
 }
 
-void record_split_k(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
-                    bool ta, bool tb, uint64_t lda, uint64_t ldb, const TileConfig& t, uint32_t splits, float alpha,
-                    float beta, const EpilogueArgs& e) {
+// Split-K over the region [m0, m0 + mc) x [n0, n0 + nc) of C: each split
+// writes its partial product (compact, nc wide) to the device workspace, the
+// reduce pass sums them into C with the epilogue.
+void record_split_region(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m0, uint32_t mc,
+                         uint32_t n0, uint32_t nc, uint32_t k, bool ta, bool tb, uint64_t lda, uint64_t ldb,
+                         uint64_t ldc, const TileConfig& t, uint32_t splits, float alpha, float beta,
+                         const EpilogueArgs& e) {
   Device& dev = r.device();
   const uint32_t k_chunk = uint32_t(ceil_div(ceil_div(k, splits), t.bk) * t.bk);  // whole K tiles per split
   splits = uint32_t(ceil_div(k, k_chunk));
-  const uint64_t stride = uint64_t(m) * n;
+  const uint64_t stride = uint64_t(mc) * nc;
   const Range ws{dev.workspace(stride * splits * 4), 0, stride * splits * 4};
-  GemmParams p{m, n, k, uint32_t(lda), uint32_t(ldb), n, 0, 0, 0, 1.0f, 0.0f, 0, k_chunk, uint32_t(stride), splits, 0};
-  RowWindow aw = row_window(dev, a, 0, 0, ta ? k : m, lda), bw = row_window(dev, b, 0, 0, tb ? n : k, ldb);
+  RowWindow aw = ta ? row_window(dev, a, 0, 0, k, lda) : row_window(dev, a, 0, m0, mc, lda);
+  RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ldb) : row_window(dev, b, 0, 0, k, ldb);
+  GemmParams p{mc, nc, k, uint32_t(lda), uint32_t(ldb), nc, aw.inner + (ta ? m0 : 0u), bw.inner + (tb ? 0u : n0), 0,
+               1.0f, 0.0f, 0, k_chunk, uint32_t(stride), splits, 0};
   r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None), {aw.range, bw.range, ws}, p,
-             uint32_t(ceil_div(n, t.bn)), uint32_t(ceil_div(m, t.bm)), splits);
-  record_split_reduce(r, ws, m, n, n, 0, splits, uint32_t(stride), alpha, beta, whole(c), e);
+             uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)), splits);
+  RowWindow cw = row_window(dev, c, 0, m0, mc, ldc);
+  record_split_reduce(r, ws, mc, nc, uint32_t(ldc), cw.inner + n0, splits, uint32_t(stride), alpha, beta, cw.range, e);
+}
+
+// Ragged large products (e.g. 4097^3): a last tile row or column holding a
+// few rows would cost a whole extra wave of full-K workgroups. The aligned
+// part runs as usual; each thin strip runs as its own split-K product on
+// small tiles. Plain epilogue, everything bindable at once.
+bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+                   bool ta, bool tb, uint64_t lda, uint64_t ldb, const TileConfig& t, float alpha, float beta) {
+  const uint32_t rm = m % t.bm, rn = n % t.bn;
+  const bool thin_m = rm && rm <= t.bm / 8 && m / t.bm >= 8, thin_n = rn && rn <= t.bn / 8 && n / t.bn >= 8;
+  if (!(thin_m || thin_n) || k < kSplitMinK) return false;
+  Device& dev = r.device();
+  const uint32_t m_main = m - (thin_m ? rm : 0), n_main = n - (thin_n ? rn : 0);
+  RowWindow aw = ta ? row_window(dev, a, 0, 0, k, lda) : row_window(dev, a, 0, 0, m_main, lda);
+  RowWindow bw = tb ? row_window(dev, b, 0, 0, n_main, ldb) : row_window(dev, b, 0, 0, k, ldb);
+  RowWindow cw = row_window(dev, c, 0, 0, m_main, n);
+  GemmParams p{m_main, n_main, k, uint32_t(lda), uint32_t(ldb), n, aw.inner, bw.inner, cw.inner, alpha, beta, 0, k, 0, 1, 0};
+  r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None), {aw.range, bw.range, cw.range}, p,
+             uint32_t(ceil_div(n_main, t.bn)), uint32_t(ceil_div(m_main, t.bm)));
+  auto strip = [&](uint32_t m0, uint32_t mc, uint32_t n0, uint32_t nc) {
+    const TileConfig ts = choose_tiles(mc, nc, k);
+    record_split_region(r, a, b, c, m0, mc, n0, nc, k, ta, tb, lda, ldb, n, ts,
+                        choose_splits(mc, nc, k, ts), alpha, beta, EpilogueArgs{});
+  };
+  if (thin_m) strip(m_main, rm, 0, n);        // bottom rows, corner included
+  if (thin_n) strip(0, m_main, n_main, rn);   // right columns above them
+  return true;
 }
 
 void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
@@ -259,7 +293,8 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
   }
   if (kb == k && mb == m && nb == n) {
     const uint32_t splits = choose_splits(m, n, k, t);
-    if (splits > 1) return record_split_k(r, a, b, c, m, n, k, ta, tb, lda, ldb, t, splits, alpha, beta, e);
+    if (splits > 1) return record_split_region(r, a, b, c, 0, m, 0, n, k, ta, tb, lda, ldb, ldc, t, splits, alpha, beta, e);
+    if (e.ep == Epilogue::Plain && record_ragged(r, a, b, c, m, n, k, ta, tb, lda, ldb, t, alpha, beta)) return;
   }
   // Operands past the binding limit along K: the blocks accumulate into C
   // (beta = 1 after the first), so a fused epilogue runs afterwards as its

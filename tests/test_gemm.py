@@ -180,3 +180,17 @@ def test_buffer_view_bounds_and_alignment(dev):
         big._buf.view(4, 16)
     with pytest.raises(ValueError, match="overruns"):
         big._buf.view(align, 4096)
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
+def test_gemm_ragged_edges(dev, rng, ta, tb):
+    """A large output a row and two columns past 128 multiples: the aligned part
+    and the thin strips (split-K on small tiles) run as separate dispatches;
+    every element, the corner included, must be written (the output is
+    poisoned). The smallest shape that takes this path (>= 256 big tiles,
+    K >= 512): about a minute per product on lavapipe."""
+    m, n, k = 2049, 2050, 520
+    a, b = rand(rng, m, k), rand(rng, k, n)
+    out = poisoned(dev, (m, n))
+    pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, alpha=0.5, out=out)
+    assert_close(out.numpy(), ref_gemm(a, b, 0.5), atol_scale=k_tolerance(k))
