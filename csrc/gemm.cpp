@@ -40,14 +40,18 @@ constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 // 128x128 tiles (8x8 per thread) when the output gives >= 256 of them; else
 // 128x64 (8x4) when that gives >= 256, or >= 64 without a K long enough to
 // split; else 64x64 (4x4), which split-K (below) multiplies. Measured on the
-// H100 (docs/gemm_notes.md #16): with split-K, 64x64 beat 128x64 on
-// 256x768x3072 (63 vs 84 us) and 1024^3 (93 vs 97 us).
+// H100 (docs/gemm_notes.md #16, #20): with split-K, 64x64 beat 128x64 on
+// 256x768x3072 (63 vs 84 us) and 1024^3 (93 vs 97 us); 128x128 tiles take
+// K steps of 32 where the adapter has the 33.8 KB of workgroup memory (+3-5%).
 // PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN" forces one configuration.
-TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
+TileConfig choose_tiles(const Device& dev, uint32_t m, uint32_t n, uint32_t k) {
   static const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");
   TileConfig t{};
   if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn) == 5) return t;
-  if (ceil_div(m, 128) * ceil_div(n, 128) >= 256) return {128, 128, 16, 8, 8};
+  if (ceil_div(m, 128) * ceil_div(n, 128) >= 256) {
+    const uint32_t bk32_bytes = 2 * 32 * (128 / 4 + 1) * 16;  // both tiles, padded rows (gemm.wgsl)
+    return {128, 128, dev.limits().max_workgroup_storage >= bk32_bytes ? 32u : 16u, 8, 8};
+  }
   const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
   if (wide >= 256 || (wide >= 64 && k < kSplitMinK)) return {128, 64, 16, 8, 4};
   return {64, 64, 16, 4, 4};
@@ -260,7 +264,7 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
   r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None), {aw.range, bw.range, cw.range}, p,
              uint32_t(ceil_div(n_main, t.bn)), uint32_t(ceil_div(m_main, t.bm)));
   auto strip = [&](uint32_t m0, uint32_t mc, uint32_t n0, uint32_t nc) {
-    const TileConfig ts = choose_tiles(mc, nc, k);
+    const TileConfig ts = choose_tiles(dev, mc, nc, k);
     record_split_region(r, a, b, c, m0, mc, n0, nc, k, ta, tb, lda, ldb, n, ts,
                         choose_splits(mc, nc, k, ts), alpha, beta, EpilogueArgs{});
   };
@@ -272,7 +276,7 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
 void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
                  bool ta, bool tb, float alpha, float beta, EpilogueArgs e) {
   Device& dev = r.device();
-  const TileConfig t = choose_tiles(m, n, k);
+  const TileConfig t = choose_tiles(dev, m, n, k);
   const uint64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
   // Rows of each stored matrix are one of M, N, K; bound each block size by
   // every operand whose rows run along that dimension.

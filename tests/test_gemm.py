@@ -194,3 +194,34 @@ def test_gemm_ragged_edges(dev, rng, ta, tb):
     out = poisoned(dev, (m, n))
     pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, alpha=0.5, out=out)
     assert_close(out.numpy(), ref_gemm(a, b, 0.5), atol_scale=k_tolerance(k))
+
+
+def test_forced_tile_configuration_with_32_k_steps(tmp_path):
+    """K steps of 32 (the H100's 128x128 default, which lavapipe's 32 KB of
+    workgroup memory cannot hold) checked here through a configuration that
+    fits: PYWGTRAIN_GEMM_TILES=64,64,32,4,4 in a fresh process, every
+    transpose mode, ragged shapes, split-K included."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, pywgtrain as pw\n"
+        "rng = np.random.default_rng(1)\n"
+        "for (m, n, k) in [(65, 127, 33), (130, 70, 600), (7, 300, 1000)]:\n"
+        "    for ta in (False, True):\n"
+        "        for tb in (False, True):\n"
+        "            a = rng.standard_normal((m, k)).astype(np.float32)\n"
+        "            b = rng.standard_normal((k, n)).astype(np.float32)\n"
+        "            sa = np.ascontiguousarray(a.T) if ta else a\n"
+        "            sb = np.ascontiguousarray(b.T) if tb else b\n"
+        "            got = pw.gemm(sa, sb, ta, tb).astype(np.float64)\n"
+        "            ref = a.astype(np.float64) @ b\n"
+        "            err = np.max(np.abs(got - ref)) / np.max(np.abs(ref))\n"
+        "            assert err < 1e-5, (m, n, k, ta, tb, err)\n"
+        "print('ok')\n"
+    )
+    # The child resolves pywgtrain exactly as this process did.
+    env = dict(os.environ, PYWGTRAIN_GEMM_TILES="64,64,32,4,4", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
