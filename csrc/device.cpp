@@ -362,6 +362,34 @@ void Device::give_uniform_chunk(BufferHandle chunk) {
   if (uniform_pool_.size() < 64) uniform_pool_.push_back(std::move(chunk));
 }
 
+Device::StageChunk Device::take_stage_chunk(uint64_t min_bytes) {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  for (size_t i = 0; i < stage_pool_.size(); ++i) {
+    if (stage_pool_[i].bytes >= min_bytes) {
+      StageChunk c = std::move(stage_pool_[i]);
+      stage_pool_.erase(stage_pool_.begin() + i);
+      return c;
+    }
+  }
+  StageChunk c;
+  c.bytes = std::max(kStageChunkBytes, (min_bytes + 255) & ~uint64_t(255));
+  if (c.bytes > limits_.max_buffer)
+    throw ArgumentError("staging " + std::to_string(min_bytes) + " bytes exceeds the device's max_buffer_size " +
+                        std::to_string(limits_.max_buffer));
+  WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
+  d.label = sv("pywgtrain.stage");
+  d.size = c.bytes;
+  d.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopyDst | WGPUBufferUsage_CopySrc;
+  guarded("allocating upload staging memory", [&] { c.buffer = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
+  return c;
+}
+
+void Device::give_stage_chunk(StageChunk chunk) {
+  // Same queue-order argument as for uniform chunks; the pool keeps a few.
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  if (stage_pool_.size() < 8) stage_pool_.push_back(std::move(chunk));
+}
+
 WGPUBuffer Device::workspace(uint64_t bytes) {
   std::lock_guard<std::recursive_mutex> lk(mu_);
   if (bytes > workspace_bytes_) {

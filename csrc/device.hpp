@@ -79,6 +79,13 @@ class Device : public std::enable_shared_from_this<Device> {
   void give_uniform_chunk(BufferHandle chunk);
   static constexpr uint64_t kUniformChunkBytes = 64 * 1024;
 
+  // Reused upload memory for data that belongs to one recording (a replayed
+  // step's batch): storage buffers of at least kStageChunkBytes.
+  struct StageChunk { BufferHandle buffer; uint64_t bytes = 0; };
+  StageChunk take_stage_chunk(uint64_t min_bytes);
+  void give_stage_chunk(StageChunk chunk);
+  static constexpr uint64_t kStageChunkBytes = 8ull << 20;
+
   // Grow-only storage scratch for split-K partial products. Replacing it while
   // recorded work still binds the old one is safe: wgpu keeps a buffer alive
   // for as long as a command encoder references it.
@@ -102,6 +109,7 @@ class Device : public std::enable_shared_from_this<Device> {
   std::vector<std::string> feature_names_;
   std::unique_ptr<PipelineCache> pipelines_;
   std::vector<BufferHandle> uniform_pool_;
+  std::vector<StageChunk> stage_pool_;
   BufferHandle staging_;
   uint64_t staging_bytes_ = 0;
   BufferHandle workspace_;

@@ -33,19 +33,18 @@ AdamWUniform adamw_uniform(uint32_t n, const AdamWConfig& cfg, uint64_t step) {
           float(std::sqrt(bc2)), 0.0f};
 }
 
-void StepGraph::patch_adamw(size_t i, float lr, float beta1, float beta2, float eps, float weight_decay, uint64_t step) {
-  if (i >= dispatches_.size()) throw ArgumentError("patch_adamw: dispatch index out of range");
+std::vector<uint8_t> StepGraph::adamw_block(size_t i, const AdamWConfig& cfg, uint64_t step) const {
+  if (i >= dispatches_.size()) throw ArgumentError("adamw_block: dispatch index out of range");
   const auto& d = dispatches_[i];
   if (d.kernel->name.rfind("optim:adamw", 0) != 0 || d.bytes != sizeof(AdamWUniform))
-    throw ArgumentError("patch_adamw: dispatch " + std::to_string(i) + " is " + d.kernel->name + ", not an AdamW update");
-  AdamWConfig cfg{lr, beta1, beta2, eps, weight_decay};
-  if (!(cfg.lr >= 0.0f) || step < 1) throw ArgumentError("patch_adamw: lr must be >= 0 and step >= 1");
-  uint8_t* block = data_[d.chunk].data() + d.offset;
+    throw ArgumentError("adamw_block: dispatch " + std::to_string(i) + " is " + d.kernel->name + ", not an AdamW update");
+  if (!(cfg.lr >= 0.0f) || step < 1) throw ArgumentError("adamw_block: lr must be >= 0 and step >= 1");
   uint32_t n;
-  std::memcpy(&n, block, 4);
+  std::memcpy(&n, data_[d.chunk].data() + d.offset, 4);
   const AdamWUniform u = adamw_uniform(n, cfg, step);
-  std::memcpy(block, &u, sizeof u);
-  dirty_ = true;
+  std::vector<uint8_t> block(sizeof u);
+  std::memcpy(block.data(), &u, sizeof u);
+  return block;
 }
 
 uint64_t grad_norm_scratch_floats(const Device& dev, const std::vector<uint64_t>& counts) {

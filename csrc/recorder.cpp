@@ -41,7 +41,7 @@ void Recorder::time_next_pass(WGPUQuerySet set, uint32_t begin_index, uint32_t e
   timed_ = true;
 }
 
-Range Recorder::uniform_slot(const void* params, size_t bytes) {
+Range Recorder::uniform_block(const void* params, size_t bytes) {
   const uint64_t align = std::max<uint32_t>(dev_->limits().uniform_offset_alignment, 16);
   const uint64_t need = (bytes + align - 1) / align * align;
   if (uniforms_.empty() || uniforms_.back().data.size() + need > Device::kUniformChunkBytes) {
@@ -54,6 +54,22 @@ Range Recorder::uniform_slot(const void* params, size_t bytes) {
   c.data.resize(offset + need, 0);
   std::memcpy(c.data.data() + offset, params, bytes);
   return Range{c.buffer.get(), offset, (bytes + 15) & ~uint64_t(15)};
+}
+
+Range Recorder::stage(const void* data, uint64_t bytes) {
+  if (bytes == 0 || bytes % 4) throw ArgumentError("stage: size must be a positive multiple of 4 bytes, got " + std::to_string(bytes));
+  if (bytes > dev_->limits().max_storage_binding)
+    throw ArgumentError("stage: " + std::to_string(bytes) + " bytes exceed max_storage_buffer_binding_size " +
+                        std::to_string(dev_->limits().max_storage_binding));
+  const uint64_t align = std::max<uint32_t>(dev_->limits().storage_offset_alignment, 4);
+  if (stages_.empty() || stages_.back().used + bytes > stages_.back().chunk.bytes)
+    stages_.push_back(StageUse{dev_->take_stage_chunk(bytes), 0});
+  auto& s = stages_.back();
+  const uint64_t offset = s.used;
+  s.used = (offset + bytes + align - 1) / align * align;
+  recording_step("staging " + std::to_string(bytes) + " bytes",
+                 [&] { wgpuQueueWriteBuffer(dev_->queue(), s.chunk.buffer.get(), offset, data, bytes); });
+  return Range{s.chunk.buffer.get(), offset, bytes};
 }
 
 void Recorder::dispatch(const Kernel& k, const std::vector<Range>& storage, const void* params, size_t params_bytes,
@@ -69,7 +85,7 @@ void Recorder::dispatch(const Kernel& k, const std::vector<Range>& storage, cons
   for (auto& [binding, kind] : k.bindings) {
     Range r;
     if (kind == Bind::Uniform) {
-      r = uniform_slot(params, params_bytes);
+      r = uniform_block(params, params_bytes);
     } else {
       if (next_storage >= storage.size()) throw ArgumentError(k.name + ": too few buffers bound");
       r = storage[next_storage++];
@@ -95,8 +111,17 @@ void Recorder::dispatch(const Kernel& k, const std::vector<Range>& storage, cons
     wgpuComputePassEncoderSetBindGroup(pass_.get(), 0, group.get(), 0, nullptr);
     wgpuComputePassEncoderDispatchWorkgroups(pass_.get(), gx, gy, gz);
     if (graph_) {
+      // References taken now: a temporary bound here may be released before
+      // the capture ends, and its handle's address reused by another buffer.
+      for (auto& e : entries) {
+        bool known = false;
+        for (auto& b : graph_->bound_) known = known || b.get() == e.buffer;
+        if (known) continue;
+        wgpuBufferAddRef(e.buffer);
+        graph_->bound_.push_back(BufferHandle(e.buffer));
+      }
       const bool has_uniform = !uniforms_.empty() && params_bytes;
-      graph_->dispatches_.push_back({&k, std::move(group), has_uniform ? uniforms_.size() - 1 : 0,
+      graph_->dispatches_.push_back({&k, std::move(group), entries, has_uniform ? uniforms_.size() - 1 : 0,
                                      has_uniform ? uniform_offset_ : 0, uint32_t(has_uniform ? params_bytes : 0),
                                      gx, gy, gz});
     }
@@ -144,15 +169,14 @@ std::unique_ptr<StepGraph> Recorder::end_capture() {
   if (!graph_) throw ArgumentError("end_capture without begin_capture");
   auto g = std::move(graph_);
   // The graph shares the uniform chunks from now on: they never return to
-  // the pool. submit() writes this recording's bytes; the graph keeps a copy
-  // for its replays.
+  // the pool. submit() writes this recording's bytes once; replays rebind
+  // the blocks that change.
   for (auto& chunk : uniforms_) {
     wgpuBufferAddRef(chunk.buffer.get());
     g->chunks_.push_back(BufferHandle(chunk.buffer.get()));
     g->data_.push_back(chunk.data);
     chunk.owned_by_graph = true;
   }
-  g->dirty_ = false;
   return g;
 }
 
@@ -162,26 +186,56 @@ std::vector<std::string> StepGraph::kernel_names() const {
   return names;
 }
 
-void Recorder::replay(StepGraph& g, PassTimer* timer) {
+Range StepGraph::uniform_range(size_t i) const {
+  if (i >= dispatches_.size()) throw ArgumentError("uniform_range: dispatch index out of range");
+  const auto& d = dispatches_[i];
+  if (!d.bytes) throw ArgumentError("uniform_range: dispatch " + std::to_string(i) + " (" + d.kernel->name + ") has no uniform block");
+  return Range{chunks_[d.chunk].get(), d.offset, (uint64_t(d.bytes) + 15) & ~uint64_t(15)};
+}
+
+void Recorder::replay(StepGraph& g, const std::vector<Rebind>& rebinds, PassTimer* timer) {
   if (graph_) throw ArgumentError("replay while capturing");
   if (g.dispatches_.empty()) return;
   if (g.dev_ != dev_) throw ArgumentError("replay: the graph was captured on another device");
+  for (auto& rb : rebinds)
+    if (rb.from.size != rb.to.size)
+      throw ArgumentError("replay: a rebind of " + std::to_string(rb.from.size) + " bytes to a range of " +
+                          std::to_string(rb.to.size) + " bytes");
   ensure_pass();
   recording_step("replaying a captured step", [&] {
-    if (g.dirty_) {
-      // Ordered before this recorder's submit (queue timeline), after every earlier submission.
-      for (size_t i = 0; i < g.chunks_.size(); ++i)
-        wgpuQueueWriteBuffer(dev_->queue(), g.chunks_[i].get(), 0, g.data_[i].data(), g.data_[i].size());
-      g.dirty_ = false;
-    }
+    std::vector<WGPUBindGroupEntry> entries;
     for (size_t i = 0; i < g.dispatches_.size(); ++i) {
       auto& d = g.dispatches_[i];
       if (timer) {
         timer->time_next_pass(*this, uint32_t(i));
         ensure_pass();
       }
+      BindGroupHandle rebound;
+      if (!rebinds.empty()) {
+        entries = d.entries;
+        bool changed = false;
+        for (auto& e : entries) {
+          for (auto& rb : rebinds) {
+            if (e.buffer != rb.from.buffer || e.offset + e.size <= rb.from.offset || e.offset >= rb.from.offset + rb.from.size)
+              continue;
+            if (e.offset < rb.from.offset || e.offset + e.size > rb.from.offset + rb.from.size)
+              throw ArgumentError("replay: " + d.kernel->name + " binds a range that straddles a rebound one");
+            e.buffer = rb.to.buffer;
+            e.offset = rb.to.offset + (e.offset - rb.from.offset);
+            changed = true;
+            break;
+          }
+        }
+        if (changed) {
+          WGPUBindGroupDescriptor desc = {};
+          desc.layout = d.kernel->layout.get();
+          desc.entryCount = entries.size();
+          desc.entries = entries.data();
+          rebound = BindGroupHandle(wgpuDeviceCreateBindGroup(dev_->raw(), &desc));
+        }
+      }
       wgpuComputePassEncoderSetPipeline(pass_.get(), d.kernel->pipeline.get());
-      wgpuComputePassEncoderSetBindGroup(pass_.get(), 0, d.group.get(), 0, nullptr);
+      wgpuComputePassEncoderSetBindGroup(pass_.get(), 0, rebound ? rebound.get() : d.group.get(), 0, nullptr);
       wgpuComputePassEncoderDispatchWorkgroups(pass_.get(), d.gx, d.gy, d.gz);
     }
   });
@@ -194,6 +248,8 @@ void Recorder::discard() {
   for (auto& c : uniforms_)
     if (!c.owned_by_graph) dev_->give_uniform_chunk(std::move(c.buffer));
   uniforms_.clear();
+  for (auto& s : stages_) dev_->give_stage_chunk(std::move(s.chunk));
+  stages_.clear();
   commands_ = 0;
   timed_ = false;
   graph_.reset();
@@ -229,6 +285,8 @@ uint64_t Recorder::submit() {
   auto encoder = std::move(encoder_);
   auto chunks = std::move(uniforms_);
   uniforms_.clear();
+  auto stages = std::move(stages_);
+  stages_.clear();
   commands_ = 0;
   std::exception_ptr err;
   try {
@@ -247,6 +305,7 @@ uint64_t Recorder::submit() {
   }
   for (auto& c : chunks)
     if (!c.owned_by_graph) dev_->give_uniform_chunk(std::move(c.buffer));
+  for (auto& s : stages) dev_->give_stage_chunk(std::move(s.chunk));
   if (err) std::rethrow_exception(err);
   return index;
 }

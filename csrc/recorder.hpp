@@ -23,25 +23,39 @@ struct Range {
 };
 inline Range whole(const Buffer& b) { return Range{b.raw(), b.offset(), std::max<uint64_t>(4, (b.bytes() + 3) & ~uint64_t(3))}; }
 
+// One binding range of a captured graph pointed elsewhere for one replay
+// (`to` has the size of `from`; bindings inside `from` keep their offset in it).
+struct Rebind {
+  Range from;
+  Range to;
+};
+
+struct AdamWConfig;
+
 // A recorded sequence of dispatches that can be re-encoded cheaply: it keeps
 // each dispatch's pipeline, bind group and uniform block, so a training step
 // captured once replays without Python, kernel lookups or bind-group creation
 // (the WebGPU counterpart of a CUDA graph; command buffers themselves cannot
-// be resubmitted). Buffers bound in it stay alive through its bind groups.
+// be resubmitted). What changes between steps (the batch, the AdamW step
+// scalars, where the loss goes) is rebound per replay. The graph holds a
+// reference to every buffer it binds.
 class StepGraph {
  public:
   size_t size() const { return dispatches_.size(); }
   // Kernel name of each captured dispatch (profiles).
   std::vector<std::string> kernel_names() const;
-  // Rewrites the AdamW uniform block of dispatch i for another step (the
-  // element count of that dispatch is kept).
-  void patch_adamw(size_t i, float lr, float beta1, float beta2, float eps, float weight_decay, uint64_t step);
+  // The uniform block dispatch i was captured with (a Rebind source).
+  Range uniform_range(size_t i) const;
+  // Dispatch i's AdamW uniform block for another step: its element count
+  // kept, the step scalars computed for `step` (optim.cpp).
+  std::vector<uint8_t> adamw_block(size_t i, const AdamWConfig& cfg, uint64_t step) const;
 
  private:
   friend class Recorder;
   struct Dispatch {
     const Kernel* kernel;
     BindGroupHandle group;
+    std::vector<WGPUBindGroupEntry> entries;
     size_t chunk;
     uint64_t offset;
     uint32_t bytes;
@@ -51,7 +65,7 @@ class StepGraph {
   std::vector<Dispatch> dispatches_;
   std::vector<BufferHandle> chunks_;
   std::vector<std::vector<uint8_t>> data_;
-  bool dirty_ = true;  // uniform data not yet written to the chunks
+  std::vector<BufferHandle> bound_;  // references to every bound storage buffer
 };
 
 class Recorder {
@@ -92,10 +106,19 @@ class Recorder {
   std::unique_ptr<StepGraph> end_capture();
   bool capturing() const { return graph_ != nullptr; }
   size_t captured() const { return graph_ ? graph_->dispatches_.size() : 0; }
-  // Records the graph's dispatches again (uniform blocks written first).
-  // With `timer`, each dispatch runs in its own timed pass (index = dispatch
-  // index; profiles only: the pass breaks cost time of their own).
-  void replay(StepGraph& graph, PassTimer* timer = nullptr);
+  // Records the graph's dispatches again, each binding that lies inside a
+  // rebind's `from` range bound to its `to` range instead (new bind groups
+  // for those dispatches only). With `timer`, each dispatch runs in its own
+  // timed pass (index = dispatch index; profiles only: the pass breaks cost
+  // time of their own).
+  void replay(StepGraph& graph, const std::vector<Rebind>& rebinds = {}, PassTimer* timer = nullptr);
+
+  // Data that belongs to this recording only (a replayed step's batch):
+  // written now into recorder-owned device memory, which queue order keeps
+  // intact until this recording has run. Storage-aligned.
+  Range stage(const void* data, uint64_t bytes);
+  // A uniform block of this recording (written at submit).
+  Range uniform_block(const void* params, size_t bytes);
 
  private:
   void ensure_encoder();
@@ -104,13 +127,14 @@ class Recorder {
   void recording_step(const std::string& what, const std::function<void()>& body);
   void check_range(const Buffer& b, uint64_t offset, uint64_t bytes, const char* what) const;
   void ensure_pass();
-  Range uniform_slot(const void* params, size_t bytes);
 
   std::shared_ptr<Device> dev_;
   CommandEncoderHandle encoder_;
   ComputePassHandle pass_;
   struct UniformChunk { BufferHandle buffer; std::vector<uint8_t> data; bool owned_by_graph = false; };
   std::vector<UniformChunk> uniforms_;
+  struct StageUse { Device::StageChunk chunk; uint64_t used = 0; };
+  std::vector<StageUse> stages_;
   size_t commands_ = 0;
   bool timed_ = false;
   std::unique_ptr<StepGraph> graph_;

@@ -26,7 +26,7 @@ def cmd_train(args):
     result = run_demo(hidden=tuple(args.hidden), batch_size=args.batch_size, epochs=args.epochs, steps=args.steps,
                       lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, adapter=args.adapter,
                       activation=args.activation, max_grad_norm=args.max_grad_norm, plot=args.plot,
-                      checkpoint=args.checkpoint, resume=args.resume)
+                      checkpoint=args.checkpoint, resume=args.resume, steps_per_submit=args.steps_per_submit)
     return 0 if result["accuracy"] >= args.min_accuracy else 1
 
 
@@ -54,6 +54,8 @@ def main(argv=None):
     tr.add_argument("--max-grad-norm", type=float, default=1.0)
     tr.add_argument("--activation", default="gelu", choices=["relu", "gelu", "gelu_tanh", "silu"])
     tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--steps-per-submit", type=int, default=8,
+                    help="replayed steps grouped into one GPU submission (1: one per step)")
     tr.add_argument("--adapter", default=None)
     tr.add_argument("--plot", default="loss_curve.png", help="loss-curve PNG path ('' to skip)")
     tr.add_argument("--checkpoint", default=None, help="save model+optimizer here (.npz) at the end")

@@ -2,7 +2,7 @@
 """Thin wrappers over the C++ core. The Python layer (tensor.py, ops.py, ...)
 does argument checking and shape logic; these wrappers move bytes and record
 kernels. Every call that can wait on the GPU releases the GIL."""
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr, unique_ptr
 from libcpp.string cimport string
@@ -10,7 +10,8 @@ from libcpp.utility cimport move
 from libcpp.vector cimport vector
 
 from ._corelib cimport (
-    Activation, AdamWConfig, Buffer, Device, PassTimer, Recorder, StepGraph, raise_py_error, set_py_error_types,
+    Activation, AdamWConfig, Buffer, Device, PassTimer, Range, Rebind, Recorder, StepGraph, raise_py_error,
+    set_py_error_types, whole,
 )
 from . cimport _corelib as c
 
@@ -179,19 +180,54 @@ cdef class _Recorder:
 
     @property
     def captured(self):
-        """Dispatches captured so far (indices for _StepGraph.patch_adamw)."""
+        """Dispatches captured so far (indices for replay(adamw=...))."""
         return self.ptr.get().captured()
 
     @property
     def capturing(self):
         return self.ptr.get().capturing()
 
-    def replay(self, _StepGraph graph, _PassTimer timer=None):
-        """Re-record the graph's dispatches; with `timer`, each in its own timed pass."""
+    def replay(self, _StepGraph graph, _PassTimer timer=None, inputs=(), adamw=None):
+        """Re-record the graph's dispatches; with `timer`, each in its own timed pass.
+
+        inputs: (captured _Buffer, source) pairs; bindings of the captured
+        buffer read `source` instead for this replay: a _Buffer of the same
+        size, or a C-contiguous NumPy array staged for this recording.
+        adamw: (lr, beta1, beta2, eps, weight_decay, [(dispatch index, step), ...]):
+        those AdamW dispatches run with this step's scalars."""
+        cdef vector[Rebind] rebinds
+        cdef Rebind rb
+        cdef _Buffer static, src
+        cdef const uint8_t[::1] host
+        cdef AdamWConfig cfg
+        cdef vector[uint8_t] block
         cdef PassTimer* t = NULL
+        for static, source in inputs:
+            rb.src = whole(static.ptr.get()[0])
+            if isinstance(source, _Buffer):
+                src = source
+                if src.ptr.get().bytes() != static.ptr.get().bytes():
+                    raise ValueError(f"replay input of {src.ptr.get().bytes()} bytes for a captured buffer of "
+                                     f"{static.ptr.get().bytes()} bytes")
+                rb.to = whole(src.ptr.get()[0])
+            else:
+                host = memoryview(source).cast("B")
+                if <uint64_t>host.shape[0] != static.ptr.get().bytes():
+                    raise ValueError(f"replay input of {host.shape[0]} bytes for a captured buffer of "
+                                     f"{static.ptr.get().bytes()} bytes")
+                rb.to = self.ptr.get().stage(&host[0], host.shape[0])
+                rb.to.size = rb.src.size
+            rebinds.push_back(rb)
+        if adamw is not None:
+            cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay = adamw[:5]
+            for index, step in adamw[5]:
+                block = graph.ptr.get().adamw_block(index, cfg, step)
+                rb.src = graph.ptr.get().uniform_range(index)
+                rb.to = self.ptr.get().uniform_block(block.data(), block.size())
+                rebinds.push_back(rb)
         if timer is not None:
             t = timer.ptr.get()
-        self.ptr.get().replay(graph.ptr.get()[0], t)
+        self.ptr.get().replay(graph.ptr.get()[0], rebinds, t)
 
     def copy(self, _Buffer src, uint64_t src_offset, _Buffer dst, uint64_t dst_offset, uint64_t nbytes):
         self.ptr.get().copy(src.ptr.get()[0], src_offset, dst.ptr.get()[0], dst_offset, nbytes)
@@ -209,10 +245,6 @@ cdef class _StepGraph:
 
     def kernel_names(self):
         return [n.decode() for n in self.ptr.get().kernel_names()]
-
-    def patch_adamw(self, size_t index, float lr, float beta1, float beta2, float eps, float weight_decay,
-                    uint64_t step):
-        self.ptr.get().patch_adamw(index, lr, beta1, beta2, eps, weight_decay, step)
 
 
 cdef class _PassTimer:

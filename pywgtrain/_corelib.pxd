@@ -1,5 +1,5 @@
 # Declarations of the C++ core (csrc/) for the Cython wrappers in _core.pyx.
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr, unique_ptr
 from libcpp.string cimport string
@@ -51,11 +51,20 @@ cdef extern from "buffer.hpp" namespace "pwt" nogil:
 
 cdef extern from "recorder.hpp" namespace "pwt" nogil:
     cdef cppclass PassTimer
+    cdef cppclass AdamWConfig:  # defined in ops.hpp
+        float lr, beta1, beta2, eps, weight_decay
+    cdef cppclass Range:
+        uint64_t size
+    Range whole(const Buffer& b)
+    cdef cppclass Rebind:
+        Range src "from"
+        Range to
+
     cdef cppclass StepGraph:
         size_t size()
         vector[string] kernel_names()
-        void patch_adamw(size_t i, float lr, float beta1, float beta2, float eps, float weight_decay,
-                         uint64_t step) except +raise_py_error
+        Range uniform_range(size_t i) except +raise_py_error
+        vector[uint8_t] adamw_block(size_t i, const AdamWConfig& cfg, uint64_t step) except +raise_py_error
 
     cdef cppclass Recorder:
         Recorder(shared_ptr[Device] dev) except +raise_py_error
@@ -67,7 +76,9 @@ cdef extern from "recorder.hpp" namespace "pwt" nogil:
         unique_ptr[StepGraph] end_capture() except +raise_py_error
         size_t captured()
         bool capturing()
-        void replay(StepGraph& graph, PassTimer* timer) except +raise_py_error
+        void replay(StepGraph& graph, const vector[Rebind]& rebinds, PassTimer* timer) except +raise_py_error
+        Range stage(const void* data, uint64_t nbytes) except +raise_py_error
+        Range uniform_block(const void* data, size_t nbytes) except +raise_py_error
 
 
 cdef extern from "timing.hpp" namespace "pwt" nogil:
@@ -80,9 +91,6 @@ cdef extern from "timing.hpp" namespace "pwt" nogil:
 cdef extern from "ops.hpp" namespace "pwt" nogil:
     cdef enum class Activation(uint32_t):
         pass
-
-    cdef cppclass AdamWConfig:
-        float lr, beta1, beta2, eps, weight_decay
 
     void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
               bool trans_a, bool trans_b, float alpha, float beta) except +raise_py_error

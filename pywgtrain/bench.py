@@ -174,6 +174,7 @@ TRAIN_CONFIGS = [
     {"name": "MLP 784-1024-1024-10, batch 256 (GELU)", "sizes": [784, 1024, 1024, 10], "batch": 256, "act": "gelu"},
     {"name": "MLP 1024-4096-4096-1024, batch 512 (GELU)", "sizes": [1024, 4096, 4096, 1024], "batch": 512, "act": "gelu"},
 ]
+GROUP = 8  # Trainer(steps_per_submit=...) of the grouped measurement
 
 
 def _torch_mlp(torch, sizes, act):
@@ -200,18 +201,27 @@ def bench_train(dev, quick, torch):
         dy = [tensor(y, dev) for y in ys]
         for i in range(3):
             trainer.step(dx[i % 4], dy[i % 4]).item()
-        t0 = time.perf_counter()
-        for i in range(steps):
-            loss = trainer.step(dx[i % 4], dy[i % 4])
-        host_us = (time.perf_counter() - t0) / steps * 1e6
-        loss.item()
-        dev.synchronize()
-        us = (time.perf_counter() - t0) / steps * 1e6
-        row = {"config": cfg["name"], "pywgtrain_us": us, "pywgtrain_host_us": host_us}
-        line = f"{cfg['name']}: pywgtrain {us:.0f} us/step (host {host_us:.0f})"
+        row = {"config": cfg["name"]}
+        for group in (1, GROUP):
+            trainer.steps_per_submit = group
+            dev.synchronize()
+            t0 = time.perf_counter()
+            for i in range(steps):
+                loss = trainer.step(dx[i % 4], dy[i % 4])
+            host_us = (time.perf_counter() - t0) / steps * 1e6
+            loss.item()
+            dev.synchronize()
+            us = (time.perf_counter() - t0) / steps * 1e6
+            key = "pywgtrain" if group == 1 else "pywgtrain_grouped"
+            row.update({f"{key}_us": us, f"{key}_host_us": host_us})
+        row["steps_per_submit"] = GROUP
+        line = (f"{cfg['name']}: pywgtrain {row['pywgtrain_us']:.0f} us/step (host {row['pywgtrain_host_us']:.0f}), "
+                f"{GROUP} steps per submission {row['pywgtrain_grouped_us']:.0f} us/step "
+                f"(host {row['pywgtrain_grouped_host_us']:.0f})")
+        trainer.steps_per_submit = 1
         if trainer._graph is not None and "timestamp-query" in dev.features:
             row["profile"] = profile_step(dev, trainer._graph["graph"])
-            row["profile"]["host_us"] = profile_host(dev, trainer, dx[2], dy[2])  # not the captured inputs (dx[1])
+            row["profile"]["host_us"] = profile_host(dev, trainer, dx[2], dy[2], xs[2], ys[2])  # not the captured inputs (dx[1])
             prof = row["profile"]
             line += (f" | GPU {prof['gpu_us']:.0f} us in {prof['dispatches']} dispatches"
                      f" | bare replays {prof['replay_stream_us']:.0f} us/step (host {prof['replay_host_us']:.0f})"
@@ -262,39 +272,31 @@ def profile_step(dev, graph, reps=5):
             "kernels": [{"kernel": k, "count": n, "us": t} for k, (n, t) in top]}
 
 
-def profile_host(dev, trainer, x, y, steps=50):
-    """Host time per step of the replay path, piece by piece added (no waits
-    until the end of each variant): where Trainer.step's host time goes."""
-    g = trainer._graph
-    graph = g["graph"]
-    variants = {
-        "replay+submit": lambda rec: rec.replay(graph),
-        "+ adamw patch": lambda rec: (trainer.optimizer._advance_captured(graph), rec.replay(graph)),
-        "+ batch copies": lambda rec: (rec.copy(x._buf, 0, g["x"]._buf, 0, x.nbytes),
-                                       rec.copy(y._buf, 0, g["y"]._buf, 0, y.nbytes),
-                                       trainer.optimizer._advance_captured(graph), rec.replay(graph)),
-        "+ loss copy": lambda rec: (rec.copy(x._buf, 0, g["x"]._buf, 0, x.nbytes),
-                                    rec.copy(y._buf, 0, g["y"]._buf, 0, y.nbytes),
-                                    trainer.optimizer._advance_captured(graph), rec.replay(graph),
-                                    trainer._own_loss(rec, g["loss"])),
-    }
-    def run(body):
-        with dev.batch() as rec:
-            body(rec)
+def profile_host(dev, trainer, x, y, x_host, y_host, steps=50):
+    """Host and wall time per step of the replay path (no waits until the end
+    of each variant): bare replays, then Trainer.step one step per submission
+    and grouped."""
+    graph = trainer._graph["graph"]
 
-    variants["Trainer.step"] = None
+    def bare():
+        rec = _core._Recorder(dev._dev)
+        rec.replay(graph)
+        rec.submit()
+
+    variants = {"replay+submit": (bare, 1), "Trainer.step": (lambda: trainer.step(x, y), 1),
+                f"Trainer.step, {GROUP} per submission": (lambda: trainer.step(x, y), GROUP),
+                f"Trainer.step, NumPy batch, {GROUP} per submission": (lambda: trainer.step(x_host, y_host), GROUP)}
     out = {}
-    for name, body in variants.items():
+    for name, (body, group) in variants.items():
+        trainer.steps_per_submit = group
         dev.synchronize()
         t0 = time.perf_counter()
         for _ in range(steps):
-            if body is None:
-                trainer.step(x, y)
-            else:
-                run(body)
+            body()
         host = time.perf_counter() - t0
         dev.synchronize()
         out[name] = {"host_us": host / steps * 1e6, "wall_us": (time.perf_counter() - t0) / steps * 1e6}
+    trainer.steps_per_submit = 1
     return out
 
 

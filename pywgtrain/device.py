@@ -64,6 +64,7 @@ class Device:
         if outer is not None:  # nested batches join the outer one
             yield outer
             return
+        self._submit_deferred()
         rec = _core._Recorder(self._dev)
         self._local.recorder = rec
         try:
@@ -79,12 +80,34 @@ class Device:
         if rec is not None:
             yield rec
             return
+        self._submit_deferred()
         rec = _core._Recorder(self._dev)
         yield rec
         rec.submit()
 
+    def _defer(self, rec):
+        """Make `rec` this thread's deferred recording: work recorded into it
+        is submitted before anything else this thread records, submits or
+        reads (Trainer's steps_per_submit). Returns whether another deferred
+        recording had to be submitted first."""
+        current = getattr(self._local, "deferred", None)
+        if current is rec:
+            return False
+        self._submit_deferred()
+        self._local.deferred = rec
+        return True
+
+    def _submit_deferred(self):
+        rec = getattr(self._local, "deferred", None)
+        if rec is not None:
+            self._local.deferred = None
+            if rec.pending:
+                rec.submit()
+
     def flush(self):
-        """Submit whatever the current thread's batch has recorded so far."""
+        """Submit whatever the current thread has recorded and not yet
+        submitted (its batch, or a Trainer's grouped steps)."""
+        self._submit_deferred()
         rec = getattr(self._local, "recorder", None)
         if rec is not None and rec.pending:
             rec.submit()

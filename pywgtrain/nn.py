@@ -248,9 +248,15 @@ class Loss:
 
     def __init__(self, value, grad, source):
         self._value, self._grad, self._source = value, grad, source
+        self._lost = None  # why the step that computes it never ran, if it did not
 
     def item(self):
-        return float(self._value.numpy()[0])
+        if self._lost:
+            raise RuntimeError(self._lost)
+        value = float(self._value.numpy()[0])
+        if self._lost:  # set while the read submitted this loss's step
+            raise RuntimeError(self._lost)
+        return value
 
     def tensor(self):
         return self._value

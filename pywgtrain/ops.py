@@ -214,17 +214,23 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.99
     return param
 
 
+def label_array(labels, classes=None):
+    """Host class labels as a contiguous int32 array, checked for an integer
+    dtype and, when ``classes`` is given, for range."""
+    labels = np.asarray(labels)
+    if labels.dtype.kind not in "iu":
+        raise TypeError(f"labels must be integers, got dtype {labels.dtype.name}")
+    if classes is not None and labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise ValueError(f"labels must lie in [0, {classes}), got range [{labels.min()}, {labels.max()}]")
+    return np.ascontiguousarray(labels, dtype=np.int32)
+
+
 def as_labels(labels, dev, rows=None, classes=None):
     """Class labels as an int32 device tensor. NumPy labels are checked for an
     integer dtype and, when ``classes`` is given, for range (device tensors are
     taken as they are: checking them would mean a GPU round trip)."""
     if isinstance(labels, np.ndarray) or isinstance(labels, (list, tuple)):
-        labels = np.asarray(labels)
-        if labels.dtype.kind not in "iu":
-            raise TypeError(f"labels must be integers, got dtype {labels.dtype.name}")
-        if classes is not None and labels.size and (labels.min() < 0 or labels.max() >= classes):
-            raise ValueError(f"labels must lie in [0, {classes}), got range [{labels.min()}, {labels.max()}]")
-        labels = np.ascontiguousarray(labels, dtype=np.int32)
+        labels = label_array(labels, classes)
     t = _as_tensor(labels, "labels", dev, ndim=1, dtype=np.int32)
     if rows is not None and t.shape[0] != rows:
         raise ValueError(f"labels has {t.shape[0]} entries, logits has {rows} rows")

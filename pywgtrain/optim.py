@@ -145,15 +145,17 @@ class AdamW:
             if captured is not None:
                 self._captured = captured
 
-    def _advance_captured(self, graph):
-        """Replay counterpart of step(): bump step counts and rewrite the
-        captured AdamW uniforms (bias corrections, lr) for this step."""
+    def _advance_captured(self):
+        """Replay counterpart of step(): bump the step counts and return this
+        step's AdamW scalars for the captured update dispatches, in the form
+        ``_Recorder.replay(adamw=...)`` takes."""
         lr, (b1, b2), eps, wd = check_adamw_hyperparameters(self.lr, self.betas, self.eps, self.weight_decay)
+        updates = []
         for indices, dispatches in self._captured:
             for i in indices:
                 self.state[i]["step"] += 1
-            for d in dispatches:
-                graph.patch_adamw(d, lr, b1, b2, eps, wd, self.state[indices[0]]["step"])
+            updates += [(d, self.state[indices[0]]["step"]) for d in dispatches]
+        return (lr, b1, b2, eps, wd, updates)
 
     def last_grad_norm(self):
         """Global gradient norm computed by the last clipped ``step()`` (reads 4 bytes back)."""

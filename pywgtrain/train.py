@@ -7,7 +7,7 @@ import numpy as np
 
 from . import _core, nn, optim
 from .device import Device
-from .ops import as_labels
+from .ops import label_array
 from .tensor import Tensor, empty, tensor
 
 
@@ -38,38 +38,64 @@ class Trainer:
     never waits for Python between steps.
 
     With ``capture=True`` (default) the second step is captured as a step
-    graph and later steps with the same batch shapes replay it: the batch is
-    copied (a NumPy batch uploaded) into the graph's own input tensors and the
-    recorded dispatches are re-encoded in one call, without Python-side model
-    code, kernel lookups or bind-group creation. Results are identical to
+    graph and later steps with the same batch shapes replay it: the recorded
+    dispatches are re-encoded in one call, without Python-side model code,
+    kernel lookups or bind-group creation; the batch (a device tensor as it
+    is, a NumPy batch uploaded for that step only), the AdamW step scalars
+    and the loss output are bound per step. Results are identical to
     uncaptured steps, and the caller's tensors are never written.
+
+    ``steps_per_submit``: replayed steps are grouped, this many to one
+    submission (each submission costs the GPU some idle time). A group is
+    also submitted as soon as anything else on this thread records, submits
+    or reads GPU data (``Loss.item()`` included), so results are always
+    those of the steps in call order; ``flush()`` submits it explicitly.
     """
 
-    def __init__(self, model, optimizer, loss_fn, capture=True):
+    def __init__(self, model, optimizer, loss_fn, capture=True, steps_per_submit=1):
+        if isinstance(steps_per_submit, bool) or not isinstance(steps_per_submit, int) or steps_per_submit < 1:
+            raise ValueError(f"steps_per_submit must be an int >= 1, got {steps_per_submit!r}")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.device = model.device
         self.step_count = 0
         self.capture = capture
+        self.steps_per_submit = steps_per_submit
         self._graph = None
         self._loss_slots = _LossSlots(self.device)
+        self._group_rec = None   # recorder of the current group of replayed steps
+        self._group = []         # their losses
+
+    def _batch_arrays(self, x, y):
+        """Host batches as contiguous arrays of the kernels' dtypes; device tensors as they are."""
+        if isinstance(x, Tensor):
+            if x.device is not self.device:
+                raise ValueError(f"x lives on {x.device!r}, the model on {self.device!r}")
+        else:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        if isinstance(y, Tensor):
+            if y.device is not self.device:
+                raise ValueError(f"y lives on {y.device!r}, the model on {self.device!r}")
+        elif isinstance(self.loss_fn, nn.CrossEntropyLoss):
+            y = label_array(y)
+        else:
+            y = np.ascontiguousarray(y, dtype=np.float32)
+        return x, y
 
     def step(self, x, y):
         """One training step on a batch; returns the (lazy) loss."""
-        user_x = isinstance(x, Tensor)
-        if not user_x:
-            x = np.ascontiguousarray(x, dtype=np.float32)
-        user_y = isinstance(y, Tensor)
-        y = as_labels(y, self.device) if isinstance(self.loss_fn, nn.CrossEntropyLoss) else y
+        x, y = self._batch_arrays(x, y)
         g = self._graph
-        if g is not None and g["x"].shape == x.shape and g["y"].shape == getattr(y, "shape", None) \
+        if g is not None and all(new.shape == old.shape and np.dtype(new.dtype) == old.dtype
+                                 for new, old in ((x, g["x"]), (y, g["y"]))) \
                 and g["max_grad_norm"] == self.optimizer.max_grad_norm:
             return self._replay(x, y)
-        if not user_x:
-            x = tensor(x, self.device)
-        capture = self.capture and self.step_count >= 1 and isinstance(y, Tensor)
+        user_x, user_y = isinstance(x, Tensor), isinstance(y, Tensor)
+        x = x if user_x else tensor(x, self.device)
+        y = y if user_y else tensor(y, self.device)
+        capture = self.capture and self.step_count >= 1
         if capture:
-            # The graph keeps inputs of its own: replays overwrite them, and
-            # the caller's tensors must stay as they are.
+            # The graph keeps inputs of its own (the shapes replays check and
+            # the buffers they rebind); the caller's tensors stay as they are.
             x = x.clone() if user_x else x
             y = y.clone() if user_y else y
         with self.device.batch() as rec:
@@ -82,28 +108,50 @@ class Trainer:
             if capture:
                 self._graph = {"graph": rec.end_capture(), "x": x, "y": y, "loss": loss.tensor(),
                                "max_grad_norm": self.optimizer.max_grad_norm}
-                loss = self._own_loss(rec, loss.tensor())  # replays overwrite the captured loss
+                # Replays write their losses elsewhere; this one keeps its own.
+                own = self._loss_slots.take()
+                rec.copy(loss.tensor()._buf, 0, own._buf, 0, 4)
+                loss = nn.Loss(own, None, None)
         self.step_count += 1
         return loss
-
-    def _own_loss(self, rec, value):
-        own = self._loss_slots.take()
-        rec.copy(value._buf, 0, own._buf, 0, 4)
-        return nn.Loss(own, None, None)
 
     def _replay(self, x, y):
         g = self._graph
-        if not isinstance(x, Tensor):
-            g["x"].copy_(x)  # straight into the graph's input (queue-ordered after the last step)
-        with self.device.batch() as rec:
-            for new, static in ((x, g["x"]), (y, g["y"])):
-                if isinstance(new, Tensor):
-                    rec.copy(new._buf, 0, static._buf, 0, new.nbytes)
-            self.optimizer._advance_captured(g["graph"])
-            rec.replay(g["graph"])
-            loss = self._own_loss(rec, g["loss"])
+        dev = self.device
+        own = self._loss_slots.take()
+        inputs = [(g["x"]._buf, x._buf if isinstance(x, Tensor) else x),
+                  (g["y"]._buf, y._buf if isinstance(y, Tensor) else y),
+                  (g["loss"]._buf, own._buf)]
+        adamw = self.optimizer._advance_captured()
+        loss = nn.Loss(own, None, None)
+        if self.steps_per_submit == 1 or getattr(dev._local, "recorder", None) is not None:
+            with dev.batch() as rec:  # joins the caller's batch if there is one
+                rec.replay(g["graph"], inputs=inputs, adamw=adamw)
+        else:
+            if self._group_rec is None:
+                self._group_rec = _core._Recorder(dev._dev)
+            rec = self._group_rec
+            if dev._defer(rec) or not rec.pending:
+                self._group = []
+            try:
+                rec.replay(g["graph"], inputs=inputs, adamw=adamw)
+            except BaseException:
+                # A failed recording discards the whole group (see Recorder).
+                for lost in self._group:
+                    lost._lost = "the training step of this loss was discarded: a later step of its group failed to record"
+                self._group = []
+                raise
+            self._group.append(loss)
+            if len(self._group) >= self.steps_per_submit:
+                self.flush()
         self.step_count += 1
         return loss
+
+    def flush(self):
+        """Submit the grouped steps recorded so far (``steps_per_submit``)."""
+        if self._group_rec is not None and getattr(self.device._local, "deferred", None) is self._group_rec:
+            self.device._submit_deferred()
+        self._group = []
 
     def save(self, path):
         """Model, optimizer state and step count to one ``.npz``."""
@@ -156,7 +204,7 @@ def load_digits_split(seed):
 
 def run_demo(hidden=(256, 256), batch_size=64, epochs=30, steps=None, lr=1e-3, weight_decay=1e-2, seed=0,
              adapter=None, activation="gelu", max_grad_norm=1.0, log_every=20, plot="loss_curve.png",
-             checkpoint=None, resume=None):
+             checkpoint=None, resume=None, steps_per_submit=8):
     from tqdm import tqdm
 
     dev = Device(adapter)
@@ -164,7 +212,7 @@ def run_demo(hidden=(256, 256), batch_size=64, epochs=30, steps=None, lr=1e-3, w
     sizes = [xtr.shape[1], *hidden, 10]
     model = nn.MLP(sizes, activation=activation, device=dev, seed=seed)
     opt = optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm)
-    trainer = Trainer(model, opt, nn.CrossEntropyLoss())
+    trainer = Trainer(model, opt, nn.CrossEntropyLoss(), steps_per_submit=steps_per_submit)
     if resume:
         trainer.load(resume)
     per_epoch = len(xtr) // batch_size

@@ -253,6 +253,102 @@ def test_step_graphs_leave_caller_tensors_alone(dev, rng):
         np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=name)
 
 
+@pytest.mark.parametrize("device_batches", [False, True])
+def test_grouped_steps_equal_one_submission_per_step(dev, rng, device_batches):
+    """steps_per_submit=3 over 9 steps (eager, capture, then replays in
+    groups of 3, 3, 1; NumPy or device batches): bit-identical losses, gradient norm and
+    weights to one submission per step, every loss kept though read late."""
+    from pywgtrain.train import Trainer
+
+    xs = [rand(rng, 16, 12) for _ in range(9)]
+    ys = [rng.integers(0, 4, 16).astype(np.int32) for _ in range(9)]
+    if device_batches:
+        xs, ys = [pw.tensor(x, dev) for x in xs], [pw.tensor(y, dev) for y in ys]
+
+    def make(group):
+        model = pw.nn.MLP([12, 24, 4], activation="gelu", device=dev, seed=3)
+        opt = pw.optim.AdamW(model.parameters(), lr=1e-2, max_grad_norm=0.5)
+        return Trainer(model, opt, pw.nn.CrossEntropyLoss(), steps_per_submit=group)
+
+    single, grouped = make(1), make(3)
+    want = [single.step(x, y) for x, y in zip(xs, ys)]
+    got = [grouped.step(x, y) for x, y in zip(xs, ys)]
+    assert grouped._group_rec.pending > 0  # the last step waits for a read
+    assert [l.item() for l in got] == [l.item() for l in want]
+    assert len({l.item() for l in got}) == len(got)
+    assert grouped.optimizer.last_grad_norm() == single.optimizer.last_grad_norm()
+    for (name, p), (_, q) in zip(single.model.named_parameters(), grouped.model.named_parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=name)
+
+
+def test_grouped_steps_keep_order_with_other_work(dev, rng):
+    """Reading a weight, writing one and recording other work in the middle
+    of a group all see (and act after) the steps called before them."""
+    from pywgtrain.train import Trainer
+
+    xs = [rand(rng, 8, 6) for _ in range(6)]
+    ys = [rng.standard_normal((8, 2)).astype(np.float32) for _ in range(6)]
+
+    def make(group):
+        model = pw.nn.MLP([6, 10, 2], activation="relu", device=dev, seed=4)
+        return Trainer(model, pw.optim.AdamW(model.parameters(), lr=1e-2), pw.nn.MSELoss(), steps_per_submit=group)
+
+    single, grouped = make(1), make(4)
+    w_new = rand(rng, 10, 6)
+    for t in (single, grouped):
+        for i in range(3):
+            t.step(xs[i], ys[i])
+    w1 = grouped.model.layers[0].weight
+    np.testing.assert_array_equal(w1.numpy(), single.model.layers[0].weight.numpy())  # read flushes the group
+    outs = []
+    for t in (single, grouped):
+        t.step(xs[3], ys[3])
+        t.model.layers[0].weight.copy_(w_new)  # a write after a grouped step lands after it
+        t.step(xs[4], ys[4])
+        outs.append(t.model(pw.tensor(xs[5], dev)))  # other work records after the group
+        t.step(xs[5], ys[5])
+    np.testing.assert_array_equal(outs[1].numpy(), outs[0].numpy())
+    for (name, p), (_, q) in zip(single.model.named_parameters(), grouped.model.named_parameters()):
+        np.testing.assert_array_equal(p.numpy(), q.numpy(), err_msg=name)
+
+
+def test_grouped_step_recording_failure_marks_group_losses(rng):
+    """A group that fails to record (device lost) is discarded whole: the
+    losses of its earlier steps say so instead of reading stale memory."""
+    from pywgtrain.train import Trainer
+
+    d = pw.Device()
+    model = pw.nn.MLP([6, 8, 3], device=d, seed=1)
+    t = Trainer(model, pw.optim.AdamW(model.parameters()), pw.nn.CrossEntropyLoss(), steps_per_submit=8)
+    x, y = rand(rng, 4, 6), rng.integers(0, 3, 4)
+    for _ in range(3):
+        t.step(x, y).item()  # eager, capture, first replay
+    pending = [t.step(x, y) for _ in range(2)]
+    d.destroy()
+    with pytest.raises(pw.GpuError):
+        t.step(x, y)
+    for loss in pending:
+        with pytest.raises((RuntimeError, pw.GpuError), match="discarded|lost|destroyed"):
+            loss.item()
+
+
+def test_replay_rejects_inputs_of_another_size(dev, rng):
+    from pywgtrain.train import Trainer
+
+    model = pw.nn.MLP([6, 8, 3], device=dev, seed=1)
+    t = Trainer(model, pw.optim.AdamW(model.parameters()), pw.nn.CrossEntropyLoss())
+    for _ in range(2):
+        t.step(rand(rng, 4, 6), rng.integers(0, 3, 4))
+    g = t._graph
+    rec = pw._core._Recorder(dev._dev)
+    with pytest.raises(ValueError, match="replay input of 48 bytes for a captured buffer of 96 bytes"):
+        rec.replay(g["graph"], inputs=[(g["x"]._buf, rand(rng, 2, 6))])
+    with pytest.raises(ValueError, match="replay input"):
+        rec.replay(g["graph"], inputs=[(g["x"]._buf, pw.tensor(rand(rng, 3, 6), dev)._buf)])
+    with pytest.raises(ValueError, match="steps_per_submit"):
+        Trainer(model, t.optimizer, pw.nn.CrossEntropyLoss(), steps_per_submit=0)
+
+
 @pytest.mark.parametrize("train", [False, True])
 def test_fused_linear_with_k_split_past_binding_limit(dev, rng, train):
     """op(B) = B stored K x N past the binding limit forces a K split, so the
