@@ -30,7 +30,7 @@ struct GemvParams {
   uint32_t k_chunk, split_stride;
 };
 
-struct TileConfig { uint32_t bm, bn, bk, tm, tn; };
+struct TileConfig { uint32_t bm, bn, bk, tm, tn, prefetch = 1; };
 
 constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tiles)
 // Row sums ride along in the GEMM up to this many multiply-adds, where the
@@ -43,16 +43,20 @@ constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 // H100 (docs/gemm_notes.md #16, #20): with split-K, 64x64 beat 128x64 on
 // 256x768x3072 (63 vs 84 us) and 1024^3 (93 vs 97 us); 128x128 tiles take
 // K steps of 32 where the adapter has the 33.8 KB of workgroup memory (+3-5%).
-// PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN" forces one configuration.
+// PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN[,PREFETCH]" forces one configuration.
 TileConfig choose_tiles(const Device& dev, uint32_t m, uint32_t n, uint32_t k) {
   static const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");
   TileConfig t{};
-  if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn) == 5) return t;
+  if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn, &t.prefetch) >= 5) return t;
+  const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
+  // Short K on a large output (weight gradients of a batch of 512): 128x64
+  // tiles without register prefetch (4096x512x4096 TN: 540 vs 591 us with
+  // 128x128; prefetch off cost 15% on outputs of 512 such tiles; notes #21).
+  if (k <= 512 && wide >= 2048) return {128, 64, 16, 8, 4, 0};
   if (ceil_div(m, 128) * ceil_div(n, 128) >= 256) {
     const uint32_t bk32_bytes = 2 * 32 * (128 / 4 + 1) * 16;  // both tiles, padded rows (gemm.wgsl)
     return {128, 128, dev.limits().max_workgroup_storage >= bk32_bytes ? 32u : 16u, 8, 8};
   }
-  const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
   if (wide >= 256 || (wide >= 64 && k < kSplitMinK)) return {128, 64, 16, 8, 4};
   return {64, 64, 16, 4, 4};
 }
@@ -81,7 +85,7 @@ const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Ep
   d.constants = {{"BM", u(t.bm)}, {"BN", u(t.bn)}, {"BK", u(t.bk)}, {"TM", u(t.tm)}, {"TN", u(t.tn)},
                  {"TRANS_A", ta ? "true" : "false"}, {"TRANS_B", tb ? "true" : "false"},
                  {"ACT", u(uint32_t(ep == Epilogue::Plain ? Activation::None : act))},
-                 {"ROWSUM", ep == Epilogue::RowSum ? "true" : "false"}};
+                 {"ROWSUM", ep == Epilogue::RowSum ? "true" : "false"}, {"PREFETCH", t.prefetch ? "true" : "false"}};
   d.trusted = true;
   return dev.pipelines().get(d);
 }
@@ -150,7 +154,7 @@ void record_split_reduce(Recorder& r, const Range& ws, uint32_t m, uint32_t n, u
   // The reduce entries ignore the tile constants; fixed values keep one pipeline each.
   d.constants = {{"BM", "64u"}, {"BN", "64u"}, {"BK", "16u"}, {"TM", "4u"}, {"TN", "4u"},
                  {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", std::to_string(uint32_t(e.act)) + "u"},
-                 {"ROWSUM", "false"}};
+                 {"ROWSUM", "false"}, {"PREFETCH", "true"}};
   d.trusted = true;
   GemmParams q{m, n, 0, 0, 0, ldc, 0, 0, c_off, alpha, beta, 0, 0, stride, splits, 0};
   std::vector<Range> ranges{c_range, ws};

@@ -5,7 +5,7 @@
 // Specialization constants (emitted by the pipeline cache):
 //   BM, BN, BK: workgroup tile; TM, TN: per-thread tile (multiples of 4);
 //   TRANS_A, TRANS_B: bool; ACT: activation of the fused entry points;
-//   ROWSUM: bool, row sums of op(A) for gemm_rowsum.
+//   ROWSUM: bool, row sums of op(A) for gemm_rowsum; PREFETCH: bool (below).
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
@@ -94,23 +94,26 @@ fn tile_product(wid: vec3<u32>, lid: vec3<u32>) -> array<vec4<f32>, TM * VN> {
   var acc: array<vec4<f32>, TM * VN>;
   let k_begin = wid.z * p.k_chunk;
   let k_end = min(p.k, k_begin + p.k_chunk);
-  // Software pipelining: the next K tile is fetched into registers while the
-  // current one is multiplied out of workgroup memory.
+  // PREFETCH (software pipelining): the next K tile is fetched into
+  // registers while the current one is multiplied out of workgroup memory;
+  // without it, fewer registers per thread.
   var ra: array<vec4<f32>, A_SLOTS>;
   var rb: array<vec4<f32>, B_SLOTS>;
-  for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k_begin, tid + i * THREADS); }
-  for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k_begin, tid + i * THREADS); }
+  if (PREFETCH) {
+    for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k_begin, tid + i * THREADS); }
+    for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k_begin, tid + i * THREADS); }
+  }
   for (var k0 = k_begin; k0 < k_end; k0 += BK) {
     for (var i = 0u; i < A_SLOTS; i++) {
       let c = a_slot(tid + i * THREADS);
-      tile_a[c.x * A_STRIDE + c.y] = ra[i];
+      if (PREFETCH) { tile_a[c.x * A_STRIDE + c.y] = ra[i]; } else { tile_a[c.x * A_STRIDE + c.y] = fetch_a(m0, k0, tid + i * THREADS); }
     }
     for (var i = 0u; i < B_SLOTS; i++) {
       let c = b_slot(tid + i * THREADS);
-      tile_b[c.x * B_STRIDE + c.y] = rb[i];
+      if (PREFETCH) { tile_b[c.x * B_STRIDE + c.y] = rb[i]; } else { tile_b[c.x * B_STRIDE + c.y] = fetch_b(n0, k0, tid + i * THREADS); }
     }
     workgroupBarrier();
-    if (k0 + BK < k_end) {
+    if (PREFETCH && k0 + BK < k_end) {
       for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k0 + BK, tid + i * THREADS); }
       for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k0 + BK, tid + i * THREADS); }
     }

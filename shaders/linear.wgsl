@@ -49,7 +49,23 @@ fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
   let j = wid.x * COLS + lid.x;
   var s = 0.0;
   if (j < cp.cols) {
-    for (var i = lid.y; i < cp.rows; i += LANES) { s += upstream[i * cp.cols + j]; }
+    // Eight loads per iteration before any add: one load in flight per
+    // thread left this pass latency-bound (0.44 TB/s on the H100).
+    var i = lid.y;
+    for (; i + 7u * LANES < cp.rows; i += 8u * LANES) {
+      let c = cp.cols * LANES;
+      let e = i * cp.cols + j;
+      let v0 = upstream[e];
+      let v1 = upstream[e + c];
+      let v2 = upstream[e + 2u * c];
+      let v3 = upstream[e + 3u * c];
+      let v4 = upstream[e + 4u * c];
+      let v5 = upstream[e + 5u * c];
+      let v6 = upstream[e + 6u * c];
+      let v7 = upstream[e + 7u * c];
+      s += ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7));
+    }
+    for (; i < cp.rows; i += LANES) { s += upstream[i * cp.cols + j]; }
   }
   colsum[lid.y * COLS + lid.x] = s;
   workgroupBarrier();

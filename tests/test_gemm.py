@@ -196,11 +196,14 @@ def test_gemm_ragged_edges(dev, rng, ta, tb):
     assert_close(out.numpy(), ref_gemm(a, b, 0.5), atol_scale=k_tolerance(k))
 
 
-def test_forced_tile_configuration_with_32_k_steps(tmp_path):
-    """K steps of 32 (the H100's 128x128 default, which lavapipe's 32 KB of
-    workgroup memory cannot hold) checked here through a configuration that
-    fits: PYWGTRAIN_GEMM_TILES=64,64,32,4,4 in a fresh process, every
-    transpose mode, ragged shapes, split-K included."""
+@pytest.mark.parametrize("tiles", ["64,64,32,4,4", "128,64,16,8,4,0"])
+def test_forced_tile_configurations(tmp_path, tiles):
+    """Configurations the H100 picks that lavapipe's defaults do not reach,
+    forced through PYWGTRAIN_GEMM_TILES in a fresh process: K steps of 32
+    (the H100's 128x128 default, which lavapipe's 32 KB of workgroup memory
+    cannot hold, checked through a 64x64 tile that fits) and tiles without
+    register prefetch (short-K weight gradients). Every transpose mode,
+    ragged shapes, split-K included."""
     import os
     import subprocess
     import sys
@@ -222,6 +225,6 @@ def test_forced_tile_configuration_with_32_k_steps(tmp_path):
         "print('ok')\n"
     )
     # The child resolves pywgtrain exactly as this process did.
-    env = dict(os.environ, PYWGTRAIN_GEMM_TILES="64,64,32,4,4", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env = dict(os.environ, PYWGTRAIN_GEMM_TILES=tiles, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
