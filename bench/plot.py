@@ -55,11 +55,16 @@ def markdown_tables(res):
     for r in res.get("adamw", []):
         out.append(f"| {r['params']} params | {r['pywgtrain_us']:.1f} µs ({r['pywgtrain_GBps']:.0f} GB/s) | "
                    f"{r.get('torch_fused_us', float('nan')):.1f} µs | {r.get('time_ratio', float('nan')):.2f}× |")
-    out += ["", "| one training step (fwd, CE, bwd, clip 1.0, AdamW) | pywgtrain | PyTorch eager | PyTorch + CUDA graph |",
-            "|---|---|---|---|"]
+    out += ["", "| one training step (fwd, CE, bwd, clip 1.0, AdamW) | pywgtrain, one submission per step "
+            "| pywgtrain, grouped steps | of which GPU | PyTorch eager | PyTorch + CUDA graph |",
+            "|---|---|---|---|---|---|"]
+    nan = float("nan")
     for r in res.get("train", []):
-        out.append(f"| {r['config']} | {r['pywgtrain_us']:.0f} µs | {r.get('torch_eager_us', float('nan')):.0f} µs | "
-                   f"{r.get('torch_graph_us', float('nan')):.0f} µs |")
+        gpu = r.get("profile", {})
+        out.append(f"| {r['config']} | {r['pywgtrain_us']:.0f} µs | {r.get('pywgtrain_grouped_us', nan):.0f} µs "
+                   f"({r.get('steps_per_submit', '?')} per submission) | {gpu.get('gpu_us', nan):.0f} µs, "
+                   f"{gpu.get('dispatches', '?')} dispatches | {r.get('torch_eager_us', nan):.0f} µs | "
+                   f"{r.get('torch_graph_us', nan):.0f} µs |")
     return "\n".join(out)
 
 
