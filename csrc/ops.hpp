@@ -20,7 +20,6 @@ void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
                    const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b,
                    Activation act);
 
-// dZ = dY * act'(Z), elementwise over n values.
 // A linear layer's parameter gradients from dZ [rows, out] and its input
 // X [rows, in]: dW = dZ^T X and db = column sums of dZ, each + beta * itself;
 // db comes out of the same GEMM when K (= rows) is not split.
@@ -30,6 +29,7 @@ void linear_weight_grads(Recorder& r, const Buffer& dz, const Buffer& x, const B
 // activation of the layer below in the GEMM's epilogue (Z: that layer's pre-activation).
 void gemm_act_grad(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& preact, const Buffer& c, uint32_t m,
                    uint32_t n, uint32_t k, bool ta, bool tb, Activation act);
+// dZ = dY * act'(Z), elementwise over n values.
 void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n, Activation act);
 // db[cols] = column sums of dZ[rows, cols] (+ beta * db).
 void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols, float beta);

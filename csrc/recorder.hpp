@@ -65,7 +65,7 @@ class StepGraph {
   std::vector<Dispatch> dispatches_;
   std::vector<BufferHandle> chunks_;
   std::vector<std::vector<uint8_t>> data_;
-  std::vector<BufferHandle> bound_;  // references to every bound storage buffer
+  std::vector<BufferHandle> bound_;  // references to every buffer a dispatch binds
 };
 
 class Recorder {

@@ -216,7 +216,6 @@ cdef class _Recorder:
                     raise ValueError(f"replay input of {host.shape[0]} bytes for a captured buffer of "
                                      f"{static.ptr.get().bytes()} bytes")
                 rb.to = self.ptr.get().stage(&host[0], host.shape[0])
-                rb.to.size = rb.src.size
             rebinds.push_back(rb)
         if adamw is not None:
             cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay = adamw[:5]

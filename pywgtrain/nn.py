@@ -253,10 +253,7 @@ class Loss:
     def item(self):
         if self._lost:
             raise RuntimeError(self._lost)
-        value = float(self._value.numpy()[0])
-        if self._lost:  # set while the read submitted this loss's step
-            raise RuntimeError(self._lost)
-        return value
+        return float(self._value.numpy()[0])
 
     def tensor(self):
         return self._value
