@@ -30,34 +30,37 @@ struct GemvParams {
   uint32_t k_chunk, split_stride;
 };
 
-struct TileConfig { uint32_t bm, bn, bk, tm, tn, prefetch = 1; };
+// warp_w: width in threads of the thread block one warp covers (0: BN / TN,
+// whole rows of the workgroup's thread grid).
+struct TileConfig { uint32_t bm, bn, bk, tm, tn, warp_w = 0; };
 
 constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tiles)
 // Row sums ride along in the GEMM up to this many multiply-adds, where the
 // separate pass (~9 us on the H100) costs more than the in-loop adds.
 constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 
-// 128x128 tiles (8x8 per thread) when the output gives >= 256 of them; else
-// 128x64 (8x4) when that gives >= 256, or >= 64 without a K long enough to
-// split; else 64x64 (4x4), which split-K (below) multiplies. Measured on the
-// H100 (docs/gemm_notes.md #16, #20): with split-K, 64x64 beat 128x64 on
-// 256x768x3072 (63 vs 84 us) and 1024^3 (93 vs 97 us); 128x128 tiles take
-// K steps of 32 where the adapter has the 33.8 KB of workgroup memory (+3-5%).
-// PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN[,PREFETCH]" forces one configuration.
-TileConfig choose_tiles(const Device& dev, uint32_t m, uint32_t n, uint32_t k) {
+// 128x64 tiles (8x4 per thread, warps on 4x8 thread blocks) when the output
+// gives >= 256 of them, or >= 64 without a K long enough to split; else
+// 64x64 (4x4), which split-K (below) multiplies. Measured on the H100
+// (docs/gemm_notes.md #16, #25-#29): 128x64 beat 128x128 (8x8 per thread)
+// everywhere once tile loads were unchecked inside the matrix and coalesced
+// per load (4096^3 37-39 vs 35 TFLOP/s); with split-K, 64x64 beat 128x64 on
+// 256x768x3072 and 1024^3.
+// PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN[,WARP_W]" forces one configuration.
+TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
   static const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");
   TileConfig t{};
-  if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn, &t.prefetch) >= 5) return t;
-  const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
-  // Short K on a large output (weight gradients of a batch of 512): 128x64
-  // tiles without register prefetch (4096x512x4096 TN: 540 vs 591 us with
-  // 128x128; prefetch off cost 15% on outputs of 512 such tiles; notes #21).
-  if (k <= 512 && wide >= 2048) return {128, 64, 16, 8, 4, 0};
-  if (ceil_div(m, 128) * ceil_div(n, 128) >= 256) {
-    const uint32_t bk32_bytes = 2 * 32 * (128 / 4 + 1) * 16;  // both tiles, padded rows (gemm.wgsl)
-    return {128, 128, dev.limits().max_workgroup_storage >= bk32_bytes ? 32u : 16u, 8, 8};
+  if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn, &t.warp_w) >= 5) {
+    const uint32_t wg_x = t.tn ? t.bn / t.tn : 0, wg_y = t.tm ? t.bm / t.tm : 0;
+    const bool warps_ok = !t.warp_w || t.warp_w == wg_x ||
+                          (32 % t.warp_w == 0 && wg_x % t.warp_w == 0 && wg_y % (32 / t.warp_w) == 0);
+    if (!warps_ok)
+      throw ArgumentError("PYWGTRAIN_GEMM_TILES: WARP_W " + std::to_string(t.warp_w) + " must divide 32 and BN/TN (" +
+                          std::to_string(wg_x) + "), and 32/WARP_W must divide BM/TM (" + std::to_string(wg_y) + ")");
+    return t;
   }
-  if (wide >= 256 || (wide >= 64 && k < kSplitMinK)) return {128, 64, 16, 8, 4};
+  const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
+  if (wide >= 256 || (wide >= 64 && k < kSplitMinK)) return {128, 64, 16, 8, 4, 4};
   return {64, 64, 16, 4, 4};
 }
 
@@ -85,7 +88,8 @@ const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Ep
   d.constants = {{"BM", u(t.bm)}, {"BN", u(t.bn)}, {"BK", u(t.bk)}, {"TM", u(t.tm)}, {"TN", u(t.tn)},
                  {"TRANS_A", ta ? "true" : "false"}, {"TRANS_B", tb ? "true" : "false"},
                  {"ACT", u(uint32_t(ep == Epilogue::Plain ? Activation::None : act))},
-                 {"ROWSUM", ep == Epilogue::RowSum ? "true" : "false"}, {"PREFETCH", t.prefetch ? "true" : "false"}};
+                 {"ROWSUM", ep == Epilogue::RowSum ? "true" : "false"},
+                 {"WARP_W", u(t.warp_w ? t.warp_w : t.bn / t.tn)}};
   d.trusted = true;
   return dev.pipelines().get(d);
 }
@@ -154,7 +158,7 @@ void record_split_reduce(Recorder& r, const Range& ws, uint32_t m, uint32_t n, u
   // The reduce entries ignore the tile constants; fixed values keep one pipeline each.
   d.constants = {{"BM", "64u"}, {"BN", "64u"}, {"BK", "16u"}, {"TM", "4u"}, {"TN", "4u"},
                  {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", std::to_string(uint32_t(e.act)) + "u"},
-                 {"ROWSUM", "false"}, {"PREFETCH", "true"}};
+                 {"ROWSUM", "false"}, {"WARP_W", "16u"}};
   d.trusted = true;
   GemmParams q{m, n, 0, 0, 0, ldc, 0, 0, c_off, alpha, beta, 0, 0, stride, splits, 0};
   std::vector<Range> ranges{c_range, ws};
@@ -268,7 +272,7 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
   r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None), {aw.range, bw.range, cw.range}, p,
              uint32_t(ceil_div(n_main, t.bn)), uint32_t(ceil_div(m_main, t.bm)));
   auto strip = [&](uint32_t m0, uint32_t mc, uint32_t n0, uint32_t nc) {
-    const TileConfig ts = choose_tiles(dev, mc, nc, k);
+    const TileConfig ts = choose_tiles(mc, nc, k);
     record_split_region(r, a, b, c, m0, mc, n0, nc, k, ta, tb, lda, ldb, n, ts,
                         choose_splits(mc, nc, k, ts), alpha, beta, EpilogueArgs{});
   };
@@ -280,7 +284,7 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
 void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
                  bool ta, bool tb, float alpha, float beta, EpilogueArgs e) {
   Device& dev = r.device();
-  const TileConfig t = choose_tiles(dev, m, n, k);
+  const TileConfig t = choose_tiles(m, n, k);
   const uint64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
   // Rows of each stored matrix are one of M, N, K; bound each block size by
   // every operand whose rows run along that dimension.

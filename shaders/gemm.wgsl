@@ -5,7 +5,7 @@
 // Specialization constants (emitted by the pipeline cache):
 //   BM, BN, BK: workgroup tile; TM, TN: per-thread tile (multiples of 4);
 //   TRANS_A, TRANS_B: bool; ACT: activation of the fused entry points;
-//   ROWSUM: bool, row sums of op(A) for gemm_rowsum; PREFETCH: bool (below).
+//   ROWSUM: bool, row sums of op(A) for gemm_rowsum; WARP_W: thread_xy below.
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
@@ -41,6 +41,17 @@ const THREADS: u32 = WG_X * WG_Y;
 const VM: u32 = TM / 4u;
 const VN: u32 = TN / 4u;
 
+// Thread (x, y) of the WG_X x WG_Y grid for invocation li. With WARP_W < WG_X
+// each run of 32 invocations (a warp) covers a WARP_W x (32 / WARP_W) block of
+// the grid, so its workgroup-tile reads touch fewer distinct vec4s.
+fn thread_xy(li: u32) -> vec2<u32> {
+  if (WARP_W == WG_X) { return vec2<u32>(li % WG_X, li / WG_X); }
+  let lane = li % 32u;
+  let warp = li / 32u;
+  let warps_x = WG_X / WARP_W;
+  return vec2<u32>((warp % warps_x) * WARP_W + lane % WARP_W, (warp / warps_x) * (32u / WARP_W) + lane / WARP_W);
+}
+
 // Rows of the workgroup tiles are padded by one vec4: slot stores that walk
 // along k (non-transposed A, transposed B) then spread over all banks instead
 // of hitting the same ones 16 times.
@@ -49,79 +60,113 @@ const B_STRIDE: u32 = BN / 4u + 1u;
 var<workgroup> tile_a: array<vec4<f32>, BK * A_STRIDE>;  // [k][m], m packed by 4
 var<workgroup> tile_b: array<vec4<f32>, BK * B_STRIDE>;  // [k][n], n packed by 4
 
-fn op_a(m: u32, k: u32) -> f32 {
-  if (m >= p.m || k >= p.k) { return 0.0; }
+// Unchecked element loads, for tiles wholly inside op(A) / op(B).
+fn op_a_inside(m: u32, k: u32) -> f32 {
   if (TRANS_A) { return a[p.a_off + k * p.lda + m]; }
   return a[p.a_off + m * p.lda + k];
 }
-
-fn op_b(k: u32, n: u32) -> f32 {
-  if (k >= p.k || n >= p.n) { return 0.0; }
+fn op_b_inside(k: u32, n: u32) -> f32 {
   if (TRANS_B) { return b[p.b_off + n * p.ldb + k]; }
   return b[p.b_off + k * p.ldb + n];
+}
+fn op_a(m: u32, k: u32) -> f32 {
+  if (m >= p.m || k >= p.k) { return 0.0; }
+  return op_a_inside(m, k);
+}
+fn op_b(k: u32, n: u32) -> f32 {
+  if (k >= p.k || n >= p.n) { return 0.0; }
+  return op_b_inside(k, n);
 }
 
 const A_SLOTS: u32 = BM * BK / 4u / THREADS;  // vec4 slots of the A tile per thread
 const B_SLOTS: u32 = BN * BK / 4u / THREADS;
 
-// Tile loads fill whole vec4 slots (4 consecutive m or n at one k); slot order
-// follows the stored layout so neighbouring threads read neighbouring addresses.
-fn a_slot(s: u32) -> vec2<u32> {  // (kk, m4)
+// A slot is four elements at one k that one thread loads and stores. Where
+// the operand is stored k-major (A transposed, B not) a slot's elements lie a
+// quarter tile apart (m, m + BM/4, ...), so each of the four loads reads
+// consecutive addresses across neighbouring threads; otherwise they are four
+// consecutive m (n) of one stored row, which neighbouring threads walk along k.
+const A_SPREAD: bool = TRANS_A;
+const B_SPREAD: bool = !TRANS_B;
+fn a_slot(s: u32) -> vec2<u32> {  // (kk, column of the slot)
   if (TRANS_A) { return vec2<u32>(s / (BM / 4u), s % (BM / 4u)); }
   return vec2<u32>(s % BK, s / BK);
 }
-fn b_slot(s: u32) -> vec2<u32> {  // (kk, n4)
+fn b_slot(s: u32) -> vec2<u32> {
   if (TRANS_B) { return vec2<u32>(s % BK, s / BK); }
   return vec2<u32>(s / (BN / 4u), s % (BN / 4u));
 }
-fn fetch_a(m0: u32, k0: u32, s: u32) -> vec4<f32> {
+// `inside`: the whole BM x BK (BK x BN) tile lies inside op(A) (op(B)), so
+// no element needs its bounds checked (uniform across the workgroup; +7% at
+// 4096^3 on the H100, docs/gemm_notes.md #25).
+fn fetch_a(m0: u32, k0: u32, s: u32, inside: bool) -> vec4<f32> {
   let c = a_slot(s);
-  let m = m0 + c.y * 4u;
+  let m = m0 + select(c.y * 4u, c.y, A_SPREAD);
+  let d = select(1u, BM / 4u, A_SPREAD);
   let k = k0 + c.x;
-  return vec4<f32>(op_a(m, k), op_a(m + 1u, k), op_a(m + 2u, k), op_a(m + 3u, k));
+  if (inside) { return vec4<f32>(op_a_inside(m, k), op_a_inside(m + d, k), op_a_inside(m + 2u * d, k), op_a_inside(m + 3u * d, k)); }
+  return vec4<f32>(op_a(m, k), op_a(m + d, k), op_a(m + 2u * d, k), op_a(m + 3u * d, k));
 }
-fn fetch_b(n0: u32, k0: u32, s: u32) -> vec4<f32> {
+fn fetch_b(n0: u32, k0: u32, s: u32, inside: bool) -> vec4<f32> {
   let c = b_slot(s);
-  let n = n0 + c.y * 4u;
+  let n = n0 + select(c.y * 4u, c.y, B_SPREAD);
+  let d = select(1u, BN / 4u, B_SPREAD);
   let k = k0 + c.x;
-  return vec4<f32>(op_b(k, n), op_b(k, n + 1u), op_b(k, n + 2u), op_b(k, n + 3u));
+  if (inside) { return vec4<f32>(op_b_inside(k, n), op_b_inside(k, n + d), op_b_inside(k, n + 2u * d), op_b_inside(k, n + 3u * d)); }
+  return vec4<f32>(op_b(k, n), op_b(k, n + d), op_b(k, n + 2u * d), op_b(k, n + 3u * d));
+}
+// Spread slots land as four scalars a quarter tile (BM/16 vec4s) apart.
+fn store_a(s: u32, v: vec4<f32>) {
+  let c = a_slot(s);
+  if (A_SPREAD) {
+    let i = c.x * A_STRIDE + c.y / 4u;
+    let q = c.y % 4u;
+    tile_a[i][q] = v.x; tile_a[i + BM / 16u][q] = v.y; tile_a[i + BM / 8u][q] = v.z; tile_a[i + 3u * BM / 16u][q] = v.w;
+  } else {
+    tile_a[c.x * A_STRIDE + c.y] = v;
+  }
+}
+fn store_b(s: u32, v: vec4<f32>) {
+  let c = b_slot(s);
+  if (B_SPREAD) {
+    let i = c.x * B_STRIDE + c.y / 4u;
+    let q = c.y % 4u;
+    tile_b[i][q] = v.x; tile_b[i + BN / 16u][q] = v.y; tile_b[i + BN / 8u][q] = v.z; tile_b[i + 3u * BN / 16u][q] = v.w;
+  } else {
+    tile_b[c.x * B_STRIDE + c.y] = v;
+  }
 }
 
-fn tile_product(wid: vec3<u32>, lid: vec3<u32>) -> array<vec4<f32>, TM * VN> {
-  let tid = lid.y * WG_X + lid.x;
+fn tile_product(wid: vec3<u32>, tid: u32) -> array<vec4<f32>, TM * VN> {
+  let xy = thread_xy(tid);
   let m0 = wid.y * BM;
   let n0 = wid.x * BN;
   var acc: array<vec4<f32>, TM * VN>;
   let k_begin = wid.z * p.k_chunk;
   let k_end = min(p.k, k_begin + p.k_chunk);
-  // PREFETCH (software pipelining): the next K tile is fetched into
-  // registers while the current one is multiplied out of workgroup memory;
-  // without it, fewer registers per thread.
+  // Software pipelining: the next K tile is fetched into registers while the
+  // current one is multiplied out of workgroup memory.
   var ra: array<vec4<f32>, A_SLOTS>;
   var rb: array<vec4<f32>, B_SLOTS>;
-  if (PREFETCH) {
-    for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k_begin, tid + i * THREADS); }
-    for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k_begin, tid + i * THREADS); }
-  }
+  let rows_inside = m0 + BM <= p.m;
+  let cols_inside = n0 + BN <= p.n;
+  let first_inside = k_begin + BK <= k_end;
+  for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k_begin, tid + i * THREADS, rows_inside && first_inside); }
+  for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k_begin, tid + i * THREADS, cols_inside && first_inside); }
   for (var k0 = k_begin; k0 < k_end; k0 += BK) {
-    for (var i = 0u; i < A_SLOTS; i++) {
-      let c = a_slot(tid + i * THREADS);
-      if (PREFETCH) { tile_a[c.x * A_STRIDE + c.y] = ra[i]; } else { tile_a[c.x * A_STRIDE + c.y] = fetch_a(m0, k0, tid + i * THREADS); }
-    }
-    for (var i = 0u; i < B_SLOTS; i++) {
-      let c = b_slot(tid + i * THREADS);
-      if (PREFETCH) { tile_b[c.x * B_STRIDE + c.y] = rb[i]; } else { tile_b[c.x * B_STRIDE + c.y] = fetch_b(n0, k0, tid + i * THREADS); }
-    }
+    for (var i = 0u; i < A_SLOTS; i++) { store_a(tid + i * THREADS, ra[i]); }
+    for (var i = 0u; i < B_SLOTS; i++) { store_b(tid + i * THREADS, rb[i]); }
     workgroupBarrier();
-    if (PREFETCH && k0 + BK < k_end) {
-      for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k0 + BK, tid + i * THREADS); }
-      for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k0 + BK, tid + i * THREADS); }
+    if (k0 + BK < k_end) {
+      let next_inside = k0 + 2u * BK <= k_end;
+      for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k0 + BK, tid + i * THREADS, rows_inside && next_inside); }
+      for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k0 + BK, tid + i * THREADS, cols_inside && next_inside); }
     }
     for (var kk = 0u; kk < BK; kk++) {
       var av: array<vec4<f32>, VM>;
       var bv: array<vec4<f32>, VN>;
-      for (var i = 0u; i < VM; i++) { av[i] = tile_a[kk * A_STRIDE + i * WG_Y + lid.y]; }
-      for (var j = 0u; j < VN; j++) { bv[j] = tile_b[kk * B_STRIDE + j * WG_X + lid.x]; }
+      for (var i = 0u; i < VM; i++) { av[i] = tile_a[kk * A_STRIDE + i * WG_Y + xy.y]; }
+      for (var j = 0u; j < VN; j++) { bv[j] = tile_b[kk * B_STRIDE + j * WG_X + xy.x]; }
       if (ROWSUM) { for (var i = 0u; i < VM; i++) { row_sum[i] += av[i]; } }
       for (var i = 0u; i < VM; i++) {
         for (var r = 0u; r < 4u; r++) {
@@ -136,19 +181,20 @@ fn tile_product(wid: vec3<u32>, lid: vec3<u32>) -> array<vec4<f32>, TM * VN> {
   return acc;
 }
 
-fn out_row(wid: vec3<u32>, lid: vec3<u32>, i: u32, r: u32) -> u32 { return wid.y * BM + i * 4u * WG_Y + lid.y * 4u + r; }
-fn out_col(wid: vec3<u32>, lid: vec3<u32>, j: u32, q: u32) -> u32 { return wid.x * BN + j * 4u * WG_X + lid.x * 4u + q; }
+fn out_row(wid: vec3<u32>, xy: vec2<u32>, i: u32, r: u32) -> u32 { return wid.y * BM + i * 4u * WG_Y + xy.y * 4u + r; }
+fn out_col(wid: vec3<u32>, xy: vec2<u32>, j: u32, q: u32) -> u32 { return wid.x * BN + j * 4u * WG_X + xy.x * 4u + q; }
 
 @compute @workgroup_size(WG_X, WG_Y)
-fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let acc = tile_product(wid, lid);
+fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+  let acc = tile_product(wid, li);
+  let xy = thread_xy(li);
   for (var i = 0u; i < VM; i++) {
     for (var r = 0u; r < 4u; r++) {
-      let m = out_row(wid, lid, i, r);
+      let m = out_row(wid, xy, i, r);
       if (m >= p.m) { continue; }
       for (var j = 0u; j < VN; j++) {
         for (var q = 0u; q < 4u; q++) {
-          let n = out_col(wid, lid, j, q);
+          let n = out_col(wid, xy, j, q);
           if (n >= p.n) { continue; }
           let idx = p.c_off + wid.z * p.split_stride + m * p.ldc + n;
           var v = p.alpha * acc[(i * 4u + r) * VN + j][q];
@@ -165,20 +211,21 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 // + beta * row_sums[...]: written by the first column of workgroups, one
 // thread per row group. Only for unsplit K (the sums must be complete).
 @compute @workgroup_size(WG_X, WG_Y)
-fn gemm_rowsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let acc = tile_product(wid, lid);
+fn gemm_rowsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+  let acc = tile_product(wid, li);
+  let xy = thread_xy(li);
   for (var i = 0u; i < VM; i++) {
     for (var r = 0u; r < 4u; r++) {
-      let m = out_row(wid, lid, i, r);
+      let m = out_row(wid, xy, i, r);
       if (m >= p.m) { continue; }
-      if (wid.x == 0u && lid.x == 0u) {
+      if (wid.x == 0u && xy.x == 0u) {
         var s = row_sum[i][r];
         if (p.beta != 0.0) { s = fma(p.beta, row_sums[p.bias_off + m], s); }
         row_sums[p.bias_off + m] = s;
       }
       for (var j = 0u; j < VN; j++) {
         for (var q = 0u; q < 4u; q++) {
-          let n = out_col(wid, lid, j, q);
+          let n = out_col(wid, xy, j, q);
           if (n >= p.n) { continue; }
           let idx = p.c_off + m * p.ldc + n;
           var v = p.alpha * acc[(i * 4u + r) * VN + j][q];
@@ -192,15 +239,16 @@ fn gemm_rowsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 
 // y = act(alpha * op(A) op(B) + bias[n]); the pre-activation is kept for backward.
 @compute @workgroup_size(WG_X, WG_Y)
-fn gemm_bias_act_train(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let acc = tile_product(wid, lid);
+fn gemm_bias_act_train(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+  let acc = tile_product(wid, li);
+  let xy = thread_xy(li);
   for (var i = 0u; i < VM; i++) {
     for (var r = 0u; r < 4u; r++) {
-      let m = out_row(wid, lid, i, r);
+      let m = out_row(wid, xy, i, r);
       if (m >= p.m) { continue; }
       for (var j = 0u; j < VN; j++) {
         for (var q = 0u; q < 4u; q++) {
-          let n = out_col(wid, lid, j, q);
+          let n = out_col(wid, xy, j, q);
           if (n >= p.n) { continue; }
           let idx = p.c_off + m * p.ldc + n;
           let z = p.alpha * acc[(i * 4u + r) * VN + j][q] + bias[p.bias_off + n];
@@ -214,15 +262,16 @@ fn gemm_bias_act_train(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_inv
 
 // Inference form: no pre-activation output.
 @compute @workgroup_size(WG_X, WG_Y)
-fn gemm_bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let acc = tile_product(wid, lid);
+fn gemm_bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+  let acc = tile_product(wid, li);
+  let xy = thread_xy(li);
   for (var i = 0u; i < VM; i++) {
     for (var r = 0u; r < 4u; r++) {
-      let m = out_row(wid, lid, i, r);
+      let m = out_row(wid, xy, i, r);
       if (m >= p.m) { continue; }
       for (var j = 0u; j < VN; j++) {
         for (var q = 0u; q < 4u; q++) {
-          let n = out_col(wid, lid, j, q);
+          let n = out_col(wid, xy, j, q);
           if (n >= p.n) { continue; }
           c[p.c_off + m * p.ldc + n] = activate(p.alpha * acc[(i * 4u + r) * VN + j][q] + bias[p.bias_off + n]);
         }
@@ -234,15 +283,16 @@ fn gemm_bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
 // Backward through the activation of the layer below: dZ = (alpha * op(A) op(B)) * act'(Z),
 // Z read from `preact` at C's indices.
 @compute @workgroup_size(WG_X, WG_Y)
-fn gemm_act_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let acc = tile_product(wid, lid);
+fn gemm_act_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+  let acc = tile_product(wid, li);
+  let xy = thread_xy(li);
   for (var i = 0u; i < VM; i++) {
     for (var r = 0u; r < 4u; r++) {
-      let m = out_row(wid, lid, i, r);
+      let m = out_row(wid, xy, i, r);
       if (m >= p.m) { continue; }
       for (var j = 0u; j < VN; j++) {
         for (var q = 0u; q < 4u; q++) {
-          let n = out_col(wid, lid, j, q);
+          let n = out_col(wid, xy, j, q);
           if (n >= p.n) { continue; }
           let idx = p.c_off + m * p.ldc + n;
           c[idx] = p.alpha * acc[(i * 4u + r) * VN + j][q] * activate_grad(preact[idx]);

@@ -196,13 +196,13 @@ def test_gemm_ragged_edges(dev, rng, ta, tb):
     assert_close(out.numpy(), ref_gemm(a, b, 0.5), atol_scale=k_tolerance(k))
 
 
-@pytest.mark.parametrize("tiles", ["64,64,32,4,4", "128,64,16,8,4,0"])
+@pytest.mark.parametrize("tiles", ["64,64,32,4,4", "128,128,16,8,8,8", "64,64,16,4,4,4"])
 def test_forced_tile_configurations(tmp_path, tiles):
     """Configurations the H100 picks that lavapipe's defaults do not reach,
     forced through PYWGTRAIN_GEMM_TILES in a fresh process: K steps of 32
     (the H100's 128x128 default, which lavapipe's 32 KB of workgroup memory
-    cannot hold, checked through a 64x64 tile that fits) and tiles without
-    register prefetch (short-K weight gradients). Every transpose mode,
+    cannot hold, checked through a 64x64 tile that fits) and warps mapped
+    onto thread blocks narrower than the workgroup's rows (WARP_W). Every transpose mode,
     ragged shapes, split-K included."""
     import os
     import subprocess
@@ -228,3 +228,24 @@ def test_forced_tile_configurations(tmp_path, tiles):
     env = dict(os.environ, PYWGTRAIN_GEMM_TILES=tiles, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_forced_warp_width_must_fit_the_thread_grid(tmp_path):
+    """A WARP_W that does not tile the workgroup's thread grid is refused with
+    the rule, not run with threads missing."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, pywgtrain as pw\n"
+        "a = np.ones((130, 70), np.float32)\n"
+        "try:\n"
+        "    pw.gemm(a, a.T.copy())\n"
+        "except ValueError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    env = dict(os.environ, PYWGTRAIN_GEMM_TILES="128,64,16,8,4,3", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused: PYWGTRAIN_GEMM_TILES: WARP_W 3 must divide 32" in r.stdout, r.stdout + r.stderr[-2000:]
