@@ -51,7 +51,12 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
   static const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");
   TileConfig t{};
   if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn, &t.warp_w) >= 5) {
-    const uint32_t wg_x = t.tn ? t.bn / t.tn : 0, wg_y = t.tm ? t.bm / t.tm : 0;
+    const uint32_t wg_x = t.tn ? t.bn / t.tn : 0, wg_y = t.tm ? t.bm / t.tm : 0, threads = wg_x * wg_y;
+    auto whole_slots = [&](uint32_t rows) { return threads && rows * t.bk / 4 >= threads && (rows * t.bk / 4) % threads == 0; };
+    if (t.tm % 4 || t.tn % 4 || !whole_slots(t.bm) || !whole_slots(t.bn) || t.bm % 16 || t.bn % 16)
+      throw ArgumentError("PYWGTRAIN_GEMM_TILES: TM and TN must be multiples of 4, BM and BN of 16, and each thread must "
+                          "load a whole number (>= 1) of vec4s of both tiles (BM*BK/4 and BN*BK/4 multiples of "
+                          "(BM/TM)*(BN/TN))");
     const bool warps_ok = !t.warp_w || t.warp_w == wg_x ||
                           (32 % t.warp_w == 0 && wg_x % t.warp_w == 0 && wg_y % (32 / t.warp_w) == 0);
     if (!warps_ok)

@@ -230,9 +230,14 @@ def test_forced_tile_configurations(tmp_path, tiles):
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
 
 
-def test_forced_warp_width_must_fit_the_thread_grid(tmp_path):
-    """A WARP_W that does not tile the workgroup's thread grid is refused with
-    the rule, not run with threads missing."""
+@pytest.mark.parametrize("tiles, message", [
+    ("128,64,16,8,4,3", "WARP_W 3 must divide 32"),
+    ("128,64,8,8,4", "whole number (>= 1) of vec4s"),
+])
+def test_forced_tiles_must_fit_the_kernel(tmp_path, tiles, message):
+    """A forced configuration the kernel cannot run (a WARP_W that does not
+    tile the thread grid, tiles with less than one vec4 per thread) is refused
+    with the rule, not compiled into a shader error or run with threads missing."""
     import os
     import subprocess
     import sys
@@ -245,7 +250,7 @@ def test_forced_warp_width_must_fit_the_thread_grid(tmp_path):
         "except ValueError as e:\n"
         "    print('refused:', e)\n"
     )
-    env = dict(os.environ, PYWGTRAIN_GEMM_TILES="128,64,16,8,4,3", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env = dict(os.environ, PYWGTRAIN_GEMM_TILES=tiles, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "refused: PYWGTRAIN_GEMM_TILES: WARP_W 3 must divide 32" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert "refused: PYWGTRAIN_GEMM_TILES: " in r.stdout and message in r.stdout, r.stdout + r.stderr[-2000:]
