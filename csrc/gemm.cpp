@@ -39,13 +39,13 @@ constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tile
 // separate pass (~9 us on the H100) costs more than the in-loop adds.
 constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 
-// 128x64 tiles (8x4 per thread, warps on 4x8 thread blocks) when the output
-// gives >= 256 of them, or >= 64 without a K long enough to split; else
-// 64x64 (4x4), which split-K (below) multiplies. Measured on the H100
-// (docs/gemm_notes.md #16, #25-#29): 128x64 beat 128x128 (8x8 per thread)
-// everywhere once tile loads were unchecked inside the matrix and coalesced
-// per load (4096^3 37-39 vs 35 TFLOP/s); with split-K, 64x64 beat 128x64 on
-// 256x768x3072 and 1024^3.
+// 64x128 tiles (8x4 per thread, warps on 8x4 thread blocks) when the output
+// gives >= 256 tiles of 128x64, or >= 64 without a K long enough to split;
+// else 64x64 (4x4), which split-K (below) multiplies. Measured on the H100
+// (docs/gemm_notes.md #16, #25-#33): 8x4 per thread beat 8x8 everywhere once
+// tile loads were unchecked inside the matrix and coalesced per load; 64x128
+// beat 128x64 by 2-4% on NN/TN, 4096x4096x1024 and the large training step
+// (TT -3%); with split-K, 64x64 beat larger tiles on 256x768x3072 and 1024^3.
 // PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN[,WARP_W]" forces one configuration.
 TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
   static const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");
@@ -65,7 +65,7 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
     return t;
   }
   const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
-  if (wide >= 256 || (wide >= 64 && k < kSplitMinK)) return {128, 64, 16, 8, 4, 4};
+  if (wide >= 256 || (wide >= 64 && k < kSplitMinK)) return {64, 128, 16, 8, 4, 8};
   return {64, 64, 16, 4, 4};
 }
 

@@ -196,14 +196,13 @@ def test_gemm_ragged_edges(dev, rng, ta, tb):
     assert_close(out.numpy(), ref_gemm(a, b, 0.5), atol_scale=k_tolerance(k))
 
 
-@pytest.mark.parametrize("tiles", ["64,64,32,4,4", "128,128,16,8,8,8", "64,64,16,4,4,4"])
+@pytest.mark.parametrize("tiles", ["64,64,32,4,4", "64,128,16,8,4,8", "128,128,16,8,8,8", "64,64,16,4,4,4"])
 def test_forced_tile_configurations(tmp_path, tiles):
-    """Configurations the H100 picks that lavapipe's defaults do not reach,
-    forced through PYWGTRAIN_GEMM_TILES in a fresh process: K steps of 32
-    (the H100's 128x128 default, which lavapipe's 32 KB of workgroup memory
-    cannot hold, checked through a 64x64 tile that fits) and warps mapped
-    onto thread blocks narrower than the workgroup's rows (WARP_W). Every transpose mode,
-    ragged shapes, split-K included."""
+    """Tile configurations forced through PYWGTRAIN_GEMM_TILES in a fresh
+    process, so every one runs here whatever lavapipe's shapes pick: the
+    H100's large-output tiles (64x128, warps on 8x4 thread blocks), K steps of
+    32, 8x8 per thread, 4x4 with warps narrower than the workgroup's rows.
+    Every transpose mode, ragged shapes, split-K included."""
     import os
     import subprocess
     import sys
