@@ -196,6 +196,19 @@ def test_gemm_ragged_edges(dev, rng, ta, tb):
     assert_close(out.numpy(), ref_gemm(a, b, 0.5), atol_scale=k_tolerance(k))
 
 
+def run_with_tiles(tmp_path, tiles, code):
+    """Run `code` in a fresh process with PYWGTRAIN_GEMM_TILES=tiles (read once
+    per process); the child resolves pywgtrain exactly as this process did."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYWGTRAIN_GEMM_TILES=tiles, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
 @pytest.mark.parametrize("tiles", ["64,64,32,4,4", "64,128,16,8,4,8", "128,128,16,8,8,8", "64,64,16,4,4,4"])
 def test_forced_tile_configurations(tmp_path, tiles):
     """Tile configurations forced through PYWGTRAIN_GEMM_TILES in a fresh
@@ -203,10 +216,6 @@ def test_forced_tile_configurations(tmp_path, tiles):
     H100's large-output tiles (64x128, warps on 8x4 thread blocks), K steps of
     32, 8x8 per thread, 4x4 with warps narrower than the workgroup's rows.
     Every transpose mode, ragged shapes, split-K included."""
-    import os
-    import subprocess
-    import sys
-
     code = (
         "import numpy as np, pywgtrain as pw\n"
         "rng = np.random.default_rng(1)\n"
@@ -223,10 +232,7 @@ def test_forced_tile_configurations(tmp_path, tiles):
         "            assert err < 1e-5, (m, n, k, ta, tb, err)\n"
         "print('ok')\n"
     )
-    # The child resolves pywgtrain exactly as this process did.
-    env = dict(os.environ, PYWGTRAIN_GEMM_TILES=tiles, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    assert run_with_tiles(tmp_path, tiles, code).strip() == "ok"
 
 
 @pytest.mark.parametrize("tiles, message", [
@@ -237,10 +243,6 @@ def test_forced_tiles_must_fit_the_kernel(tmp_path, tiles, message):
     """A forced configuration the kernel cannot run (a WARP_W that does not
     tile the thread grid, tiles with less than one vec4 per thread) is refused
     with the rule, not compiled into a shader error or run with threads missing."""
-    import os
-    import subprocess
-    import sys
-
     code = (
         "import numpy as np, pywgtrain as pw\n"
         "a = np.ones((130, 70), np.float32)\n"
@@ -249,7 +251,5 @@ def test_forced_tiles_must_fit_the_kernel(tmp_path, tiles, message):
         "except ValueError as e:\n"
         "    print('refused:', e)\n"
     )
-    env = dict(os.environ, PYWGTRAIN_GEMM_TILES=tiles, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "refused: PYWGTRAIN_GEMM_TILES: " in r.stdout and message in r.stdout, r.stdout + r.stderr[-2000:]
+    out = run_with_tiles(tmp_path, tiles, code)
+    assert "refused: PYWGTRAIN_GEMM_TILES: " in out and message in out, out
