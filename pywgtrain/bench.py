@@ -224,7 +224,6 @@ def bench_train(dev, quick, torch):
             row["profile"]["host_us"] = profile_host(dev, trainer, dx[2], dy[2], xs[2], ys[2])  # not the captured inputs (dx[1])
             prof = row["profile"]
             line += (f" | GPU {prof['gpu_us']:.0f} us in {prof['dispatches']} dispatches"
-                     f" | bare replays {prof['replay_stream_us']:.0f} us/step (host {prof['replay_host_us']:.0f})"
                      " | host/wall: " + ", ".join(f"{k} {v['host_us']:.0f}/{v['wall_us']:.0f}"
                                                   for k, v in prof["host_us"].items()))
         if torch is not None:
@@ -250,17 +249,6 @@ def profile_step(dev, graph, reps=5):
         timer = _core._PassTimer(dev._dev, len(names))
         rec.replay(graph, timer)
         each.append(timer.read(rec, len(names)))
-    # Replays back to back (no batch copies, no loss read): host cost per
-    # replay+submit, and wall time per step once the queue has drained.
-    dev.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(50):
-        rec = _core._Recorder(dev._dev)
-        rec.replay(graph)
-        rec.submit()
-    host = time.perf_counter() - t0
-    dev.synchronize()
-    stream = time.perf_counter() - t0
     per_dispatch = np.median(np.array(each), axis=0) / 1e3
     by_kernel = {}
     for name, us in zip(names, per_dispatch):
@@ -268,14 +256,13 @@ def profile_step(dev, graph, reps=5):
         by_kernel[name] = (n + 1, t + float(us))
     top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])
     return {"gpu_us": float(np.median(whole)), "dispatches": len(names), "sum_of_dispatches_us": float(per_dispatch.sum()),
-            "replay_host_us": host / 50 * 1e6, "replay_stream_us": stream / 50 * 1e6,
             "kernels": [{"kernel": k, "count": n, "us": t} for k, (n, t) in top]}
 
 
 def profile_host(dev, trainer, x, y, x_host, y_host, steps=50):
     """Host and wall time per step of the replay path (no waits until the end
-    of each variant): bare replays, then Trainer.step one step per submission
-    and grouped."""
+    of each variant): bare replays (no batch, AdamW or loss rebinding, no loss
+    read), then Trainer.step one step per submission and grouped."""
     graph = trainer._graph["graph"]
 
     def bare():
