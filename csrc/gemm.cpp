@@ -32,7 +32,9 @@ struct GemvParams {
 
 // warp_w: width in threads of the thread block one warp covers (0: BN / TN,
 // whole rows of the workgroup's thread grid).
-struct TileConfig { uint32_t bm, bn, bk, tm, tn, warp_w = 0; };
+// lean_loop: gemm.wgsl's LEAN_LOOP (inside workgroups run their unchecked K
+// steps as a loop of their own).
+struct TileConfig { uint32_t bm, bn, bk, tm, tn, warp_w = 0, lean_loop = 0; };
 
 constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tiles)
 // Row sums ride along in the GEMM up to this many multiply-adds, where the
@@ -46,11 +48,15 @@ constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 // tile loads were unchecked inside the matrix and coalesced per load; 64x128
 // beat 128x64 by 2-4% on NN/TN, 4096x4096x1024 and the large training step
 // (TT -3%); with split-K, 64x64 beat larger tiles on 256x768x3072 and 1024^3.
-// PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN[,WARP_W]" forces one configuration.
-TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
+// The K loop's shape only changes what the compiler makes of it: the
+// separate unchecked loop measured +3-4% at 4096^3 NT and TT, +1.5% at
+// 4096x1024x4096 NT, +2% at 2048^3 NT, but -2% NN and -10% at 512x4096x4096 NT (256
+// workgroups) (#37), so it is used for transposed B on large grids.
+// PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN[,WARP_W[,LEAN_LOOP]]" forces one configuration.
+TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k, bool tb) {
   static const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");
   TileConfig t{};
-  if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn, &t.warp_w) >= 5) {
+  if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn, &t.warp_w, &t.lean_loop) >= 5) {
     const uint32_t wg_x = t.tn ? t.bn / t.tn : 0, wg_y = t.tm ? t.bm / t.tm : 0, threads = wg_x * wg_y;
     auto whole_slots = [&](uint32_t rows) { return threads && rows * t.bk / 4 >= threads && (rows * t.bk / 4) % threads == 0; };
     if (t.tm % 4 || t.tn % 4 || !whole_slots(t.bm) || !whole_slots(t.bn) || t.bm % 16 || t.bn % 16)
@@ -65,7 +71,7 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
     return t;
   }
   const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
-  if (wide >= 256 || (wide >= 64 && k < kSplitMinK)) return {64, 128, 16, 8, 4, 8};
+  if (wide >= 256 || (wide >= 64 && k < kSplitMinK)) return {64, 128, 16, 8, 4, 8, tb && wide >= 512};
   return {64, 64, 16, 4, 4};
 }
 
@@ -94,7 +100,7 @@ const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Ep
                  {"TRANS_A", ta ? "true" : "false"}, {"TRANS_B", tb ? "true" : "false"},
                  {"ACT", u(uint32_t(ep == Epilogue::Plain ? Activation::None : act))},
                  {"ROWSUM", ep == Epilogue::RowSum ? "true" : "false"},
-                 {"WARP_W", u(t.warp_w ? t.warp_w : t.bn / t.tn)}};
+                 {"WARP_W", u(t.warp_w ? t.warp_w : t.bn / t.tn)}, {"LEAN_LOOP", t.lean_loop ? "true" : "false"}};
   d.trusted = true;
   return dev.pipelines().get(d);
 }
@@ -163,7 +169,7 @@ void record_split_reduce(Recorder& r, const Range& ws, uint32_t m, uint32_t n, u
   // The reduce entries ignore the tile constants; fixed values keep one pipeline each.
   d.constants = {{"BM", "64u"}, {"BN", "64u"}, {"BK", "16u"}, {"TM", "4u"}, {"TN", "4u"},
                  {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", std::to_string(uint32_t(e.act)) + "u"},
-                 {"ROWSUM", "false"}, {"WARP_W", "16u"}};
+                 {"ROWSUM", "false"}, {"WARP_W", "16u"}, {"LEAN_LOOP", "false"}};
   d.trusted = true;
   GemmParams q{m, n, 0, 0, 0, ldc, 0, 0, c_off, alpha, beta, 0, 0, stride, splits, 0};
   std::vector<Range> ranges{c_range, ws};
@@ -277,7 +283,7 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
   r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None), {aw.range, bw.range, cw.range}, p,
              uint32_t(ceil_div(n_main, t.bn)), uint32_t(ceil_div(m_main, t.bm)));
   auto strip = [&](uint32_t m0, uint32_t mc, uint32_t n0, uint32_t nc) {
-    const TileConfig ts = choose_tiles(mc, nc, k);
+    const TileConfig ts = choose_tiles(mc, nc, k, tb);
     record_split_region(r, a, b, c, m0, mc, n0, nc, k, ta, tb, lda, ldb, n, ts,
                         choose_splits(mc, nc, k, ts), alpha, beta, EpilogueArgs{});
   };
@@ -289,7 +295,7 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
 void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
                  bool ta, bool tb, float alpha, float beta, EpilogueArgs e) {
   Device& dev = r.device();
-  const TileConfig t = choose_tiles(m, n, k);
+  const TileConfig t = choose_tiles(m, n, k, tb);
   const uint64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
   // Rows of each stored matrix are one of M, N, K; bound each block size by
   // every operand whose rows run along that dimension.

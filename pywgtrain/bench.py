@@ -128,6 +128,11 @@ def bench_gemm(dev, quick, torch, shapes=None):
         shapes += [(4096, 4096, 4096, ta, tb) for ta, tb in ((False, True), (True, False), (True, True))]
         shapes += [(m, k, n, False, False) for m, k, n in TRAINING + GEMV]
     for m, k, n, ta, tb in shapes:
+        # Each shape starts from the same busy GPU: the idle gap while its
+        # data is prepared otherwise lowers the clocks and short memory-bound
+        # shapes read up to 2x slow depending on what ran before
+        # (docs/gemm_notes.md #36).
+        warm_up(dev, torch, 0.25)
         flops = 2.0 * m * n * k
         reps = 5 if quick else max(10, min(200, int(2e12 / flops * 4)))
         us = time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps)

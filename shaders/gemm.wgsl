@@ -60,22 +60,16 @@ const B_STRIDE: u32 = BN / 4u + 1u;
 var<workgroup> tile_a: array<vec4<f32>, BK * A_STRIDE>;  // [k][m], m packed by 4
 var<workgroup> tile_b: array<vec4<f32>, BK * B_STRIDE>;  // [k][n], n packed by 4
 
-// Unchecked element loads, for tiles wholly inside op(A) / op(B).
-fn op_a_inside(m: u32, k: u32) -> f32 {
-  if (TRANS_A) { return a[p.a_off + k * p.lda + m]; }
-  return a[p.a_off + m * p.lda + k];
-}
-fn op_b_inside(k: u32, n: u32) -> f32 {
-  if (TRANS_B) { return b[p.b_off + n * p.ldb + k]; }
-  return b[p.b_off + k * p.ldb + n];
-}
+// Element index of op(A)[m, k] / op(B)[k, n] in the bound operand.
+fn a_index(m: u32, k: u32) -> u32 { return p.a_off + select(m * p.lda + k, k * p.lda + m, TRANS_A); }
+fn b_index(k: u32, n: u32) -> u32 { return p.b_off + select(k * p.ldb + n, n * p.ldb + k, TRANS_B); }
 fn op_a(m: u32, k: u32) -> f32 {
   if (m >= p.m || k >= p.k) { return 0.0; }
-  return op_a_inside(m, k);
+  return a[a_index(m, k)];
 }
 fn op_b(k: u32, n: u32) -> f32 {
   if (k >= p.k || n >= p.n) { return 0.0; }
-  return op_b_inside(k, n);
+  return b[b_index(k, n)];
 }
 
 const A_SLOTS: u32 = BM * BK / 4u / THREADS;  // vec4 slots of the A tile per thread
@@ -96,25 +90,31 @@ fn b_slot(s: u32) -> vec2<u32> {
   if (TRANS_B) { return vec2<u32>(s % BK, s / BK); }
   return vec2<u32>(s / (BN / 4u), s % (BN / 4u));
 }
-// `inside`: the whole BM x BK (BK x BN) tile lies inside op(A) (op(B)), so
-// no element needs its bounds checked (uniform across the workgroup; +7% at
-// 4096^3 on the H100, docs/gemm_notes.md #25).
-fn fetch_a(m0: u32, k0: u32, s: u32, inside: bool) -> vec4<f32> {
+// First element (m, k) / (k, n) of slot s of the tile at (m0, k0) / (k0, n0);
+// the slot's others follow at m + d, m + 2d, m + 3d (n + d, ...).
+const A_D: u32 = select(1u, BM / 4u, A_SPREAD);
+const B_D: u32 = select(1u, BN / 4u, B_SPREAD);
+fn a_slot_origin(m0: u32, k0: u32, s: u32) -> vec2<u32> {
   let c = a_slot(s);
-  let m = m0 + select(c.y * 4u, c.y, A_SPREAD);
-  let d = select(1u, BM / 4u, A_SPREAD);
-  let k = k0 + c.x;
-  if (inside) { return vec4<f32>(op_a_inside(m, k), op_a_inside(m + d, k), op_a_inside(m + 2u * d, k), op_a_inside(m + 3u * d, k)); }
-  return vec4<f32>(op_a(m, k), op_a(m + d, k), op_a(m + 2u * d, k), op_a(m + 3u * d, k));
+  return vec2<u32>(m0 + select(c.y * 4u, c.y, A_SPREAD), k0 + c.x);
 }
-fn fetch_b(n0: u32, k0: u32, s: u32, inside: bool) -> vec4<f32> {
+fn b_slot_origin(n0: u32, k0: u32, s: u32) -> vec2<u32> {
   let c = b_slot(s);
-  let n = n0 + select(c.y * 4u, c.y, B_SPREAD);
-  let d = select(1u, BN / 4u, B_SPREAD);
-  let k = k0 + c.x;
-  if (inside) { return vec4<f32>(op_b_inside(k, n), op_b_inside(k, n + d), op_b_inside(k, n + 2u * d), op_b_inside(k, n + 3u * d)); }
-  return vec4<f32>(op_b(k, n), op_b(k, n + d), op_b(k, n + 2u * d), op_b(k, n + 3u * d));
+  return vec2<u32>(k0 + c.x, n0 + select(c.y * 4u, c.y, B_SPREAD));
 }
+// Bounds-checked slot loads, for tiles at the edges of op(A) / op(B).
+fn fetch_a(m0: u32, k0: u32, s: u32) -> vec4<f32> {
+  let o = a_slot_origin(m0, k0, s);
+  return vec4<f32>(op_a(o.x, o.y), op_a(o.x + A_D, o.y), op_a(o.x + 2u * A_D, o.y), op_a(o.x + 3u * A_D, o.y));
+}
+fn fetch_b(n0: u32, k0: u32, s: u32) -> vec4<f32> {
+  let o = b_slot_origin(n0, k0, s);
+  return vec4<f32>(op_b(o.x, o.y), op_b(o.x, o.y + B_D), op_b(o.x, o.y + 2u * B_D), op_b(o.x, o.y + 3u * B_D));
+}
+// Unchecked slot loads, for tiles wholly inside: four elements `d` indices
+// apart from index i.
+fn load_a(i: u32, d: u32) -> vec4<f32> { return vec4<f32>(a[i], a[i + d], a[i + 2u * d], a[i + 3u * d]); }
+fn load_b(i: u32, d: u32) -> vec4<f32> { return vec4<f32>(b[i], b[i + d], b[i + 2u * d], b[i + 3u * d]); }
 // Spread slots land as four scalars a quarter tile (BM/16 vec4s) apart.
 fn store_a(s: u32, v: vec4<f32>) {
   let c = a_slot(s);
@@ -137,6 +137,30 @@ fn store_b(s: u32, v: vec4<f32>) {
   }
 }
 
+// Stores the prefetched slots into the workgroup tiles.
+fn store_tiles(tid: u32, ra: ptr<function, array<vec4<f32>, A_SLOTS>>, rb: ptr<function, array<vec4<f32>, B_SLOTS>>) {
+  for (var i = 0u; i < A_SLOTS; i++) { store_a(tid + i * THREADS, (*ra)[i]); }
+  for (var i = 0u; i < B_SLOTS; i++) { store_b(tid + i * THREADS, (*rb)[i]); }
+}
+
+// acc += the workgroup tiles' product for this thread's outputs.
+fn multiply_tiles(acc: ptr<function, array<vec4<f32>, TM * VN>>, xy: vec2<u32>) {
+  for (var kk = 0u; kk < BK; kk++) {
+    var av: array<vec4<f32>, VM>;
+    var bv: array<vec4<f32>, VN>;
+    for (var i = 0u; i < VM; i++) { av[i] = tile_a[kk * A_STRIDE + i * WG_Y + xy.y]; }
+    for (var j = 0u; j < VN; j++) { bv[j] = tile_b[kk * B_STRIDE + j * WG_X + xy.x]; }
+    if (ROWSUM) { for (var i = 0u; i < VM; i++) { row_sum[i] += av[i]; } }
+    for (var i = 0u; i < VM; i++) {
+      for (var r = 0u; r < 4u; r++) {
+        for (var j = 0u; j < VN; j++) {
+          (*acc)[(i * 4u + r) * VN + j] = fma(vec4<f32>(av[i][r]), bv[j], (*acc)[(i * 4u + r) * VN + j]);
+        }
+      }
+    }
+  }
+}
+
 fn tile_product(wid: vec3<u32>, tid: u32) -> array<vec4<f32>, TM * VN> {
   let xy = thread_xy(tid);
   let m0 = wid.y * BM;
@@ -148,34 +172,59 @@ fn tile_product(wid: vec3<u32>, tid: u32) -> array<vec4<f32>, TM * VN> {
   // current one is multiplied out of workgroup memory.
   var ra: array<vec4<f32>, A_SLOTS>;
   var rb: array<vec4<f32>, B_SLOTS>;
+  for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k_begin, tid + i * THREADS); }
+  for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k_begin, tid + i * THREADS); }
+  // Tiles wholly inside op(A) and op(B) (uniform across the workgroup) load
+  // without bounds checks from slot indices computed here once: a K step adds
+  // one offset (docs/gemm_notes.md #25, #35: +7% from skipping the checks,
+  // +1-4% from not recomputing indices).
   let rows_inside = m0 + BM <= p.m;
   let cols_inside = n0 + BN <= p.n;
-  let first_inside = k_begin + BK <= k_end;
-  for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k_begin, tid + i * THREADS, rows_inside && first_inside); }
-  for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k_begin, tid + i * THREADS, cols_inside && first_inside); }
-  for (var k0 = k_begin; k0 < k_end; k0 += BK) {
-    for (var i = 0u; i < A_SLOTS; i++) { store_a(tid + i * THREADS, ra[i]); }
-    for (var i = 0u; i < B_SLOTS; i++) { store_b(tid + i * THREADS, rb[i]); }
+  var a_first: array<u32, A_SLOTS>;
+  var b_first: array<u32, B_SLOTS>;
+  for (var i = 0u; i < A_SLOTS; i++) { let o = a_slot_origin(m0, k_begin, tid + i * THREADS); a_first[i] = a_index(o.x, o.y); }
+  for (var i = 0u; i < B_SLOTS; i++) { let o = b_slot_origin(n0, k_begin, tid + i * THREADS); b_first[i] = b_index(o.x, o.y); }
+  let a_k_step = select(1u, p.lda, TRANS_A);  // index distance of k to k + 1
+  let b_k_step = select(p.ldb, 1u, TRANS_B);
+  let a_d = select(p.lda, A_D, A_SPREAD);  // index distance of a slot's elements
+  let b_d = select(p.ldb, B_D, B_SPREAD);
+  var k0 = k_begin;
+  // LEAN_LOOP: inside workgroups run their K steps up to the last but one in
+  // a loop of their own (#37: what the compiler makes of the register copies
+  // at the loop's end differs with the loop's shape).
+  if (LEAN_LOOP && rows_inside && cols_inside) {
+    for (; k0 + 2u * BK <= k_end; k0 += BK) {
+      store_tiles(tid, &ra, &rb);
+      workgroupBarrier();
+      let oa = (k0 + BK - k_begin) * a_k_step;
+      let ob = (k0 + BK - k_begin) * b_k_step;
+      for (var i = 0u; i < A_SLOTS; i++) { ra[i] = load_a(a_first[i] + oa, a_d); }
+      for (var i = 0u; i < B_SLOTS; i++) { rb[i] = load_b(b_first[i] + ob, b_d); }
+      multiply_tiles(&acc, xy);
+      workgroupBarrier();
+    }
+  }
+  for (; k0 < k_end; k0 += BK) {
+    store_tiles(tid, &ra, &rb);
     workgroupBarrier();
-    if (k0 + BK < k_end) {
-      let next_inside = k0 + 2u * BK <= k_end;
-      for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k0 + BK, tid + i * THREADS, rows_inside && next_inside); }
-      for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k0 + BK, tid + i * THREADS, cols_inside && next_inside); }
+    // Prefetch the next K tile. After the last one this reads a tile that is
+    // dropped (zeros past K, or the next split's data): cheaper than the
+    // register copies a conditional prefetch makes the compiler insert.
+    let k_next = k0 + BK;
+    let next_unchecked = !LEAN_LOOP && k_next + BK <= k_end;
+    if (next_unchecked && rows_inside) {
+      let o = (k_next - k_begin) * a_k_step;
+      for (var i = 0u; i < A_SLOTS; i++) { ra[i] = load_a(a_first[i] + o, a_d); }
+    } else {
+      for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k_next, tid + i * THREADS); }
     }
-    for (var kk = 0u; kk < BK; kk++) {
-      var av: array<vec4<f32>, VM>;
-      var bv: array<vec4<f32>, VN>;
-      for (var i = 0u; i < VM; i++) { av[i] = tile_a[kk * A_STRIDE + i * WG_Y + xy.y]; }
-      for (var j = 0u; j < VN; j++) { bv[j] = tile_b[kk * B_STRIDE + j * WG_X + xy.x]; }
-      if (ROWSUM) { for (var i = 0u; i < VM; i++) { row_sum[i] += av[i]; } }
-      for (var i = 0u; i < VM; i++) {
-        for (var r = 0u; r < 4u; r++) {
-          for (var j = 0u; j < VN; j++) {
-            acc[(i * 4u + r) * VN + j] = fma(vec4<f32>(av[i][r]), bv[j], acc[(i * 4u + r) * VN + j]);
-          }
-        }
-      }
+    if (next_unchecked && cols_inside) {
+      let o = (k_next - k_begin) * b_k_step;
+      for (var i = 0u; i < B_SLOTS; i++) { rb[i] = load_b(b_first[i] + o, b_d); }
+    } else {
+      for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k_next, tid + i * THREADS); }
     }
+    multiply_tiles(&acc, xy);
     workgroupBarrier();
   }
   return acc;

@@ -33,35 +33,39 @@ fn store(n: u32, s: f32, split: u32) {
 }
 
 // Column form with 128-bit loads: thread (x, y) owns columns 4x..4x+3 of the
-// workgroup's 128 and sums every 8th k of the chunk.
-@compute @workgroup_size(32, 8)
+// workgroup's 4 * GV_X and sums every GV_Y-th k of the chunk. Measured on the
+// H100 (docs/gemm_notes.md #36): 64 or 128 threads across, or 4 or 16
+// chains, were no faster at 1x4096x4096 and slower on smaller shapes; 8
+// chains beat 4 on 1x1024x4096 (15.3 vs 17.5 us).
+const GV_X: u32 = 32u;
+const GV_Y: u32 = 256u / GV_X;
+const CHAINS: u32 = 8u;
+@compute @workgroup_size(GV_X, GV_Y)
 fn gemv_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let n = wid.x * 128u + lid.x * 4u;
-  var s = vec4<f32>(0.0);
+  let n = wid.x * 4u * GV_X + lid.x * 4u;
+  var total = vec4<f32>(0.0);
   if (n < p.n) {
     let col = (p.b_off + n) / 4u;
     let ld4 = p.ldb / 4u;
     let k_end = min(p.k, (wid.y + 1u) * p.k_chunk);
     var k = wid.y * p.k_chunk + lid.y;
-    // Four independent chains keep four 128-bit loads in flight per thread.
-    var s1 = vec4<f32>(0.0);
-    var s2 = vec4<f32>(0.0);
-    var s3 = vec4<f32>(0.0);
-    for (; k + 24u < k_end; k += 32u) {
-      s = fma(vec4<f32>(x[p.x_off + k]), b4[col + k * ld4], s);
-      s1 = fma(vec4<f32>(x[p.x_off + k + 8u]), b4[col + (k + 8u) * ld4], s1);
-      s2 = fma(vec4<f32>(x[p.x_off + k + 16u]), b4[col + (k + 16u) * ld4], s2);
-      s3 = fma(vec4<f32>(x[p.x_off + k + 24u]), b4[col + (k + 24u) * ld4], s3);
+    // CHAINS independent sums keep CHAINS 128-bit loads in flight per thread.
+    var s: array<vec4<f32>, CHAINS>;
+    for (; k + (CHAINS - 1u) * GV_Y < k_end; k += CHAINS * GV_Y) {
+      for (var c = 0u; c < CHAINS; c++) {
+        let kc = k + c * GV_Y;
+        s[c] = fma(vec4<f32>(x[p.x_off + kc]), b4[col + kc * ld4], s[c]);
+      }
     }
-    for (; k < k_end; k += 8u) { s = fma(vec4<f32>(x[p.x_off + k]), b4[col + k * ld4], s); }
-    s += s1 + s2 + s3;
+    for (; k < k_end; k += GV_Y) { s[0] = fma(vec4<f32>(x[p.x_off + k]), b4[col + k * ld4], s[0]); }
+    for (var c = 0u; c < CHAINS; c++) { total += s[c]; }
   }
-  partial4[lid.y * 32u + lid.x] = s;
+  partial4[lid.y * GV_X + lid.x] = total;
   workgroupBarrier();
   if (lid.y == 0u && n < p.n) {
-    var total = vec4<f32>(0.0);
-    for (var l = 0u; l < 8u; l++) { total += partial4[l * 32u + lid.x]; }
-    for (var q = 0u; q < 4u; q++) { store(n + q, total[q], wid.y); }
+    var sum = vec4<f32>(0.0);
+    for (var l = 0u; l < GV_Y; l++) { sum += partial4[l * GV_X + lid.x]; }
+    for (var q = 0u; q < 4u; q++) { store(n + q, sum[q], wid.y); }
   }
 }
 

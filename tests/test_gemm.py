@@ -209,17 +209,20 @@ def run_with_tiles(tmp_path, tiles, code):
     return r.stdout
 
 
-@pytest.mark.parametrize("tiles", ["64,64,32,4,4", "64,128,16,8,4,8", "128,128,16,8,8,8", "64,64,16,4,4,4"])
+@pytest.mark.parametrize("tiles", ["64,64,32,4,4", "64,128,16,8,4,8", "64,128,16,8,4,8,1", "128,128,16,8,8,8",
+                                   "64,64,16,4,4,4"])
 def test_forced_tile_configurations(tmp_path, tiles):
     """Tile configurations forced through PYWGTRAIN_GEMM_TILES in a fresh
     process, so every one runs here whatever lavapipe's shapes pick: the
-    H100's large-output tiles (64x128, warps on 8x4 thread blocks), K steps of
-    32, 8x8 per thread, 4x4 with warps narrower than the workgroup's rows.
-    Every transpose mode, ragged shapes, split-K included."""
+    H100's large-output tiles (64x128, warps on 8x4 thread blocks), with and
+    without the separate unchecked K loop (LEAN_LOOP), K steps of 32, 8x8 per
+    thread, 4x4 with warps narrower than the workgroup's rows. Every transpose
+    mode, ragged shapes, workgroups inside and at the edges, a K tail, split-K
+    included."""
     code = (
         "import numpy as np, pywgtrain as pw\n"
         "rng = np.random.default_rng(1)\n"
-        "for (m, n, k) in [(65, 127, 33), (130, 70, 600), (7, 300, 1000)]:\n"
+        "for (m, n, k) in [(65, 127, 33), (130, 70, 600), (7, 300, 1000), (200, 300, 100), (130, 260, 1000)]:\n"
         "    for ta in (False, True):\n"
         "        for tb in (False, True):\n"
         "            a = rng.standard_normal((m, k)).astype(np.float32)\n"

@@ -1,0 +1,87 @@
+"""Where the GEMV's time goes (docs/gemm_notes.md #34): the same GEMVs timed
+one per compute pass (as `bench gemm` does) and 20 back to back in one pass,
+beside cuBLAS (one call per event pair, and 20 between one pair) and PyTorch's
+64 MB read (sum) and copy. On the GPU machine, after installing the package:
+
+    source .gpu/prelude.sh && python3 bench/gemv_probe.py
+"""
+import statistics
+
+import numpy as np
+
+from pywgtrain import _core
+from pywgtrain.bench import _torch_cuda, time_pywgtrain_gemm, time_torch_gemm, warm_up
+from pywgtrain.device import Device
+from pywgtrain.tensor import tensor, zeros
+
+BATCH = 20
+
+
+def pywgtrain_batched(dev, k, n, reps=10):
+    rng = np.random.default_rng(1)
+    sets = [(tensor(rng.standard_normal((1, k), np.float32), dev), tensor(rng.standard_normal((k, n), np.float32), dev),
+             zeros((1, n), device=dev)) for _ in range(4)]
+    timer = _core._PassTimer(dev._dev, reps)
+    rec = _core._Recorder(dev._dev)
+    for i in range(reps):
+        timer.time_next_pass(rec, i)
+        for j in range(BATCH):
+            x, b, y = sets[j % len(sets)]
+            _core.gemm(rec, x._buf, b._buf, y._buf, 1, n, k, False, False, 1.0, 0.0)
+    return statistics.median(timer.read(rec, reps)) / 1e3 / BATCH
+
+
+def torch_batched(torch, k, n, reps=10):
+    sets = [(torch.randn(1, k, device="cuda"), torch.randn(k, n, device="cuda"), torch.empty(1, n, device="cuda"))
+            for _ in range(4)]
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for j in range(BATCH):
+            x, b, y = sets[j % len(sets)]
+            torch.mm(x, b, out=y)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / BATCH)
+    return statistics.median(times)
+
+
+def torch_event_us(torch, fn, reps=50):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    dev = Device()
+    torch = _torch_cuda()
+    warm_up(dev, torch)
+    for k, n in ((4, 4), (1024, 4096), (4096, 4096), (8192, 8192)):
+        mb = 4 * k * n / 2**20
+        line = (f"1x{k}x{n} ({mb:.1f} MB): pywgtrain per pass {time_pywgtrain_gemm(dev, 1, k, n, False, False, 50):7.1f} us, "
+                f"{BATCH} in one pass {pywgtrain_batched(dev, k, n):7.1f} us each")
+        if torch is not None:
+            line += (f" | cuBLAS per call {time_torch_gemm(torch, 1, k, n, False, False, 50):7.1f} us, "
+                     f"{BATCH} between events {torch_batched(torch, k, n):7.1f} us each")
+        print(line, flush=True)
+    if torch is not None:
+        src = torch.randn(1 << 24, device="cuda")
+        dst = torch.empty_like(src)
+        out = torch.empty((), device="cuda")
+        read_us = torch_event_us(torch, lambda: torch.sum(src, out=out))
+        copy_us = torch_event_us(torch, lambda: dst.copy_(src))
+        print(f"PyTorch 64 MB: sum {read_us:.1f} us ({64 * 2**20 / read_us / 1e6:.2f} TB/s read), "
+              f"copy {copy_us:.1f} us ({2 * 64 * 2**20 / copy_us / 1e6:.2f} TB/s read+write)")
+
+
+if __name__ == "__main__":
+    main()
