@@ -3,11 +3,16 @@ to read register use and the instruction mix of a kernel (docs/gemm_notes.md
 #34). The driver keeps compiled pipelines in its shader disk cache: zstd
 frames, each holding one pipeline's container, whose instructions start at
 byte 0x198 and end with EXIT (an observed layout, not a documented one).
-On the GPU machine (nvdisasm comes with the Triton wheel PyTorch ships):
+On the GPU machine, fill a cache and bring it back (that machine has no
+zstd; nvdisasm comes with the Triton wheel its PyTorch ships, copy it too):
 
-    __GL_SHADER_DISK_CACHE_PATH=/tmp/glcache __GL_SHADER_DISK_CACHE_SKIP_CLEANUP=1 \\
+    __GL_SHADER_DISK_CACHE=1 __GL_SHADER_DISK_CACHE_PATH=/tmp/glcache __GL_SHADER_DISK_CACHE_SKIP_CLEANUP=1 \\
         python3 -m pywgtrain bench gemm --no-baseline --shapes 4096x4096x4096:NT
-    python3 bench/sass_dump.py /tmp/glcache $OUT
+    tar czf $OUT/cache.tgz /tmp/glcache
+
+then here, with zstd installed and that nvdisasm on PATH:
+
+    python3 bench/sass_dump.py tmp/glcache sass/
 
 writes one pipelineN.sass per compiled pipeline and prints each one's highest
 register and its counts of FFMA, LDS, LDG, STS, MOV and BAR.

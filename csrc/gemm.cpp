@@ -37,12 +37,15 @@ struct GemvParams {
 struct TileConfig { uint32_t bm, bn, bk, tm, tn, warp_w = 0, lean_loop = 0; };
 
 constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tiles)
+// From this K on, mid-size outputs take 64x128 tiles and split-K (each split
+// still runs many K steps): 512x4096x1024 NT 155 -> 142 us (#38).
+constexpr uint32_t kLongK = 2048;
 // Row sums ride along in the GEMM up to this many multiply-adds, where the
 // separate pass (~9 us on the H100) costs more than the in-loop adds.
 constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 
 // 64x128 tiles (8x4 per thread, warps on 8x4 thread blocks) when the output
-// gives >= 256 tiles of 128x64, or >= 64 without a K long enough to split;
+// gives >= 256 tiles of 128x64, or >= 64 with K too short to split or long;
 // else 64x64 (4x4), which split-K (below) multiplies. Measured on the H100
 // (docs/gemm_notes.md #16, #25-#33): 8x4 per thread beat 8x8 everywhere once
 // tile loads were unchecked inside the matrix and coalesced per load; 64x128
@@ -71,7 +74,7 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k, bool tb) {
     return t;
   }
   const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
-  if (wide >= 256 || (wide >= 64 && k < kSplitMinK)) return {64, 128, 16, 8, 4, 8, tb && wide >= 512};
+  if (wide >= 256 || (wide >= 64 && (k < kSplitMinK || k >= kLongK))) return {64, 128, 16, 8, 4, 8, tb && wide >= 512};
   return {64, 64, 16, 4, 4};
 }
 
