@@ -5,7 +5,8 @@
 // Specialization constants (emitted by the pipeline cache):
 //   BM, BN, BK: workgroup tile; TM, TN: per-thread tile (multiples of 4);
 //   TRANS_A, TRANS_B: bool; ACT: activation of the fused entry points;
-//   ROWSUM: bool, row sums of op(A) for gemm_rowsum; WARP_W: thread_xy below.
+//   ROWSUM: bool, row sums of op(A) for gemm_rowsum; WARP_W: thread_xy below;
+//   LEAN_LOOP: bool, the K loop shape of tile_product.
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
