@@ -76,12 +76,15 @@ fn op_b(k: u32, n: u32) -> f32 {
 const A_SLOTS: u32 = BM * BK / 4u / THREADS;  // vec4 slots of the A tile per thread
 const B_SLOTS: u32 = BN * BK / 4u / THREADS;
 
-// A slot is four elements at one k that one thread loads and stores. Where
-// the operand is stored k-major (A transposed, B not) a slot's elements lie a
-// quarter tile apart (m, m + BM/4, ...), so each of the four loads reads
-// consecutive addresses across neighbouring threads; otherwise they are four
-// consecutive m (n) of one stored row, which neighbouring threads walk along k.
-const A_SPREAD: bool = TRANS_A;
+// A slot is four elements at one k that one thread loads and stores. Spread
+// slots hold elements a quarter tile apart (m, m + BM/4, ...) and land as
+// four scalar stores; the others hold four consecutive m (n) and land as one
+// vec4 store. Where the operand is stored k-major (A transposed, B not)
+// spreading makes each load contiguous across neighbouring threads; stored
+// along k, neighbouring threads walk k either way. Measured on the H100
+// (docs/gemm_notes.md #28, #40): A spread in every mode but NT (NN +1%), B
+// only where k-major (spread transposed B: NT -7%).
+const A_SPREAD: bool = TRANS_A || !TRANS_B;
 const B_SPREAD: bool = !TRANS_B;
 fn a_slot(s: u32) -> vec2<u32> {  // (kk, column of the slot)
   if (TRANS_A) { return vec2<u32>(s / (BM / 4u), s % (BM / 4u)); }
@@ -187,8 +190,8 @@ fn tile_product(wid: vec3<u32>, tid: u32) -> array<vec4<f32>, TM * VN> {
   for (var i = 0u; i < B_SLOTS; i++) { let o = b_slot_origin(n0, k_begin, tid + i * THREADS); b_first[i] = b_index(o.x, o.y); }
   let a_k_step = select(1u, p.lda, TRANS_A);  // index distance of k to k + 1
   let b_k_step = select(p.ldb, 1u, TRANS_B);
-  let a_d = select(p.lda, A_D, A_SPREAD);  // index distance of a slot's elements
-  let b_d = select(p.ldb, B_D, B_SPREAD);
+  let a_d = A_D * select(p.lda, 1u, TRANS_A);  // index distance of a slot's elements
+  let b_d = B_D * select(1u, p.ldb, TRANS_B);
   var k0 = k_begin;
   // LEAN_LOOP: inside workgroups run their K steps up to the last but one in
   // a loop of their own (#37: what the compiler makes of the register copies
