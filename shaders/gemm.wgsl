@@ -82,7 +82,7 @@ const B_SLOTS: u32 = BN * BK / 4u / THREADS;
 // vec4 store. Where the operand is stored k-major (A transposed, B not)
 // spreading makes each load contiguous across neighbouring threads; stored
 // along k, neighbouring threads walk k either way. Measured on the H100
-// (docs/gemm_notes.md #28, #40): A spread in every mode but NT (NN +1%), B
+// (docs/gemm_notes.md #28, #40): A spread in every mode but NT (NN +0.2-1%), B
 // only where k-major (spread transposed B: NT -7%).
 const A_SPREAD: bool = TRANS_A || !TRANS_B;
 const B_SPREAD: bool = !TRANS_B;
