@@ -51,10 +51,9 @@ constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 // tile loads were unchecked inside the matrix and coalesced per load; 64x128
 // beat 128x64 by 2-4% on NN/TN, 4096x4096x1024 and the large training step
 // (TT -3%); with split-K, 64x64 beat larger tiles on 256x768x3072 and 1024^3.
-// The K loop's shape only changes what the compiler makes of it: the
-// separate unchecked loop measured +3-4% at 4096^3 NT and TT, +1.5% at
-// 4096x1024x4096 NT, +2% at 2048^3 NT, but -2% NN and -10% at 512x4096x4096 NT (256
-// workgroups) (#37), so it is used for transposed B on large grids.
+// lean_loop only changes what the compiler makes of the K loop (#37): +3-4%
+// at 4096^3 NT and TT, +2% at 2048^3 NT, but -2% NN and -10% at 512x4096x4096
+// NT (256 tiles), so transposed B on >= 512 tiles takes it.
 // PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN[,WARP_W[,LEAN_LOOP]]" forces one configuration.
 TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k, bool tb) {
   static const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");
