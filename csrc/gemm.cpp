@@ -107,12 +107,12 @@ const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Ep
   return dev.pipelines().get(d);
 }
 
-const Kernel& gemv_kernel(Device& dev, bool tb, bool vec4) {
+const Kernel& gemv_kernel(Device& dev, bool tb, bool vec4, uint32_t gv_x) {
   KernelDesc d;
   d.shader = "gemv";
   d.entry = vec4 ? "gemv_vec4" : "gemv";
   d.bindings = {{0, Bind::ReadOnly}, {vec4 ? 4u : 1u, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
-  d.constants = {{"TRANS_B", tb ? "true" : "false"}};
+  d.constants = {{"TRANS_B", tb ? "true" : "false"}, {"GV_X", std::to_string(gv_x) + "u"}};
   d.trusted = true;
   return dev.pipelines().get(d);
 }
@@ -193,8 +193,17 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
     return !(v && std::string(v) == "0");
   }();
   const bool vec4 = vec4_enabled && !tb && n % 4 == 0;
-  const Kernel& kern = gemv_kernel(dev, tb, vec4);
-  const uint64_t per_group = tb ? 8 : vec4 ? 128 : 32;
+  // vec4 column form: from 4096 columns the column blocks alone fill the GPU,
+  // one pass with gv_x quads across (about 256 workgroups); fewer columns take
+  // 32 quads across and split K (partials + reduce). H100, docs/gemm_notes.md
+  // #41: 1x4096x4096 32.8 -> 29.8 us (gv_x 4), 1x8192x8192 96.4 -> 94.7 (8).
+  uint32_t gv_x = 32;
+  if (vec4 && n >= 4096) {
+    gv_x = 4;
+    while (gv_x < 32 && n / (4 * gv_x) >= 384) gv_x *= 2;
+  }
+  const Kernel& kern = gemv_kernel(dev, tb, vec4, gv_x);
+  const uint64_t per_group = tb ? 8 : vec4 ? 4 * gv_x : 32;
   const uint64_t n_limit = uint64_t(dev.limits().max_workgroups_per_dim) * per_group;
   const uint64_t rows_cap = rows_per_binding(dev, ld, "the matrix operand");
   const uint64_t kb = tb ? k : block_along(k, rows_cap, 1);

@@ -33,11 +33,10 @@ fn store(n: u32, s: f32, split: u32) {
 }
 
 // Column form with 128-bit loads: thread (x, y) owns columns 4x..4x+3 of the
-// workgroup's 4 * GV_X and sums every GV_Y-th k of the chunk. Measured on the
-// H100 (docs/gemm_notes.md #36): 64 or 128 threads across, or 4 or 16
-// chains, were no faster at 1x4096x4096 and slower on smaller shapes; 8
-// chains beat 4 on 1x1024x4096 (15.3 vs 17.5 us).
-const GV_X: u32 = 32u;
+// workgroup's 4 * GV_X and sums every GV_Y-th k of the chunk. GV_X (emitted
+// by the host) is 32 for the split-K form, fewer where enough column blocks
+// fill the GPU in one pass. Measured on the H100 (docs/gemm_notes.md #36):
+// 8 chains beat 4 on 1x1024x4096 (15.3 vs 17.5 us); 16 did not help.
 const GV_Y: u32 = 256u / GV_X;
 const CHAINS: u32 = 8u;
 @compute @workgroup_size(GV_X, GV_Y)
@@ -60,11 +59,14 @@ fn gemv_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
     for (; k < k_end; k += GV_Y) { s[0] = fma(vec4<f32>(x[p.x_off + k]), b4[col + k * ld4], s[0]); }
     for (var c = 0u; c < CHAINS; c++) { total += s[c]; }
   }
+  // The GV_Y lanes of a column quad are summed as a tree.
   partial4[lid.y * GV_X + lid.x] = total;
-  workgroupBarrier();
+  for (var half = GV_Y / 2u; half > 0u; half >>= 1u) {
+    workgroupBarrier();
+    if (lid.y < half) { partial4[lid.y * GV_X + lid.x] += partial4[(lid.y + half) * GV_X + lid.x]; }
+  }
   if (lid.y == 0u && n < p.n) {
-    var sum = vec4<f32>(0.0);
-    for (var l = 0u; l < GV_Y; l++) { sum += partial4[l * GV_X + lid.x]; }
+    let sum = partial4[lid.x];
     for (var q = 0u; q < 4u; q++) { store(n + q, sum[q], wid.y); }
   }
 }

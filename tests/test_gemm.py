@@ -68,7 +68,8 @@ def test_gemm_beta_zero_ignores_nan_in_out(dev, rng):
 
 @pytest.mark.parametrize("tb", [False, True])
 @pytest.mark.parametrize("ta", [False, True])
-@pytest.mark.parametrize("n,k", [(1, 1), (7, 33), (129, 1000), (1000, 129), (4099, 257), (300, 5000), (64, 2051)])
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 33), (129, 1000), (1000, 129), (4099, 257), (300, 5000), (64, 2051),
+                                 (4100, 129), (8192, 33)])
 def test_gemv_row_vector(dev, rng, n, k, ta, tb):
     a, b = rand(rng, 1, k), rand(rng, k, n)
     c = rand(rng, 1, n)
