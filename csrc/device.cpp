@@ -390,6 +390,18 @@ void Device::give_stage_chunk(StageChunk chunk) {
   if (stage_pool_.size() < 8) stage_pool_.push_back(std::move(chunk));
 }
 
+WGPUBuffer Device::placeholder() {
+  std::lock_guard<std::recursive_mutex> lk(mu_);
+  if (!placeholder_) {
+    WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
+    d.label = sv("pywgtrain.placeholder");
+    d.size = 16;
+    d.usage = WGPUBufferUsage_Storage;
+    guarded("allocating a placeholder buffer", [&] { placeholder_ = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
+  }
+  return placeholder_.get();
+}
+
 WGPUBuffer Device::workspace(uint64_t bytes) {
   std::lock_guard<std::recursive_mutex> lk(mu_);
   if (bytes > workspace_bytes_) {

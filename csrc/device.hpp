@@ -91,6 +91,10 @@ class Device : public std::enable_shared_from_this<Device> {
   // for as long as a command encoder references it.
   WGPUBuffer workspace(uint64_t bytes);
 
+  // A 16-byte storage buffer for bindings a kernel variant declares but never
+  // reads (gemm.wgsl's vec4 views when the operand is not aligned for them).
+  WGPUBuffer placeholder();
+
   // Grow-only MAP_READ staging buffer for downloads, capped at kStagingCap.
   WGPUBuffer staging(uint64_t bytes);
   static constexpr uint64_t kStagingCap = 64ull << 20;
@@ -114,6 +118,7 @@ class Device : public std::enable_shared_from_this<Device> {
   uint64_t staging_bytes_ = 0;
   BufferHandle workspace_;
   uint64_t workspace_bytes_ = 0;
+  BufferHandle placeholder_;
 
   std::recursive_mutex mu_;
   std::atomic<bool> lost_{false};

@@ -90,19 +90,48 @@ void add_epilogue_bindings(KernelDesc& d, Epilogue ep) {
   if (ep == Epilogue::RowSum) d.bindings.push_back({7, Bind::ReadWrite});
 }
 
-const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act) {
+// The kernel for one dispatch with params p: besides the tile configuration,
+// epilogue and transposes, gemm.wgsl's A_VEC / B_VEC depend on whether the
+// operand's leading dimension and offset allow whole-vec4 loads.
+// gemm.wgsl's A_VEC / B_VEC: whole-vec4 tile loads where the operand's
+// contiguous direction is the tile's vec4 direction and its leading dimension
+// and offset are multiples of 4.
+struct VecLoads { bool a, b; };
+VecLoads vec_loads(bool ta, bool tb, const GemmParams& p) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("PYWGTRAIN_GEMM_VEC");
+    return !(v && std::string(v) == "0");
+  }();
+  return {enabled && ta && p.lda % 4 == 0 && p.a_off % 4 == 0, enabled && !tb && p.ldb % 4 == 0 && p.b_off % 4 == 0};
+}
+
+// Appends the ranges of bindings 8 and 9 (the vec4 views of A and B).
+void add_vec_views(std::vector<Range>& ranges, Device& dev, bool ta, bool tb, const GemmParams& p, const Range& a,
+                   const Range& b) {
+  const VecLoads v = vec_loads(ta, tb, p);
+  const Range unused{dev.placeholder(), 0, 16};
+  ranges.push_back(v.a ? a : unused);
+  ranges.push_back(v.b ? b : unused);
+}
+
+const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act,
+                          const GemmParams& p) {
   static const char* entries[] = {"gemm", "gemm_bias_act", "gemm_bias_act_train", "gemm_act_grad", "gemm_rowsum"};
+  const VecLoads v = vec_loads(ta, tb, p);
   KernelDesc d;
   d.shader = "gemm";
   d.entry = entries[int(ep)];
   d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
   add_epilogue_bindings(d, ep);
+  d.bindings.push_back({8, Bind::ReadOnly});
+  d.bindings.push_back({9, Bind::ReadOnly});
   auto u = [](uint32_t v) { return std::to_string(v) + "u"; };
   d.constants = {{"BM", u(t.bm)}, {"BN", u(t.bn)}, {"BK", u(t.bk)}, {"TM", u(t.tm)}, {"TN", u(t.tn)},
                  {"TRANS_A", ta ? "true" : "false"}, {"TRANS_B", tb ? "true" : "false"},
                  {"ACT", u(uint32_t(ep == Epilogue::Plain ? Activation::None : act))},
                  {"ROWSUM", ep == Epilogue::RowSum ? "true" : "false"},
-                 {"WARP_W", u(t.warp_w ? t.warp_w : t.bn / t.tn)}, {"LEAN_LOOP", t.lean_loop ? "true" : "false"}};
+                 {"WARP_W", u(t.warp_w ? t.warp_w : t.bn / t.tn)}, {"LEAN_LOOP", t.lean_loop ? "true" : "false"},
+                 {"A_VEC", v.a ? "true" : "false"}, {"B_VEC", v.b ? "true" : "false"}};
   d.trusted = true;
   return dev.pipelines().get(d);
 }
@@ -171,7 +200,7 @@ void record_split_reduce(Recorder& r, const Range& ws, uint32_t m, uint32_t n, u
   // The reduce entries ignore the tile constants; fixed values keep one pipeline each.
   d.constants = {{"BM", "64u"}, {"BN", "64u"}, {"BK", "16u"}, {"TM", "4u"}, {"TN", "4u"},
                  {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", std::to_string(uint32_t(e.act)) + "u"},
-                 {"ROWSUM", "false"}, {"WARP_W", "16u"}, {"LEAN_LOOP", "false"}};
+                 {"ROWSUM", "false"}, {"WARP_W", "16u"}, {"LEAN_LOOP", "false"}, {"A_VEC", "false"}, {"B_VEC", "false"}};
   d.trusted = true;
   GemmParams q{m, n, 0, 0, 0, ldc, 0, 0, c_off, alpha, beta, 0, 0, stride, splits, 0};
   std::vector<Range> ranges{c_range, ws};
@@ -270,7 +299,9 @@ void record_split_region(Recorder& r, const Buffer& a, const Buffer& b, const Bu
   RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ldb) : row_window(dev, b, 0, 0, k, ldb);
   GemmParams p{mc, nc, k, uint32_t(lda), uint32_t(ldb), nc, aw.inner + (ta ? m0 : 0u), bw.inner + (tb ? 0u : n0), 0,
                1.0f, 0.0f, 0, k_chunk, uint32_t(stride), splits, 0};
-  r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None), {aw.range, bw.range, ws}, p,
+  std::vector<Range> ranges{aw.range, bw.range, ws};
+  add_vec_views(ranges, dev, ta, tb, p, aw.range, bw.range);
+  r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None, p), ranges, p,
              uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)), splits);
   RowWindow cw = row_window(dev, c, 0, m0, mc, ldc);
   record_split_reduce(r, ws, mc, nc, uint32_t(ldc), cw.inner + n0, splits, uint32_t(stride), alpha, beta, cw.range, e);
@@ -291,7 +322,9 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
   RowWindow bw = tb ? row_window(dev, b, 0, 0, n_main, ldb) : row_window(dev, b, 0, 0, k, ldb);
   RowWindow cw = row_window(dev, c, 0, 0, m_main, n);
   GemmParams p{m_main, n_main, k, uint32_t(lda), uint32_t(ldb), n, aw.inner, bw.inner, cw.inner, alpha, beta, 0, k, 0, 1, 0};
-  r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None), {aw.range, bw.range, cw.range}, p,
+  std::vector<Range> ranges{aw.range, bw.range, cw.range};
+  add_vec_views(ranges, dev, ta, tb, p, aw.range, bw.range);
+  r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None, p), ranges, p,
              uint32_t(ceil_div(n_main, t.bn)), uint32_t(ceil_div(m_main, t.bm)));
   auto strip = [&](uint32_t m0, uint32_t mc, uint32_t n0, uint32_t nc) {
     const TileConfig ts = choose_tiles(mc, nc, k, tb);
@@ -347,7 +380,6 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
     target = e.ep == Epilogue::BiasActTrain ? e.preact : scratch.get();
   }
   const Epilogue in_kernel = k_blocks ? Epilogue::Plain : e.ep;
-  const Kernel& kern = gemm_kernel(dev, t, ta, tb, in_kernel, e.act);
   for (uint64_t m0 = 0; m0 < m; m0 += mb) {
     const uint64_t mc = std::min(mb, m - m0);
     for (uint64_t n0 = 0; n0 < n; n0 += nb) {
@@ -364,7 +396,9 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
         if (has_bias(in_kernel)) ranges.push_back(whole(*e.bias));
         if (has_preact(in_kernel)) ranges.push_back(row_window(dev, *e.preact, 0, m0, mc, ldc).range);
         if (in_kernel == Epilogue::RowSum) ranges.push_back(whole(*e.row_sums));
-        r.dispatch(kern, ranges, p, uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)));
+        add_vec_views(ranges, dev, ta, tb, p, aw.range, bw.range);
+        r.dispatch(gemm_kernel(dev, t, ta, tb, in_kernel, e.act, p), ranges, p, uint32_t(ceil_div(nc, t.bn)),
+                   uint32_t(ceil_div(mc, t.bm)));
       }
     }
   }

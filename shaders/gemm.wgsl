@@ -6,7 +6,8 @@
 //   BM, BN, BK: workgroup tile; TM, TN: per-thread tile (multiples of 4);
 //   TRANS_A, TRANS_B: bool; ACT: activation of the fused entry points;
 //   ROWSUM: bool, row sums of op(A) for gemm_rowsum; WARP_W: thread_xy below;
-//   LEAN_LOOP: bool, the K loop shape of tile_product.
+//   LEAN_LOOP: bool, the K loop shape of tile_product;
+//   A_VEC, B_VEC: bool, whole-vec4 unchecked tile loads (below).
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
@@ -31,6 +32,9 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> preact: array<f32>;
 @group(0) @binding(6) var<storage, read> partials: array<f32>;
 @group(0) @binding(7) var<storage, read_write> row_sums: array<f32>;
+// A and B again as vec4s (A_VEC / B_VEC; otherwise a placeholder is bound).
+@group(0) @binding(8) var<storage, read> a4: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read> b4: array<vec4<f32>>;
 
 // ROWSUM: tile_product also sums op(A) over k for the thread's rows (the bias
 // gradient comes with the weight gradient: db = dZ^T 1 next to dW = dZ^T X).
@@ -84,8 +88,13 @@ const B_SLOTS: u32 = BN * BK / 4u / THREADS;
 // along k, neighbouring threads walk k either way. Measured on the H100
 // (docs/gemm_notes.md #28, #40): A spread in every mode but NT (NN +0.2-1%), B
 // only where k-major (spread transposed B: NT -7%).
-const A_SPREAD: bool = TRANS_A || !TRANS_B;
-const B_SPREAD: bool = !TRANS_B;
+// A_VEC (B_VEC): the host found op(A) stored m-major (op(B) n-major) with
+// leading dimension and offset multiples of 4, so a slot of four
+// consecutive elements is one aligned vec4 of the operand; unchecked loads
+// read it through the vec4 view as one 128-bit load instead of four
+// (docs/gemm_notes.md #42).
+const A_SPREAD: bool = (TRANS_A || !TRANS_B) && !A_VEC;
+const B_SPREAD: bool = !TRANS_B && !B_VEC;
 fn a_slot(s: u32) -> vec2<u32> {  // (kk, column of the slot)
   if (TRANS_A) { return vec2<u32>(s / (BM / 4u), s % (BM / 4u)); }
   return vec2<u32>(s % BK, s / BK);
@@ -116,9 +125,17 @@ fn fetch_b(n0: u32, k0: u32, s: u32) -> vec4<f32> {
   return vec4<f32>(op_b(o.x, o.y), op_b(o.x, o.y + B_D), op_b(o.x, o.y + 2u * B_D), op_b(o.x, o.y + 3u * B_D));
 }
 // Unchecked slot loads, for tiles wholly inside: four elements `d` indices
-// apart from index i.
-fn load_a(i: u32, d: u32) -> vec4<f32> { return vec4<f32>(a[i], a[i + d], a[i + 2u * d], a[i + 3u * d]); }
-fn load_b(i: u32, d: u32) -> vec4<f32> { return vec4<f32>(b[i], b[i + d], b[i + 2u * d], b[i + 3u * d]); }
+// apart from index i, or with A_VEC (B_VEC) the i-th vec4.
+const A_UNIT: u32 = select(1u, 4u, A_VEC);  // elements per unit of the slot indices
+const B_UNIT: u32 = select(1u, 4u, B_VEC);
+fn load_a(i: u32, d: u32) -> vec4<f32> {
+  if (A_VEC) { return a4[i]; }
+  return vec4<f32>(a[i], a[i + d], a[i + 2u * d], a[i + 3u * d]);
+}
+fn load_b(i: u32, d: u32) -> vec4<f32> {
+  if (B_VEC) { return b4[i]; }
+  return vec4<f32>(b[i], b[i + d], b[i + 2u * d], b[i + 3u * d]);
+}
 // Spread slots land as four scalars a quarter tile (BM/16 vec4s) apart.
 fn store_a(s: u32, v: vec4<f32>) {
   let c = a_slot(s);
@@ -186,10 +203,10 @@ fn tile_product(wid: vec3<u32>, tid: u32) -> array<vec4<f32>, TM * VN> {
   let cols_inside = n0 + BN <= p.n;
   var a_first: array<u32, A_SLOTS>;
   var b_first: array<u32, B_SLOTS>;
-  for (var i = 0u; i < A_SLOTS; i++) { let o = a_slot_origin(m0, k_begin, tid + i * THREADS); a_first[i] = a_index(o.x, o.y); }
-  for (var i = 0u; i < B_SLOTS; i++) { let o = b_slot_origin(n0, k_begin, tid + i * THREADS); b_first[i] = b_index(o.x, o.y); }
-  let a_k_step = select(1u, p.lda, TRANS_A);  // index distance of k to k + 1
-  let b_k_step = select(p.ldb, 1u, TRANS_B);
+  for (var i = 0u; i < A_SLOTS; i++) { let o = a_slot_origin(m0, k_begin, tid + i * THREADS); a_first[i] = a_index(o.x, o.y) / A_UNIT; }
+  for (var i = 0u; i < B_SLOTS; i++) { let o = b_slot_origin(n0, k_begin, tid + i * THREADS); b_first[i] = b_index(o.x, o.y) / B_UNIT; }
+  let a_k_step = select(1u, p.lda, TRANS_A) / A_UNIT;  // index distance of k to k + 1
+  let b_k_step = select(p.ldb, 1u, TRANS_B) / B_UNIT;
   let a_d = A_D * select(p.lda, 1u, TRANS_A);  // index distance of a slot's elements
   let b_d = B_D * select(1u, p.ldb, TRANS_B);
   var k0 = k_begin;
