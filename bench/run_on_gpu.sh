@@ -21,5 +21,6 @@ if [[ $what == bench || $what == all ]]; then
     -DPython_EXECUTABLE="$(command -v python3)" >/dev/null && cmake --build /tmp/cpp-bench >/dev/null &&
     /tmp/cpp-bench/gemm_bench 1024x1024x1024 2048x2048x2048 4096x4096x4096 4096x4096x4096:NT 4096x4096x4096:TN \
       4096x4096x4096:TT 64x1024x1024 256x768x3072 512x1024x4096 1x4096x4096 --reps 50 | tee "$OUT/gemm_bench_cpp.json"
+  python3 "$root/bench/gemv_probe.py" 2>&1 | tee "$OUT/gemv_probe.txt"
   python3 -m pywgtrain train --plot "$OUT/loss_curve.png" --min-accuracy 0.95 2>&1 | grep -v "step/s" | tee "$OUT/train.txt"
 fi
