@@ -51,11 +51,11 @@ constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 // tile loads were unchecked inside the matrix and coalesced per load; 64x128
 // beat 128x64 by 2-4% on NN/TN, 4096x4096x1024 and the large training step
 // (TT -3%); with split-K, 64x64 beat larger tiles on 256x768x3072 and 1024^3.
-// lean_loop only changes what the compiler makes of the K loop (#37): +3-4%
-// at 4096^3 NT and TT, +2% at 2048^3 NT, but -2% NN and -10% at 512x4096x4096
-// NT (256 tiles), so transposed B on >= 512 tiles takes it.
+// lean_loop only changes what the compiler makes of the K loop (#37, #44):
+// with 128-bit tile loads +3-6% at 4096^3 in NN, TN and NT, but -10% at
+// 512x4096x4096 NT (256 tiles), so outputs of >= 512 tiles take it.
 // PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN[,WARP_W[,LEAN_LOOP]]" forces one configuration.
-TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k, bool tb) {
+TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
   static const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");
   TileConfig t{};
   if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn, &t.warp_w, &t.lean_loop) >= 5) {
@@ -73,7 +73,7 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k, bool tb) {
     return t;
   }
   const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
-  if (wide >= 256 || (wide >= 64 && (k < kSplitMinK || k >= kLongK))) return {64, 128, 16, 8, 4, 8, tb && wide >= 512};
+  if (wide >= 256 || (wide >= 64 && (k < kSplitMinK || k >= kLongK))) return {64, 128, 16, 8, 4, 8, wide >= 512};
   return {64, 64, 16, 4, 4};
 }
 
@@ -327,7 +327,7 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
   r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None, p), ranges, p,
              uint32_t(ceil_div(n_main, t.bn)), uint32_t(ceil_div(m_main, t.bm)));
   auto strip = [&](uint32_t m0, uint32_t mc, uint32_t n0, uint32_t nc) {
-    const TileConfig ts = choose_tiles(mc, nc, k, tb);
+    const TileConfig ts = choose_tiles(mc, nc, k);
     record_split_region(r, a, b, c, m0, mc, n0, nc, k, ta, tb, lda, ldb, n, ts,
                         choose_splits(mc, nc, k, ts), alpha, beta, EpilogueArgs{});
   };
@@ -339,7 +339,7 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
 void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
                  bool ta, bool tb, float alpha, float beta, EpilogueArgs e) {
   Device& dev = r.device();
-  const TileConfig t = choose_tiles(m, n, k, tb);
+  const TileConfig t = choose_tiles(m, n, k);
   const uint64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
   // Rows of each stored matrix are one of M, N, K; bound each block size by
   // every operand whose rows run along that dimension.
