@@ -36,6 +36,11 @@ Buffer::Buffer(const Buffer& parent, uint64_t offset, uint64_t bytes)
   buf_ = BufferHandle(parent.raw());
 }
 
+Buffer::Buffer(std::shared_ptr<Device> dev, WGPUBuffer scratch, uint64_t bytes) : dev_(std::move(dev)), bytes_(bytes) {
+  wgpuBufferAddRef(scratch);
+  buf_ = BufferHandle(scratch);
+}
+
 void Buffer::upload(const void* src, uint64_t bytes, uint64_t offset) {
   if (offset + bytes > bytes_) throw ArgumentError("upload of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " overruns a buffer of " + std::to_string(bytes_) + " bytes");
   if (bytes == 0) return;

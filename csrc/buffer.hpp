@@ -17,6 +17,8 @@ class Buffer {
   // device's storage offset alignment, so every binding inside stays aligned).
   // Views share the parent's memory: flat parameter arenas hand one to each tensor.
   Buffer(const Buffer& parent, uint64_t offset, uint64_t bytes);
+  // The first `bytes` bytes of device-owned scratch memory (taking a reference).
+  Buffer(std::shared_ptr<Device> dev, WGPUBuffer scratch, uint64_t bytes);
   uint64_t bytes() const { return bytes_; }
   WGPUBuffer raw() const { return buf_.get(); }
   // Byte offset of this buffer's first byte inside raw().

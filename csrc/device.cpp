@@ -402,21 +402,27 @@ WGPUBuffer Device::placeholder() {
   return placeholder_.get();
 }
 
-WGPUBuffer Device::workspace(uint64_t bytes) {
+WGPUBuffer Device::grow(BufferHandle& buf, uint64_t& have, uint64_t bytes, const char* label) {
   std::lock_guard<std::recursive_mutex> lk(mu_);
-  if (bytes > workspace_bytes_) {
-    const uint64_t size = std::max<uint64_t>(bytes, workspace_bytes_ + workspace_bytes_ / 2);
+  if (bytes > have) {
+    const uint64_t size = std::max<uint64_t>(bytes, have + have / 2);
     WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
-    d.label = sv("pywgtrain.workspace");
+    d.label = sv(label);
     d.size = (size + 255) & ~uint64_t(255);
     d.usage = WGPUBufferUsage_Storage;
     BufferHandle fresh;
-    guarded("allocating " + std::to_string(d.size) + " bytes of GEMM workspace",
+    guarded("allocating " + std::to_string(d.size) + " bytes (" + label + ")",
             [&] { fresh = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
-    workspace_ = std::move(fresh);
-    workspace_bytes_ = d.size;
+    buf = std::move(fresh);
+    have = d.size;
   }
-  return workspace_.get();
+  return buf.get();
+}
+
+WGPUBuffer Device::workspace(uint64_t bytes) { return grow(workspace_, workspace_bytes_, bytes, "pywgtrain.workspace"); }
+
+WGPUBuffer Device::repack_space(int operand, uint64_t bytes) {
+  return grow(repack_[operand], repack_bytes_[operand], bytes, operand ? "pywgtrain.repacked_b" : "pywgtrain.repacked_a");
 }
 
 WGPUBuffer Device::staging(uint64_t bytes) {

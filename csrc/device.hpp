@@ -90,6 +90,9 @@ class Device : public std::enable_shared_from_this<Device> {
   // recorded work still binds the old one is safe: wgpu keeps a buffer alive
   // for as long as a command encoder references it.
   WGPUBuffer workspace(uint64_t bytes);
+  // Grow-only storage for GEMM operands copied to a padded layout (gemm.cpp),
+  // one per operand (0: A, 1: B).
+  WGPUBuffer repack_space(int operand, uint64_t bytes);
 
   // A 16-byte storage buffer for bindings a kernel variant declares but never
   // reads (gemm.wgsl's vec4 views when the operand is not aligned for them).
@@ -118,6 +121,9 @@ class Device : public std::enable_shared_from_this<Device> {
   uint64_t staging_bytes_ = 0;
   BufferHandle workspace_;
   uint64_t workspace_bytes_ = 0;
+  BufferHandle repack_[2];
+  uint64_t repack_bytes_[2] = {0, 0};
+  WGPUBuffer grow(BufferHandle& buf, uint64_t& have, uint64_t bytes, const char* label);
   BufferHandle placeholder_;
 
   std::recursive_mutex mu_;

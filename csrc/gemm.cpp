@@ -118,6 +118,9 @@ const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Ep
                           const GemmParams& p) {
   static const char* entries[] = {"gemm", "gemm_bias_act", "gemm_bias_act_train", "gemm_act_grad", "gemm_rowsum"};
   const VecLoads v = vec_loads(ta, tb, p);
+  // Non-transposed B takes the separate K loop only with 128-bit loads (#44;
+  // with scalar loads it cost NN 2%, #37).
+  const bool lean = t.lean_loop && (tb || v.b);
   KernelDesc d;
   d.shader = "gemm";
   d.entry = entries[int(ep)];
@@ -130,7 +133,7 @@ const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Ep
                  {"TRANS_A", ta ? "true" : "false"}, {"TRANS_B", tb ? "true" : "false"},
                  {"ACT", u(uint32_t(ep == Epilogue::Plain ? Activation::None : act))},
                  {"ROWSUM", ep == Epilogue::RowSum ? "true" : "false"},
-                 {"WARP_W", u(t.warp_w ? t.warp_w : t.bn / t.tn)}, {"LEAN_LOOP", t.lean_loop ? "true" : "false"},
+                 {"WARP_W", u(t.warp_w ? t.warp_w : t.bn / t.tn)}, {"LEAN_LOOP", lean ? "true" : "false"},
                  {"A_VEC", v.a ? "true" : "false"}, {"B_VEC", v.b ? "true" : "false"}};
   d.trusted = true;
   return dev.pipelines().get(d);
@@ -188,20 +191,27 @@ struct EpilogueArgs {
 
 // C[m, n] (at c_off, leading dimension ldc) = epilogue(alpha * sum of `splits`
 // partial products spaced `stride` floats apart in ws); the plain epilogue adds beta * C.
+// gemm.wgsl's elementwise entries (split-K reduces, repack): bindings C (2),
+// params and `partials` (6); they ignore the tile constants, so fixed values
+// keep one pipeline each.
+KernelDesc elementwise_kernel(const char* entry, Activation act) {
+  KernelDesc d;
+  d.shader = "gemm";
+  d.entry = entry;
+  d.bindings = {{2, Bind::ReadWrite}, {3, Bind::Uniform}, {6, Bind::ReadOnly}};
+  d.constants = {{"BM", "64u"}, {"BN", "64u"}, {"BK", "16u"}, {"TM", "4u"}, {"TN", "4u"},
+                 {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", std::to_string(uint32_t(act)) + "u"},
+                 {"ROWSUM", "false"}, {"WARP_W", "16u"}, {"LEAN_LOOP", "false"}, {"A_VEC", "false"}, {"B_VEC", "false"}};
+  d.trusted = true;
+  return d;
+}
+
 void record_split_reduce(Recorder& r, const Range& ws, uint32_t m, uint32_t n, uint32_t ldc, uint32_t c_off,
                          uint32_t splits, uint32_t stride, float alpha, float beta, Range c_range, const EpilogueArgs& e) {
   static const char* entries[] = {"splitk_reduce", "splitk_bias_act", "splitk_bias_act_train", "splitk_act_grad"};
   Device& dev = r.device();
-  KernelDesc d;
-  d.shader = "gemm";
-  d.entry = entries[int(e.ep)];
-  d.bindings = {{2, Bind::ReadWrite}, {3, Bind::Uniform}, {6, Bind::ReadOnly}};
+  KernelDesc d = elementwise_kernel(entries[int(e.ep)], e.act);
   add_epilogue_bindings(d, e.ep);
-  // The reduce entries ignore the tile constants; fixed values keep one pipeline each.
-  d.constants = {{"BM", "64u"}, {"BN", "64u"}, {"BK", "16u"}, {"TM", "4u"}, {"TN", "4u"},
-                 {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", std::to_string(uint32_t(e.act)) + "u"},
-                 {"ROWSUM", "false"}, {"WARP_W", "16u"}, {"LEAN_LOOP", "false"}, {"A_VEC", "false"}, {"B_VEC", "false"}};
-  d.trusted = true;
   GemmParams q{m, n, 0, 0, 0, ldc, 0, 0, c_off, alpha, beta, 0, 0, stride, splits, 0};
   std::vector<Range> ranges{c_range, ws};
   if (has_bias(e.ep)) ranges.push_back(whole(*e.bias));
@@ -336,11 +346,25 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
   return true;
 }
 
+// Copies the rows x cols matrix `src` (leading dimension cols) to `dst` with
+// leading dimension ld.
+void record_repack(Recorder& r, const Buffer& src, const Buffer& dst, uint32_t rows, uint32_t cols, uint32_t ld) {
+  Device& dev = r.device();
+  GemmParams q{rows, cols, 0, cols, 0, ld, 0, 0, 0, 1.0f, 0.0f, 0, 0, 0, 0, 0};
+  auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(rows) * cols, 256));
+  r.dispatch(dev.pipelines().get(elementwise_kernel("repack", Activation::None)),
+             {floats(dst, 0, uint64_t(rows) * ld), floats(src, 0, uint64_t(rows) * cols)}, q, gx, gy);
+}
+
+// lda, ldb: leading dimensions of the stored A and B (0: packed, i.e. M or K,
+// K or N).
 void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
-                 bool ta, bool tb, float alpha, float beta, EpilogueArgs e) {
+                 bool ta, bool tb, float alpha, float beta, EpilogueArgs e, uint64_t lda = 0, uint64_t ldb = 0) {
   Device& dev = r.device();
   const TileConfig t = choose_tiles(m, n, k);
-  const uint64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+  if (!lda) lda = ta ? m : k;
+  if (!ldb) ldb = tb ? k : n;
+  const uint64_t ldc = n;
   // Rows of each stored matrix are one of M, N, K; bound each block size by
   // every operand whose rows run along that dimension.
   uint64_t m_cap = rows_per_binding(dev, ldc, "C");
@@ -357,6 +381,27 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
     // products take a plain GEMM and a separate column-sum pass (A is K x M).
     record_gemm(r, a, b, c, m, n, k, ta, tb, alpha, beta, EpilogueArgs{});
     return bias_grad(r, a, *e.row_sums, k, m, beta);
+  }
+  // Large products whose m-major A or n-major B has a leading dimension that
+  // is not a multiple of 4 (4095^3, 4097^3) cannot load it as vec4s: they
+  // run on a padded copy when it fits one binding (the copy costs ~1.6% at
+  // 4096^3, the 128-bit loads save ~10%, docs/gemm_notes.md #45).
+  const uint64_t binding = dev.limits().max_storage_binding;
+  auto padded_fits = [&](uint64_t ld) { return uint64_t(k) * ((ld + 3) & ~uint64_t(3)) * 4 <= binding; };
+  const bool pad_a = t.lean_loop && ta && lda % 4 && n >= 1024 && padded_fits(lda);
+  const bool pad_b = t.lean_loop && !tb && ldb % 4 && m >= 1024 && padded_fits(ldb);
+  if (pad_a || pad_b) {
+    const uint64_t lda4 = pad_a ? (lda + 3) & ~uint64_t(3) : lda, ldb4 = pad_b ? (ldb + 3) & ~uint64_t(3) : ldb;
+    std::unique_ptr<Buffer> a4, b4;
+    if (pad_a) {
+      a4 = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(0, k * lda4 * 4), k * lda4 * 4);
+      record_repack(r, a, *a4, k, uint32_t(lda), uint32_t(lda4));
+    }
+    if (pad_b) {
+      b4 = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(1, k * ldb4 * 4), k * ldb4 * 4);
+      record_repack(r, b, *b4, k, uint32_t(ldb), uint32_t(ldb4));
+    }
+    return record_gemm(r, pad_a ? *a4 : a, pad_b ? *b4 : b, c, m, n, k, ta, tb, alpha, beta, e, lda4, ldb4);
   }
   if (kb == k && mb == m && nb == n) {
     const uint32_t splits = choose_splits(m, n, k, t);

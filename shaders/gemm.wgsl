@@ -420,3 +420,17 @@ fn splitk_act_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
   let idx = p.c_off + (e / p.n) * p.ldc + e % p.n;
   c[idx] = split_sum(e) * activate_grad(preact[idx]);
 }
+
+// Copies a rows x cols matrix (m x n in the params) from leading dimension
+// lda at a_off in `partials` to leading dimension ldc at c_off in C: operands
+// whose leading dimension is not a multiple of 4 get a padded copy, so the
+// GEMM can read them with 128-bit loads (A_VEC / B_VEC).
+@compute @workgroup_size(256)
+fn repack(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+  let e = split_element(wid, nwg, lid);
+  if (e >= p.m * p.n) { return; }
+  let row = e / p.n;
+  let col = e % p.n;
+  c[p.c_off + row * p.ldc + col] = partials[p.a_off + row * p.lda + col];
+}

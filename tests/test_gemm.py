@@ -197,6 +197,19 @@ def test_gemm_ragged_edges(dev, rng, ta, tb):
     assert_close(out.numpy(), ref_gemm(a, b, 0.5), atol_scale=k_tolerance(k))
 
 
+@pytest.mark.parametrize("ta,tb", TRANS)
+def test_gemm_on_padded_copies(dev, rng, ta, tb):
+    """Large products whose m-major A or n-major B has a leading dimension not a
+    multiple of 4 run on padded copies (128-bit loads); 1030 and 4097 are not,
+    so NN pads B, TN both, TT A, NT neither. Twice, with a larger product in
+    between, so the grow-only copy buffers are reused and regrown."""
+    for m, n, k in [(1030, 4097, 33), (1031, 4101, 45), (1030, 4097, 33)]:
+        a, b = rand(rng, m, k), rand(rng, k, n)
+        out = poisoned(dev, (m, n))
+        pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, alpha=-0.5, out=out)
+        assert_close(out.numpy(), ref_gemm(a, b, -0.5), atol_scale=k_tolerance(k))
+
+
 def run_with_tiles(tmp_path, tiles, code):
     """Run `code` in a fresh process with PYWGTRAIN_GEMM_TILES=tiles (read once
     per process); the child resolves pywgtrain exactly as this process did."""
