@@ -90,12 +90,10 @@ void add_epilogue_bindings(KernelDesc& d, Epilogue ep) {
   if (ep == Epilogue::RowSum) d.bindings.push_back({7, Bind::ReadWrite});
 }
 
-// The kernel for one dispatch with params p: besides the tile configuration,
-// epilogue and transposes, gemm.wgsl's A_VEC / B_VEC depend on whether the
-// operand's leading dimension and offset allow whole-vec4 loads.
 // gemm.wgsl's A_VEC / B_VEC: whole-vec4 tile loads where the operand's
 // contiguous direction is the tile's vec4 direction and its leading dimension
-// and offset are multiples of 4.
+// and offset are multiples of 4 (PYWGTRAIN_GEMM_VEC=0 turns them off for A/B
+// runs, docs/gemm_notes.md #42).
 struct VecLoads { bool a, b; };
 VecLoads vec_loads(bool ta, bool tb, const GemmParams& p) {
   static const bool enabled = [] {
@@ -114,6 +112,9 @@ void add_vec_views(std::vector<Range>& ranges, Device& dev, bool ta, bool tb, co
   ranges.push_back(v.b ? b : unused);
 }
 
+// The kernel for one dispatch with params p: besides the tile configuration,
+// epilogue and transposes, A_VEC / B_VEC depend on p's leading dimensions and
+// offsets.
 const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act,
                           const GemmParams& p) {
   static const char* entries[] = {"gemm", "gemm_bias_act", "gemm_bias_act_train", "gemm_act_grad", "gemm_rowsum"};
@@ -189,8 +190,6 @@ struct EpilogueArgs {
   const Buffer* row_sums = nullptr;  // RowSum
 };
 
-// C[m, n] (at c_off, leading dimension ldc) = epilogue(alpha * sum of `splits`
-// partial products spaced `stride` floats apart in ws); the plain epilogue adds beta * C.
 // gemm.wgsl's elementwise entries (split-K reduces, repack): bindings C (2),
 // params and `partials` (6); they ignore the tile constants, so fixed values
 // keep one pipeline each.
@@ -206,6 +205,8 @@ KernelDesc elementwise_kernel(const char* entry, Activation act) {
   return d;
 }
 
+// C[m, n] (at c_off, leading dimension ldc) = epilogue(alpha * sum of `splits`
+// partial products spaced `stride` floats apart in ws); the plain epilogue adds beta * C.
 void record_split_reduce(Recorder& r, const Range& ws, uint32_t m, uint32_t n, uint32_t ldc, uint32_t c_off,
                          uint32_t splits, uint32_t stride, float alpha, float beta, Range c_range, const EpilogueArgs& e) {
   static const char* entries[] = {"splitk_reduce", "splitk_bias_act", "splitk_bias_act_train", "splitk_act_grad"};
@@ -385,23 +386,24 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
   // Large products whose m-major A or n-major B has a leading dimension that
   // is not a multiple of 4 (4095^3, 4097^3) cannot load it as vec4s: they
   // run on a padded copy when it fits one binding (the copy costs ~1.6% at
-  // 4096^3, the 128-bit loads save ~10%, docs/gemm_notes.md #45).
+  // 4096^3, the 128-bit loads save ~10%, docs/gemm_notes.md #45). After the
+  // row-sum fallback above, whose column-sum pass reads A packed.
   const uint64_t binding = dev.limits().max_storage_binding;
   auto padded_fits = [&](uint64_t ld) { return uint64_t(k) * ((ld + 3) & ~uint64_t(3)) * 4 <= binding; };
   const bool pad_a = t.lean_loop && ta && lda % 4 && n >= 1024 && padded_fits(lda);
   const bool pad_b = t.lean_loop && !tb && ldb % 4 && m >= 1024 && padded_fits(ldb);
   if (pad_a || pad_b) {
     const uint64_t lda4 = pad_a ? (lda + 3) & ~uint64_t(3) : lda, ldb4 = pad_b ? (ldb + 3) & ~uint64_t(3) : ldb;
-    std::unique_ptr<Buffer> a4, b4;
+    std::unique_ptr<Buffer> a_padded, b_padded;
     if (pad_a) {
-      a4 = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(0, k * lda4 * 4), k * lda4 * 4);
-      record_repack(r, a, *a4, k, uint32_t(lda), uint32_t(lda4));
+      a_padded = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(0, k * lda4 * 4), k * lda4 * 4);
+      record_repack(r, a, *a_padded, k, uint32_t(lda), uint32_t(lda4));
     }
     if (pad_b) {
-      b4 = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(1, k * ldb4 * 4), k * ldb4 * 4);
-      record_repack(r, b, *b4, k, uint32_t(ldb), uint32_t(ldb4));
+      b_padded = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(1, k * ldb4 * 4), k * ldb4 * 4);
+      record_repack(r, b, *b_padded, k, uint32_t(ldb), uint32_t(ldb4));
     }
-    return record_gemm(r, pad_a ? *a4 : a, pad_b ? *b4 : b, c, m, n, k, ta, tb, alpha, beta, e, lda4, ldb4);
+    return record_gemm(r, pad_a ? *a_padded : a, pad_b ? *b_padded : b, c, m, n, k, ta, tb, alpha, beta, e, lda4, ldb4);
   }
   if (kb == k && mb == m && nb == n) {
     const uint32_t splits = choose_splits(m, n, k, t);
