@@ -104,6 +104,8 @@ class Device : public std::enable_shared_from_this<Device> {
 
  private:
   Device() = default;
+  // Grows `buf` (grow-only, 1.5x) to at least `bytes`.
+  WGPUBuffer grow(BufferHandle& buf, uint64_t& have, uint64_t bytes, const char* label);
   static void on_device_lost(WGPUDevice const*, WGPUDeviceLostReason, WGPUStringView, void*, void*);
   static void on_uncaptured_error(WGPUDevice const*, WGPUErrorType, WGPUStringView, void*, void*);
 
@@ -123,7 +125,6 @@ class Device : public std::enable_shared_from_this<Device> {
   uint64_t workspace_bytes_ = 0;
   BufferHandle repack_[2];
   uint64_t repack_bytes_[2] = {0, 0};
-  WGPUBuffer grow(BufferHandle& buf, uint64_t& have, uint64_t bytes, const char* label);
   BufferHandle placeholder_;
 
   std::recursive_mutex mu_;

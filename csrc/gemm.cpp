@@ -103,22 +103,9 @@ VecLoads vec_loads(bool ta, bool tb, const GemmParams& p) {
   return {enabled && ta && p.lda % 4 == 0 && p.a_off % 4 == 0, enabled && !tb && p.ldb % 4 == 0 && p.b_off % 4 == 0};
 }
 
-// Appends the ranges of bindings 8 and 9 (the vec4 views of A and B).
-void add_vec_views(std::vector<Range>& ranges, Device& dev, bool ta, bool tb, const GemmParams& p, const Range& a,
-                   const Range& b) {
-  const VecLoads v = vec_loads(ta, tb, p);
-  const Range unused{dev.placeholder(), 0, 16};
-  ranges.push_back(v.a ? a : unused);
-  ranges.push_back(v.b ? b : unused);
-}
-
-// The kernel for one dispatch with params p: besides the tile configuration,
-// epilogue and transposes, A_VEC / B_VEC depend on p's leading dimensions and
-// offsets.
 const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act,
-                          const GemmParams& p) {
+                          const VecLoads& v) {
   static const char* entries[] = {"gemm", "gemm_bias_act", "gemm_bias_act_train", "gemm_act_grad", "gemm_rowsum"};
-  const VecLoads v = vec_loads(ta, tb, p);
   // Non-transposed B takes the separate K loop only with 128-bit loads (#44;
   // with scalar loads it cost NN 2%, #37).
   const bool lean = t.lean_loop && (tb || v.b);
@@ -138,6 +125,20 @@ const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Ep
                  {"A_VEC", v.a ? "true" : "false"}, {"B_VEC", v.b ? "true" : "false"}};
   d.trusted = true;
   return dev.pipelines().get(d);
+}
+
+// One GEMM dispatch with params p. `ranges` starts with A's and B's ranges and
+// holds every storage binding before 8 and 9; the vec4 views of A and B (or
+// the placeholder) follow from p, as the kernel's A_VEC / B_VEC do.
+void dispatch_gemm(Recorder& r, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act,
+                   const GemmParams& p, std::vector<Range> ranges, uint32_t gx, uint32_t gy, uint32_t gz = 1) {
+  Device& dev = r.device();
+  const VecLoads v = vec_loads(ta, tb, p);
+  const Range unused{dev.placeholder(), 0, 16};
+  const Range a = ranges[0], b = ranges[1];
+  ranges.push_back(v.a ? a : unused);
+  ranges.push_back(v.b ? b : unused);
+  r.dispatch(gemm_kernel(dev, t, ta, tb, ep, act, v), ranges, p, gx, gy, gz);
 }
 
 const Kernel& gemv_kernel(Device& dev, bool tb, bool vec4, uint32_t gv_x) {
@@ -310,10 +311,8 @@ void record_split_region(Recorder& r, const Buffer& a, const Buffer& b, const Bu
   RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ldb) : row_window(dev, b, 0, 0, k, ldb);
   GemmParams p{mc, nc, k, uint32_t(lda), uint32_t(ldb), nc, aw.inner + (ta ? m0 : 0u), bw.inner + (tb ? 0u : n0), 0,
                1.0f, 0.0f, 0, k_chunk, uint32_t(stride), splits, 0};
-  std::vector<Range> ranges{aw.range, bw.range, ws};
-  add_vec_views(ranges, dev, ta, tb, p, aw.range, bw.range);
-  r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None, p), ranges, p,
-             uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)), splits);
+  dispatch_gemm(r, t, ta, tb, Epilogue::Plain, Activation::None, p, {aw.range, bw.range, ws},
+                uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)), splits);
   RowWindow cw = row_window(dev, c, 0, m0, mc, ldc);
   record_split_reduce(r, ws, mc, nc, uint32_t(ldc), cw.inner + n0, splits, uint32_t(stride), alpha, beta, cw.range, e);
 }
@@ -333,10 +332,8 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
   RowWindow bw = tb ? row_window(dev, b, 0, 0, n_main, ldb) : row_window(dev, b, 0, 0, k, ldb);
   RowWindow cw = row_window(dev, c, 0, 0, m_main, n);
   GemmParams p{m_main, n_main, k, uint32_t(lda), uint32_t(ldb), n, aw.inner, bw.inner, cw.inner, alpha, beta, 0, k, 0, 1, 0};
-  std::vector<Range> ranges{aw.range, bw.range, cw.range};
-  add_vec_views(ranges, dev, ta, tb, p, aw.range, bw.range);
-  r.dispatch(gemm_kernel(dev, t, ta, tb, Epilogue::Plain, Activation::None, p), ranges, p,
-             uint32_t(ceil_div(n_main, t.bn)), uint32_t(ceil_div(m_main, t.bm)));
+  dispatch_gemm(r, t, ta, tb, Epilogue::Plain, Activation::None, p, {aw.range, bw.range, cw.range},
+                uint32_t(ceil_div(n_main, t.bn)), uint32_t(ceil_div(m_main, t.bm)));
   auto strip = [&](uint32_t m0, uint32_t mc, uint32_t n0, uint32_t nc) {
     const TileConfig ts = choose_tiles(mc, nc, k);
     record_split_region(r, a, b, c, m0, mc, n0, nc, k, ta, tb, lda, ldb, n, ts,
@@ -443,9 +440,8 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
         if (has_bias(in_kernel)) ranges.push_back(whole(*e.bias));
         if (has_preact(in_kernel)) ranges.push_back(row_window(dev, *e.preact, 0, m0, mc, ldc).range);
         if (in_kernel == Epilogue::RowSum) ranges.push_back(whole(*e.row_sums));
-        add_vec_views(ranges, dev, ta, tb, p, aw.range, bw.range);
-        r.dispatch(gemm_kernel(dev, t, ta, tb, in_kernel, e.act, p), ranges, p, uint32_t(ceil_div(nc, t.bn)),
-                   uint32_t(ceil_div(mc, t.bm)));
+        dispatch_gemm(r, t, ta, tb, in_kernel, e.act, p, std::move(ranges), uint32_t(ceil_div(nc, t.bn)),
+                      uint32_t(ceil_div(mc, t.bm)));
       }
     }
   }
