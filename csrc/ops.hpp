@@ -15,6 +15,11 @@ enum class Activation : uint32_t { None = 0, Relu = 1, GeluTanh = 2, GeluErf = 3
 void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
           bool trans_a, bool trans_b, float alpha, float beta);
 
+// C[i] = alpha * op(A[i]) op(B[i]) + beta * C[i] for i < batch; the matrices of
+// each operand packed one after another (bmm.cpp).
+void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t batch, uint32_t m,
+                  uint32_t n, uint32_t k, bool trans_a, bool trans_b, float alpha, float beta);
+
 // Y = act(op(A) op(B) + bias); when `preact` is given it receives op(A) op(B) + bias.
 void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& y,
                    const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b,

@@ -46,6 +46,8 @@ class StepGraph {
   std::vector<std::string> kernel_names() const;
   // The uniform block dispatch i was captured with (a Rebind source).
   Range uniform_range(size_t i) const;
+  // Size in bytes of the uniform block dispatch i was captured with (0: none).
+  uint32_t uniform_bytes(size_t i) const;
   // Dispatch i's AdamW uniform block for another step: its element count
   // kept, the step scalars computed for `step` (optim.cpp).
   std::vector<uint8_t> adamw_block(size_t i, const AdamWConfig& cfg, uint64_t step) const;

@@ -1,6 +1,7 @@
 """pywgtrain: train models on any GPU from Python through WebGPU (wgpu-native).
 
 NumPy arrays go in and come out; the work runs in WGSL compute kernels.
+Tensors record their ops for reverse-mode autograd (``loss.backward()``).
 """
 import os as _os
 import tempfile as _tempfile
@@ -10,16 +11,24 @@ _os.environ.setdefault("XDG_RUNTIME_DIR", _tempfile.gettempdir())
 
 from ._core import DeviceLostError, GpuError, OutOfMemoryError, ValidationError  # noqa: E402
 from .device import Device, default_device, list_adapters  # noqa: E402
-from .tensor import Tensor, tensor, zeros, empty  # noqa: E402
-from .ops import (  # noqa: E402
-    gemm, matmul, linear, adamw_step, clip_grad_norm_, cross_entropy, mse_loss,
+from .tensor import Tensor, tensor, zeros, ones, full, empty  # noqa: E402
+from .autograd import no_grad, enable_grad, set_grad_enabled, is_grad_enabled  # noqa: E402
+from .ops import gemm, adamw_step, clip_grad_norm_  # noqa: E402
+from .functions import (  # noqa: E402
+    abs, add, bmm, cat, chunk, clamp, div, exp, gelu, linear, log, log_softmax, matmul, max, maximum, mean,
+    minimum, mul, neg, pow, relu, rsqrt, sigmoid, silu, softmax, split, sqrt, square, stack, std, sub, sum, tanh,
+    transpose, permute, reshape, var, where, cross_entropy, mse_loss, embedding,
 )
 from . import nn, optim  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Device", "default_device", "list_adapters", "Tensor", "tensor", "zeros", "empty",
-    "gemm", "matmul", "linear", "adamw_step", "clip_grad_norm_", "cross_entropy", "mse_loss",
+    "Device", "default_device", "list_adapters", "Tensor", "tensor", "zeros", "ones", "full", "empty",
+    "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
+    "gemm", "matmul", "bmm", "linear", "adamw_step", "clip_grad_norm_", "cross_entropy", "mse_loss", "embedding",
+    "abs", "add", "cat", "chunk", "clamp", "div", "exp", "gelu", "log", "log_softmax", "max", "maximum", "mean",
+    "minimum", "mul", "neg", "pow", "relu", "rsqrt", "sigmoid", "silu", "softmax", "split", "sqrt", "square", "stack",
+    "std", "sub", "sum", "tanh", "transpose", "permute", "reshape", "var", "where",
     "nn", "optim", "GpuError", "ValidationError", "OutOfMemoryError", "DeviceLostError",
 ]

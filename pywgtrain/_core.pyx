@@ -187,20 +187,20 @@ cdef class _Recorder:
     def capturing(self):
         return self.ptr.get().capturing()
 
-    def replay(self, _StepGraph graph, _PassTimer timer=None, inputs=(), adamw=None):
+    def replay(self, _StepGraph graph, _PassTimer timer=None, inputs=(), uniforms=()):
         """Re-record the graph's dispatches; with `timer`, each in its own timed pass.
 
         inputs: (captured _Buffer, source) pairs; bindings of the captured
         buffer read `source` instead for this replay: a _Buffer of the same
         size, or a C-contiguous NumPy array staged for this recording.
-        adamw: (lr, beta1, beta2, eps, weight_decay, [(dispatch index, step), ...]):
-        those AdamW dispatches run with this step's scalars."""
+        uniforms: (dispatch index, bytes) pairs: that dispatch runs with this
+        uniform block instead of the captured one (per-step values such as an
+        optimizer's step scalars; same size as the captured block)."""
         cdef vector[Rebind] rebinds
         cdef Rebind rb
         cdef _Buffer static, src
         cdef const uint8_t[::1] host
-        cdef AdamWConfig cfg
-        cdef vector[uint8_t] block
+        cdef const uint8_t[::1] block
         cdef PassTimer* t = NULL
         for static, source in inputs:
             rb.src = whole(static.ptr.get()[0])
@@ -217,13 +217,14 @@ cdef class _Recorder:
                                      f"{static.ptr.get().bytes()} bytes")
                 rb.to = self.ptr.get().stage(&host[0], host.shape[0])
             rebinds.push_back(rb)
-        if adamw is not None:
-            cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay = adamw[:5]
-            for index, step in adamw[5]:
-                block = graph.ptr.get().adamw_block(index, cfg, step)
-                rb.src = graph.ptr.get().uniform_range(index)
-                rb.to = self.ptr.get().uniform_block(block.data(), block.size())
-                rebinds.push_back(rb)
+        for index, data in uniforms:
+            block = memoryview(data).cast("B")
+            if <uint64_t>block.shape[0] != graph.ptr.get().uniform_bytes(index):
+                raise ValueError(f"replay: a uniform block of {block.shape[0]} bytes for dispatch {index}, whose "
+                                 f"block has {graph.ptr.get().uniform_bytes(index)}")
+            rb.src = graph.ptr.get().uniform_range(index)
+            rb.to = self.ptr.get().uniform_block(&block[0], block.shape[0])
+            rebinds.push_back(rb)
         if timer is not None:
             t = timer.ptr.get()
         self.ptr.get().replay(graph.ptr.get()[0], rebinds, t)
@@ -244,6 +245,18 @@ cdef class _StepGraph:
 
     def kernel_names(self):
         return [n.decode() for n in self.ptr.get().kernel_names()]
+
+    def adamw_block(self, size_t index, float lr, float beta1, float beta2, float eps, float weight_decay,
+                    uint64_t step):
+        """The uniform block of captured AdamW dispatch `index` for another step (bytes)."""
+        cdef AdamWConfig cfg
+        cfg.lr = lr
+        cfg.beta1 = beta1
+        cfg.beta2 = beta2
+        cfg.eps = eps
+        cfg.weight_decay = weight_decay
+        cdef vector[uint8_t] block = self.ptr.get().adamw_block(index, cfg, step)
+        return bytes(block)
 
 
 cdef class _PassTimer:
@@ -275,6 +288,11 @@ cdef inline const Buffer* _opt(_Buffer b):
 def gemm(_Recorder r, _Buffer a, _Buffer b, _Buffer out, uint32_t m, uint32_t n, uint32_t k,
          bint trans_a, bint trans_b, float alpha, float beta):
     c.gemm(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(out)[0], m, n, k, trans_a, trans_b, alpha, beta)
+
+
+def gemm_batched(_Recorder r, _Buffer a, _Buffer b, _Buffer out, uint32_t batch, uint32_t m, uint32_t n,
+                 uint32_t k, bint trans_a, bint trans_b, float alpha, float beta):
+    c.gemm_batched(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(out)[0], batch, m, n, k, trans_a, trans_b, alpha, beta)
 
 
 def gemm_bias_act(_Recorder r, _Buffer a, _Buffer b, _Buffer bias, _Buffer y, _Buffer preact,

@@ -64,6 +64,7 @@ cdef extern from "recorder.hpp" namespace "pwt" nogil:
         size_t size()
         vector[string] kernel_names()
         Range uniform_range(size_t i) except +raise_py_error
+        uint32_t uniform_bytes(size_t i) except +raise_py_error
         vector[uint8_t] adamw_block(size_t i, const AdamWConfig& cfg, uint64_t step) except +raise_py_error
 
     cdef cppclass Recorder:
@@ -94,6 +95,8 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
 
     void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
               bool trans_a, bool trans_b, float alpha, float beta) except +raise_py_error
+    void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t batch, uint32_t m,
+                      uint32_t n, uint32_t k, bool ta, bool tb, float alpha, float beta) except +raise_py_error
     void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& y,
                        const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b,
                        Activation act) except +raise_py_error

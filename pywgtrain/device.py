@@ -4,6 +4,23 @@ import threading
 
 from . import _core
 
+class _BatchToken:
+    """Shared by the tensors recorded in one stretch of a batch: set when the
+    batch is discarded, so those tensors refuse to read back garbage."""
+
+    __slots__ = ("discarded", "reason")
+
+    def __init__(self, reason=None):
+        self.discarded = reason is not None
+        self.reason = reason
+
+    def discard(self, reason):
+        self.discarded, self.reason = True, reason
+
+
+_ordinal_lock = threading.Lock()
+_next_ordinal = 0
+
 
 def list_adapters():
     """Every WebGPU adapter wgpu-native sees (Vulkan, Metal, DX12), as dicts."""
@@ -24,6 +41,10 @@ class Device:
             raise TypeError(f"adapter must be None, an int index or a name substring, got {type(adapter).__name__}")
         self._dev = _core._Device("" if adapter is None else str(adapter))
         self._local = threading.local()
+        with _ordinal_lock:
+            global _next_ordinal
+            self.ordinal = _next_ordinal  # tells apart two Devices of one adapter in reprs
+            _next_ordinal += 1
 
     # -- description -------------------------------------------------------
     @property
@@ -51,7 +72,16 @@ class Device:
         return self._dev.lost
 
     def __repr__(self):
-        return f"<pywgtrain.Device {self.name!r} ({self.backend})>"
+        return f"<pywgtrain.Device #{self.ordinal} {self.name!r} ({self.backend})>"
+
+    def _batch_token(self):
+        """The discard marker of this thread's open batch (None outside one):
+        tensors made inside a batch check it before reading back."""
+        rec = getattr(self._local, "recorder", None)
+        return None if rec is None else getattr(self._local, "token", None)
+
+    def _new_batch_token(self):
+        self._local.token = _BatchToken()
 
     # -- recording ---------------------------------------------------------
     @contextlib.contextmanager
@@ -67,12 +97,17 @@ class Device:
         self._submit_deferred()
         rec = _core._Recorder(self._dev)
         self._local.recorder = rec
+        self._new_batch_token()
         try:
             yield rec
             self._local.recorder = None
             rec.submit()
+        except BaseException as e:
+            self._local.token.discard(f"{type(e).__name__} raised inside the batch")
+            raise
         finally:
             self._local.recorder = None
+            self._local.token = None
 
     @contextlib.contextmanager
     def _recording(self):
@@ -111,6 +146,7 @@ class Device:
         rec = getattr(self._local, "recorder", None)
         if rec is not None and rec.pending:
             rec.submit()
+            self._new_batch_token()  # what was recorded so far has run; later work may still be discarded
 
     def synchronize(self):
         """Wait until all submitted work has finished."""

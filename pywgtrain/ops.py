@@ -1,4 +1,4 @@
-"""Functional GPU operations: GEMM, fused linear, AdamW, gradient clipping, losses.
+"""Functional GPU operations on arrays: GEMM, AdamW, gradient clipping.
 
 Every function accepts NumPy arrays or device tensors. Device tensors stay on
 the GPU and calls return without waiting; NumPy inputs are uploaded and
@@ -11,7 +11,6 @@ import numpy as np
 from . import _core
 from .tensor import Tensor, _check_array, _resolve_device, empty, tensor
 
-ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu_tanh": 2, "gelu": 3, "silu": 4}
 
 
 def _device_of(*xs, device=None):
@@ -33,13 +32,6 @@ def _as_tensor(x, name, device, ndim=None, dtype=np.float32):
     if ndim is not None and t.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {t.shape}")
     return t
-
-
-def _activation_code(activation):
-    try:
-        return ACTIVATIONS[activation]
-    except (KeyError, TypeError):
-        raise ValueError(f"activation must be one of {sorted(k for k in ACTIVATIONS if k)}, got {activation!r}") from None
 
 
 def gemm(a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None, device=None):
@@ -83,34 +75,6 @@ def gemm(a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None, devi
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
         return tc.numpy()
     return tc
-
-
-def matmul(a, b, out=None):
-    """``a @ b`` for 2-D operands (see :func:`gemm`)."""
-    return gemm(a, b, out=out)
-
-
-def linear(x, weight, bias, activation=None, preact=None):
-    """``act(x @ weight.T + bias)`` in one fused kernel, like ``torch.nn.functional.linear``
-    followed by the activation. ``x``: [..., in], ``weight``: [out, in], ``bias``: [out].
-    ``preact`` (a Tensor of the output's shape) receives ``x @ weight.T + bias``."""
-    dev = _device_of(x, weight, bias, preact)
-    tw = _as_tensor(weight, "weight", dev, ndim=2)
-    tbias = _as_tensor(bias, "bias", dev, ndim=1)
-    tx = _as_tensor(x, "x", dev)
-    out_f, in_f = tw.shape
-    if tx.shape[-1] != in_f:
-        raise ValueError(f"linear: x has {tx.shape[-1]} features (shape {tx.shape}), weight expects {in_f}")
-    if tbias.shape != (out_f,):
-        raise ValueError(f"linear: bias has shape {tbias.shape}, expected ({out_f},)")
-    rows = tx.size // in_f
-    y = empty(tx.shape[:-1] + (out_f,), np.float32, dev)
-    if preact is not None and (not isinstance(preact, Tensor) or preact.shape != y.shape):
-        raise ValueError(f"linear: preact must be a Tensor of shape {y.shape}")
-    with dev._recording() as rec:
-        _core.gemm_bias_act(rec, tx._buf, tw._buf, tbias._buf, y._buf, None if preact is None else preact._buf,
-                            rows, out_f, in_f, False, True, _activation_code(activation))
-    return y.numpy() if isinstance(x, np.ndarray) else y
 
 
 def _scratch(dev, key, floats):
@@ -223,73 +187,3 @@ def label_array(labels, classes=None):
     if classes is not None and labels.size and (labels.min() < 0 or labels.max() >= classes):
         raise ValueError(f"labels must lie in [0, {classes}), got range [{labels.min()}, {labels.max()}]")
     return np.ascontiguousarray(labels, dtype=np.int32)
-
-
-def as_labels(labels, dev, rows=None, classes=None):
-    """Class labels as an int32 device tensor. NumPy labels are checked for an
-    integer dtype and, when ``classes`` is given, for range (device tensors are
-    taken as they are: checking them would mean a GPU round trip)."""
-    if isinstance(labels, np.ndarray) or isinstance(labels, (list, tuple)):
-        labels = label_array(labels, classes)
-    t = _as_tensor(labels, "labels", dev, ndim=1, dtype=np.int32)
-    if rows is not None and t.shape[0] != rows:
-        raise ValueError(f"labels has {t.shape[0]} entries, logits has {rows} rows")
-    return t
-
-
-def record_cross_entropy(logits, labels):
-    """Check inputs and record the mean cross-entropy with its gradient;
-    returns (logits tensor, loss tensor [1], d(loss)/d(logits))."""
-    dev = _device_of(logits, labels)
-    tl = _as_tensor(logits, "logits", dev, ndim=2)
-    value, grad = record_loss(dev, "xent", tl, as_labels(labels, dev, *tl.shape))
-    return tl, value, grad
-
-
-def record_mse(pred, target):
-    """Check inputs and record the mean squared error with its gradient;
-    returns (pred tensor, loss tensor [1], d(loss)/d(pred))."""
-    dev = _device_of(pred, target)
-    tp = _as_tensor(pred, "pred", dev)
-    tt = _as_tensor(target, "target", dev)
-    if tp.shape != tt.shape:
-        raise ValueError(f"target has shape {tt.shape}, pred has {tp.shape}")
-    value, grad = record_loss(dev, "mse", tp, tt)
-    return tp, value, grad
-
-
-def _loss_result(value, grad, source, return_grad):
-    loss = float(value.numpy()[0])
-    if return_grad:
-        return loss, (grad.numpy() if isinstance(source, np.ndarray) else grad)
-    return loss
-
-
-def cross_entropy(logits, labels, return_grad=False):
-    """Mean softmax cross-entropy of ``logits`` [batch, classes] against int
-    ``labels`` [batch]; with ``return_grad`` also d(loss)/d(logits)."""
-    _, value, grad = record_cross_entropy(logits, labels)
-    return _loss_result(value, grad, logits, return_grad)
-
-
-def mse_loss(pred, target, return_grad=False):
-    """Mean squared error; with ``return_grad`` also d(loss)/d(pred)."""
-    _, value, grad = record_mse(pred, target)
-    return _loss_result(value, grad, pred, return_grad)
-
-
-def record_loss(dev, kind, pred, target):
-    """Record a loss and its gradient; returns (loss tensor [1], gradient tensor)."""
-    grad = empty(pred.shape, np.float32, dev)
-    loss = empty((1,), np.float32, dev)
-    n = pred.shape[0] if kind == "xent" else pred.size
-    per_item = _scratch(dev, f"{kind}_items", n)
-    partials = _scratch(dev, f"{kind}_partials", _core.reduce_scratch_floats(n))
-    with dev._recording() as rec:
-        if kind == "xent":
-            _core.softmax_cross_entropy(rec, pred._buf, target._buf, grad._buf, per_item._buf, partials._buf,
-                                        loss._buf, 0, pred.shape[0], pred.shape[1])
-        else:
-            _core.mse_loss(rec, pred._buf, target._buf, grad._buf, per_item._buf, partials._buf, loss._buf, 0,
-                           pred.size)
-    return loss, grad

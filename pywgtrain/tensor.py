@@ -1,5 +1,6 @@
-"""Device tensors: a GPU buffer with a shape and a dtype."""
+"""Device tensors: a GPU buffer with a shape, a dtype and an autograd record."""
 import math
+import numbers
 
 import numpy as np
 
@@ -11,46 +12,124 @@ MAX_DIM = 2**31 - 1  # kernels index with 32-bit integers
 
 
 class Tensor:
-    """A C-contiguous array in GPU memory (float32, or int32 for labels).
+    """A C-contiguous array in GPU memory (float32, or int32 for labels and ids).
 
-    Create with :func:`tensor` / :func:`zeros`; read back with ``.numpy()``.
+    Create with :func:`tensor` / :func:`zeros` / :func:`empty`; read back with
+    ``.numpy()`` or ``.item()``. Float tensors take part in autograd:
+    ``requires_grad``, ``.grad``, ``.backward()``, ``.detach()`` behave as in
+    PyTorch; the ops (``+ - * / @ **``, ``.exp()``, ``.sum(dim)``, ...) are
+    listed in ``docs/ops.md``. Shape ops that return views in PyTorch
+    (``transpose``, ``permute``, slicing) return contiguous copies here;
+    ``reshape``/``view`` share memory.
     """
 
-    __slots__ = ("_buf", "shape", "dtype", "device", "size", "_grad_fn", "__weakref__")
+    __slots__ = ("_buf", "shape", "dtype", "device", "size", "requires_grad", "grad", "_node", "_grad_home",
+                 "_lost", "__weakref__")
 
-    def __init__(self, buf, shape, dtype, device):
+    def __init__(self, buf, shape, dtype, device, requires_grad=False):
         self._buf = buf
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.device = device
         self.size = math.prod(self.shape)
-        self._grad_fn = None  # set by Sequential.forward in training mode
+        self.requires_grad = bool(requires_grad)
+        self.grad = None
+        self._node = None       # the op that produced this tensor (autograd), None for leaves
+        self._grad_home = None  # where a new .grad lives (a view of an optimizer's flat arena)
+        self._lost = device._batch_token() if device is not None else None
 
+    # -- description ---------------------------------------------------------
     @property
     def ndim(self):
+        return len(self.shape)
+
+    def dim(self):
         return len(self.shape)
 
     @property
     def nbytes(self):
         return self.size * self.dtype.itemsize
 
+    @property
+    def is_leaf(self):
+        return self._node is None
+
+    @property
+    def grad_fn(self):
+        return self._node
+
+    def numel(self):
+        return self.size
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self):
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return (f"Tensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device.name!r}"
+                f"#{self.device.ordinal}{grad})")
+
+    # -- host transfer -------------------------------------------------------
     def numpy(self):
         """Copy to a new NumPy array (waits for the GPU; the GIL is released)."""
+        if self._lost is not None and self._lost.discarded:
+            raise RuntimeError(f"this tensor was computed in a batch that was discarded ({self._lost.reason}); "
+                               "its contents were never written")
         out = np.empty(self.shape, self.dtype)
         self.device.flush()
         self._buf.download(out.reshape(-1).view(np.uint8))
         return out
 
+    def item(self):
+        if self.size != 1:
+            raise ValueError(f"item(): only one-element tensors can be converted to Python scalars, shape {self.shape}")
+        return self.numpy().reshape(-1)[0].item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
     def __array__(self, dtype=None, copy=None):
         a = self.numpy()
         return a if dtype is None else a.astype(dtype)
 
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __bool__(self):
+        if self.size != 1:
+            raise RuntimeError(f"the truth value of a tensor with {self.size} elements is ambiguous")
+        return bool(self.item())
+
+    @staticmethod
+    def _from_host(data, device, name="data"):
+        arr = np.asarray(data)
+        if arr.dtype.kind == "f" and arr.dtype != np.float32:
+            arr = arr.astype(np.float32)
+        return tensor(np.ascontiguousarray(arr), device)
+
+    # -- in-place writes (outside autograd) ----------------------------------
+    def _check_inplace(self, what):
+        from .autograd import is_grad_enabled
+        if self.requires_grad and is_grad_enabled():
+            kind = "a leaf tensor that requires grad" if self._node is None else "a tensor that is part of a graph"
+            raise RuntimeError(f"{what}: in-place operation on {kind}; wrap it in pywgtrain.no_grad() or use the "
+                               "out-of-place form")
+
     def copy_(self, src):
         """Overwrite with ``src`` (array or Tensor) of the same shape and dtype."""
+        self._check_inplace("copy_")
         if isinstance(src, Tensor):
             _check_same(self, src, "src")
             with self.device._recording() as rec:
-                rec.copy(src._buf, 0, self._buf, 0, self.nbytes)
+                if self.dtype == np.float32:
+                    _core.unary(rec, 0, src._buf, self._buf, self.size, 0.0, 0.0, 0.0)
+                else:
+                    rec.copy(src._buf, 0, self._buf, 0, self.nbytes)
         else:
             arr = _check_array(src, "src", dtype=self.dtype)
             if arr.shape != self.shape:
@@ -59,33 +138,163 @@ class Tensor:
             self._buf.upload(arr.reshape(-1).view(np.uint8))
         return self
 
+    def fill_(self, value):
+        self._check_inplace("fill_")
+        if self.dtype != np.float32:
+            raise TypeError(f"fill_ needs a float32 tensor, got {self.dtype.name}")
+        with self.device._recording() as rec:
+            _core.fill(rec, self._buf, self.size, float(value))
+        return self
+
     def zero_(self):
+        if self.dtype == np.float32:
+            return self.fill_(0.0)
+        self._check_inplace("zero_")
         with self.device._recording() as rec:
             rec.fill_zero(self._buf, 0, (self.nbytes + 3) // 4 * 4)
         return self
 
     def clone(self):
-        out = empty(self.shape, self.dtype, self.device)
-        return out.copy_(self)
+        from . import functions as F
+        return F.clone(self)
 
+    # -- autograd ------------------------------------------------------------
+    def backward(self, gradient=None):
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (a scalar, or with ``gradient``)."""
+        from .autograd import backward
+        backward(self, gradient)
+
+    def detach(self):
+        """The same memory, cut from the graph."""
+        return Tensor(self._buf, self.shape, self.dtype, self.device)
+
+    def requires_grad_(self, requires_grad=True):
+        if self._node is not None and not requires_grad:
+            raise RuntimeError("requires_grad_(False) on a non-leaf tensor; use detach()")
+        if requires_grad and self.dtype != np.float32:
+            raise TypeError(f"only float32 tensors can require gradients, got {self.dtype.name}")
+        self.requires_grad = bool(requires_grad)
+        return self
+
+    # -- shape ---------------------------------------------------------------
     def reshape(self, *shape):
-        """A view with a new shape over the same buffer (no copy)."""
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        shape = list(shape)
-        if shape.count(-1) == 1:
-            known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
-            shape[shape.index(-1)] = self.size // known if known else 0
-        if int(np.prod(shape, dtype=np.int64)) != self.size:
-            raise ValueError(f"cannot reshape a tensor of shape {self.shape} into {tuple(shape)}")
-        return Tensor(self._buf, shape, self.dtype, self.device)
+        """A tensor with a new shape over the same buffer (no copy); one dimension may be -1."""
+        from . import functions as F
+        return F.reshape(self, *shape)
 
-    def __repr__(self):
-        return f"Tensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device.name!r})"
+    view = reshape
 
-    def __matmul__(self, other):
-        from .ops import matmul
-        return matmul(self, other)
+    def flatten(self, start_dim=0, end_dim=-1):
+        from . import functions as F
+        return F.flatten(self, start_dim, end_dim)
+
+    def unsqueeze(self, dim):
+        from . import functions as F
+        return F.unsqueeze(self, dim)
+
+    def squeeze(self, dim=None):
+        from . import functions as F
+        return F.squeeze(self, dim)
+
+    def transpose(self, dim0, dim1):
+        from . import functions as F
+        return F.transpose(self, dim0, dim1)
+
+    def permute(self, *dims):
+        from . import functions as F
+        return F.permute(self, *dims)
+
+    @property
+    def T(self):
+        if self.ndim != 2:
+            raise ValueError(f".T needs a 2-D tensor, got shape {self.shape} (use permute)")
+        return self.transpose(0, 1)
+
+    def t(self):
+        return self.T
+
+    def contiguous(self):
+        return self  # every tensor is contiguous
+
+    def expand(self, *shape):
+        from . import functions as F
+        return F.expand(self, *shape)
+
+    def split(self, split_size, dim=0):
+        from . import functions as F
+        return F.split(self, split_size, dim)
+
+    def chunk(self, chunks, dim=0):
+        from . import functions as F
+        return F.chunk(self, chunks, dim)
+
+    def narrow(self, dim, start, length):
+        from . import functions as F
+        return F.narrow(self, dim, start, length)
+
+    def __getitem__(self, index):
+        from . import functions as F
+        return F.getitem(self, index)
+
+
+def _unary_method(name):
+    def method(self, *args, **kwargs):
+        from . import functions as F
+        return getattr(F, name)(self, *args, **kwargs)
+    method.__name__ = name
+    method.__doc__ = f"See ``pywgtrain.{name}``."
+    return method
+
+
+for _name in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "silu", "pow", "clamp",
+              "add", "sub", "mul", "div", "maximum", "minimum", "matmul", "sum", "mean", "max", "var", "std",
+              "softmax", "log_softmax", "gt", "lt", "ge", "le", "eq", "ne", "square"):
+    setattr(Tensor, _name, _unary_method(_name))
+
+
+def _binop(name, reverse=False):
+    def op(self, other):
+        from . import functions as F
+        fn = getattr(F, name)
+        return fn(other, self) if reverse else fn(self, other)
+    return op
+
+
+def _inplace(name):
+    def op(self, other):
+        from . import functions as F
+        from .autograd import is_grad_enabled
+        result = getattr(F, name)(self, other)
+        if self.requires_grad and is_grad_enabled():
+            if self._node is None:
+                raise RuntimeError(f"a leaf tensor that requires grad is used in an in-place operation "
+                                   f"({name}_); use the out-of-place form or pywgtrain.no_grad()")
+            return result  # the name is rebound to the out-of-place result; its graph stays intact
+        if result.shape != self.shape:
+            raise ValueError(f"{name}_: the result of shape {result.shape} does not fit the tensor of shape {self.shape}")
+        with self.device._recording() as rec:
+            _core.unary(rec, 0, result._buf, self._buf, self.size, 0.0, 0.0, 0.0)
+        return self
+    return op
+
+
+for _name, _op in (("add", "__add__"), ("sub", "__sub__"), ("mul", "__mul__"), ("div", "__truediv__"),
+                   ("pow", "__pow__"), ("matmul", "__matmul__"), ("gt", "__gt__"), ("lt", "__lt__"),
+                   ("ge", "__ge__"), ("le", "__le__")):
+    setattr(Tensor, _op, _binop(_name))
+for _name, _op in (("add", "__radd__"), ("sub", "__rsub__"), ("mul", "__rmul__"), ("div", "__rtruediv__"),
+                   ("pow", "__rpow__"), ("matmul", "__rmatmul__")):
+    setattr(Tensor, _op, _binop(_name, reverse=True))
+for _name in ("add", "sub", "mul", "div"):
+    _f = _inplace(_name)
+    setattr(Tensor, f"__i{'truediv' if _name == 'div' else _name}__", _f)
+    setattr(Tensor, f"{_name}_", _f)
+Tensor.__neg__ = _unary_method("neg")
+Tensor.__abs__ = _unary_method("abs")
+# Tensors are identity-hashed (autograd keys, sets); == builds an eq tensor like torch.
+Tensor.__hash__ = object.__hash__
+Tensor.__eq__ = _binop("eq")
+Tensor.__ne__ = _binop("ne")
 
 
 def _check_array(x, name, dtype=np.float32):
@@ -119,29 +328,64 @@ def _resolve_device(device):
     return device
 
 
-def empty(shape, dtype=np.float32, device=None):
-    """Uninitialized device tensor."""
+def _shape_arg(shape, name="shape"):
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a sequence of ints, got {type(shape).__name__}") from None
+    for s in dims:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise TypeError(f"{name} must hold ints, got {s!r} in {dims}")
+    return tuple(int(s) for s in dims)
+
+
+def empty(shape, dtype=np.float32, device=None, requires_grad=False):
+    """Uninitialized device tensor (``shape`` may be ``()`` for a scalar)."""
     device = _resolve_device(device)
-    shape = (shape,) if np.isscalar(shape) else tuple(shape)
+    shape = _shape_arg(shape)
     dtype = np.dtype(dtype)
     if dtype not in _DTYPES:
         raise TypeError(f"dtype must be float32 or int32, got {dtype.name}")
-    if len(shape) == 0 or any(int(s) <= 0 for s in shape):
-        raise ValueError(f"shape must have at least one dimension, all >= 1, got {shape}")
-    if any(int(s) > MAX_DIM for s in shape):
+    if any(s <= 0 for s in shape):
+        raise ValueError(f"shape must have all dimensions >= 1, got {shape}")
+    if any(s > MAX_DIM for s in shape):
         raise ValueError(f"shape has a dimension above {MAX_DIM}: {shape}")
-    nbytes = math.prod(int(s) for s in shape) * dtype.itemsize
-    return Tensor(_core._Buffer(device._dev, nbytes), shape, dtype, device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    return Tensor(_core._Buffer(device._dev, nbytes), shape, dtype, device, requires_grad)
 
 
-def zeros(shape, dtype=np.float32, device=None):
+def zeros(shape, dtype=np.float32, device=None, requires_grad=False):
     """Device tensor filled with zeros."""
-    return empty(shape, dtype, device).zero_()
+    t = empty(shape, dtype, device)
+    t.zero_()
+    t.requires_grad = bool(requires_grad)
+    return t
 
 
-def tensor(data, device=None, dtype=None):
-    """Upload a NumPy array (float32, or int32) to the device."""
+def full(shape, value, device=None, requires_grad=False):
+    """float32 device tensor filled with ``value``."""
+    t = empty(shape, np.float32, device)
+    t.fill_(value)
+    t.requires_grad = bool(requires_grad)
+    return t
+
+
+def ones(shape, device=None, requires_grad=False):
+    return full(shape, 1.0, device, requires_grad)
+
+
+def tensor(data, device=None, dtype=None, requires_grad=False):
+    """Upload a NumPy array (float32, or int32) to the device. A Tensor is
+    returned as it is when it already lives on ``device`` (or no device is
+    given); a Tensor of another device is refused: read it back first."""
     if isinstance(data, Tensor):
+        if device is not None and _resolve_device(device) is not data.device:
+            raise ValueError(f"tensor(): data lives on {data.device!r}, not on {device!r}; copy it across with "
+                             "pywgtrain.tensor(t.numpy(), device)")
+        if dtype is not None and np.dtype(dtype) != data.dtype:
+            raise TypeError(f"tensor(): data has dtype {data.dtype.name}, asked for {np.dtype(dtype).name}")
         return data
     if dtype is not None:
         data = np.ascontiguousarray(data, dtype=dtype)
@@ -150,6 +394,8 @@ def tensor(data, device=None, dtype=None):
     if data.dtype not in _DTYPES:
         raise TypeError(f"data must have dtype float32 or int32, got {data.dtype.name}")
     _check_array(data, "data", data.dtype)
-    t = empty(data.shape, data.dtype, device)
+    if requires_grad and data.dtype != np.float32:
+        raise TypeError(f"only float32 tensors can require gradients, got {data.dtype.name}")
+    t = empty(data.shape, data.dtype, device, requires_grad)
     t._buf.upload(data.reshape(-1).view(np.uint8))
     return t

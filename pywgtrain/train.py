@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from . import _core, nn, optim
-from .device import Device
+from .device import Device, _BatchToken
 from .ops import label_array
 from .tensor import Tensor, empty, tensor
 
@@ -29,7 +29,7 @@ class _LossSlots:
             self.used = 0
         view = self.chunk.view(self.used * self.stride, 4)
         self.used += 1
-        return Tensor(view, (1,), np.float32, self.device)
+        return Tensor(view, (), np.float32, self.device)
 
 
 class Trainer:
@@ -106,14 +106,14 @@ class Trainer:
             loss.backward()
             self.optimizer.step()
             if capture:
-                self._graph = {"graph": rec.end_capture(), "x": x, "y": y, "loss": loss.tensor(),
+                self._graph = {"graph": rec.end_capture(), "x": x, "y": y, "loss": loss,
                                "max_grad_norm": self.optimizer.max_grad_norm}
                 # Replays write their losses elsewhere; this one keeps its own.
                 own = self._loss_slots.take()
-                rec.copy(loss.tensor()._buf, 0, own._buf, 0, 4)
-                loss = nn.Loss(own, None, None)
+                rec.copy(loss._buf, 0, own._buf, 0, 4)
+                loss = own
         self.step_count += 1
-        return loss
+        return loss.detach()
 
     def _replay(self, x, y):
         g = self._graph
@@ -122,11 +122,11 @@ class Trainer:
         inputs = [(g["x"]._buf, x._buf if isinstance(x, Tensor) else x),
                   (g["y"]._buf, y._buf if isinstance(y, Tensor) else y),
                   (g["loss"]._buf, own._buf)]
-        adamw = self.optimizer._advance_captured()
-        loss = nn.Loss(own, None, None)
+        uniforms = self.optimizer._replay_uniforms(g["graph"])
+        loss = own
         outer = getattr(dev._local, "recorder", None)
         if outer is not None:  # inside the caller's batch: part of its submission
-            outer.replay(g["graph"], inputs=inputs, adamw=adamw)
+            outer.replay(g["graph"], inputs=inputs, uniforms=uniforms)
         else:
             if self._group_rec is None:
                 self._group_rec = _core._Recorder(dev._dev)
@@ -134,11 +134,11 @@ class Trainer:
             if dev._defer(rec) or not rec.pending:
                 self._group = []
             try:
-                rec.replay(g["graph"], inputs=inputs, adamw=adamw)
+                rec.replay(g["graph"], inputs=inputs, uniforms=uniforms)
             except BaseException:
                 # A failed recording discards the whole group (see Recorder).
                 for lost in self._group:
-                    lost._lost = "the training step of this loss was discarded: a later step of its group failed to record"
+                    lost._lost = _BatchToken("a later step of its group failed to record")
                 self._group = []
                 raise
             self._group.append(loss)

@@ -152,7 +152,7 @@ def _mlp_run(dev, rng_seed, fused, steps, max_grad_norm, skip_bias_grad_at=None)
         y = data.integers(0, 4, 9)
         pw.nn.CrossEntropyLoss()(model(x), y).backward()
         if s == skip_bias_grad_at:
-            model.layers[0].bias.grad = None  # this parameter sits the step out
+            model[0].bias.grad = None  # this parameter sits the step out
         opt.step()
     return model, opt
 
@@ -209,5 +209,5 @@ def test_parameters_moved_into_the_arena_keep_values_and_identity(dev, rng):
     for name, p in model.named_parameters():
         assert p._buf.shares_memory(arena) and p._buf.offset % dev.limits["min_storage_buffer_offset_alignment"] == 0
         np.testing.assert_array_equal(p.numpy(), before[name], err_msg=name)
-    with pytest.raises(ValueError, match="same parameter twice"):
+    with pytest.raises(ValueError, match="a parameter appears twice"):
         pw.optim.AdamW(params + params[:1])

@@ -1,17 +1,18 @@
-"""Optimizers with PyTorch's semantics, updating parameters on the GPU."""
+"""AdamW with PyTorch's semantics, updating parameters on the GPU."""
 import numpy as np
 
-from . import _core
-from .ops import check_adamw_hyperparameters, record_grad_norm
-from .tensor import Tensor, zeros
+from .. import _core
+from ..ops import check_adamw_hyperparameters, record_grad_norm
+from ..tensor import Tensor, zeros
+from .optimizer import Optimizer
 
 
 class _FlatArena:
     """One device buffer each for the parameters, gradients and both moments,
     every parameter at a storage-aligned offset (gaps stay zero, and AdamW
-    maps zeros to zeros). Parameters are moved into it as views, so the whole
-    update is one AdamW dispatch and the norm one reduction, whatever the
-    number of tensors."""
+    maps zeros to zeros), parameters of a group next to each other.
+    Parameters are moved into it as views, so a group's update is one AdamW
+    dispatch and the norm one reduction, whatever the number of tensors."""
 
     def __init__(self, params, device):
         align = max(device.limits["min_storage_buffer_offset_alignment"] // 4, 1)
@@ -39,8 +40,11 @@ class _FlatArena:
     def view(self, name, p, off):
         return Tensor(self.buffers[name].view(off * 4, p.nbytes), p.shape, np.float32, p.device)
 
-    def whole(self, name):
-        return Tensor(self.buffers[name], (self.size,), np.float32, self.device)
+    def span(self, name, first, last):
+        """Parameters first..last-1 (and the gaps after them) as one flat tensor."""
+        start = self.offsets[first]
+        end = self.offsets[last] if last < len(self.offsets) else self.size
+        return Tensor(self.buffers[name].view(start * 4, (end - start) * 4), (end - start,), np.float32, self.device)
 
     def holds(self, params):
         """Whether every parameter and its gradient still live in this arena."""
@@ -49,9 +53,10 @@ class _FlatArena:
             for p, q in zip(params, self.params))
 
 
-class AdamW:
+class AdamW(Optimizer):
     """``torch.optim.AdamW`` (amsgrad=False): per-parameter step counts and
-    moment estimates on the GPU.
+    moment estimates on the GPU; parameter groups with their own ``lr``,
+    ``betas``, ``eps``, ``weight_decay`` (e.g. no decay for biases and norms).
 
     ``max_grad_norm``: when set, ``step()`` first computes the global gradient
     norm on the GPU and applies the clip coefficient inside the AdamW kernel
@@ -61,34 +66,26 @@ class AdamW:
     ``fused`` (default): the parameters move into one flat device buffer (the
     Parameter objects stay the same, their data becomes views), so a step in
     which every parameter has a gradient is one norm reduction and one AdamW
-    dispatch instead of one per tensor. Other steps update tensor by tensor.
+    dispatch per group instead of one per tensor. Other steps update tensor by
+    tensor. Learning-rate schedulers change ``param_groups[i]["lr"]``, which
+    reaches replayed steps (``Trainer``) too.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, max_grad_norm=None,
                  fused=True):
-        self.params = list(params)
-        if not self.params:
-            raise ValueError("AdamW got an empty parameter list")
-        self.lr, self.betas, self.eps, self.weight_decay = check_adamw_hyperparameters(lr, betas, eps, weight_decay)
+        check_adamw_hyperparameters(lr, betas, eps, weight_decay)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        for g in self.param_groups:
+            check_adamw_hyperparameters(g["lr"], g["betas"], g["eps"], g["weight_decay"])
         if max_grad_norm is not None and not float(max_grad_norm) >= 0.0:
             raise ValueError(f"max_grad_norm must be >= 0, got {max_grad_norm}")
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
-        self.device = self.params[0].device
         self.state = [{} for _ in self.params]
         self._norm = None
-        self._captured = None  # [(param indices, AdamW dispatch indices)] of a captured step
-        # fused: parameters move into one flat arena (see _FlatArena); steps
-        # where every parameter has a gradient then take one AdamW dispatch.
+        self._captured = None  # [(group index, param indices, AdamW dispatch indices)] of a captured step
         self._arena = None
-        if fused and all(hasattr(p, "_grad_home") and p.device is self.device for p in self.params):
-            if len({id(p) for p in self.params}) != len(self.params):
-                raise ValueError("AdamW got the same parameter twice")
+        if fused and all(p.device is self.device for p in self.params):
             self._arena = _FlatArena(self.params, self.device)
-
-    def zero_grad(self, set_to_none=True):
-        """The next backward overwrites gradients instead of accumulating (no GPU work)."""
-        for p in self.params:
-            p._grad_fresh = True
 
     def _state_for(self, i):
         st = self.state[i]
@@ -104,58 +101,71 @@ class AdamW:
         return st
 
     def _flat_step(self, live):
-        """Whether this step can update the whole arena at once: every parameter
-        has a gradient in the arena and all step counts agree."""
+        """Whether this step can update the arena group by group: every
+        parameter has a gradient in the arena and all step counts agree."""
         if self._arena is None or len(live) != len(self.params) or not self._arena.holds(self.params):
             return False
         return len({self._state_for(i)["step"] for i in range(len(self.params))}) == 1
+
+    def _hyper(self, group):
+        lr, (b1, b2), eps, wd = check_adamw_hyperparameters(group["lr"], group["betas"], group["eps"],
+                                                            group["weight_decay"])
+        return lr, b1, b2, eps, wd
 
     def step(self):
         """Apply one update to every parameter that has a gradient, in one submission."""
         live = [(i, p) for i, p in enumerate(self.params) if p.grad is not None]
         if not live:
             return
-        lr, (b1, b2), eps, wd = check_adamw_hyperparameters(self.lr, self.betas, self.eps, self.weight_decay)
         flat = self._flat_step(live)
         with self.device._recording() as rec:
             clip = None
             if self.max_grad_norm is not None:
-                grads = [self._arena.whole("grad")] if flat else [p.grad for _, p in live]
+                grads = [self._arena.span("grad", 0, len(self.params))] if flat else [p.grad for _, p in live]
                 self._norm = record_grad_norm(rec, self.device, grads, self.max_grad_norm)
                 clip = self._norm._buf
             captured = [] if rec.capturing else None
             if flat:
                 for i in range(len(self.params)):
                     self.state[i]["step"] += 1
-                first = rec.captured
-                a = self._arena.buffers
-                _core.adamw(rec, a["param"], a["grad"], a["exp_avg"], a["exp_avg_sq"], self._arena.size,
-                            lr, b1, b2, eps, wd, self.state[0]["step"], clip)
-                if captured is not None:
-                    captured.append((list(range(len(self.params))), range(first, rec.captured)))
+                step = self.state[0]["step"]
+                for gi, (first, last) in enumerate(self._group_ranges):
+                    if first == last:
+                        continue
+                    lr, b1, b2, eps, wd = self._hyper(self.param_groups[gi])
+                    t = {name: self._arena.span(name, first, last) for name in ("param", "grad", "exp_avg", "exp_avg_sq")}
+                    start = rec.captured
+                    _core.adamw(rec, t["param"]._buf, t["grad"]._buf, t["exp_avg"]._buf, t["exp_avg_sq"]._buf,
+                                t["param"].size, lr, b1, b2, eps, wd, step, clip)
+                    if captured is not None:
+                        captured.append((gi, list(range(first, last)), range(start, rec.captured)))
             else:
                 for i, p in live:
+                    gi = self._group_of[i]
+                    lr, b1, b2, eps, wd = self._hyper(self.param_groups[gi])
                     st = self._state_for(i)
                     st["step"] += 1
-                    first = rec.captured
+                    start = rec.captured
                     _core.adamw(rec, p._buf, p.grad._buf, st["exp_avg"]._buf, st["exp_avg_sq"]._buf, p.size,
                                 lr, b1, b2, eps, wd, st["step"], clip)
                     if captured is not None:
-                        captured.append(([i], range(first, rec.captured)))
+                        captured.append((gi, [i], range(start, rec.captured)))
             if captured is not None:
                 self._captured = captured
 
-    def _advance_captured(self):
+    def _replay_uniforms(self, graph):
         """Replay counterpart of step(): bump the step counts and return this
-        step's AdamW scalars for the captured update dispatches, in the form
-        ``_Recorder.replay(adamw=...)`` takes."""
-        lr, (b1, b2), eps, wd = check_adamw_hyperparameters(self.lr, self.betas, self.eps, self.weight_decay)
-        updates = []
-        for indices, dispatches in self._captured:
+        step's uniform blocks for the captured update dispatches (each group's
+        current lr, so schedulers reach replayed steps), as
+        ``_Recorder.replay(uniforms=...)`` takes them."""
+        blocks = []
+        for gi, indices, dispatches in self._captured:
+            lr, b1, b2, eps, wd = self._hyper(self.param_groups[gi])
             for i in indices:
                 self.state[i]["step"] += 1
-            updates += [(d, self.state[indices[0]]["step"]) for d in dispatches]
-        return (lr, b1, b2, eps, wd, updates)
+            step = self.state[indices[0]]["step"]
+            blocks += [(d, graph.adamw_block(d, lr, b1, b2, eps, wd, step)) for d in dispatches]
+        return blocks
 
     def last_grad_norm(self):
         """Global gradient norm computed by the last clipped ``step()`` (reads 4 bytes back)."""
@@ -166,20 +176,34 @@ class AdamW:
         for i, st in enumerate(self.state):
             if st:
                 state[i] = {"step": st["step"], "exp_avg": st["exp_avg"].numpy(), "exp_avg_sq": st["exp_avg_sq"].numpy()}
-        group = {"lr": self.lr, "betas": self.betas, "eps": self.eps, "weight_decay": self.weight_decay,
-                 "max_grad_norm": self.max_grad_norm, "params": list(range(len(self.params)))}
-        return {"state": state, "param_groups": [group]}
+        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": [self._index[id(p)] for p in g["params"]]}
+                  for g in self.param_groups]
+        for g in groups:
+            g["max_grad_norm"] = self.max_grad_norm
+        return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, sd):
-        group = sd["param_groups"][0]
-        if len(group["params"]) != len(self.params):
-            raise ValueError(f"optimizer state has {len(group['params'])} parameters, this optimizer {len(self.params)}")
-        self.lr, self.betas, self.eps, self.weight_decay = check_adamw_hyperparameters(
-            group["lr"], group["betas"], group["eps"], group["weight_decay"])
-        self.max_grad_norm = group.get("max_grad_norm")
+        groups = sd["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError(f"optimizer state has {len(groups)} parameter groups, this optimizer "
+                             f"{len(self.param_groups)}")
+        for gi, (saved, mine) in enumerate(zip(groups, self.param_groups)):
+            if len(saved["params"]) != len(mine["params"]):
+                raise ValueError(f"optimizer state group {gi} has {len(saved['params'])} parameters, this optimizer "
+                                 f"{len(mine['params'])}")
+        for saved, mine in zip(groups, self.param_groups):
+            lr, betas, eps, wd = check_adamw_hyperparameters(saved["lr"], saved["betas"], saved["eps"],
+                                                             saved["weight_decay"])
+            mine.update(lr=lr, betas=betas, eps=eps, weight_decay=wd)
+            for k, v in saved.items():
+                if k not in ("params", "lr", "betas", "eps", "weight_decay", "max_grad_norm"):
+                    mine[k] = v
+        self.max_grad_norm = groups[0].get("max_grad_norm")
         self.state = [{} for _ in self.params]
         for key, st in sd["state"].items():
             i = int(key)
+            if not 0 <= i < len(self.params):
+                raise ValueError(f"optimizer state names parameter {i}; this optimizer has {len(self.params)}")
             p = self.params[i]
             for name in ("exp_avg", "exp_avg_sq"):
                 if np.shape(st[name]) != p.shape:
@@ -188,3 +212,4 @@ class AdamW:
             s["step"] = int(st["step"])
             s["exp_avg"].copy_(np.ascontiguousarray(st["exp_avg"], dtype=np.float32))
             s["exp_avg_sq"].copy_(np.ascontiguousarray(st["exp_avg_sq"], dtype=np.float32))
+        self._captured = None

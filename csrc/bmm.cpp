@@ -1,0 +1,75 @@
+// Strided batched GEMM launcher (bmm.wgsl): batches in chunks whose operand
+// windows fit one storage binding and the z grid limit.
+#include <algorithm>
+#include <string>
+
+#include "dispatch_util.hpp"
+#include "ops.hpp"
+
+namespace pwt {
+namespace {
+
+// bmm.wgsl BmmParams.
+struct BmmParams {
+  uint32_t m, n, k, batch;
+  uint32_t a_off, b_off, c_off, pad0;
+  uint32_t a_stride, b_stride, c_stride, pad1;
+  float alpha, beta;
+  uint32_t pad2, pad3;
+};
+static_assert(sizeof(BmmParams) == 64, "BmmParams must match bmm.wgsl");
+
+constexpr uint32_t kBmmTile = 64;  // bmm.wgsl TILE
+
+// The aligned window of `buf` holding elements [first, first + count): range and inner offset.
+std::pair<Range, uint32_t> window(const Device& dev, const Buffer& buf, uint64_t first, uint64_t count) {
+  const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+  const uint64_t start = first / align * align;
+  return {floats(buf, start, first - start + count), uint32_t(first - start)};
+}
+
+}  // namespace
+
+void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t batch, uint32_t m,
+                  uint32_t n, uint32_t k, bool ta, bool tb, float alpha, float beta) {
+  if (batch == 0 || m == 0 || n == 0 || k == 0)
+    throw ArgumentError("gemm_batched: batch, M, N and K must be >= 1");
+  const uint64_t sa = uint64_t(m) * k, sb = uint64_t(k) * n, sc = uint64_t(m) * n;
+  check_floats(a, sa * batch, "gemm_batched operand A");
+  check_floats(b, sb * batch, "gemm_batched operand B");
+  check_floats(c, sc * batch, "gemm_batched output C");
+  Device& dev = r.device();
+  const uint64_t slack = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+  const uint64_t cap = dev.limits().max_storage_binding / 4;
+  const uint64_t largest = std::max({sa, sb, sc});
+  if (largest + slack > cap)
+    throw ArgumentError("gemm_batched: one matrix of " + std::to_string(largest * 4) +
+                        " bytes exceeds the device's max_storage_buffer_binding_size of " +
+                        std::to_string(dev.limits().max_storage_binding) + " bytes");
+  const uint64_t per_chunk = std::min<uint64_t>({(cap - slack) / largest, dev.limits().max_workgroups_per_dim,
+                                                 uint64_t(UINT32_MAX) / largest});
+  KernelDesc d;
+  d.shader = "bmm";
+  d.entry = "bmm";
+  d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
+  d.constants = {{"TRANS_A", ta ? "true" : "false"}, {"TRANS_B", tb ? "true" : "false"}};
+  const Kernel& kern = dev.pipelines().get(d);
+  const uint64_t gx = ceil_div(n, kBmmTile), gy = ceil_div(m, kBmmTile);
+  if (gx > dev.limits().max_workgroups_per_dim || gy > dev.limits().max_workgroups_per_dim)
+    throw ArgumentError("gemm_batched: M or N exceeds the workgroup grid (" + std::to_string(m) + " x " +
+                        std::to_string(n) + ")");
+  for (uint64_t b0 = 0; b0 < batch; b0 += per_chunk) {
+    const uint64_t bc = std::min<uint64_t>(per_chunk, batch - b0);
+    auto [ar, ao] = window(dev, a, b0 * sa, bc * sa);
+    auto [br, bo] = window(dev, b, b0 * sb, bc * sb);
+    auto [cr, co] = window(dev, c, b0 * sc, bc * sc);
+    BmmParams p{};
+    p.m = m; p.n = n; p.k = k; p.batch = uint32_t(bc);
+    p.a_off = ao; p.b_off = bo; p.c_off = co;
+    p.a_stride = uint32_t(sa); p.b_stride = uint32_t(sb); p.c_stride = uint32_t(sc);
+    p.alpha = alpha; p.beta = beta;
+    r.dispatch(kern, {ar, br, cr}, p, uint32_t(gx), uint32_t(gy), uint32_t(bc));
+  }
+}
+
+}  // namespace pwt

@@ -1,0 +1,289 @@
+"""Reverse-mode automatic differentiation over device tensors.
+
+Every differentiable op that runs while gradients are enabled and sees an
+input with ``requires_grad`` records a :class:`Node`: its inputs, what its
+backward needs, and a backward function that records GPU work (nothing is
+read back). ``Tensor.backward()`` walks the nodes in reverse topological
+order; gradients flow through *slots*:
+
+* a leaf (a tensor the user created with ``requires_grad=True``, such as a
+  parameter) accumulates into ``.grad`` as PyTorch does (written in place
+  when it already exists, or straight into an optimizer's flat gradient
+  arena when the parameter has one);
+* an intermediate tensor's gradient is summed over its uses.
+
+Backward functions either ask a sink for a ``(tensor, beta)`` target and
+write into it with a kernel that accumulates when ``beta`` is 1 (GEMMs,
+element-wise and reduction kernels all take ``beta``), or hand over a
+finished tensor. Nodes are released after their backward ran, so a step's
+graph, and the device memory it holds, is freed once ``backward()``
+returns.
+"""
+import contextlib
+import threading
+
+import numpy as np
+
+from . import _core
+
+_state = threading.local()
+
+
+def is_grad_enabled():
+    return getattr(_state, "enabled", True)
+
+
+class set_grad_enabled(contextlib.ContextDecorator):
+    """Context manager / decorator switching gradient recording on or off (this thread)."""
+
+    def __init__(self, mode):
+        self.mode = bool(mode)
+
+    def __enter__(self):
+        self.prev = is_grad_enabled()
+        _state.enabled = self.mode
+
+    def __exit__(self, *exc):
+        _state.enabled = self.prev
+        return False
+
+
+class no_grad(set_grad_enabled):
+    """``with pywgtrain.no_grad():`` ops inside record no graph (like ``torch.no_grad``)."""
+
+    def __init__(self):
+        super().__init__(False)
+
+
+class enable_grad(set_grad_enabled):
+    def __init__(self):
+        super().__init__(True)
+
+
+class Node:
+    """One recorded op: ``backward(grad, sinks, preact)`` records the input
+    gradients. ``inputs`` are the op's tensor inputs (None where an input
+    takes no gradient); ``saved`` whatever backward reads."""
+
+    __slots__ = ("name", "inputs", "backward_fn", "saved", "released", "__weakref__")
+
+    def __init__(self, name, inputs, backward_fn, saved=None):
+        self.name = name
+        self.inputs = tuple(inputs)
+        self.backward_fn = backward_fn
+        self.saved = saved
+        self.released = False
+
+    def release(self):
+        self.inputs = ()
+        self.backward_fn = None
+        self.saved = None
+        self.released = True
+
+    def __repr__(self):
+        return f"<{self.name}Backward>"
+
+
+def needs_grad(*tensors):
+    """Whether an op over these inputs records a node."""
+    if not is_grad_enabled():
+        return False
+    return any(t is not None and getattr(t, "requires_grad", False) for t in tensors)
+
+
+def attach(out, name, inputs, backward_fn, saved=None):
+    """Make ``out`` the result of a recorded op (when any input requires grad)."""
+    if needs_grad(*inputs):
+        out.requires_grad = True
+        out._node = Node(name, [t if t is not None and t.requires_grad else None for t in inputs], backward_fn, saved)
+    return out
+
+
+class _Slot:
+    """Where the gradient of one tensor collects during a backward pass."""
+
+    __slots__ = ("tensor", "shape", "leaf", "value", "owned", "preact", "uses", "producer")
+
+    def __init__(self, tensor, uses):
+        self.tensor = tensor
+        self.shape = tensor.shape
+        self.leaf = tensor._node is None
+        self.value = None   # intermediate: the gradient so far
+        self.owned = False  # whether `value` may be written in place
+        self.preact = False  # value is the gradient of the producer's pre-activation (fused Linear)
+        self.uses = uses
+        self.producer = tensor._node
+
+    # -- leaves: .grad as in PyTorch -----------------------------------------
+    def _leaf_target(self):
+        t = self.tensor
+        if t.grad is None:
+            home = t._grad_home
+            t.grad = home if home is not None else _empty_like(t)
+            return t.grad, 0.0
+        return t.grad, 1.0
+
+    def target(self):
+        """(tensor, beta): write the contribution into tensor, accumulating when beta is 1."""
+        if self.leaf:
+            return self._leaf_target()
+        if self.value is None:
+            self.value, self.owned = _empty_like(self.tensor), True
+            return self.value, 0.0
+        if not self.owned:
+            self.value, self.owned = _copy(self.value), True
+        self.preact = False
+        return self.value, 1.0
+
+    def put(self, g, owned=True, preact=False):
+        """Hand over a finished contribution ``g`` (``owned``: no one else holds it)."""
+        if g.shape != self.shape:
+            g = g.reshape(self.shape)
+        if self.leaf:
+            t = self.tensor
+            if t.grad is None and t._grad_home is None and owned:
+                t.grad = g
+                return
+            dst, beta = self._leaf_target()
+            _copy_into(g, dst, beta)
+            return
+        if self.value is None:
+            self.value, self.owned, self.preact = g, owned, preact
+            return
+        if preact or self.preact:
+            raise AssertionError("a pre-activation gradient must be the only contribution to its slot")
+        if self.owned:
+            _copy_into(g, self.value, 1.0)
+        else:
+            out = _copy(self.value)
+            _copy_into(g, out, 1.0)
+            self.value, self.owned = out, True
+
+
+class Sink:
+    """What a backward function sees of one input: its shape, how often the
+    graph uses it, the node that produced it, and where its gradient goes."""
+
+    __slots__ = ("_slot",)
+
+    def __init__(self, slot):
+        self._slot = slot
+
+    @property
+    def shape(self):
+        return self._slot.shape
+
+    @property
+    def uses(self):
+        return self._slot.uses
+
+    @property
+    def producer(self):
+        return self._slot.producer
+
+    def target(self):
+        return self._slot.target()
+
+    def put(self, g, owned=True, preact=False):
+        self._slot.put(g, owned, preact)
+
+
+def _empty_like(t):
+    from .tensor import empty
+    return empty(t.shape, np.float32, t.device)
+
+
+def _copy_into(src, dst, beta):
+    with dst.device._recording() as rec:
+        _core.unary(rec, 0, src._buf, dst._buf, src.size, 0.0, 0.0, float(beta))
+
+
+def _copy(src):
+    out = _empty_like(src)
+    _copy_into(src, out, 0.0)
+    return out
+
+
+def _topo_nodes(root_node):
+    """Nodes reachable from root_node, each after every node that consumes its output."""
+    order, seen = [], set()
+    stack = [(root_node, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.released:
+            raise RuntimeError(
+                "Trying to backward through the graph a second time: the graph of this result was freed by the "
+                "first backward() (compute the result again for a second backward)")
+        stack.append((node, True))
+        for t in node.inputs:
+            if t is not None and t._node is not None and id(t._node) not in seen:
+                stack.append((t._node, False))
+    order.reverse()  # root first
+    return order
+
+
+def backward(root, gradient=None):
+    """Run the backward pass from ``root`` (see ``Tensor.backward``)."""
+    from .tensor import Tensor, full
+
+    if not root.requires_grad:
+        raise RuntimeError("backward(): the tensor does not require grad and has no grad_fn (no input of the ops "
+                           "that made it has requires_grad=True, or it was computed under no_grad())")
+    if gradient is None:
+        if root.size != 1:
+            raise RuntimeError(f"backward(): grad can be implicitly created only for scalar outputs; this tensor has "
+                               f"shape {root.shape}: pass gradient= of that shape")
+        gradient = full(root.shape, 1.0, device=root.device)
+    else:
+        if not isinstance(gradient, Tensor):
+            gradient = Tensor._from_host(gradient, root.device, "gradient")
+        if gradient.device is not root.device:
+            raise ValueError(f"backward(): gradient lives on {gradient.device!r}, the tensor on {root.device!r}")
+        if gradient.shape != root.shape:
+            raise ValueError(f"backward(): gradient has shape {gradient.shape}, the tensor {root.shape}")
+        if gradient.dtype != np.float32:
+            raise TypeError(f"backward(): gradient must be float32, got {gradient.dtype.name}")
+    if root._node is None:  # a leaf: its gradient is the seed itself
+        _Slot(root, 1).put(gradient, owned=False)
+        return
+    nodes = _topo_nodes(root._node)
+    uses = {}
+    for node in nodes:
+        for t in node.inputs:
+            if t is not None:
+                uses[id(t)] = uses.get(id(t), 0) + 1
+    slots = {}  # id(tensor) -> _Slot; tensors are kept alive by their consumers' inputs
+
+    def slot_of(t):
+        s = slots.get(id(t))
+        if s is None:
+            s = slots[id(t)] = _Slot(t, uses.get(id(t), 1))
+        return s
+
+    root_slot = slot_of(root)
+    root_slot.put(gradient, owned=False)
+    by_node = {id(root._node): root_slot}
+    with root.device.batch():
+        for node in nodes:
+            slot = by_node.pop(id(node), None)
+            if slot is None or slot.value is None:
+                node.release()  # no gradient reached it
+                continue
+            sinks = []
+            for t in node.inputs:
+                if t is None:
+                    sinks.append(None)
+                    continue
+                s = slot_of(t)
+                if t._node is not None:
+                    by_node[id(t._node)] = s
+                sinks.append(Sink(s))
+            node.backward_fn(slot.value, sinks, slot.preact)
+            slot.value = None
+            node.release()

@@ -1,0 +1,1121 @@
+"""Differentiable tensor ops: forward and backward are recorded GPU work.
+
+Each op checks its arguments, records its forward kernel(s), and, when an
+input requires grad, attaches a backward (see autograd.py) that writes each
+input's gradient through a sink. Kernels: elementwise.wgsl (unary, binary,
+where, strided copies, fill), axis.wgsl (reductions, softmax), embedding.wgsl
+(gather and its deterministic backward, NLL pick), gemm.wgsl (matmul, fused
+linear). The names and semantics follow PyTorch; ``docs/ops.md`` lists them.
+"""
+import builtins
+import math
+import numbers
+
+import numpy as np
+
+from . import _core
+from ._opcodes import BINARY, REDUCE, UNARY
+from .autograd import attach, needs_grad
+from .tensor import Tensor, _shape_arg, empty, full, tensor
+
+MAX_DIMS = 6  # kernels index up to this many dimensions (tensor_ops.hpp kMaxDims)
+ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu_tanh": 2, "gelu": 3, "silu": 4}
+
+
+# -- argument handling ---------------------------------------------------------
+def _device_of(*xs):
+    for x in xs:
+        if isinstance(x, Tensor):
+            return x.device
+    from .device import default_device
+    return default_device()
+
+
+def _is_scalar(x):
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) or isinstance(x, (np.floating, np.integer))
+
+
+def _float_tensor(x, dev, op, name):
+    if isinstance(x, Tensor):
+        if x.device is not dev:
+            raise ValueError(f"{op}: {name} lives on {x.device!r}, the other operand on {dev!r}")
+        if x.dtype != np.float32:
+            raise TypeError(f"{op}: {name} must be float32, got {x.dtype.name} (int32 tensors hold ids and labels)")
+        return x
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind not in "fiu":
+            raise TypeError(f"{op}: {name} has dtype {x.dtype.name}, expected a float array")
+        return tensor(np.ascontiguousarray(x, np.float32).reshape(x.shape or (1,)), dev).reshape(x.shape)
+    raise TypeError(f"{op}: {name} must be a Tensor, NumPy array or real number, got {type(x).__name__}")
+
+
+def _dim(d, ndim, op):
+    if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+        raise TypeError(f"{op}: dim must be an int, got {d!r}")
+    n = builtins.max(ndim, 1)
+    if not -n <= d < n:
+        raise IndexError(f"{op}: dim {d} is out of range for a tensor of {ndim} dimensions")
+    return d % n
+
+
+def _strides(shape):
+    out, s = [], 1
+    for d in reversed(shape):
+        out.append(s)
+        s *= d
+    return tuple(reversed(out))
+
+
+def _kshape(shape):
+    """A shape as the kernels take it: at least one dimension."""
+    return list(shape) if shape else [1]
+
+
+def _check_dims(shape, op):
+    if len(shape) > MAX_DIMS:
+        raise ValueError(f"{op}: tensors of more than {MAX_DIMS} dimensions are not supported (shape {shape})")
+
+
+def _rec(dev):
+    return dev._recording()
+
+
+# -- raw kernels used by forward and backward passes (no autograd) ----------------
+def _unary_into(code, x, out, a=0.0, b=0.0, beta=0.0):
+    with _rec(out.device) as rec:
+        _core.unary(rec, code, x._buf, out._buf, out.size, float(a), float(b), float(beta))
+
+
+def _expand_into(src, src_shape, out, beta=0.0):
+    """out (contiguous) += broadcast of src (shape src_shape, right-aligned) to out.shape."""
+    shape = _kshape(out.shape)
+    _check_dims(shape, "expand")
+    pad = (1,) * (len(shape) - len(src_shape)) + tuple(src_shape)
+    st = _strides(pad)
+    src_strides = [0 if p == 1 and s != 1 else t for p, s, t in zip(pad, shape, st)]
+    with _rec(out.device) as rec:
+        _core.strided_copy(rec, src._buf, 0, src_strides, out._buf, 0, list(_strides(shape)), shape, float(beta))
+
+
+def _zero(t):
+    with _rec(t.device) as rec:
+        _core.fill(rec, t._buf, t.size, 0.0)
+
+
+def _reduce_raw(x, shape, axis, op="sum", scale=1.0, out=None, beta=0.0, argmax=None):
+    """Reduce x (of `shape`) along `axis` keeping the dimension; returns the result."""
+    outer = math.prod(shape[:axis])
+    length = shape[axis]
+    inner = math.prod(shape[axis + 1:])
+    if out is None:
+        out = empty(tuple(shape[:axis]) + (1,) + tuple(shape[axis + 1:]), np.float32, x.device)
+    with _rec(x.device) as rec:
+        _core.reduce_axis(rec, REDUCE[op], x._buf, out._buf, None if argmax is None else argmax._buf,
+                          outer, length, inner, float(scale), float(beta))
+    return out
+
+
+def _sum_to_sink(g, sink, owned):
+    """Reduce g over the dimensions broadcasting added to the sink's tensor, into the sink."""
+    target = tuple(sink.shape)
+    if g.shape == target:
+        sink.put(g, owned=owned)
+        return
+    if g.size == math.prod(target):  # only size-1 dims differ
+        if all(a == b for a, b in zip(_squeeze_shape(g.shape), _squeeze_shape(target))):
+            sink.put(g.detach().reshape(target), owned=owned)
+            return
+    cur, shape = g, list(g.shape)
+    lead = len(shape) - len(target)
+    steps = []
+    if lead > 0:
+        steps.append(("lead", lead))
+    for d, s in enumerate(target):
+        if s == 1 and shape[lead + d] != 1:
+            steps.append(("axis", lead + d))
+    for i, (kind, arg) in enumerate(steps):
+        last = i == len(steps) - 1
+        if kind == "lead":
+            rshape = [math.prod(shape[:arg])] + shape[arg:]
+            axis = 0
+        else:
+            rshape = shape
+            axis = arg
+        if last:
+            dst, beta = sink.target()
+            _reduce_raw(cur, rshape, axis, out=dst, beta=beta)
+            return
+        cur = _reduce_raw(cur, rshape, axis)
+        if kind == "lead":
+            shape = shape[arg:]
+        else:
+            shape[axis] = 1
+
+
+def _squeeze_shape(s):
+    return tuple(d for d in s if d != 1)
+
+
+# -- element-wise ----------------------------------------------------------------
+def _unary(name, x, a=0.0, b=0.0, uses_output=False):
+    op = name
+    code = UNARY[name]
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise TypeError(f"{op}: needs a float32 tensor, got {x.dtype.name}")
+    out = empty(x.shape, np.float32, x.device)
+    _unary_into(code, x, out, a, b)
+    if needs_grad(x):
+        xb, yb, n = x._buf, out._buf, x.size
+
+        def backward(g, sinks, _):
+            dst, beta = sinks[0].target()
+            with _rec(g.device) as rec:
+                _core.unary_backward(rec, code, xb, yb, g._buf, dst._buf, n, float(a), float(b), float(beta))
+        attach(out, name, [x], backward)
+    return out
+
+
+def neg(x):
+    return _unary("neg", x)
+
+
+def abs(x):  # noqa: A001 - torch's name
+    return _unary("abs", x)
+
+
+def exp(x):
+    return _unary("exp", x)
+
+
+def log(x):
+    return _unary("log", x)
+
+
+def sqrt(x):
+    return _unary("sqrt", x)
+
+
+def rsqrt(x):
+    return _unary("rsqrt", x)
+
+
+def tanh(x):
+    return _unary("tanh", x)
+
+
+def sigmoid(x):
+    return _unary("sigmoid", x)
+
+
+def relu(x):
+    return _unary("relu", x)
+
+
+def silu(x):
+    return _unary("silu", x)
+
+
+def gelu(x, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _unary("gelu" if approximate == "none" else "gelu_tanh", x)
+
+
+def square(x):
+    return _unary("pow_scalar", x, 2.0)
+
+
+def clamp(x, min=None, max=None):  # noqa: A002 - torch's names
+    if min is None and max is None:
+        raise ValueError("clamp: at least one of min and max must be given")
+    for name, v in (("min", min), ("max", max)):
+        if v is not None and not _is_scalar(v):
+            raise TypeError(f"clamp: {name} must be a real number, got {type(v).__name__}")
+    lo = -math.inf if min is None else float(min)
+    hi = math.inf if max is None else float(max)
+    return _unary("clamp", x, lo, hi)
+
+
+def clone(x):
+    return _unary("copy", x)
+
+
+def _scalar_op(name, x, s):
+    return _unary(name, x, float(s))
+
+
+def _broadcast(sa, sb, op):
+    n = builtins.max(len(sa), len(sb))
+    pa = (1,) * (n - len(sa)) + tuple(sa)
+    pb = (1,) * (n - len(sb)) + tuple(sb)
+    out = []
+    for x, y in zip(pa, pb):
+        if x != y and x != 1 and y != 1:
+            raise ValueError(f"{op}: shapes {tuple(sa)} and {tuple(sb)} cannot be broadcast together")
+        out.append(builtins.max(x, y))
+    return tuple(out)
+
+
+def _bstrides(shape, out_shape):
+    pad = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    return [0 if p == 1 and o != 1 else s for p, o, s in zip(pad, out_shape, _strides(pad))] or [0]
+
+
+_NO_GRAD_BINARY = ("gt", "lt", "ge", "le", "eq", "ne")
+
+
+def _binary(name, a, b):
+    dev = _device_of(a, b)
+    if _is_scalar(b) and isinstance(a, Tensor) and name in ("add", "sub", "mul", "div", "pow"):
+        _float_tensor(a, dev, name, "input")
+        s = float(b)
+        if name == "add":
+            return _scalar_op("add_scalar", a, s)
+        if name == "sub":
+            return _scalar_op("add_scalar", a, -s)
+        if name == "mul":
+            return _scalar_op("mul_scalar", a, s)
+        if name == "div":
+            return _scalar_op("mul_scalar", a, 1.0 / s) if s != 0.0 else _binary("div", a, full((1,), 0.0, dev))
+        return _scalar_op("pow_scalar", a, s)
+    if _is_scalar(a) and isinstance(b, Tensor) and name in ("add", "sub", "mul", "div"):
+        _float_tensor(b, dev, name, "other")
+        s = float(a)
+        if name == "add":
+            return _scalar_op("add_scalar", b, s)
+        if name == "mul":
+            return _scalar_op("mul_scalar", b, s)
+        if name == "sub":
+            return _scalar_op("rsub_scalar", b, s)
+        return _scalar_op("rdiv_scalar", b, s)
+    ta = full((1,), float(a), dev).reshape(()) if _is_scalar(a) else _float_tensor(a, dev, name, "input")
+    tb = full((1,), float(b), dev).reshape(()) if _is_scalar(b) else _float_tensor(b, dev, name, "other")
+    shape = _broadcast(ta.shape, tb.shape, name)
+    _check_dims(shape, name)
+    kshape = _kshape(shape)
+    sa, sb = _bstrides(ta.shape, kshape), _bstrides(tb.shape, kshape)
+    out = empty(shape, np.float32, dev)
+    code = BINARY[name]
+    with _rec(dev) as rec:
+        _core.binary(rec, code, ta._buf, tb._buf, out._buf, kshape, sa, sb, 0.0)
+    if name in _NO_GRAD_BINARY or not needs_grad(ta, tb):
+        return out
+    abuf, bbuf = ta._buf, tb._buf
+
+    def backward(g, sinks, _):
+        for which, sink in enumerate(sinks):
+            if sink is None:
+                continue
+            if name == "add" or (name == "sub" and which == 0):
+                _sum_to_sink(g, sink, owned=False)
+                continue
+            full_shape = sink.shape == shape
+            if full_shape:
+                dst, beta = sink.target()
+            else:
+                dst, beta = empty(shape, np.float32, dev), 0.0
+            with _rec(dev) as rec:
+                if name == "sub":
+                    _core.unary(rec, UNARY["neg"], g._buf, dst._buf, g.size, 0.0, 0.0, float(beta))
+                else:
+                    _core.binary_backward(rec, code, which, abuf, bbuf, g._buf, dst._buf, kshape, sa, sb, float(beta))
+            if not full_shape:
+                _sum_to_sink(dst, sink, owned=True)
+    return attach(out, name, [ta, tb], backward)
+
+
+def add(a, b, alpha=1):
+    if alpha != 1:
+        b = mul(b, alpha)
+    return _binary("add", a, b)
+
+
+def sub(a, b, alpha=1):
+    if alpha != 1:
+        b = mul(b, alpha)
+    return _binary("sub", a, b)
+
+
+def mul(a, b):
+    return _binary("mul", a, b)
+
+
+def div(a, b):
+    return _binary("div", a, b)
+
+
+def maximum(a, b):
+    return _binary("maximum", a, b)
+
+
+def minimum(a, b):
+    return _binary("minimum", a, b)
+
+
+def pow(a, b):  # noqa: A001 - torch's name
+    if _is_scalar(a) and isinstance(b, Tensor):  # s ** t = exp(t * log s)
+        return exp(mul(b, math.log(float(a))))
+    return _binary("pow", a, b)
+
+
+def gt(a, b):
+    return _binary("gt", a, b)
+
+
+def lt(a, b):
+    return _binary("lt", a, b)
+
+
+def ge(a, b):
+    return _binary("ge", a, b)
+
+
+def le(a, b):
+    return _binary("le", a, b)
+
+
+def eq(a, b):
+    return _binary("eq", a, b)
+
+
+def ne(a, b):
+    return _binary("ne", a, b)
+
+
+def where(condition, input, other):  # noqa: A002 - torch's names
+    """``input`` where ``condition`` is nonzero, else ``other`` (broadcast)."""
+    dev = _device_of(condition, input, other)
+    tc = _float_tensor(condition, dev, "where", "condition")
+    ta = full((1,), float(input), dev).reshape(()) if _is_scalar(input) else _float_tensor(input, dev, "where", "input")
+    tb = full((1,), float(other), dev).reshape(()) if _is_scalar(other) else _float_tensor(other, dev, "where", "other")
+    shape = _broadcast(_broadcast(tc.shape, ta.shape, "where"), tb.shape, "where")
+    _check_dims(shape, "where")
+    kshape = _kshape(shape)
+    sc, sa, sb = (_bstrides(t.shape, kshape) for t in (tc, ta, tb))
+    out = empty(shape, np.float32, dev)
+    with _rec(dev) as rec:
+        _core.where(rec, tc._buf, ta._buf, tb._buf, out._buf, kshape, sc, sa, sb, 0.0)
+    if not needs_grad(ta, tb):
+        return out
+    cbuf = tc._buf
+
+    def backward(g, sinks, _):
+        zero = full((1,), 0.0, dev)
+        for which, sink in enumerate(sinks):
+            if sink is None:
+                continue
+            full_shape = sink.shape == shape
+            dst, beta = sink.target() if full_shape else (empty(shape, np.float32, dev), 0.0)
+            pick, rest = (g, zero) if which == 0 else (zero, g)
+            ps = [0] * len(kshape) if pick is zero else list(_strides(kshape))
+            rs = [0] * len(kshape) if rest is zero else list(_strides(kshape))
+            with _rec(dev) as rec:
+                _core.where(rec, cbuf, pick._buf, rest._buf, dst._buf, kshape, sc, ps, rs, float(beta))
+            if not full_shape:
+                _sum_to_sink(dst, sink, owned=True)
+    return attach(out, "where", [None, ta, tb], backward)
+
+
+# -- reductions --------------------------------------------------------------------
+def _dims_arg(dim, ndim, op):
+    if dim is None:
+        return None
+    dims = (dim,) if isinstance(dim, numbers.Integral) else tuple(dim)
+    out = sorted({_dim(d, ndim, op) for d in dims})
+    if len(out) != len(dims):
+        raise ValueError(f"{op}: dim {dim} repeats a dimension")
+    return out
+
+
+def _reduced_shape(shape, dims, keepdim):
+    if keepdim:
+        return tuple(1 if i in dims else s for i, s in enumerate(shape))
+    return tuple(s for i, s in enumerate(shape) if i not in dims)
+
+
+def _check_float(x, op):
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise TypeError(f"{op}: needs a float32 tensor, got {x.dtype.name}")
+
+
+def _sum_mean(x, dim, keepdim, mean, op):
+    _check_float(x, op)
+    dims = _dims_arg(dim, x.ndim, op)
+    shape = x.shape or (1,)
+    if dims is None:
+        dims = list(range(len(shape)))
+    count = math.prod(shape[d] for d in dims)
+    scale = 1.0 / count if mean else 1.0
+    cur, cur_shape = x, list(shape)
+    # Adjacent reduced dims merge into one kernel pass; separate runs reduce in turn.
+    runs = []
+    for d in dims:
+        if runs and runs[-1][1] == d:
+            runs[-1][1] = d + 1
+        else:
+            runs.append([d, d + 1])
+    for i, (lo, hi) in enumerate(reversed(runs)):
+        merged = cur_shape[:lo] + [math.prod(cur_shape[lo:hi])] + cur_shape[hi:]
+        cur = _reduce_raw(cur, merged, lo, scale=scale if i == 0 else 1.0)
+        cur_shape = cur_shape[:lo] + [1] * (hi - lo) + cur_shape[hi:]
+    out = cur.reshape(_reduced_shape(x.shape, dims, keepdim))
+    out = Tensor(out._buf, out.shape, np.float32, x.device)
+    if needs_grad(x):
+        in_shape = x.shape
+        kept = tuple(1 if i in dims else s for i, s in enumerate(shape))
+
+        def backward(g, sinks, _):
+            dst, beta = sinks[0].target()
+            if mean:
+                tmp = empty(in_shape, np.float32, x.device)
+                _expand_into(g.reshape(kept) if kept else g, kept, tmp)
+                _unary_into(UNARY["mul_scalar"], tmp, dst, scale, 0.0, beta)
+            else:
+                _expand_into(g.reshape(kept) if kept else g, kept, dst, beta)
+        attach(out, "mean" if mean else "sum", [x], backward)
+    return out
+
+
+def sum(x, dim=None, keepdim=False):  # noqa: A001 - torch's name
+    return _sum_mean(x, dim, keepdim, False, "sum")
+
+
+def mean(x, dim=None, keepdim=False):
+    return _sum_mean(x, dim, keepdim, True, "mean")
+
+
+class _MaxResult(tuple):
+    """(values, indices) like torch.return_types.max."""
+
+    @property
+    def values(self):
+        return self[0]
+
+    @property
+    def indices(self):
+        return self[1]
+
+
+def max(x, dim=None, keepdim=False):  # noqa: A001 - torch's name
+    """``max()``: the largest element (0-d); ``max(dim)``: (values, indices) along dim.
+    Ties give the first index, and the gradient goes there, as in PyTorch."""
+    _check_float(x, "max")
+    if dim is None:
+        flat = x.reshape(-1)
+        return max(flat, 0)[0].reshape(())
+    d = _dim(dim, x.ndim, "max")
+    shape = list(x.shape or (1,))
+    values = empty(_reduced_shape(shape, [d], keepdim), np.float32, x.device)
+    indices = empty(_reduced_shape(shape, [d], keepdim), np.int32, x.device)
+    _reduce_raw(x, shape, d, "max", out=values, argmax=indices)
+    if needs_grad(x):
+        outer, length, inner = math.prod(shape[:d]), shape[d], math.prod(shape[d + 1:])
+        ibuf = indices._buf
+
+        def backward(g, sinks, _):
+            dst, beta = sinks[0].target()
+            with _rec(x.device) as rec:
+                _core.max_backward(rec, g._buf, ibuf, dst._buf, outer, length, inner, float(beta))
+        attach(values, "max", [x], backward)
+    return _MaxResult((values, indices))
+
+
+def var(x, dim=None, unbiased=None, keepdim=False, correction=None):
+    """Variance with Bessel's correction by default (``correction=1``), as torch.var."""
+    if unbiased is not None and correction is not None:
+        raise ValueError("var: give unbiased or correction, not both")
+    corr = 1 if unbiased is None and correction is None else (int(bool(unbiased)) if unbiased is not None else correction)
+    _check_float(x, "var")
+    dims = _dims_arg(dim, x.ndim, "var")
+    n = x.size if dims is None else math.prod(x.shape[d] for d in dims)
+    centered = x - mean(x, dim, keepdim=True)
+    total = sum(centered * centered, dim, keepdim)
+    denom = n - corr
+    return total * (1.0 / denom) if denom > 0 else total * math.nan
+
+
+def std(x, dim=None, unbiased=None, keepdim=False, correction=None):
+    return sqrt(var(x, dim, unbiased, keepdim, correction))
+
+
+def _softmax(x, dim, log):
+    op = "log_softmax" if log else "softmax"
+    _check_float(x, op)
+    d = _dim(dim, x.ndim, op)
+    if x.ndim and d != x.ndim - 1:
+        return transpose(_softmax(transpose(x, d, -1), -1, log), d, -1)
+    cols = x.shape[-1] if x.shape else 1
+    rows = x.size // cols
+    out = empty(x.shape, np.float32, x.device)
+    with _rec(x.device) as rec:
+        _core.softmax(rec, x._buf, out._buf, rows, cols, log)
+    if needs_grad(x):
+        yb = out._buf
+
+        def backward(g, sinks, _):
+            dst, beta = sinks[0].target()
+            with _rec(x.device) as rec:
+                _core.softmax_backward(rec, yb, g._buf, dst._buf, rows, cols, log, float(beta))
+        attach(out, op, [x], backward)
+    return out
+
+
+def softmax(x, dim=-1):
+    return _softmax(x, dim, False)
+
+
+def log_softmax(x, dim=-1):
+    return _softmax(x, dim, True)
+
+
+# -- shape -------------------------------------------------------------------------
+def reshape(x, *shape):
+    if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
+        shape = tuple(shape[0])
+    shape = list(_shape_arg(shape))
+    if shape.count(-1) > 1:
+        raise ValueError(f"reshape: only one dimension can be -1, got {tuple(shape)}")
+    if any(s < -1 or s == 0 for s in shape):
+        raise ValueError(f"reshape: dimensions must be >= 1 (or one -1), got {tuple(shape)}")
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        if x.size % known:
+            raise ValueError(f"reshape: cannot reshape a tensor of shape {x.shape} into {tuple(shape)}")
+        shape[shape.index(-1)] = x.size // known
+    if math.prod(shape) != x.size:
+        raise ValueError(f"reshape: cannot reshape a tensor of shape {x.shape} ({x.size} elements) into {tuple(shape)}")
+    out = Tensor(x._buf, shape, x.dtype, x.device)
+    if needs_grad(x):
+        in_shape = x.shape
+
+        def backward(g, sinks, _):
+            sinks[0].put(g.detach().reshape(in_shape), owned=False)
+        attach(out, "reshape", [x], backward)
+    return out
+
+
+def flatten(x, start_dim=0, end_dim=-1):
+    if not x.shape:
+        return reshape(x, 1)
+    s, e = _dim(start_dim, x.ndim, "flatten"), _dim(end_dim, x.ndim, "flatten")
+    return reshape(x, x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
+
+
+def unsqueeze(x, dim):
+    d = _dim(dim, x.ndim + 1, "unsqueeze")
+    return reshape(x, x.shape[:d] + (1,) + x.shape[d:])
+
+
+def squeeze(x, dim=None):
+    if dim is None:
+        return reshape(x, tuple(s for s in x.shape if s != 1))
+    d = _dim(dim, x.ndim, "squeeze")
+    return reshape(x, x.shape[:d] + x.shape[d + 1:]) if x.shape[d] == 1 else x
+
+
+def _strided_gather(x, out_shape, src_off, src_strides, name, backward_fn):
+    _check_dims(out_shape, name)
+    out = empty(out_shape, x.dtype, x.device)
+    ks = _kshape(out_shape)
+    with _rec(x.device) as rec:
+        _core.strided_copy(rec, x._buf, src_off, list(src_strides) or [0], out._buf, 0, list(_strides(ks)), ks, 0.0)
+    if backward_fn is not None and x.dtype == np.float32 and needs_grad(x):
+        attach(out, name, [x], backward_fn)
+    return out
+
+
+def permute(x, *dims):
+    if len(dims) == 1 and not isinstance(dims[0], numbers.Integral):
+        dims = tuple(dims[0])
+    perm = [_dim(d, x.ndim, "permute") for d in dims]
+    if sorted(perm) != list(range(x.ndim)):
+        raise ValueError(f"permute: dims {dims} are not a permutation of the {x.ndim} dimensions of {x.shape}")
+    st = _strides(x.shape)
+    out_shape = tuple(x.shape[p] for p in perm)
+    inverse = [perm.index(i) for i in range(x.ndim)]
+
+    def backward(g, sinks, _):
+        dst, beta = sinks[0].target()
+        gst = _strides(g.shape)
+        ks = _kshape(x.shape)
+        with _rec(x.device) as rec:
+            _core.strided_copy(rec, g._buf, 0, [gst[i] for i in inverse] or [0], dst._buf, 0, list(_strides(ks)), ks,
+                               float(beta))
+    if perm == list(range(x.ndim)):
+        return x
+    return _strided_gather(x, out_shape, 0, [st[p] for p in perm], "permute", backward)
+
+
+def transpose(x, dim0, dim1):
+    perm = list(range(x.ndim))
+    a, b = _dim(dim0, x.ndim, "transpose"), _dim(dim1, x.ndim, "transpose")
+    perm[a], perm[b] = perm[b], perm[a]
+    return permute(x, perm)
+
+
+def expand(x, *shape):
+    if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
+        shape = tuple(shape[0])
+    shape = _shape_arg(shape)
+    if len(shape) < x.ndim:
+        raise ValueError(f"expand: the new shape {shape} has fewer dimensions than {x.shape}")
+    pad = (1,) * (len(shape) - x.ndim) + x.shape
+    shape = tuple(p if s == -1 else s for p, s in zip(pad, shape))
+    for p, s in zip(pad, shape):
+        if p != s and p != 1:
+            raise ValueError(f"expand: a tensor of shape {x.shape} cannot be expanded to {shape}")
+    if shape == x.shape:
+        return x
+
+    def backward(g, sinks, _):
+        _sum_to_sink(g, sinks[0], owned=False)
+    return _strided_gather(x, shape, 0, _bstrides(x.shape, shape), "expand", backward)
+
+
+def _slice_region(x, starts, steps, out_shape, name):
+    """Copy of x[starts[d] :: steps[d]] with out_shape; backward writes into that region."""
+    st = _strides(x.shape)
+    off = builtins.sum(s * t for s, t in zip(starts, st))
+    src_strides = [t * k for t, k in zip(st, steps)]
+
+    def backward(g, sinks, _):
+        dst, beta = sinks[0].target()
+        if beta == 0.0:
+            _zero(dst)
+        ks = _kshape(out_shape)
+        with _rec(x.device) as rec:
+            _core.strided_copy(rec, g._buf, 0, list(_strides(ks)), dst._buf, off, src_strides or [0], ks, 1.0)
+    return _strided_gather(x, out_shape, off, src_strides, name, backward)
+
+
+def narrow(x, dim, start, length):
+    d = _dim(dim, x.ndim, "narrow")
+    size = x.shape[d]
+    start = int(start) + (size if int(start) < 0 else 0)
+    length = int(length)
+    if not (0 <= start and length >= 1 and start + length <= size):
+        raise IndexError(f"narrow: start {start} and length {length} do not fit dimension {d} of size {size}")
+    starts = [0] * x.ndim
+    starts[d] = start
+    shape = list(x.shape)
+    shape[d] = length
+    return _slice_region(x, starts, [1] * x.ndim, tuple(shape), "narrow")
+
+
+def getitem(x, index):
+    """Basic indexing: ints, slices (positive steps), None and Ellipsis; an
+    int32 Tensor or integer array on the first axis gathers rows (embedding)."""
+    if isinstance(index, (Tensor, np.ndarray, list)):
+        return index_select(x, 0, index)
+    if not isinstance(index, tuple):
+        index = (index,)
+    if builtins.sum(1 for i in index if i is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis")
+    explicit = builtins.sum(1 for i in index if i is not None and i is not Ellipsis)
+    if explicit > x.ndim:
+        raise IndexError(f"too many indices for a tensor of shape {x.shape}")
+    expanded = []
+    for i in index:
+        if i is Ellipsis:
+            expanded += [slice(None)] * (x.ndim - explicit)
+        else:
+            expanded.append(i)
+    expanded += [slice(None)] * (x.ndim - builtins.sum(1 for i in expanded if i is not None))
+    starts, steps, region, out_shape = [], [], [], []
+    d = 0
+    for i in expanded:
+        if i is None:
+            out_shape.append(1)
+            continue
+        size = x.shape[d]
+        if isinstance(i, slice):
+            start, stop, step = i.indices(size)
+            if step <= 0:
+                raise ValueError(f"index: slice steps must be positive, got {i.step}")
+            n = len(range(start, stop, step))
+            if n == 0:
+                raise IndexError(f"index: slice {i} of dimension {d} (size {size}) is empty; empty tensors are not supported")
+            starts.append(start)
+            steps.append(step)
+            region.append(n)
+            out_shape.append(n)
+        elif isinstance(i, numbers.Integral) and not isinstance(i, bool):
+            j = int(i) + (size if int(i) < 0 else 0)
+            if not 0 <= j < size:
+                raise IndexError(f"index {int(i)} is out of bounds for dimension {d} with size {size}")
+            starts.append(j)
+            steps.append(1)
+            region.append(1)
+        else:
+            raise TypeError(f"index: unsupported index {i!r} (ints, slices, None, ... and integer tensors on axis 0)")
+        d += 1
+    if starts == [0] * x.ndim and steps == [1] * x.ndim and tuple(region) == x.shape:
+        return reshape(x, tuple(out_shape)) if tuple(out_shape) != x.shape else x
+    part = _slice_region(x, starts, steps, tuple(region), "getitem")
+    return reshape(part, tuple(out_shape)) if tuple(out_shape) != part.shape else part
+
+
+def split(x, split_size_or_sections, dim=0):
+    d = _dim(dim, x.ndim, "split")
+    size = x.shape[d]
+    if isinstance(split_size_or_sections, numbers.Integral):
+        step = int(split_size_or_sections)
+        if step < 1:
+            raise ValueError(f"split: split_size must be >= 1, got {step}")
+        sizes = [min(step, size - s) for s in range(0, size, step)]
+    else:
+        sizes = [int(s) for s in split_size_or_sections]
+        if builtins.sum(sizes) != size or any(s < 1 for s in sizes):
+            raise ValueError(f"split: sections {sizes} must be >= 1 and add up to {size} (dimension {d})")
+    out, start = [], 0
+    for s in sizes:
+        out.append(narrow(x, d, start, s))
+        start += s
+    return tuple(out)
+
+
+def chunk(x, chunks, dim=0):
+    chunks = int(chunks)
+    if chunks < 1:
+        raise ValueError(f"chunk: chunks must be >= 1, got {chunks}")
+    size = x.shape[_dim(dim, x.ndim, "chunk")]
+    return split(x, -(-size // chunks), dim)
+
+
+def cat(tensors, dim=0):
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat: expected a non-empty list of tensors")
+    dev = _device_of(*tensors)
+    ts = [_float_tensor(t, dev, "cat", f"tensors[{i}]") for i, t in enumerate(tensors)]
+    first = ts[0]
+    d = _dim(dim, first.ndim, "cat")
+    for i, t in enumerate(ts):
+        if t.ndim != first.ndim or any(a != b for j, (a, b) in enumerate(zip(t.shape, first.shape)) if j != d):
+            raise ValueError(f"cat: tensors[{i}] has shape {t.shape}, incompatible with {first.shape} along dim {d}")
+    shape = list(first.shape)
+    shape[d] = builtins.sum(t.shape[d] for t in ts)
+    _check_dims(shape, "cat")
+    out = empty(tuple(shape), np.float32, dev)
+    ost = _strides(shape)
+    offsets, off = [], 0
+    with _rec(dev) as rec:
+        for t in ts:
+            offsets.append(off)
+            ks = _kshape(t.shape)
+            _core.strided_copy(rec, t._buf, 0, list(_strides(ks)), out._buf, off * ost[d], list(ost), ks, 0.0)
+            off += t.shape[d]
+    if needs_grad(*ts):
+        shapes = [t.shape for t in ts]
+
+        def backward(g, sinks, _):
+            for sink, o, s in zip(sinks, offsets, shapes):
+                if sink is None:
+                    continue
+                dst, beta = sink.target()
+                with _rec(dev) as rec:
+                    _core.strided_copy(rec, g._buf, o * ost[d], list(ost), dst._buf, 0, list(_strides(s)), list(s),
+                                       float(beta))
+        attach(out, "cat", ts, backward)
+    return out
+
+
+def stack(tensors, dim=0):
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("stack: expected a non-empty list of tensors")
+    d = _dim(dim, tensors[0].ndim + 1, "stack")
+    return cat([unsqueeze(t, d) for t in tensors], d)
+
+
+# -- indexing ------------------------------------------------------------------------
+def _ids_tensor(ids, dev, op, bound=None):
+    if isinstance(ids, Tensor):
+        if ids.device is not dev:
+            raise ValueError(f"{op}: indices live on {ids.device!r}, the weight on {dev!r}")
+        if ids.dtype != np.int32:
+            raise TypeError(f"{op}: indices must be an int32 tensor, got {ids.dtype.name}")
+        return ids
+    arr = np.asarray(ids)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{op}: indices must be integers, got dtype {arr.dtype.name}")
+    if bound is not None and arr.size and (arr.min() < 0 or arr.max() >= bound):
+        raise IndexError(f"{op}: indices must lie in [0, {bound}), got range [{arr.min()}, {arr.max()}]")
+    return tensor(np.ascontiguousarray(arr, np.int32).reshape(arr.shape or (1,)), dev).reshape(arr.shape)
+
+
+def embedding(ids, weight):
+    """Rows of ``weight`` [vocab, dim] picked by integer ``ids`` (any shape) ->
+    [*ids.shape, dim]. Ids outside [0, vocab) in a device tensor give NaN rows.
+    The backward sums rows per id in a fixed order (deterministic)."""
+    if not isinstance(weight, Tensor) or weight.ndim != 2:
+        raise ValueError(f"embedding: weight must be a 2-D Tensor, got {getattr(weight, 'shape', type(weight).__name__)}")
+    _check_float(weight, "embedding")
+    vocab, dim = weight.shape
+    tids = _ids_tensor(ids, weight.device, "embedding", vocab)
+    n = tids.size
+    out = empty(tids.shape + (dim,), np.float32, weight.device)
+    with _rec(weight.device) as rec:
+        _core.embedding(rec, weight._buf, tids._buf, out._buf, n, vocab, dim)
+    if needs_grad(weight):
+        ibuf = tids._buf
+
+        def backward(g, sinks, _):
+            dst, beta = sinks[0].target()
+            with _rec(weight.device) as rec:
+                _core.embedding_backward(rec, g._buf, ibuf, dst._buf, n, vocab, dim, float(beta))
+        attach(out, "embedding", [weight], backward)
+    return out
+
+
+def index_select(x, dim, index):
+    if _dim(dim, x.ndim, "index_select") != 0:
+        raise NotImplementedError("index_select: only dim=0 is supported (rows of a tensor)")
+    rows = x.shape[0]
+    flat = reshape(x, rows, -1) if x.ndim != 2 else x
+    out = embedding(index, flat)
+    return reshape(out, out.shape[:-1] + x.shape[1:])
+
+
+# -- matrix products -------------------------------------------------------------------
+def matmul(a, b):
+    """``a @ b`` like torch.matmul: 2-D, 1-D (vector), and batched N-D operands
+    whose batch dimensions broadcast."""
+    dev = _device_of(a, b)
+    ta, tb = _float_tensor(a, dev, "matmul", "input"), _float_tensor(b, dev, "matmul", "other")
+    if ta.ndim == 0 or tb.ndim == 0:
+        raise ValueError("matmul: both operands need at least one dimension (use * for scalars)")
+    if ta.ndim == 1:
+        return squeeze(matmul(unsqueeze(ta, 0), tb), -2)
+    if tb.ndim == 1:
+        return squeeze(matmul(ta, unsqueeze(tb, -1)), -1)
+    if ta.shape[-1] != tb.shape[-2]:
+        raise ValueError(f"matmul: shapes {ta.shape} and {tb.shape}: inner dimensions {ta.shape[-1]} and "
+                         f"{tb.shape[-2]} differ")
+    if ta.ndim == 2 and tb.ndim == 2:
+        return _bmm(ta, tb, False, False, 1)
+    batch = _broadcast(ta.shape[:-2], tb.shape[:-2], "matmul")
+    ea = expand(ta, batch + ta.shape[-2:]) if ta.shape[:-2] != batch else ta
+    eb = expand(tb, batch + tb.shape[-2:]) if tb.shape[:-2] != batch else tb
+    nb = math.prod(batch)
+    out = _bmm(reshape(ea, (nb,) + ta.shape[-2:]), reshape(eb, (nb,) + tb.shape[-2:]), False, False, nb)
+    return reshape(out, batch + out.shape[-2:])
+
+
+def bmm(a, b, trans_a=False, trans_b=False):
+    """Batched ``op(a[i]) @ op(b[i])`` for [batch, ., .] operands; ``trans_a`` /
+    ``trans_b`` transpose each matrix without a copy (attention's Q K^T)."""
+    dev = _device_of(a, b)
+    ta, tb = _float_tensor(a, dev, "bmm", "input"), _float_tensor(b, dev, "bmm", "other")
+    if ta.ndim != 3 or tb.ndim != 3 or ta.shape[0] != tb.shape[0]:
+        raise ValueError(f"bmm: operands must be 3-D with equal batch sizes, got {ta.shape} and {tb.shape}")
+    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"bmm: {name} must be a bool, got {flag!r}")
+    ka = ta.shape[1] if trans_a else ta.shape[2]
+    kb = tb.shape[2] if trans_b else tb.shape[1]
+    if ka != kb:
+        raise ValueError(f"bmm: inner dimensions differ: {ta.shape} (trans_a={trans_a}) and {tb.shape} "
+                         f"(trans_b={trans_b})")
+    return _bmm(ta, tb, bool(trans_a), bool(trans_b), ta.shape[0])
+
+
+def _gemm_raw(rec, a, b, c, batch, m, n, k, ta, tb, alpha, beta):
+    if batch == 1:
+        _core.gemm(rec, a, b, c, m, n, k, ta, tb, alpha, beta)
+    else:
+        _core.gemm_batched(rec, a, b, c, batch, m, n, k, ta, tb, alpha, beta)
+
+
+def _bmm(a, b, ta, tb, batch):
+    """C = op(A) op(B) per batch (2-D when batch == 1 and the operands are 2-D)."""
+    m = a.shape[-1] if ta else a.shape[-2]
+    k = a.shape[-2] if ta else a.shape[-1]
+    n = b.shape[-2] if tb else b.shape[-1]
+    dev = a.device
+    out_shape = (m, n) if a.ndim == 2 else (batch, m, n)
+    out = empty(out_shape, np.float32, dev)
+    with _rec(dev) as rec:
+        _gemm_raw(rec, a._buf, b._buf, out._buf, batch, m, n, k, ta, tb, 1.0, 0.0)
+    if needs_grad(a, b):
+        abuf, bbuf = a._buf, b._buf
+
+        def backward(g, sinks, _):
+            sa, sb = sinks
+            with _rec(dev) as rec:
+                if sa is not None:
+                    dst, beta = sa.target()
+                    # dA = dC op(B)^T (or its transpose when A entered transposed)
+                    if ta:
+                        _gemm_raw(rec, bbuf, g._buf, dst._buf, batch, k, m, n, tb, True, 1.0, beta)
+                    else:
+                        _gemm_raw(rec, g._buf, bbuf, dst._buf, batch, m, k, n, False, not tb, 1.0, beta)
+                if sb is not None:
+                    dst, beta = sb.target()
+                    if tb:
+                        _gemm_raw(rec, g._buf, abuf, dst._buf, batch, n, k, m, True, ta, 1.0, beta)
+                    else:
+                        _gemm_raw(rec, abuf, g._buf, dst._buf, batch, k, n, m, not ta, False, 1.0, beta)
+        attach(out, "matmul", [a, b], backward)
+    return out
+
+
+class _LinearSaved:
+    __slots__ = ("act", "preact")
+
+    def __init__(self, act, preact):
+        self.act, self.preact = act, preact
+
+
+def linear(x, weight, bias=None, activation=None):
+    """``act(x @ weight.T + bias)`` (torch.nn.functional.linear, then the
+    activation) in one fused GEMM; its backward keeps the fusion: the weight
+    and bias gradients come out of one GEMM, and the input gradient of a
+    layer whose input came from another activated linear layer leaves its
+    GEMM already multiplied by that activation's derivative."""
+    dev = _device_of(x, weight, bias)
+    tw = _float_tensor(weight, dev, "linear", "weight")
+    tx = _float_tensor(x, dev, "linear", "input")
+    tb = None if bias is None else _float_tensor(bias, dev, "linear", "bias")
+    if tw.ndim != 2:
+        raise ValueError(f"linear: weight must be 2-D [out, in], got shape {tw.shape}")
+    out_f, in_f = tw.shape
+    if tx.ndim == 0 or tx.shape[-1] != in_f:
+        raise ValueError(f"linear: input has {tx.shape[-1] if tx.ndim else 0} features (shape {tx.shape}), weight "
+                         f"expects {in_f}")
+    if tb is not None and tb.shape != (out_f,):
+        raise ValueError(f"linear: bias has shape {tb.shape}, expected ({out_f},)")
+    try:
+        act = ACTIVATIONS[activation]
+    except (KeyError, TypeError):
+        raise ValueError(f"linear: activation must be one of {sorted(k for k in ACTIVATIONS if k)}, "
+                         f"got {activation!r}") from None
+    rows = tx.size // in_f
+    shape = tx.shape[:-1] + (out_f,)
+    y = empty(shape, np.float32, dev)
+    grad = needs_grad(tx, tw, tb)
+    preact = empty(shape, np.float32, dev) if grad and act else None
+    with _rec(dev) as rec:
+        if tb is not None:
+            _core.gemm_bias_act(rec, tx._buf, tw._buf, tb._buf, y._buf, None if preact is None else preact._buf,
+                                rows, out_f, in_f, False, True, act)
+        elif act:
+            z = preact if preact is not None else empty(shape, np.float32, dev)
+            _core.gemm(rec, tx._buf, tw._buf, z._buf, rows, out_f, in_f, False, True, 1.0, 0.0)
+            _core.unary(rec, UNARY[_ACT_UNARY[act]], z._buf, y._buf, y.size, 0.0, 0.0, 0.0)
+        else:
+            _core.gemm(rec, tx._buf, tw._buf, y._buf, rows, out_f, in_f, False, True, 1.0, 0.0)
+    if not grad:
+        return y
+    xbuf, wbuf = tx._buf, tw._buf
+    pbuf = None if preact is None else preact._buf
+
+    def backward(g, sinks, g_is_preact):
+        sx, sw, sb = sinks
+        with _rec(dev) as rec:
+            dz = g
+            if act and not g_is_preact:
+                dz = empty(shape, np.float32, dev)
+                _core.activation_backward(rec, g._buf, pbuf, dz._buf, dz.size, act)
+            if sw is not None and sb is not None:
+                dw, bw = sw.target()
+                db, bb = sb.target()
+                if bw == bb:
+                    _core.linear_weight_grads(rec, dz._buf, xbuf, dw._buf, db._buf, rows, out_f, in_f, bw)
+                else:
+                    _core.gemm(rec, dz._buf, xbuf, dw._buf, out_f, in_f, rows, True, False, 1.0, bw)
+                    _core.bias_grad(rec, dz._buf, db._buf, rows, out_f, bb)
+            elif sw is not None:
+                dw, bw = sw.target()
+                _core.gemm(rec, dz._buf, xbuf, dw._buf, out_f, in_f, rows, True, False, 1.0, bw)
+            elif sb is not None:
+                db, bb = sb.target()
+                _core.bias_grad(rec, dz._buf, db._buf, rows, out_f, bb)
+            if sx is not None:
+                below = sx.producer
+                saved = below.saved if below is not None else None
+                if sx.uses == 1 and isinstance(saved, _LinearSaved) and saved.act and saved.preact is not None:
+                    dx = empty(tx.shape, np.float32, dev)
+                    _core.gemm_act_grad(rec, dz._buf, wbuf, saved.preact, dx._buf, rows, in_f, out_f, False, False,
+                                        saved.act)
+                    sx.put(dx, owned=True, preact=True)
+                else:
+                    dx, bx = sx.target()
+                    _core.gemm(rec, dz._buf, wbuf, dx._buf, rows, in_f, out_f, False, False, 1.0, bx)
+    return attach(y, "linear", [tx, tw, tb], backward, _LinearSaved(act, pbuf))
+
+
+_ACT_UNARY = {1: "relu", 2: "gelu_tanh", 3: "gelu", 4: "silu"}
+
+
+# -- losses ------------------------------------------------------------------------------
+def _reduce_loss(per_item, reduction, count=None):
+    if reduction == "none":
+        return per_item
+    total = sum(per_item)
+    if reduction == "sum":
+        return total
+    return total / count if count is not None else total * (1.0 / per_item.size)
+
+
+def _check_reduction(reduction, op):
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def nll_loss(input, target, ignore_index=-100, reduction="mean"):  # noqa: A002 - torch's names
+    """Negative log-likelihood of log-probabilities ``input`` [N, C] at int ``target`` [N]."""
+    _check_reduction(reduction, "nll_loss")
+    _check_float(input, "nll_loss")
+    if input.ndim != 2:
+        raise ValueError(f"nll_loss: input must be [batch, classes], got shape {input.shape}")
+    rows, cols = input.shape
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"nll_loss: ignore_index must be an int, got {ignore_index!r}")
+    dev = input.device
+    if not isinstance(target, Tensor):
+        arr = np.asarray(target)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"nll_loss: target must hold integer class indices, got dtype {arr.dtype.name}")
+        bad = (arr != ignore_index) & ((arr < 0) | (arr >= cols))
+        if bad.any():
+            raise ValueError(f"nll_loss: target must lie in [0, {cols}) or equal ignore_index={ignore_index}; got "
+                             f"{arr[bad].reshape(-1)[0]}")
+    labels = _ids_tensor(target, dev, "nll_loss")
+    if labels.shape != (rows,):
+        raise ValueError(f"nll_loss: target has shape {labels.shape}, expected ({rows},) for input {input.shape}")
+    picked = empty((rows,), np.float32, dev)
+    mask = empty((rows,), np.float32, dev)
+    with _rec(dev) as rec:
+        _core.nll_pick(rec, input._buf, labels._buf, picked._buf, mask._buf, rows, cols, int(ignore_index))
+    if needs_grad(input):
+        lbuf = labels._buf
+
+        def backward(g, sinks, _):
+            dst, beta = sinks[0].target()
+            with _rec(dev) as rec:
+                _core.nll_pick_backward(rec, g._buf, lbuf, dst._buf, rows, cols, int(ignore_index), float(beta))
+        attach(picked, "nll_loss", [input], backward)
+    count = sum(mask) if reduction == "mean" else None
+    return _reduce_loss(picked, reduction, count)
+
+
+def cross_entropy(input, target, ignore_index=-100, reduction="mean"):  # noqa: A002 - torch's names
+    """Softmax cross-entropy of logits [N, C] against int class indices [N]
+    (torch.nn.functional.cross_entropy); the mean skips ``ignore_index`` rows."""
+    return nll_loss(log_softmax(input, -1), target, ignore_index, reduction)
+
+
+def mse_loss(input, target, reduction="mean"):  # noqa: A002 - torch's names
+    _check_reduction(reduction, "mse_loss")
+    dev = _device_of(input, target)
+    ti = _float_tensor(input, dev, "mse_loss", "input")
+    tt = _float_tensor(target, dev, "mse_loss", "target")
+    if ti.shape != tt.shape:
+        raise ValueError(f"mse_loss: target has shape {tt.shape}, input has {ti.shape}")
+    d = ti - tt
+    return _reduce_loss(d * d, reduction)

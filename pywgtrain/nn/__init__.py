@@ -1,0 +1,32 @@
+"""Neural-network modules whose parameters live on the GPU (``torch.nn``'s shape).
+
+Any model built from pywgtrain ops trains: ``forward`` records the graph,
+``loss.backward()`` runs it backwards as recorded GPU work (autograd.py).
+"""
+import numpy as np
+
+from ..tensor import _resolve_device
+from . import functional  # noqa: F401
+from .modules import (  # noqa: F401
+    GELU, CrossEntropyLoss, Identity, Linear, LogSoftmax, Module, ModuleList, MSELoss, NLLLoss, ReLU, Sequential,
+    Sigmoid, SiLU, Softmax, Tanh,
+)
+from .parameter import Parameter  # noqa: F401
+
+
+def MLP(sizes, activation="relu", device=None, seed=0):
+    """``sizes = [in, hidden..., out]``: Linear layers with ``activation`` fused
+    into each but the last, seeded for reproducible initialization. Parameter
+    names "0.weight", "1.weight", ... (the checkpoints written so far)."""
+    sizes = [int(s) for s in sizes]
+    if len(sizes) < 2:
+        raise ValueError(f"MLP needs at least [in, out] sizes, got {sizes}")
+    rng = np.random.default_rng(seed)
+    dev = _resolve_device(device)
+    layers = [Linear(a, b, activation=activation if i < len(sizes) - 2 else None, device=dev, rng=rng)
+              for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))]
+    return Sequential(*layers)
+
+
+__all__ = ["Module", "Parameter", "Linear", "Sequential", "ModuleList", "MLP", "ReLU", "GELU", "SiLU", "Tanh",
+           "Sigmoid", "Identity", "Softmax", "LogSoftmax", "CrossEntropyLoss", "NLLLoss", "MSELoss", "functional"]

@@ -1,0 +1,8 @@
+from .activation import GELU, Identity, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Tanh
+from .container import ModuleList, Sequential
+from .linear import Linear
+from .loss import CrossEntropyLoss, MSELoss, NLLLoss
+from .module import Module
+
+__all__ = ["Module", "Linear", "Sequential", "ModuleList", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Identity",
+           "Softmax", "LogSoftmax", "CrossEntropyLoss", "NLLLoss", "MSELoss"]

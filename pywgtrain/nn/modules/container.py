@@ -1,0 +1,84 @@
+"""Containers: Sequential and ModuleList."""
+from collections import OrderedDict
+
+from .activation import _Activation
+from .linear import Linear
+from .module import Module
+
+
+class Sequential(Module):
+    """Modules called in order (``torch.nn.Sequential``), named "0", "1", ...
+    (or by an OrderedDict's keys). A Linear without its own activation
+    followed by ReLU/GELU/SiLU runs as one fused GEMM."""
+
+    def __init__(self, *modules):
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
+            items = list(modules[0].items())
+        else:
+            items = [(str(i), m) for i, m in enumerate(modules)]
+        for name, m in items:
+            if not isinstance(m, Module):
+                raise TypeError(f"Sequential: entry {name} is a {type(m).__name__}, not a Module")
+            self.add_module(name, m)
+
+    def __getitem__(self, i):
+        mods = list(self._modules.values())
+        if isinstance(i, slice):
+            return Sequential(*mods[i])
+        return mods[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def append(self, module):
+        self.add_module(str(len(self)), module)
+        return self
+
+    def forward(self, x):
+        mods = list(self._modules.values())
+        i = 0
+        while i < len(mods):
+            m = mods[i]
+            nxt = mods[i + 1] if i + 1 < len(mods) else None
+            if (type(m) is Linear and m.activation is None and isinstance(nxt, _Activation)
+                    and nxt.fused is not None):
+                x = m(x, activation=nxt.fused)
+                i += 2
+                continue
+            x = m(x)
+            i += 1
+        return x
+
+
+class ModuleList(Module):
+    """A list of modules registered as submodules "0", "1", ... (``torch.nn.ModuleList``)."""
+
+    def __init__(self, modules=()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, module):
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleList: got a {type(module).__name__}, not a Module")
+        self.add_module(str(len(self._modules)), module)
+        return self
+
+    def extend(self, modules):
+        for m in modules:
+            self.append(m)
+        return self
+
+    def __getitem__(self, i):
+        mods = list(self._modules.values())
+        return ModuleList(mods[i]) if isinstance(i, slice) else mods[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())

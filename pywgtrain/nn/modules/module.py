@@ -1,0 +1,176 @@
+"""The module base class: parameters and submodules registered by attribute
+assignment, recursive naming, state dicts with PyTorch's keys."""
+from collections import OrderedDict
+
+import numpy as np
+
+from ...tensor import Tensor
+from ..parameter import Parameter
+
+
+class Module:
+    """Base class of every layer and model (``torch.nn.Module``). Subclasses
+    call ``super().__init__()`` first, then assign ``Parameter``s and
+    submodules as attributes and define ``forward``."""
+
+    def __init__(self):
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    # -- registration -----------------------------------------------------------
+    def __setattr__(self, name, value):
+        if isinstance(value, (Parameter, Module)) and "_parameters" not in self.__dict__:
+            raise AttributeError(f"cannot assign {type(value).__name__} '{name}' before Module.__init__() call "
+                                 f"(call super().__init__() first in {type(self).__name__}.__init__)")
+        params, mods = self.__dict__.get("_parameters"), self.__dict__.get("_modules")
+        if params is not None:
+            params.pop(name, None)
+            mods.pop(name, None)
+            if isinstance(value, Parameter):
+                params[name] = value
+            elif isinstance(value, Module):
+                mods[name] = value
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        self._parameters.pop(name, None)
+        self._modules.pop(name, None)
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name, param):
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"register_parameter: {name} must be a Parameter or None, got {type(param).__name__}")
+        if param is None:
+            self._parameters.pop(name, None)
+            object.__setattr__(self, name, None)
+        else:
+            setattr(self, name, param)
+
+    def add_module(self, name, module):
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"add_module: {name} must be a Module, got {type(module).__name__}")
+        setattr(self, name, module)
+
+    register_module = add_module
+
+    # -- traversal -----------------------------------------------------------------
+    def named_modules(self, memo=None, prefix=""):
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
+        yield prefix, self
+        for name, m in self._modules.items():
+            if m is not None:
+                yield from m.named_modules(memo, f"{prefix}.{name}" if prefix else name)
+
+    def modules(self):
+        return [m for _, m in self.named_modules()]
+
+    def named_children(self):
+        return [(n, m) for n, m in self._modules.items() if m is not None]
+
+    def children(self):
+        return [m for _, m in self.named_children()]
+
+    def named_parameters(self, prefix="", recurse=True):
+        """(dotted name, Parameter) pairs; a parameter shared by two modules (tied weights) appears once."""
+        seen = set()
+        modules = self.named_modules(prefix=prefix) if recurse else [(prefix, self)]
+        for mod_prefix, m in modules:
+            for name, p in m._parameters.items():
+                if p is None or id(p) in seen:
+                    continue
+                seen.add(id(p))
+                yield (f"{mod_prefix}.{name}" if mod_prefix else name), p
+
+    def parameters(self, recurse=True):
+        return [p for _, p in self.named_parameters(recurse=recurse)]
+
+    @property
+    def device(self):
+        """The device of the first parameter (or the one assigned to ``device``)."""
+        dev = self.__dict__.get("_device")
+        if dev is not None:
+            return dev
+        for p in self.parameters():
+            return p.device
+        return None
+
+    @device.setter
+    def device(self, dev):
+        object.__setattr__(self, "_device", dev)
+
+    # -- modes and gradients ---------------------------------------------------------
+    def train(self, mode=True):
+        for m in self.modules():
+            object.__setattr__(m, "training", bool(mode))
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.parameters():
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.zero_()
+
+    def requires_grad_(self, requires_grad=True):
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    # -- state -------------------------------------------------------------------------
+    def state_dict(self):
+        """Parameters as NumPy arrays under PyTorch's dotted names (tied weights under every name, as torch)."""
+        out = OrderedDict()
+        for mod_prefix, m in self.named_modules():
+            for name, p in m._parameters.items():
+                if p is not None:
+                    out[f"{mod_prefix}.{name}" if mod_prefix else name] = p.numpy()
+        return out
+
+    def load_state_dict(self, state, strict=True):
+        """Copy arrays (NumPy, torch tensors, or anything ``np.asarray`` takes) into the parameters."""
+        params = OrderedDict()
+        for mod_prefix, m in self.named_modules():
+            for name, p in m._parameters.items():
+                if p is not None:
+                    params[f"{mod_prefix}.{name}" if mod_prefix else name] = p
+        missing = [k for k in params if k not in state]
+        unexpected = [k for k in state if k not in params]
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+        from ...autograd import no_grad
+        with no_grad():
+            for name, p in params.items():
+                if name not in state:
+                    continue
+                value = state[name]
+                if hasattr(value, "detach") and hasattr(value, "cpu") and not isinstance(value, Tensor):
+                    value = value.detach().cpu().numpy()  # a torch tensor
+                arr = np.asarray(value)
+                if arr.shape != p.shape:
+                    raise ValueError(f"load_state_dict: {name} has shape {arr.shape}, the model expects {p.shape}")
+                p.copy_(np.ascontiguousarray(arr, dtype=np.float32))
+        return missing, unexpected
+
+    # -- calling ---------------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} has no forward()")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def extra_repr(self):
+        return ""
+
+    def __repr__(self):
+        lines = [f"({name}): " + repr(m).replace("\n", "\n  ") for name, m in self.named_children()]
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        if not lines:
+            return head + ")"
+        return head + "\n  " + "\n  ".join(lines) + "\n)"
