@@ -2,7 +2,7 @@
 """Thin wrappers over the C++ core. The Python layer (tensor.py, ops.py, ...)
 does argument checking and shape logic; these wrappers move bytes and record
 kernels. Every call that can wait on the GPU releases the GIL."""
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr, unique_ptr
 from libcpp.string cimport string
@@ -364,3 +364,82 @@ def reduce_scratch_floats(uint64_t n):
 def _inject_invalid_binding(_Recorder r, _Buffer buf):
     """Test hook: records a dispatch whose binding overruns ``buf`` (a wgpu validation error)."""
     c.inject_invalid_binding(r.ptr.get()[0], _b(buf)[0])
+
+
+# Tensor kernels of the autograd (csrc/tensor_ops.hpp). Ops are the numbers of
+# pywgtrain._opcodes; shapes and strides are lists of ints (strides in elements).
+
+def unary(_Recorder r, uint32_t op, _Buffer x, _Buffer y, uint64_t n, float a, float b, float beta):
+    c.unary(r.ptr.get()[0], <c.UnaryOp>op, _b(x)[0], _b(y)[0], n, a, b, beta)
+
+
+def unary_backward(_Recorder r, uint32_t op, _Buffer x, _Buffer y, _Buffer dy, _Buffer dx, uint64_t n, float a,
+                   float b, float beta):
+    c.unary_backward(r.ptr.get()[0], <c.UnaryOp>op, _b(x)[0], _b(y)[0], _b(dy)[0], _b(dx)[0], n, a, b, beta)
+
+
+def binary(_Recorder r, uint32_t op, _Buffer a, _Buffer b, _Buffer out, list shape, list a_strides, list b_strides,
+           float beta):
+    cdef vector[uint32_t] sh = shape, sa = a_strides, sb = b_strides
+    c.binary(r.ptr.get()[0], <c.BinaryOp>op, _b(a)[0], _b(b)[0], _b(out)[0], sh, sa, sb, beta)
+
+
+def binary_backward(_Recorder r, uint32_t op, uint32_t which, _Buffer a, _Buffer b, _Buffer dy, _Buffer g,
+                    list shape, list a_strides, list b_strides, float beta):
+    cdef vector[uint32_t] sh = shape, sa = a_strides, sb = b_strides
+    c.binary_backward(r.ptr.get()[0], <c.BinaryOp>op, which, _b(a)[0], _b(b)[0], _b(dy)[0], _b(g)[0], sh, sa, sb,
+                      beta)
+
+
+def where(_Recorder r, _Buffer cond, _Buffer a, _Buffer b, _Buffer out, list shape, list c_strides, list a_strides,
+          list b_strides, float beta):
+    cdef vector[uint32_t] sh = shape, sc = c_strides, sa = a_strides, sb = b_strides
+    c.where(r.ptr.get()[0], _b(cond)[0], _b(a)[0], _b(b)[0], _b(out)[0], sh, sc, sa, sb, beta)
+
+
+def strided_copy(_Recorder r, _Buffer src, uint64_t src_off, list src_strides, _Buffer dst, uint64_t dst_off,
+                 list dst_strides, list shape, float beta):
+    cdef vector[uint32_t] ss = src_strides, ds = dst_strides, sh = shape
+    c.strided_copy(r.ptr.get()[0], _b(src)[0], src_off, ss, _b(dst)[0], dst_off, ds, sh, beta)
+
+
+def fill(_Recorder r, _Buffer out, uint64_t n, float value):
+    c.fill(r.ptr.get()[0], _b(out)[0], n, value)
+
+
+def reduce_axis(_Recorder r, uint32_t op, _Buffer x, _Buffer out, _Buffer argmax, uint32_t outer, uint32_t len,
+                uint32_t inner, float scale, float beta):
+    c.reduce_axis(r.ptr.get()[0], <c.ReduceOp>op, _b(x)[0], _b(out)[0], _opt(argmax), outer, len, inner, scale, beta)
+
+
+def max_backward(_Recorder r, _Buffer dy, _Buffer argmax, _Buffer dx, uint32_t outer, uint32_t len, uint32_t inner,
+                 float beta):
+    c.max_backward(r.ptr.get()[0], _b(dy)[0], _b(argmax)[0], _b(dx)[0], outer, len, inner, beta)
+
+
+def softmax(_Recorder r, _Buffer x, _Buffer y, uint32_t rows, uint32_t cols, bint log):
+    c.softmax(r.ptr.get()[0], _b(x)[0], _b(y)[0], rows, cols, log)
+
+
+def softmax_backward(_Recorder r, _Buffer y, _Buffer dy, _Buffer dx, uint32_t rows, uint32_t cols, bint log,
+                     float beta):
+    c.softmax_backward(r.ptr.get()[0], _b(y)[0], _b(dy)[0], _b(dx)[0], rows, cols, log, beta)
+
+
+def embedding(_Recorder r, _Buffer weight, _Buffer ids, _Buffer out, uint32_t n_ids, uint32_t vocab, uint32_t dim):
+    c.embedding(r.ptr.get()[0], _b(weight)[0], _b(ids)[0], _b(out)[0], n_ids, vocab, dim)
+
+
+def embedding_backward(_Recorder r, _Buffer dy, _Buffer ids, _Buffer dweight, uint32_t n_ids, uint32_t vocab,
+                       uint32_t dim, float beta):
+    c.embedding_backward(r.ptr.get()[0], _b(dy)[0], _b(ids)[0], _b(dweight)[0], n_ids, vocab, dim, beta)
+
+
+def nll_pick(_Recorder r, _Buffer x, _Buffer labels, _Buffer out, _Buffer mask, uint32_t rows, uint32_t cols,
+             int32_t ignore_index):
+    c.nll_pick(r.ptr.get()[0], _b(x)[0], _b(labels)[0], _b(out)[0], _b(mask)[0], rows, cols, ignore_index)
+
+
+def nll_pick_backward(_Recorder r, _Buffer dy, _Buffer labels, _Buffer dx, uint32_t rows, uint32_t cols,
+                      int32_t ignore_index, float beta):
+    c.nll_pick_backward(r.ptr.get()[0], _b(dy)[0], _b(labels)[0], _b(dx)[0], rows, cols, ignore_index, beta)

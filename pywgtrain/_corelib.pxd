@@ -1,5 +1,5 @@
 # Declarations of the C++ core (csrc/) for the Cython wrappers in _core.pyx.
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr, unique_ptr
 from libcpp.string cimport string
@@ -124,3 +124,46 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
 
 cdef extern from "faults.hpp" namespace "pwt" nogil:
     void inject_invalid_binding(Recorder& r, const Buffer& buf) except +raise_py_error
+
+
+cdef extern from "tensor_ops.hpp" namespace "pwt" nogil:
+    cdef enum class UnaryOp(uint32_t):
+        pass
+    cdef enum class BinaryOp(uint32_t):
+        pass
+    cdef enum class ReduceOp(uint32_t):
+        pass
+
+    void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n, float a, float b,
+               float beta) except +raise_py_error
+    void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, const Buffer& dy, const Buffer& dx,
+                        uint64_t n, float a, float b, float beta) except +raise_py_error
+    void binary(Recorder& r, BinaryOp op, const Buffer& a, const Buffer& b, const Buffer& out,
+                const vector[uint32_t]& shape, const vector[uint32_t]& a_strides, const vector[uint32_t]& b_strides,
+                float beta) except +raise_py_error
+    void binary_backward(Recorder& r, BinaryOp op, uint32_t which, const Buffer& a, const Buffer& b, const Buffer& dy,
+                         const Buffer& g, const vector[uint32_t]& shape, const vector[uint32_t]& a_strides,
+                         const vector[uint32_t]& b_strides, float beta) except +raise_py_error
+    void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, const Buffer& out,
+               const vector[uint32_t]& shape, const vector[uint32_t]& c_strides, const vector[uint32_t]& a_strides,
+               const vector[uint32_t]& b_strides, float beta) except +raise_py_error
+    void strided_copy(Recorder& r, const Buffer& src, uint64_t src_off, const vector[uint32_t]& src_strides,
+                      const Buffer& dst, uint64_t dst_off, const vector[uint32_t]& dst_strides,
+                      const vector[uint32_t]& shape, float beta) except +raise_py_error
+    void fill(Recorder& r, const Buffer& out, uint64_t n, float value) except +raise_py_error
+    void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, const Buffer* argmax, uint32_t outer,
+                     uint32_t len, uint32_t inner, float scale, float beta) except +raise_py_error
+    void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buffer& dx, uint32_t outer,
+                      uint32_t len, uint32_t inner, float beta) except +raise_py_error
+    void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint32_t cols,
+                 bool log) except +raise_py_error
+    void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buffer& dx, uint32_t rows,
+                          uint32_t cols, bool log, float beta) except +raise_py_error
+    void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffer& out, uint32_t n_ids,
+                   uint32_t vocab, uint32_t dim) except +raise_py_error
+    void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const Buffer& dweight, uint32_t n_ids,
+                            uint32_t vocab, uint32_t dim, float beta) except +raise_py_error
+    void nll_pick(Recorder& r, const Buffer& x, const Buffer& labels, const Buffer& out, const Buffer& mask,
+                  uint32_t rows, uint32_t cols, int32_t ignore_index) except +raise_py_error
+    void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, const Buffer& dx, uint32_t rows,
+                           uint32_t cols, int32_t ignore_index, float beta) except +raise_py_error

@@ -1,0 +1,679 @@
+// Launchers of the autograd's tensor kernels (elementwise.wgsl, axis.wgsl,
+// embedding.wgsl). Operands past one storage binding are split into blocks;
+// each block binds, per operand, the aligned range at or below its first
+// element and passes that element's index in the binding through the uniform.
+#include "tensor_ops.hpp"
+
+#include <algorithm>
+#include <array>
+#include <string>
+
+#include "dispatch_util.hpp"
+#include "ops.hpp"
+
+namespace pwt {
+namespace {
+
+// Uniform blocks, field for field as in the shaders.
+struct FlatParams {  // elementwise.wgsl
+  uint32_t n;
+  float a, b, beta;
+};
+static_assert(sizeof(FlatParams) == 16, "elementwise.wgsl FlatParams is 16 bytes");
+
+struct NdParams {  // elementwise.wgsl
+  uint32_t n, ndim;
+  float beta;
+  uint32_t pad;
+  uint32_t offs[4];
+  uint32_t shape[8];
+  uint32_t strides[kMaxDims][4];  // [dim][operand slot]
+};
+static_assert(sizeof(NdParams) == 160, "elementwise.wgsl NdParams is 160 bytes");
+
+struct AxisParams {  // axis.wgsl
+  uint32_t outer, len, inner, x_row, x_col, out_row, x_off, out_off, j0, combine;
+  float scale, beta;
+};
+static_assert(sizeof(AxisParams) == 48, "axis.wgsl AxisParams is 48 bytes");
+
+struct GatherParams {  // embedding.wgsl
+  uint32_t rows, cols, vocab, v0, vcount, src_off, idx_off, dst_off;
+  int32_t ignore_index;
+  uint32_t first;
+  float beta;
+  uint32_t pad;
+};
+static_assert(sizeof(GatherParams) == 48, "embedding.wgsl GatherParams is 48 bytes");
+
+constexpr uint32_t kGroup = 256;        // threads per workgroup of the flat kernels
+constexpr uint32_t kEmbRows = 128;      // embedding.wgsl VB
+constexpr uint32_t kEmbCols = 64;       // embedding.wgsl CB
+constexpr uint64_t kMaxBlocks = 65536;  // dispatches one N-d launch may split into
+
+uint64_t align_floats(const Device& dev) { return std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4; }
+
+// Longest run of elements a block may bind for one operand, starting anywhere
+// (leaves room for the slack below an unaligned first element).
+uint64_t span_limit(const Device& dev) { return max_piece_floats(dev) - align_floats(dev); }
+
+struct Bound {
+  Range range;
+  uint32_t off;  // index of element `first` inside the binding
+};
+
+// Elements [first, first + count) of b, bound from the aligned element at or below `first`.
+Bound bind_span(const Device& dev, const Buffer& b, uint64_t first, uint64_t count) {
+  const uint64_t al = align_floats(dev);
+  const uint64_t base = first / al * al;
+  return {floats(b, base, first - base + count), uint32_t(first - base)};
+}
+
+void check_ints(const Buffer& b, uint64_t count, const char* what) {
+  if (b.bytes() < count * 4)
+    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 4) + " int32 values, needs " +
+                        std::to_string(count));
+}
+
+void check_nonzero(uint64_t v, const std::string& what) {
+  if (v == 0) throw ArgumentError(what + " must be >= 1");
+}
+
+void record_flat(Recorder& r, const Kernel& k, const std::vector<const Buffer*>& bufs, uint64_t n, float a, float b,
+                 float beta) {
+  Device& dev = r.device();
+  for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
+    FlatParams p{};
+    p.n = uint32_t(count);
+    p.a = a;
+    p.b = b;
+    p.beta = beta;
+    std::vector<Range> ranges;
+    for (auto* buf : bufs) ranges.push_back(floats(*buf, first, count));
+    auto [gx, gy] = grid_1d(dev, ceil_div(count, kGroup));
+    r.dispatch(k, ranges, p, gx, gy);
+  });
+}
+
+// ACT of activations.wgsl for the ops that reuse its math.
+uint32_t act_for(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Relu: return uint32_t(Activation::Relu);
+    case UnaryOp::GeluTanh: return uint32_t(Activation::GeluTanh);
+    case UnaryOp::GeluErf: return uint32_t(Activation::GeluErf);
+    case UnaryOp::Silu: return uint32_t(Activation::Silu);
+    default: return uint32_t(Activation::None);
+  }
+}
+
+// elementwise.wgsl kernel: every constant the file reads is emitted (unused ones as 0).
+const Kernel& ew_kernel(Device& dev, const char* entry, std::vector<std::pair<uint32_t, Bind>> bindings, uint32_t op,
+                        uint32_t act = 0, uint32_t which = 0) {
+  KernelDesc d;
+  d.shader = "elementwise";
+  d.entry = entry;
+  d.bindings = std::move(bindings);
+  d.constants = {{"OP", std::to_string(op) + "u"}, {"ACT", std::to_string(act) + "u"}, {"WHICH", std::to_string(which) + "u"}};
+  return dev.pipelines().get(d);
+}
+
+const Kernel& axis_kernel(Device& dev, const char* entry, std::vector<std::pair<uint32_t, Bind>> bindings, uint32_t op,
+                          bool log = false) {
+  KernelDesc d;
+  d.shader = "axis";
+  d.entry = entry;
+  d.bindings = std::move(bindings);
+  d.constants = {{"OP", std::to_string(op) + "u"}, {"LOG", log ? "true" : "false"}};
+  return dev.pipelines().get(d);
+}
+
+const Kernel& gather_kernel(Device& dev, const char* entry, std::vector<std::pair<uint32_t, Bind>> bindings) {
+  KernelDesc d;
+  d.shader = "embedding";
+  d.entry = entry;
+  d.bindings = std::move(bindings);
+  return dev.pipelines().get(d);
+}
+
+// ---- N-d index spaces (binary, binary_backward, where, strided_copy) ----
+
+struct NdOperand {
+  const Buffer* buf = nullptr;  // nullptr: slot unused by the kernel
+  uint64_t off = 0;
+  const std::vector<uint32_t>* strides = nullptr;
+  const char* what = "";
+};
+
+std::vector<uint32_t> contiguous_strides(const std::vector<uint32_t>& shape, const std::string& fn) {
+  std::vector<uint32_t> s(shape.size());
+  uint64_t step = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (step > UINT32_MAX) throw ArgumentError(fn + ": more than 2^32 - 1 elements");
+    s[d] = uint32_t(step);
+    step *= std::max<uint32_t>(shape[d], 1);
+  }
+  if (step > UINT32_MAX) throw ArgumentError(fn + ": more than 2^32 - 1 elements");
+  return s;
+}
+
+// Records kernel k over the index space `shape` with operands in binding
+// slots 0..3 (slot 3 written). Size-1 dimensions are dropped and dimensions
+// every operand walks contiguously are merged; when an operand's span exceeds
+// one binding, the space is cut into blocks: outer dimensions one coordinate
+// at a time, the first dimension whose inner span fits in runs as long as fit.
+void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::array<NdOperand, 4>& ops,
+               const std::vector<uint32_t>& shape, float beta) {
+  const size_t nd = shape.size();
+  if (nd > kMaxDims)
+    throw ArgumentError(fn + ": " + std::to_string(nd) + " dimensions, at most " + std::to_string(kMaxDims) + " supported");
+  for (size_t d = 0; d < nd; ++d)
+    if (shape[d] == 0) throw ArgumentError(fn + ": shape has a zero dimension (dimension " + std::to_string(d) + ")");
+  for (const auto& op : ops) {
+    if (!op.buf) continue;
+    if (op.strides->size() != nd)
+      throw ArgumentError(fn + ": " + op.what + " has " + std::to_string(op.strides->size()) + " strides for a " +
+                          std::to_string(nd) + "-d shape");
+    uint64_t last = op.off;  // element index of the last element touched
+    for (size_t d = 0; d < nd; ++d) {
+      const uint64_t step = uint64_t(shape[d] - 1) * (*op.strides)[d];
+      if (step > (uint64_t(1) << 52))
+        throw ArgumentError(fn + ": " + op.what + " strides reach past any buffer");
+      last += step;
+    }
+    check_floats(*op.buf, last + 1, (fn + " " + op.what).c_str());
+  }
+
+  // Collapse. Slot 4 is the block's own element index (contiguous), which
+  // bounds the element count of a block.
+  constexpr size_t kSlots = 5;
+  std::vector<uint64_t> sh;
+  std::vector<std::array<uint64_t, kSlots>> st;
+  for (size_t d = 0; d < nd; ++d) {
+    if (shape[d] == 1) continue;
+    std::array<uint64_t, kSlots> s{};
+    for (size_t i = 0; i < 4; ++i) s[i] = ops[i].buf ? (*ops[i].strides)[d] : 0;
+    bool merge = !sh.empty();
+    for (size_t i = 0; i < 4 && merge; ++i) merge = st.back()[i] == s[i] * shape[d];
+    if (merge) {
+      sh.back() *= shape[d];
+      st.back() = s;
+    } else {
+      sh.push_back(shape[d]);
+      st.push_back(s);
+    }
+  }
+  if (sh.empty()) {
+    sh.push_back(1);
+    st.push_back({});
+  }
+  const size_t n = sh.size();
+  for (size_t d = n, step = 1; d-- > 0;) {
+    st[d][4] = step;
+    step *= sh[d];
+  }
+  for (size_t d = 0; d < n; ++d)
+    if (st[d][3] == 0 && sh[d] > 1)
+      throw ArgumentError(fn + ": " + ops[3].what + " strides map several elements to one position (stride 0)");
+
+  auto active = [&](size_t i) { return i == 4 || ops[i].buf != nullptr; };
+  auto tail = [&](size_t i, size_t from) {  // elements spanned by dims from.. of operand i
+    uint64_t e = 1;
+    for (size_t d = from; d < n; ++d) e += (sh[d] - 1) * st[d][i];
+    return e;
+  };
+  Device& dev = r.device();
+  const uint64_t limit = span_limit(dev);
+  size_t split = 1;  // dims >= split are whole in every block
+  for (; split < n; ++split) {
+    bool fits = true;
+    for (size_t i = 0; i < kSlots; ++i) fits = fits && (!active(i) || tail(i, split) <= limit);
+    if (fits) break;
+  }
+  const size_t p = split - 1;  // the dimension cut into runs
+  uint64_t run = sh[p];
+  for (size_t i = 0; i < kSlots; ++i)
+    if (active(i) && st[p][i] > 0) run = std::min(run, (limit - tail(i, split)) / st[p][i] + 1);
+  uint64_t blocks = ceil_div(sh[p], run);
+  for (size_t d = 0; d < p; ++d) blocks *= sh[d];
+  if (blocks > kMaxBlocks)
+    throw ArgumentError(fn + ": operands span more than one storage binding and this layout would need " +
+                        std::to_string(blocks) + " dispatches (at most " + std::to_string(kMaxBlocks) +
+                        "); make the operands contiguous first");
+
+  uint64_t per_run = 1;  // elements per coordinate of dim p
+  for (size_t d = split; d < n; ++d) per_run *= sh[d];
+  std::vector<uint64_t> coord(p, 0);
+  for (;;) {
+    for (uint64_t c = 0; c < sh[p]; c += run) {
+      const uint64_t len = std::min(run, sh[p] - c);
+      NdParams prm{};
+      prm.n = uint32_t(len * per_run);
+      prm.ndim = uint32_t(n - p);
+      prm.beta = beta;
+      prm.shape[0] = uint32_t(len);
+      for (size_t d = split; d < n; ++d) prm.shape[d - p] = uint32_t(sh[d]);
+      for (size_t d = p; d < n; ++d)
+        for (size_t i = 0; i < 4; ++i) prm.strides[d - p][i] = uint32_t(st[d][i]);
+      std::vector<Range> ranges;
+      for (size_t i = 0; i < 4; ++i) {
+        if (!ops[i].buf) continue;
+        uint64_t first = ops[i].off + c * st[p][i];
+        for (size_t d = 0; d < p; ++d) first += coord[d] * st[d][i];
+        const Bound b = bind_span(dev, *ops[i].buf, first, (len - 1) * st[p][i] + tail(i, split));
+        ranges.push_back(b.range);
+        prm.offs[i] = b.off;
+      }
+      auto [gx, gy] = grid_1d(dev, ceil_div(prm.n, kGroup));
+      r.dispatch(k, ranges, prm, gx, gy);
+    }
+    size_t d = p;
+    for (; d > 0; --d) {
+      if (++coord[d - 1] < sh[d - 1]) break;
+      coord[d - 1] = 0;
+    }
+    if (d == 0) break;
+  }
+}
+
+// ---- [outer, len, inner] blocks (reduce_axis, max_backward) ----
+
+struct AxisBlock {
+  uint64_t o0, outer, j0, len, i0, inner;
+};
+
+// Blocks whose x span fits one binding: whole [len, inner] slices when one
+// fits, else runs of len (whole inner), else runs of inner.
+template <typename F>
+void for_each_axis_block(uint64_t limit, uint64_t outer, uint64_t len, uint64_t inner, F fn) {
+  const uint64_t slice = len * inner;
+  if (slice <= limit) {
+    const uint64_t mo = limit / slice;
+    for (uint64_t o = 0; o < outer; o += mo) fn(AxisBlock{o, std::min(mo, outer - o), 0, len, 0, inner});
+  } else if (inner <= limit) {
+    const uint64_t ml = limit / inner;
+    for (uint64_t o = 0; o < outer; ++o)
+      for (uint64_t j = 0; j < len; j += ml) fn(AxisBlock{o, 1, j, std::min(ml, len - j), 0, inner});
+  } else {
+    for (uint64_t o = 0; o < outer; ++o)
+      for (uint64_t j = 0; j < len; ++j)
+        for (uint64_t i = 0; i < inner; i += limit) fn(AxisBlock{o, 1, j, 1, i, std::min(limit, inner - i)});
+  }
+}
+
+struct AxisBinding {
+  AxisParams prm;
+  uint64_t x_first, x_count, out_first, out_count;
+};
+
+AxisBinding axis_binding(const AxisBlock& b, uint64_t len, uint64_t inner) {
+  AxisBinding a{};
+  a.x_first = (b.o0 * len + b.j0) * inner + b.i0;
+  a.x_count = (b.outer - 1) * len * inner + (b.len - 1) * inner + b.inner;
+  a.out_first = b.o0 * inner + b.i0;
+  a.out_count = (b.outer - 1) * inner + b.inner;
+  a.prm.outer = uint32_t(b.outer);
+  a.prm.len = uint32_t(b.len);
+  a.prm.inner = uint32_t(b.inner);
+  a.prm.x_row = b.outer > 1 ? uint32_t(len * inner) : 0;  // fits whenever more than one row is bound
+  a.prm.x_col = uint32_t(inner);
+  a.prm.out_row = uint32_t(inner);
+  a.prm.j0 = uint32_t(b.j0);
+  return a;
+}
+
+// Rows of a [rows, cols] operand per block, or an error naming `fn` when one row exceeds a binding.
+uint64_t rows_per_block(const Device& dev, uint64_t cols, const std::string& fn) {
+  const uint64_t limit = span_limit(dev);
+  if (cols > limit)
+    throw ArgumentError(fn + ": a row of " + std::to_string(cols) + " elements exceeds one storage binding (" +
+                        std::to_string(limit) + " elements)");
+  return limit / cols;
+}
+
+}  // namespace
+
+// ---- element-wise ----
+
+void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n, float a, float b, float beta) {
+  if (uint32_t(op) >= kUnaryOps) throw ArgumentError("unary: unknown op " + std::to_string(uint32_t(op)));
+  check_nonzero(n, "unary: n");
+  check_floats(x, n, "unary input x");
+  check_floats(y, n, "unary output y");
+  const Kernel& k = ew_kernel(r.device(), "unary", {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}},
+                              uint32_t(op), act_for(op));
+  record_flat(r, k, {&x, &y}, n, a, b, beta);
+}
+
+void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, const Buffer& dy, const Buffer& dx,
+                    uint64_t n, float a, float b, float beta) {
+  if (uint32_t(op) >= kUnaryOps) throw ArgumentError("unary_backward: unknown op " + std::to_string(uint32_t(op)));
+  check_nonzero(n, "unary_backward: n");
+  check_floats(x, n, "unary_backward input x");
+  check_floats(y, n, "unary_backward forward output y");
+  check_floats(dy, n, "unary_backward dy");
+  check_floats(dx, n, "unary_backward dx");
+  const Kernel& k = ew_kernel(r.device(), "unary_backward",
+                              {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
+                               {5, Bind::Uniform}},
+                              uint32_t(op), act_for(op));
+  record_flat(r, k, {&x, &y, &dy, &dx}, n, a, b, beta);
+}
+
+void fill(Recorder& r, const Buffer& out, uint64_t n, float value) {
+  check_nonzero(n, "fill: n");
+  check_floats(out, n, "fill output");
+  const Kernel& k = ew_kernel(r.device(), "fill", {{3, Bind::ReadWrite}, {5, Bind::Uniform}}, 0);
+  record_flat(r, k, {&out}, n, value, 0.0f, 0.0f);
+}
+
+void binary(Recorder& r, BinaryOp op, const Buffer& a, const Buffer& b, const Buffer& out, const std::vector<uint32_t>& shape,
+            const std::vector<uint32_t>& a_strides, const std::vector<uint32_t>& b_strides, float beta) {
+  if (uint32_t(op) >= kBinaryOps) throw ArgumentError("binary: unknown op " + std::to_string(uint32_t(op)));
+  const auto out_strides = contiguous_strides(shape, "binary");
+  const Kernel& k = ew_kernel(r.device(), "binary",
+                              {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {3, Bind::ReadWrite}, {4, Bind::Uniform}},
+                              uint32_t(op));
+  std::array<NdOperand, 4> ops{};
+  ops[0] = {&a, 0, &a_strides, "operand a"};
+  ops[1] = {&b, 0, &b_strides, "operand b"};
+  ops[3] = {&out, 0, &out_strides, "output"};
+  record_nd(r, k, "binary", ops, shape, beta);
+}
+
+void binary_backward(Recorder& r, BinaryOp op, uint32_t which, const Buffer& a, const Buffer& b, const Buffer& dy,
+                     const Buffer& g, const std::vector<uint32_t>& shape, const std::vector<uint32_t>& a_strides,
+                     const std::vector<uint32_t>& b_strides, float beta) {
+  if (uint32_t(op) >= kBinaryOps) throw ArgumentError("binary_backward: unknown op " + std::to_string(uint32_t(op)));
+  if (which > 1) throw ArgumentError("binary_backward: which must be 0 (a) or 1 (b), got " + std::to_string(which));
+  const auto out_strides = contiguous_strides(shape, "binary_backward");
+  const Kernel& k = ew_kernel(r.device(), "binary_backward",
+                              {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
+                               {4, Bind::Uniform}},
+                              uint32_t(op), 0, which);
+  std::array<NdOperand, 4> ops{};
+  ops[0] = {&a, 0, &a_strides, "operand a"};
+  ops[1] = {&b, 0, &b_strides, "operand b"};
+  ops[2] = {&dy, 0, &out_strides, "dy"};
+  ops[3] = {&g, 0, &out_strides, "gradient g"};
+  record_nd(r, k, "binary_backward", ops, shape, beta);
+}
+
+void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, const Buffer& out, const std::vector<uint32_t>& shape,
+           const std::vector<uint32_t>& c_strides, const std::vector<uint32_t>& a_strides,
+           const std::vector<uint32_t>& b_strides, float beta) {
+  const auto out_strides = contiguous_strides(shape, "where");
+  const Kernel& k = ew_kernel(r.device(), "where_select",
+                              {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
+                               {4, Bind::Uniform}},
+                              0);
+  std::array<NdOperand, 4> ops{};
+  ops[0] = {&a, 0, &a_strides, "operand a"};
+  ops[1] = {&b, 0, &b_strides, "operand b"};
+  ops[2] = {&cond, 0, &c_strides, "cond"};
+  ops[3] = {&out, 0, &out_strides, "output"};
+  record_nd(r, k, "where", ops, shape, beta);
+}
+
+void strided_copy(Recorder& r, const Buffer& src, uint64_t src_off, const std::vector<uint32_t>& src_strides,
+                  const Buffer& dst, uint64_t dst_off, const std::vector<uint32_t>& dst_strides,
+                  const std::vector<uint32_t>& shape, float beta) {
+  const Kernel& k = ew_kernel(r.device(), "strided_copy", {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}, {4, Bind::Uniform}}, 0);
+  std::array<NdOperand, 4> ops{};
+  ops[0] = {&src, src_off, &src_strides, "src"};
+  ops[3] = {&dst, dst_off, &dst_strides, "dst"};
+  record_nd(r, k, "strided_copy", ops, shape, beta);
+}
+
+// ---- along an axis ----
+
+void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, const Buffer* argmax, uint32_t outer,
+                 uint32_t len, uint32_t inner, float scale, float beta) {
+  if (uint32_t(op) >= kReduceOps) throw ArgumentError("reduce_axis: unknown op " + std::to_string(uint32_t(op)));
+  check_nonzero(outer, "reduce_axis: outer");
+  check_nonzero(len, "reduce_axis: len");
+  check_nonzero(inner, "reduce_axis: inner");
+  check_floats(x, uint64_t(outer) * len * inner, "reduce_axis input x");
+  check_floats(out, uint64_t(outer) * inner, "reduce_axis output");
+  if (argmax) {
+    if (op != ReduceOp::Max) throw ArgumentError("reduce_axis: argmax is only produced by Max");
+    check_ints(*argmax, uint64_t(outer) * inner, "reduce_axis argmax");
+  }
+  Device& dev = r.device();
+  const uint64_t limit = span_limit(dev);
+  const bool blocks_len = uint64_t(len) * inner > limit;  // len split into blocks merged into out
+  if (blocks_len && op == ReduceOp::Max && (scale != 1.0f || beta != 0.0f))
+    throw ArgumentError("reduce_axis: Max over a slice larger than one storage binding needs scale 1 and beta 0");
+  const bool rows = inner == 1;
+  const char* entry = rows ? (argmax ? "reduce_rows_arg" : "reduce_rows") : (argmax ? "reduce_cols_arg" : "reduce_cols");
+  std::vector<std::pair<uint32_t, Bind>> bindings = {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}};
+  if (argmax) bindings.push_back({4, Bind::ReadWrite});
+  bindings.push_back({5, Bind::Uniform});
+  const Kernel& k = axis_kernel(dev, entry, bindings, uint32_t(op));
+  for_each_axis_block(limit, outer, len, inner, [&](const AxisBlock& b) {
+    AxisBinding ab = axis_binding(b, len, inner);
+    const Bound xb = bind_span(dev, x, ab.x_first, ab.x_count);
+    const Bound ob = bind_span(dev, out, ab.out_first, ab.out_count);
+    ab.prm.x_off = xb.off;
+    ab.prm.out_off = ob.off;
+    ab.prm.combine = b.j0 > 0 && op == ReduceOp::Max;
+    ab.prm.scale = scale;
+    ab.prm.beta = b.j0 > 0 ? 1.0f : beta;  // Sum: later len blocks add to the earlier ones
+    std::vector<Range> ranges = {xb.range, ob.range};
+    if (argmax) ranges.push_back(bind_span(dev, *argmax, ab.out_first, ab.out_count).range);
+    const uint64_t groups = rows ? b.outer : b.outer * ceil_div(b.inner, 16);  // axis.wgsl: 16 columns per workgroup
+    auto [gx, gy] = grid_1d(dev, groups);
+    r.dispatch(k, ranges, ab.prm, gx, gy);
+  });
+}
+
+void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buffer& dx, uint32_t outer, uint32_t len,
+                  uint32_t inner, float beta) {
+  check_nonzero(outer, "max_backward: outer");
+  check_nonzero(len, "max_backward: len");
+  check_nonzero(inner, "max_backward: inner");
+  check_floats(dy, uint64_t(outer) * inner, "max_backward dy");
+  check_ints(argmax, uint64_t(outer) * inner, "max_backward argmax");
+  check_floats(dx, uint64_t(outer) * len * inner, "max_backward dx");
+  Device& dev = r.device();
+  const Kernel& k = axis_kernel(dev, "max_backward",
+                                {{0, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}},
+                                uint32_t(ReduceOp::Max));
+  for_each_axis_block(span_limit(dev), outer, len, inner, [&](const AxisBlock& b) {
+    AxisBinding ab = axis_binding(b, len, inner);
+    const Bound dyb = bind_span(dev, dy, ab.out_first, ab.out_count);
+    const Bound dxb = bind_span(dev, dx, ab.x_first, ab.x_count);
+    ab.prm.x_off = dxb.off;
+    ab.prm.out_off = dyb.off;
+    ab.prm.scale = 1.0f;
+    ab.prm.beta = beta;
+    auto [gx, gy] = grid_1d(dev, ceil_div(b.outer * b.len * b.inner, kGroup));
+    r.dispatch(k, {dyb.range, bind_span(dev, argmax, ab.out_first, ab.out_count).range, dxb.range}, ab.prm, gx, gy);
+  });
+}
+
+void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint32_t cols, bool log) {
+  check_nonzero(rows, "softmax: rows");
+  check_nonzero(cols, "softmax: cols");
+  check_floats(x, uint64_t(rows) * cols, "softmax input x");
+  check_floats(y, uint64_t(rows) * cols, "softmax output y");
+  Device& dev = r.device();
+  const uint64_t per = rows_per_block(dev, cols, "softmax");
+  const Kernel& k = axis_kernel(dev, "softmax", {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}}, 0, log);
+  for (uint64_t r0 = 0; r0 < rows; r0 += per) {
+    const uint64_t rc = std::min<uint64_t>(per, rows - r0);
+    const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
+    AxisParams p{};
+    p.outer = uint32_t(rc);
+    p.len = cols;
+    p.inner = 1;
+    p.x_row = cols;
+    p.x_col = 1;
+    p.out_row = 1;
+    p.x_off = xb.off;  // y shares it: same first element, aligned bases
+    p.scale = 1.0f;
+    auto [gx, gy] = grid_1d(dev, rc);
+    r.dispatch(k, {xb.range, bind_span(dev, y, r0 * cols, rc * cols).range}, p, gx, gy);
+  }
+}
+
+void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buffer& dx, uint32_t rows, uint32_t cols,
+                      bool log, float beta) {
+  check_nonzero(rows, "softmax_backward: rows");
+  check_nonzero(cols, "softmax_backward: cols");
+  for (auto [b, what] : {std::pair{&y, "softmax_backward y"}, {&dy, "softmax_backward dy"}, {&dx, "softmax_backward dx"}})
+    check_floats(*b, uint64_t(rows) * cols, what);
+  Device& dev = r.device();
+  const uint64_t per = rows_per_block(dev, cols, "softmax_backward");
+  const Kernel& k = axis_kernel(dev, "softmax_backward",
+                                {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}}, 0, log);
+  for (uint64_t r0 = 0; r0 < rows; r0 += per) {
+    const uint64_t rc = std::min<uint64_t>(per, rows - r0);
+    const Bound yb = bind_span(dev, y, r0 * cols, rc * cols);
+    AxisParams p{};
+    p.outer = uint32_t(rc);
+    p.len = cols;
+    p.inner = 1;
+    p.x_row = cols;
+    p.x_col = 1;
+    p.out_row = 1;
+    p.x_off = yb.off;  // dy and dx share it
+    p.scale = 1.0f;
+    p.beta = beta;
+    auto [gx, gy] = grid_1d(dev, rc);
+    r.dispatch(k, {yb.range, bind_span(dev, dy, r0 * cols, rc * cols).range, bind_span(dev, dx, r0 * cols, rc * cols).range},
+               p, gx, gy);
+  }
+}
+
+// ---- index kernels ----
+
+void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffer& out, uint32_t n_ids, uint32_t vocab,
+               uint32_t dim) {
+  check_nonzero(n_ids, "embedding: n_ids");
+  check_nonzero(vocab, "embedding: vocab");
+  check_nonzero(dim, "embedding: dim");
+  check_floats(weight, uint64_t(vocab) * dim, "embedding weight");
+  check_ints(ids, n_ids, "embedding ids");
+  check_floats(out, uint64_t(n_ids) * dim, "embedding output");
+  Device& dev = r.device();
+  const uint64_t per = rows_per_block(dev, dim, "embedding");
+  const Kernel& k = gather_kernel(dev, "embedding",
+                                  {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {4, Bind::Uniform}});
+  // Weight rows in blocks (ids of other blocks are skipped), ids / output rows in blocks.
+  for (uint64_t v0 = 0; v0 < vocab; v0 += per) {
+    const uint64_t vc = std::min<uint64_t>(per, vocab - v0);
+    const Bound wb = bind_span(dev, weight, v0 * dim, vc * dim);
+    for (uint64_t i0 = 0; i0 < n_ids; i0 += per) {
+      const uint64_t ic = std::min<uint64_t>(per, n_ids - i0);
+      const Bound ib = bind_span(dev, ids, i0, ic);
+      const Bound ob = bind_span(dev, out, i0 * dim, ic * dim);
+      GatherParams p{};
+      p.rows = uint32_t(ic);
+      p.cols = dim;
+      p.vocab = vocab;
+      p.v0 = uint32_t(v0);
+      p.vcount = uint32_t(vc);
+      p.src_off = wb.off;
+      p.idx_off = ib.off;
+      p.dst_off = ob.off;
+      p.first = v0 == 0;
+      auto [gx, gy] = grid_1d(dev, ceil_div(ic * dim, kGroup));
+      r.dispatch(k, {wb.range, ib.range, ob.range}, p, gx, gy);
+    }
+  }
+}
+
+void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const Buffer& dweight, uint32_t n_ids,
+                        uint32_t vocab, uint32_t dim, float beta) {
+  check_nonzero(n_ids, "embedding_backward: n_ids");
+  check_nonzero(vocab, "embedding_backward: vocab");
+  check_nonzero(dim, "embedding_backward: dim");
+  check_floats(dy, uint64_t(n_ids) * dim, "embedding_backward dy");
+  check_ints(ids, n_ids, "embedding_backward ids");
+  check_floats(dweight, uint64_t(vocab) * dim, "embedding_backward dweight");
+  Device& dev = r.device();
+  const uint64_t per = rows_per_block(dev, dim, "embedding_backward");
+  const Kernel& k = gather_kernel(dev, "embedding_backward",
+                                  {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {4, Bind::Uniform}});
+  for (uint64_t v0 = 0; v0 < vocab; v0 += per) {
+    const uint64_t vc = std::min<uint64_t>(per, vocab - v0);
+    const Bound wb = bind_span(dev, dweight, v0 * dim, vc * dim);
+    // id blocks in increasing order, later ones accumulating: the per-element order stays increasing i.
+    for (uint64_t i0 = 0; i0 < n_ids; i0 += per) {
+      const uint64_t ic = std::min<uint64_t>(per, n_ids - i0);
+      const Bound db = bind_span(dev, dy, i0 * dim, ic * dim);
+      const Bound ib = bind_span(dev, ids, i0, ic);
+      GatherParams p{};
+      p.rows = uint32_t(ic);
+      p.cols = dim;
+      p.vocab = vocab;
+      p.v0 = uint32_t(v0);
+      p.vcount = uint32_t(vc);
+      p.src_off = db.off;
+      p.idx_off = ib.off;
+      p.dst_off = wb.off;
+      p.beta = i0 == 0 ? beta : 1.0f;
+      auto [gx, gy] = grid_1d(dev, ceil_div(vc, kEmbRows) * ceil_div(dim, kEmbCols));
+      r.dispatch(k, {db.range, ib.range, wb.range}, p, gx, gy);
+    }
+  }
+}
+
+void nll_pick(Recorder& r, const Buffer& x, const Buffer& labels, const Buffer& out, const Buffer& mask, uint32_t rows,
+              uint32_t cols, int32_t ignore_index) {
+  check_nonzero(rows, "nll_pick: rows");
+  check_nonzero(cols, "nll_pick: cols");
+  check_floats(x, uint64_t(rows) * cols, "nll_pick input x");
+  check_ints(labels, rows, "nll_pick labels");
+  check_floats(out, rows, "nll_pick output");
+  check_floats(mask, rows, "nll_pick mask");
+  Device& dev = r.device();
+  const uint64_t per = rows_per_block(dev, cols, "nll_pick");
+  const Kernel& k = gather_kernel(dev, "nll_pick",
+                                  {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::ReadWrite},
+                                   {4, Bind::Uniform}});
+  for (uint64_t r0 = 0; r0 < rows; r0 += per) {
+    const uint64_t rc = std::min<uint64_t>(per, rows - r0);
+    const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
+    const Bound lb = bind_span(dev, labels, r0, rc);
+    const Bound ob = bind_span(dev, out, r0, rc);
+    GatherParams p{};
+    p.rows = uint32_t(rc);
+    p.cols = cols;
+    p.src_off = xb.off;
+    p.idx_off = lb.off;
+    p.dst_off = ob.off;  // mask shares it
+    p.ignore_index = ignore_index;
+    auto [gx, gy] = grid_1d(dev, ceil_div(rc, kGroup));
+    r.dispatch(k, {xb.range, lb.range, ob.range, bind_span(dev, mask, r0, rc).range}, p, gx, gy);
+  }
+}
+
+void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, const Buffer& dx, uint32_t rows, uint32_t cols,
+                       int32_t ignore_index, float beta) {
+  check_nonzero(rows, "nll_pick_backward: rows");
+  check_nonzero(cols, "nll_pick_backward: cols");
+  check_floats(dy, rows, "nll_pick_backward dy");
+  check_ints(labels, rows, "nll_pick_backward labels");
+  check_floats(dx, uint64_t(rows) * cols, "nll_pick_backward dx");
+  Device& dev = r.device();
+  const uint64_t per = rows_per_block(dev, cols, "nll_pick_backward");
+  const Kernel& k = gather_kernel(dev, "nll_pick_backward",
+                                  {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {4, Bind::Uniform}});
+  for (uint64_t r0 = 0; r0 < rows; r0 += per) {
+    const uint64_t rc = std::min<uint64_t>(per, rows - r0);
+    const Bound lb = bind_span(dev, labels, r0, rc);
+    const Bound xb = bind_span(dev, dx, r0 * cols, rc * cols);
+    GatherParams p{};
+    p.rows = uint32_t(rc);
+    p.cols = cols;
+    p.idx_off = lb.off;  // dy shares it
+    p.dst_off = xb.off;
+    p.ignore_index = ignore_index;
+    p.beta = beta;
+    auto [gx, gy] = grid_1d(dev, ceil_div(rc * cols, kGroup));
+    r.dispatch(k, {bind_span(dev, dy, r0, rc).range, lb.range, xb.range}, p, gx, gy);
+  }
+}
+
+}  // namespace pwt

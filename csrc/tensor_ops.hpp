@@ -1,0 +1,107 @@
+// Tensor kernels under the autograd: element-wise (unary, broadcast binary,
+// where, strided copy, fill), reductions along an axis, softmax, embedding
+// gather / scatter-add and the NLL pick of cross-entropy, each with its
+// backward. All are recorded dispatches only (no copies or clears), so a
+// captured step graph replays them. f32 unless said; ids and labels int32.
+//
+// The op numbers below are the only place they are written: the launchers
+// pass them to the shaders as the pipeline constant OP, and
+// pywgtrain/_opcodes.py mirrors them (tests/test_tensor_kernels.py checks).
+//
+// Every launcher checks buffer sizes and arguments and throws ArgumentError
+// (a Python ValueError). Operands larger than one storage binding are split
+// into bound sub-ranges (element offsets passed in the uniform), except where
+// a single row must fit one binding (softmax, nll_pick, embedding rows); see
+// each function. Outputs must not share a buffer with inputs (WebGPU does
+// not allow a buffer to be bound writable and read-only in one dispatch).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "recorder.hpp"
+
+namespace pwt {
+
+enum class UnaryOp : uint32_t {
+  Copy = 0, Neg = 1, Abs = 2, Exp = 3, Log = 4, Sqrt = 5, Rsqrt = 6, Tanh = 7, Sigmoid = 8,
+  Relu = 9, GeluErf = 10, GeluTanh = 11, Silu = 12, PowScalar = 13 /* x^a */, Clamp = 14 /* clamp(x, a, b) */,
+  AddScalar = 15 /* x + a */, MulScalar = 16 /* x * a */, RsubScalar = 17 /* a - x */, RdivScalar = 18 /* a / x */
+};
+constexpr uint32_t kUnaryOps = 19;
+
+// y[i] = f(x[i]; a, b) + beta * y[i], i < n (beta 0 or 1: 1 accumulates into y).
+void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n, float a, float b, float beta);
+// dx[i] = dy[i] * f'(x[i]) + beta * dx[i]; `y` is the forward output (exp, sigmoid, tanh, sqrt, rsqrt use it;
+// pass x again for the others). Clamp' is 1 inside [a, b] inclusive; Relu'(0) = 0; Abs' = sign(x).
+void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, const Buffer& dy, const Buffer& dx,
+                    uint64_t n, float a, float b, float beta);
+
+enum class BinaryOp : uint32_t {
+  Add = 0, Sub = 1, Mul = 2, Div = 3, Maximum = 4, Minimum = 5, Pow = 6,
+  Gt = 7, Lt = 8, Ge = 9, Le = 10, Eq = 11, Ne = 12 /* comparisons give 1.0 / 0.0 */
+};
+constexpr uint32_t kBinaryOps = 13;
+constexpr uint32_t kMaxDims = 6;
+
+// Broadcast element-wise: out (contiguous, shape `shape`, ndim <= kMaxDims)[i] =
+// op(a[idx_a(i)], b[idx_b(i)]) + beta * out[i], idx_x(i) = sum_d coord_d(i) * x_strides[d]
+// (strides in elements, 0 for broadcast dims).
+void binary(Recorder& r, BinaryOp op, const Buffer& a, const Buffer& b, const Buffer& out, const std::vector<uint32_t>& shape,
+            const std::vector<uint32_t>& a_strides, const std::vector<uint32_t>& b_strides, float beta);
+// g[i] = dy[i] * d op(a, b) / d operand + beta * g[i] for operand `which` (0: a, 1: b), at the output
+// shape (the caller reduces broadcast dims). Maximum/Minimum: the gradient goes to a where a >= b (max) /
+// a <= b (min), else to b. Pow: d/da = b * a^(b-1) (0 where b == 0), d/db = a^b * log(a) (0 where a == 0
+// and b >= 0), as torch. Comparisons: 0. dy and g are contiguous at `shape`.
+void binary_backward(Recorder& r, BinaryOp op, uint32_t which, const Buffer& a, const Buffer& b, const Buffer& dy,
+                     const Buffer& g, const std::vector<uint32_t>& shape, const std::vector<uint32_t>& a_strides,
+                     const std::vector<uint32_t>& b_strides, float beta);
+// out[i] = cond[idx_c(i)] != 0 ? a[idx_a(i)] : b[idx_b(i)] (+ beta * out[i]); cond is f32, out contiguous.
+void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, const Buffer& out, const std::vector<uint32_t>& shape,
+           const std::vector<uint32_t>& c_strides, const std::vector<uint32_t>& a_strides,
+           const std::vector<uint32_t>& b_strides, float beta);
+// Over the index space `shape`: dst[dst_off + sum coord_d * dst_strides[d]] =
+// src[src_off + sum coord_d * src_strides[d]] (+ beta * dst[...]). dst positions must not overlap
+// (a 0 dst stride over a dimension longer than 1 is refused).
+void strided_copy(Recorder& r, const Buffer& src, uint64_t src_off, const std::vector<uint32_t>& src_strides,
+                  const Buffer& dst, uint64_t dst_off, const std::vector<uint32_t>& dst_strides,
+                  const std::vector<uint32_t>& shape, float beta);
+// out[i] = value, i < n.
+void fill(Recorder& r, const Buffer& out, uint64_t n, float value);
+
+enum class ReduceOp : uint32_t { Sum = 0, Max = 1 };
+constexpr uint32_t kReduceOps = 2;
+
+// x viewed as [outer, len, inner] -> out[outer, inner] = scale * reduce_j x[o, j, i] (+ beta * out).
+// Max writes int32 `argmax` (first index of the max; a NaN wins, first NaN) when argmax != nullptr;
+// argmax with Sum is refused. inner == 1: a workgroup per row; inner > 1: 16 columns x 16 lanes along len.
+// A [len, inner] slice larger than one binding is reduced in len blocks that accumulate into out
+// (Max then needs scale == 1 and beta == 0).
+void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, const Buffer* argmax, uint32_t outer,
+                 uint32_t len, uint32_t inner, float scale, float beta);
+// dx[o, j, i] = (argmax[o, i] == j ? dy[o, i] : 0) + beta * dx[o, j, i]
+void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buffer& dx, uint32_t outer, uint32_t len,
+                  uint32_t inner, float beta);
+
+// Row-wise over the last axis of [rows, cols]: softmax or log_softmax (max-subtracted). One row must fit a binding.
+void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint32_t cols, bool log);
+// softmax: dx = y * (dy - sum_j dy*y); log_softmax: dx = dy - exp(y) * sum_j dy   (+ beta * dx)
+void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buffer& dx, uint32_t rows, uint32_t cols,
+                      bool log, float beta);
+
+// out[i, :] = weight[ids[i], :], i < n_ids; ids outside [0, vocab) give NaN rows.
+void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffer& out, uint32_t n_ids, uint32_t vocab,
+               uint32_t dim);
+// dweight[v, :] = sum over i with ids[i] == v of dy[i, :] in increasing i (+ beta * dweight, added first):
+// deterministic, no atomics. Out-of-range ids contribute nothing.
+void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const Buffer& dweight, uint32_t n_ids,
+                        uint32_t vocab, uint32_t dim, float beta);
+
+// out[i] = labels[i] == ignore_index ? 0 : -x[i, labels[i]]; mask[i] = labels[i] == ignore_index ? 0 : 1;
+// a label outside [0, cols) other than ignore_index gives NaN.
+void nll_pick(Recorder& r, const Buffer& x, const Buffer& labels, const Buffer& out, const Buffer& mask, uint32_t rows,
+              uint32_t cols, int32_t ignore_index);
+// dx[i, j] = (j == labels[i] && labels[i] != ignore_index ? -dy[i] : 0) + beta * dx[i, j]
+void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, const Buffer& dx, uint32_t rows, uint32_t cols,
+                       int32_t ignore_index, float beta);
+
+}  // namespace pwt

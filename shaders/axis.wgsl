@@ -1,0 +1,221 @@
+// Reductions along an axis and row softmax (csrc/tensor_ops.cpp).
+// x is viewed as [outer, len, inner] (a block of it when the whole does not
+// fit one binding): x[o, j, i] = src[x_off + o * x_row + j * x_col + i],
+// out[o, i] = res[out_off + o * out_row + i]. OP: 0 sum, 1 max (ReduceOp of
+// tensor_ops.hpp); LOG: log_softmax instead of softmax.
+
+struct AxisParams {
+  outer: u32,
+  len: u32,
+  inner: u32,
+  x_row: u32,
+  x_col: u32,
+  out_row: u32,
+  x_off: u32,
+  out_off: u32,
+  j0: u32,       // first len index of this block (argmax values, max_backward)
+  combine: u32,  // 1: max-merge with out / argmax of earlier len blocks
+  scale: f32,
+  beta: f32,
+}
+
+@group(0) @binding(0) var<storage, read> src: array<f32>;          // x / y (softmax_backward) / dy (max_backward)
+@group(0) @binding(1) var<storage, read> src2: array<f32>;         // dy (softmax_backward)
+@group(0) @binding(2) var<storage, read> idx_in: array<i32>;       // argmax (max_backward)
+@group(0) @binding(3) var<storage, read_write> res: array<f32>;    // out / y / dx
+@group(0) @binding(4) var<storage, read_write> idx_out: array<i32>;  // argmax
+@group(0) @binding(5) var<uniform> ap: AxisParams;
+
+const EMPTY: u32 = 0xffffffffu;  // index of an accumulator that has seen nothing
+
+var<workgroup> sval: array<f32, 256>;
+var<workgroup> sidx: array<u32, 256>;
+
+struct Acc { v: f32, i: u32, }
+
+fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
+
+// Whether (v2, i2) replaces (v1, i1) as the max: larger, a NaN over a number
+// (NaN propagates), or equal with a lower index (the first max, as torch).
+fn takes_over(v1: f32, i1: u32, v2: f32, i2: u32) -> bool {
+  if (i2 == EMPTY) { return false; }
+  if (i1 == EMPTY) { return true; }
+  let n1 = is_nan(v1);
+  let n2 = is_nan(v2);
+  if (n1 || n2) { return n2 && (!n1 || i2 < i1); }
+  return v2 > v1 || (v2 == v1 && i2 < i1);
+}
+
+fn merge(is_max: bool, a: Acc, v: f32, j: u32) -> Acc {
+  if (!is_max) { return Acc(a.v + v, 0u); }
+  if (takes_over(a.v, a.i, v, j)) { return Acc(v, j); }
+  return a;
+}
+
+// One thread's share of a line: j = first, first + stride, ... < len.
+fn scan(is_max: bool, base: u32, first: u32, stride: u32) -> Acc {
+  var a = Acc(0.0, EMPTY);
+  for (var j = first; j < ap.len; j += stride) { a = merge(is_max, a, src[base + j * ap.x_col], j); }
+  return a;
+}
+
+// Combines `lanes` accumulators per column across the workgroup (slot lane * ncols + col);
+// every thread gets its column's result.
+fn tree(is_max: bool, lane: u32, col: u32, ncols: u32, lanes: u32, a: Acc) -> Acc {
+  let me = lane * ncols + col;
+  workgroupBarrier();
+  sval[me] = a.v;
+  sidx[me] = a.i;
+  workgroupBarrier();
+  for (var s = lanes / 2u; s > 0u; s >>= 1u) {
+    if (lane < s) {
+      let m = merge(is_max, Acc(sval[me], sidx[me]), sval[me + s * ncols], sidx[me + s * ncols]);
+      sval[me] = m.v;
+      sidx[me] = m.i;
+    }
+    workgroupBarrier();
+  }
+  return Acc(sval[col], sidx[col]);
+}
+
+// Writes a reduction result to res[o]; returns whether it was taken (a max
+// merged into an earlier block's result keeps that one unless beaten).
+fn store(o: u32, a: Acc) -> bool {
+  if (ap.combine != 0u) {
+    if (!takes_over(res[o], 0u, a.v, 1u)) { return false; }
+    res[o] = a.v;
+    return true;
+  }
+  var v = ap.scale * a.v;
+  if (ap.beta != 0.0) { v += ap.beta * res[o]; }
+  res[o] = v;
+  return true;
+}
+
+// inner == 1: a workgroup per row, threads strided along the row (coalesced).
+fn row_result(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> Acc {
+  let row = wid.y * nwg.x + wid.x;
+  var a = Acc(0.0, EMPTY);
+  if (row < ap.outer) { a = scan(OP == 1u, ap.x_off + row * ap.x_row, lid, 256u); }
+  return tree(OP == 1u, lid, 0u, 1u, 256u, a);
+}
+
+@compute @workgroup_size(256)
+fn reduce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+  let a = row_result(wid, nwg, lid);
+  let row = wid.y * nwg.x + wid.x;
+  if (lid == 0u && row < ap.outer) { _ = store(ap.out_off + row * ap.out_row, a); }
+}
+
+@compute @workgroup_size(256)
+fn reduce_rows_arg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+  let a = row_result(wid, nwg, lid);
+  let row = wid.y * nwg.x + wid.x;
+  let o = ap.out_off + row * ap.out_row;
+  if (lid == 0u && row < ap.outer && store(o, a)) { idx_out[o] = i32(ap.j0 + a.i); }
+}
+
+// inner > 1: 16 columns x 16 lanes along len per workgroup; workgroup g
+// covers row g / column_blocks, columns 16 * (g % column_blocks) + 0..15.
+fn col_result(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> Acc {
+  let g = wid.y * nwg.x + wid.x;
+  let blocks = (ap.inner + 15u) / 16u;
+  let row = g / blocks;
+  let i = (g % blocks) * 16u + lid.x;
+  var a = Acc(0.0, EMPTY);
+  if (row < ap.outer && i < ap.inner) { a = scan(OP == 1u, ap.x_off + row * ap.x_row + i, lid.y, 16u); }
+  return tree(OP == 1u, lid.y, lid.x, 16u, 16u, a);
+}
+
+fn col_out(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
+  let g = wid.y * nwg.x + wid.x;
+  let blocks = (ap.inner + 15u) / 16u;
+  let row = g / blocks;
+  let i = (g % blocks) * 16u + lid.x;
+  if (lid.y != 0u || row >= ap.outer || i >= ap.inner) { return EMPTY; }
+  return ap.out_off + row * ap.out_row + i;
+}
+
+@compute @workgroup_size(16, 16)
+fn reduce_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_id) lid: vec3<u32>) {
+  let a = col_result(wid, nwg, lid);
+  let o = col_out(wid, nwg, lid);
+  if (o != EMPTY) { _ = store(o, a); }
+}
+
+@compute @workgroup_size(16, 16)
+fn reduce_cols_arg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_id) lid: vec3<u32>) {
+  let a = col_result(wid, nwg, lid);
+  let o = col_out(wid, nwg, lid);
+  if (o != EMPTY && store(o, a)) { idx_out[o] = i32(ap.j0 + a.i); }
+}
+
+// dx[o, j, i] = (argmax[o, i] == j0 + j ? dy[o, i] : 0) (+ beta * dx); a thread per dx element.
+@compute @workgroup_size(256)
+fn max_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+  let e = (wid.y * nwg.x + wid.x) * 256u + lid;
+  if (e >= ap.outer * ap.len * ap.inner) { return; }
+  let i = e % ap.inner;
+  let t = e / ap.inner;
+  let j = t % ap.len;
+  let o = t / ap.len;
+  let k = ap.out_off + o * ap.out_row + i;
+  let x = ap.x_off + o * ap.x_row + j * ap.x_col + i;
+  var v = select(0.0, src[k], idx_in[k] == i32(ap.j0 + j));
+  if (ap.beta != 0.0) { v += ap.beta * res[x]; }
+  res[x] = v;
+}
+
+// Row sums of f(j) for softmax: a workgroup per row of `cols` = ap.len.
+fn row_sum(lid: u32, v: f32) -> f32 { return tree(false, lid, 0u, 1u, 256u, Acc(v, 0u)).v; }
+
+// y = softmax(x) or log_softmax(x) along rows; a workgroup per row.
+@compute @workgroup_size(256)
+fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+  let row = wid.y * nwg.x + wid.x;
+  let valid = row < ap.outer;  // uniform per workgroup
+  let base = ap.x_off + row * ap.x_row;
+  var m = Acc(0.0, EMPTY);
+  if (valid) { m = scan(true, base, lid, 256u); }
+  let mx = tree(true, lid, 0u, 1u, 256u, m).v;
+  var s = 0.0;
+  if (valid) { for (var j = lid; j < ap.len; j += 256u) { s += exp(src[base + j] - mx); } }
+  s = row_sum(lid, s);
+  if (!valid) { return; }
+  let ls = log(s);
+  for (var j = lid; j < ap.len; j += 256u) {
+    let z = src[base + j] - mx;
+    if (LOG) { res[base + j] = z - ls; } else { res[base + j] = exp(z) / s; }
+  }
+}
+
+// softmax: dx = y * (dy - sum dy * y); log_softmax: dx = dy - exp(y) * sum dy (+ beta * dx).
+@compute @workgroup_size(256)
+fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
+  let row = wid.y * nwg.x + wid.x;
+  let valid = row < ap.outer;
+  let base = ap.x_off + row * ap.x_row;
+  var s = 0.0;
+  if (valid) {
+    for (var j = lid; j < ap.len; j += 256u) {
+      if (LOG) { s += src2[base + j]; } else { s += src2[base + j] * src[base + j]; }
+    }
+  }
+  s = row_sum(lid, s);
+  if (!valid) { return; }
+  for (var j = lid; j < ap.len; j += 256u) {
+    let y = src[base + j];
+    let dy = src2[base + j];
+    var v = 0.0;
+    if (LOG) { v = dy - exp(y) * s; } else { v = y * (dy - s); }
+    if (ap.beta != 0.0) { v += ap.beta * res[base + j]; }
+    res[base + j] = v;
+  }
+}

@@ -1,0 +1,237 @@
+// Element-wise kernels of the autograd (csrc/tensor_ops.cpp): unary ops and
+// their gradients over flat vectors, and broadcast binary ops, where and
+// strided copies over an N-d index space. OP (the UnaryOp / BinaryOp number
+// of tensor_ops.hpp), ACT (activations.wgsl) and WHICH (operand of a binary
+// gradient) are pipeline constants: every op is its own pipeline.
+// One thread per element, 256 per workgroup; the grid is 2-D past 65535
+// workgroups (linearized y * nx + x).
+//!include activations
+
+// Flat kernels: n elements of this piece, the op's scalars, accumulation.
+struct FlatParams { n: u32, a: f32, b: f32, beta: f32, }
+
+// N-d kernels: operand k (slot = its binding 0..3; 3 is the output) lives at
+// offs[k] + sum_d coord_d * strides[d][k] of its binding; shape[d >> 2][d & 3]
+// is dimension d (outermost first) of this block of the index space.
+struct NdParams {
+  n: u32,
+  ndim: u32,
+  beta: f32,
+  _pad: u32,
+  offs: vec4<u32>,
+  shape: array<vec4<u32>, 2>,
+  strides: array<vec4<u32>, 6>,
+}
+
+@group(0) @binding(0) var<storage, read> in0: array<f32>;        // x / a / src
+@group(0) @binding(1) var<storage, read> in1: array<f32>;        // y (forward output) / b
+@group(0) @binding(2) var<storage, read> in2: array<f32>;        // dy / cond
+@group(0) @binding(3) var<storage, read_write> res: array<f32>;  // y / dx / out / g / dst
+@group(0) @binding(4) var<uniform> np: NdParams;
+@group(0) @binding(5) var<uniform> fp: FlatParams;
+
+fn thread_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+  return (wid.y * nwg.x + wid.x) * 256u + lid;
+}
+
+fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
+
+// Bit test: compilers may fold `v != v` away.
+fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
+
+// tanh with full relative precision near 0 (the exp form loses it to
+// cancellation below |x| ~ 0.4) and no overflow for large |x|.
+fn tanh_acc(x: f32) -> f32 {
+  let z = abs(x);
+  if (z < 0.4) {
+    let s = x * x;
+    return x * (1.0 + s * (-0.33333333 + s * (0.13333333 + s * (-0.053968254 + s * (0.021869488 + s * -0.0088632355)))));
+  }
+  return tanh_safe(x);
+}
+
+// x^y as torch.pow: negative bases with integer exponents keep their sign
+// rule, other negative bases give NaN; x^0 = 1 (also for x = 0 or NaN).
+fn pow_f(x: f32, y: f32) -> f32 {
+  if (y == 0.0) { return 1.0; }
+  if (y == 1.0) { return x; }
+  if (y == 2.0) { return x * x; }
+  let r = pow(abs(x), y);
+  if (x >= 0.0) { return r; }
+  if (floor(y) != y) { return nan(); }
+  return select(r, -r, floor(y * 0.5) * 2.0 != y);
+}
+
+fn unary_f(x: f32) -> f32 {
+  switch OP {
+    case 0u: { return x; }
+    case 1u: { return -x; }
+    case 2u: { return abs(x); }
+    case 3u: { return exp(x); }
+    case 4u: { return log(x); }
+    case 5u: { return sqrt(x); }
+    case 6u: { return 1.0 / sqrt(x); }
+    case 7u: { return tanh_acc(x); }
+    case 8u: { return 1.0 / (1.0 + exp(-x)); }
+    case 9u, 10u, 11u, 12u: { return activate(x); }
+    case 13u: { return pow_f(x, fp.a); }
+    case 14u: { return min(max(x, fp.a), fp.b); }
+    case 15u: { return x + fp.a; }
+    case 16u: { return x * fp.a; }
+    case 17u: { return fp.a - x; }
+    case 18u: { return fp.a / x; }
+    default: { return nan(); }
+  }
+}
+
+// d f / d x at x, given the forward output y.
+fn unary_grad(x: f32, y: f32) -> f32 {
+  switch OP {
+    case 0u: { return 1.0; }
+    case 1u: { return -1.0; }
+    case 2u: { return sign(x); }
+    case 3u: { return y; }
+    case 4u: { return 1.0 / x; }
+    case 5u: { return 0.5 / y; }
+    case 6u: { return -0.5 * y * y * y; }
+    case 7u: { return 1.0 - y * y; }
+    case 8u: { return y * (1.0 - y); }
+    case 9u: { return select(0.0, 1.0, x > 0.0); }
+    case 10u, 11u, 12u: { return activate_grad(x); }
+    case 13u: { return select(fp.a * pow_f(x, fp.a - 1.0), 0.0, fp.a == 0.0); }
+    case 14u: { return select(0.0, 1.0, x >= fp.a && x <= fp.b); }
+    case 15u: { return 1.0; }
+    case 16u: { return fp.a; }
+    case 17u: { return -1.0; }
+    case 18u: { return -fp.a / (x * x); }
+    default: { return nan(); }
+  }
+}
+
+// y = f(x) (+ beta * y)
+@compute @workgroup_size(256)
+fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+  let i = thread_index(wid, nwg, lid);
+  if (i >= fp.n) { return; }
+  var v = unary_f(in0[i]);
+  if (fp.beta != 0.0) { v += fp.beta * res[i]; }
+  res[i] = v;
+}
+
+// dx = dy * f'(x) (+ beta * dx)
+@compute @workgroup_size(256)
+fn unary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+  let i = thread_index(wid, nwg, lid);
+  if (i >= fp.n) { return; }
+  var v = in2[i] * unary_grad(in0[i], in1[i]);
+  if (fp.beta != 0.0) { v += fp.beta * res[i]; }
+  res[i] = v;
+}
+
+// out = a (the value in fp.a)
+@compute @workgroup_size(256)
+fn fill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+  let i = thread_index(wid, nwg, lid);
+  if (i < fp.n) { res[i] = fp.a; }
+}
+
+// Element offsets of the four operands for element i of the block.
+fn nd_index(i: u32) -> vec4<u32> {
+  var rem = i;
+  var idx = np.offs;
+  for (var d = np.ndim; d > 0u; d--) {
+    let k = d - 1u;
+    let s = np.shape[k >> 2u][k & 3u];
+    idx += (rem % s) * np.strides[k];
+    rem /= s;
+  }
+  return idx;
+}
+
+fn binary_f(a: f32, b: f32) -> f32 {
+  switch OP {
+    case 0u: { return a + b; }
+    case 1u: { return a - b; }
+    case 2u: { return a * b; }
+    case 3u: { return a / b; }
+    case 4u: { return select(max(a, b), nan(), is_nan(a) || is_nan(b)); }
+    case 5u: { return select(min(a, b), nan(), is_nan(a) || is_nan(b)); }
+    case 6u: { return pow_f(a, b); }
+    case 7u: { return select(0.0, 1.0, a > b); }
+    case 8u: { return select(0.0, 1.0, a < b); }
+    case 9u: { return select(0.0, 1.0, a >= b); }
+    case 10u: { return select(0.0, 1.0, a <= b); }
+    case 11u: { return select(0.0, 1.0, a == b); }
+    case 12u: { return select(0.0, 1.0, a != b); }
+    default: { return nan(); }
+  }
+}
+
+// d op(a, b) / d a (WHICH == 0) or / d b (WHICH == 1).
+fn binary_grad(a: f32, b: f32) -> f32 {
+  let wa = WHICH == 0u;
+  switch OP {
+    case 0u: { return 1.0; }
+    case 1u: { return select(-1.0, 1.0, wa); }
+    case 2u: { return select(a, b, wa); }
+    case 3u: { return select(-a / (b * b), 1.0 / b, wa); }
+    case 4u: { return select(select(1.0, 0.0, a >= b), select(0.0, 1.0, a >= b), wa); }
+    case 5u: { return select(select(1.0, 0.0, a <= b), select(0.0, 1.0, a <= b), wa); }
+    case 6u: {
+      if (wa) { return select(b * pow_f(a, b - 1.0), 0.0, b == 0.0); }
+      return select(pow_f(a, b) * log(a), 0.0, a == 0.0 && b >= 0.0);
+    }
+    default: { return 0.0; }
+  }
+}
+
+// out = op(a, b) (+ beta * out)
+@compute @workgroup_size(256)
+fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+  let i = thread_index(wid, nwg, lid);
+  if (i >= np.n) { return; }
+  let idx = nd_index(i);
+  var v = binary_f(in0[idx.x], in1[idx.y]);
+  if (np.beta != 0.0) { v += np.beta * res[idx.w]; }
+  res[idx.w] = v;
+}
+
+// g = dy * d op / d operand (+ beta * g)
+@compute @workgroup_size(256)
+fn binary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+  let i = thread_index(wid, nwg, lid);
+  if (i >= np.n) { return; }
+  let idx = nd_index(i);
+  var v = in2[idx.z] * binary_grad(in0[idx.x], in1[idx.y]);
+  if (np.beta != 0.0) { v += np.beta * res[idx.w]; }
+  res[idx.w] = v;
+}
+
+// out = cond != 0 ? a : b (+ beta * out)
+@compute @workgroup_size(256)
+fn where_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+  let i = thread_index(wid, nwg, lid);
+  if (i >= np.n) { return; }
+  let idx = nd_index(i);
+  var v = select(in1[idx.y], in0[idx.x], in2[idx.z] != 0.0);
+  if (np.beta != 0.0) { v += np.beta * res[idx.w]; }
+  res[idx.w] = v;
+}
+
+// dst = src (+ beta * dst), both strided
+@compute @workgroup_size(256)
+fn strided_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+  let i = thread_index(wid, nwg, lid);
+  if (i >= np.n) { return; }
+  let idx = nd_index(i);
+  var v = in0[idx.x];
+  if (np.beta != 0.0) { v += np.beta * res[idx.w]; }
+  res[idx.w] = v;
+}
