@@ -127,21 +127,16 @@ def _sum_to_sink(g, sink, owned):
             return
     cur, shape = g, list(g.shape)
     lead = len(shape) - len(target)
-    steps = []
-    if lead > 0:
-        steps.append(("lead", lead))
-    for d, s in enumerate(target):
-        if s == 1 and shape[lead + d] != 1:
-            steps.append(("axis", lead + d))
+    # Leading dimensions first (one pass over the merged leading block), then
+    # each size-1 dimension of the target, in the target's coordinates.
+    steps = [("lead", lead)] if lead > 0 else []
+    steps += [("axis", d) for d, s in enumerate(target) if s == 1 and shape[lead + d] != 1]
     for i, (kind, arg) in enumerate(steps):
-        last = i == len(steps) - 1
         if kind == "lead":
-            rshape = [math.prod(shape[:arg])] + shape[arg:]
-            axis = 0
+            rshape, axis = [math.prod(shape[:arg])] + shape[arg:], 0
         else:
-            rshape = shape
-            axis = arg
-        if last:
+            rshape, axis = shape, arg
+        if i == len(steps) - 1:
             dst, beta = sink.target()
             _reduce_raw(cur, rshape, axis, out=dst, beta=beta)
             return
@@ -157,13 +152,9 @@ def _squeeze_shape(s):
 
 
 # -- element-wise ----------------------------------------------------------------
-def _unary(name, x, a=0.0, b=0.0, uses_output=False):
-    op = name
+def _unary(name, x, a=0.0, b=0.0):
     code = UNARY[name]
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
-    if x.dtype != np.float32:
-        raise TypeError(f"{op}: needs a float32 tensor, got {x.dtype.name}")
+    x = _check_float(x, name)
     out = empty(x.shape, np.float32, x.device)
     _unary_into(code, x, out, a, b)
     if needs_grad(x):
@@ -220,7 +211,7 @@ def silu(x):
 def gelu(x, approximate="none"):
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _unary("gelu" if approximate == "none" else "gelu_tanh", x)
+    return _unary("gelu_erf" if approximate == "none" else "gelu_tanh", x)
 
 
 def square(x):
@@ -403,7 +394,7 @@ def where(condition, input, other):  # noqa: A002 - torch's names
 
     def backward(g, sinks, _):
         zero = full((1,), 0.0, dev)
-        for which, sink in enumerate(sinks):
+        for which, sink in enumerate(sinks[1:]):  # sinks[0] is the condition's (never differentiated)
             if sink is None:
                 continue
             full_shape = sink.shape == shape
@@ -436,14 +427,12 @@ def _reduced_shape(shape, dims, keepdim):
 
 
 def _check_float(x, op):
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
-    if x.dtype != np.float32:
-        raise TypeError(f"{op}: needs a float32 tensor, got {x.dtype.name}")
+    """x as a float32 Tensor (NumPy arrays are uploaded to the default device)."""
+    return _float_tensor(x, _device_of(x), op, "input")
 
 
 def _sum_mean(x, dim, keepdim, mean, op):
-    _check_float(x, op)
+    x = _check_float(x, op)
     dims = _dims_arg(dim, x.ndim, op)
     shape = x.shape or (1,)
     if dims is None:
@@ -503,7 +492,7 @@ class _MaxResult(tuple):
 def max(x, dim=None, keepdim=False):  # noqa: A001 - torch's name
     """``max()``: the largest element (0-d); ``max(dim)``: (values, indices) along dim.
     Ties give the first index, and the gradient goes there, as in PyTorch."""
-    _check_float(x, "max")
+    x = _check_float(x, "max")
     if dim is None:
         flat = x.reshape(-1)
         return max(flat, 0)[0].reshape(())
@@ -529,7 +518,7 @@ def var(x, dim=None, unbiased=None, keepdim=False, correction=None):
     if unbiased is not None and correction is not None:
         raise ValueError("var: give unbiased or correction, not both")
     corr = 1 if unbiased is None and correction is None else (int(bool(unbiased)) if unbiased is not None else correction)
-    _check_float(x, "var")
+    x = _check_float(x, "var")
     dims = _dims_arg(dim, x.ndim, "var")
     n = x.size if dims is None else math.prod(x.shape[d] for d in dims)
     centered = x - mean(x, dim, keepdim=True)
@@ -544,7 +533,7 @@ def std(x, dim=None, unbiased=None, keepdim=False, correction=None):
 
 def _softmax(x, dim, log):
     op = "log_softmax" if log else "softmax"
-    _check_float(x, op)
+    x = _check_float(x, op)
     d = _dim(dim, x.ndim, op)
     if x.ndim and d != x.ndim - 1:
         return transpose(_softmax(transpose(x, d, -1), -1, log), d, -1)
@@ -854,7 +843,7 @@ def embedding(ids, weight):
     The backward sums rows per id in a fixed order (deterministic)."""
     if not isinstance(weight, Tensor) or weight.ndim != 2:
         raise ValueError(f"embedding: weight must be a 2-D Tensor, got {getattr(weight, 'shape', type(weight).__name__)}")
-    _check_float(weight, "embedding")
+    weight = _check_float(weight, "embedding")
     vocab, dim = weight.shape
     tids = _ids_tensor(ids, weight.device, "embedding", vocab)
     n = tids.size
@@ -1049,7 +1038,7 @@ def linear(x, weight, bias=None, activation=None):
     return attach(y, "linear", [tx, tw, tb], backward, _LinearSaved(act, pbuf))
 
 
-_ACT_UNARY = {1: "relu", 2: "gelu_tanh", 3: "gelu", 4: "silu"}
+_ACT_UNARY = {1: "relu", 2: "gelu_tanh", 3: "gelu_erf", 4: "silu"}
 
 
 # -- losses ------------------------------------------------------------------------------
@@ -1070,7 +1059,7 @@ def _check_reduction(reduction, op):
 def nll_loss(input, target, ignore_index=-100, reduction="mean"):  # noqa: A002 - torch's names
     """Negative log-likelihood of log-probabilities ``input`` [N, C] at int ``target`` [N]."""
     _check_reduction(reduction, "nll_loss")
-    _check_float(input, "nll_loss")
+    input = _check_float(input, "nll_loss")
     if input.ndim != 2:
         raise ValueError(f"nll_loss: input must be [batch, classes], got shape {input.shape}")
     rows, cols = input.shape

@@ -88,11 +88,14 @@ def _scratch(dev, key, floats):
 
 
 def _grad_list(grads):
+    """Gradients to clip: a tensor that requires grad (a parameter) stands for
+    its ``.grad`` (skipped while None); other tensors and arrays are gradients."""
     if isinstance(grads, (Tensor, np.ndarray)):
-        return [grads]
+        grads = [grads]
     out = []
     for g in grads:
-        g = getattr(g, "grad", g)  # parameters carry .grad
+        if isinstance(g, Tensor) and g.requires_grad or not isinstance(g, (Tensor, np.ndarray)):
+            g = getattr(g, "grad", None)
         if g is not None:
             out.append(g)
     return out

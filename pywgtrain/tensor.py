@@ -156,7 +156,12 @@ class Tensor:
 
     def clone(self):
         from . import functions as F
-        return F.clone(self)
+        if self.dtype == np.float32:
+            return F.clone(self)
+        out = empty(self.shape, self.dtype, self.device)
+        with self.device._recording() as rec:
+            rec.copy(self._buf, 0, out._buf, 0, self.nbytes)
+        return out
 
     # -- autograd ------------------------------------------------------------
     def backward(self, gradient=None):
@@ -393,6 +398,10 @@ def tensor(data, device=None, dtype=None, requires_grad=False):
         raise TypeError(f"data must be a numpy.ndarray, got {type(data).__name__}")
     if data.dtype not in _DTYPES:
         raise TypeError(f"data must have dtype float32 or int32, got {data.dtype.name}")
+    if data.ndim == 0:  # a scalar: stored as one element, shaped ()
+        t = tensor(data.reshape(1), device, requires_grad=requires_grad)
+        t.shape = ()
+        return t
     _check_array(data, "data", data.dtype)
     if requires_grad and data.dtype != np.float32:
         raise TypeError(f"only float32 tensors can require gradients, got {data.dtype.name}")
