@@ -295,6 +295,20 @@ def gemm_batched(_Recorder r, _Buffer a, _Buffer b, _Buffer out, uint32_t batch,
     c.gemm_batched(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(out)[0], batch, m, n, k, trans_a, trans_b, alpha, beta)
 
 
+def cross_entropy_forward(_Recorder r, _Buffer logits, _Buffer labels, _Buffer row_lse, _Buffer row_loss,
+                          _Buffer row_valid, _Buffer out, _Buffer scale, uint32_t rows, uint32_t cols,
+                          int32_t ignore_index, bint mean):
+    c.cross_entropy_forward(r.ptr.get()[0], _b(logits)[0], _b(labels)[0], _b(row_lse)[0], _b(row_loss)[0],
+                            _b(row_valid)[0], _b(out)[0], _b(scale)[0], rows, cols, ignore_index, mean)
+
+
+def cross_entropy_backward(_Recorder r, _Buffer logits, _Buffer labels, _Buffer row_lse, _Buffer upstream,
+                           _Buffer scale, _Buffer dlogits, uint32_t rows, uint32_t cols, int32_t ignore_index,
+                           bint per_row, float beta):
+    c.cross_entropy_backward(r.ptr.get()[0], _b(logits)[0], _b(labels)[0], _b(row_lse)[0], _b(upstream)[0],
+                             _b(scale)[0], _b(dlogits)[0], rows, cols, ignore_index, per_row, beta)
+
+
 def gemm_bias_act(_Recorder r, _Buffer a, _Buffer b, _Buffer bias, _Buffer y, _Buffer preact,
                   uint32_t m, uint32_t n, uint32_t k, bint trans_a, bint trans_b, uint32_t act):
     c.gemm_bias_act(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(bias)[0], _b(y)[0], _opt(preact), m, n, k,

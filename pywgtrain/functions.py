@@ -1042,61 +1042,89 @@ _ACT_UNARY = {1: "relu", 2: "gelu_tanh", 3: "gelu_erf", 4: "silu"}
 
 
 # -- losses ------------------------------------------------------------------------------
-def _reduce_loss(per_item, reduction, count=None):
-    if reduction == "none":
-        return per_item
-    total = sum(per_item)
-    if reduction == "sum":
-        return total
-    return total / count if count is not None else total * (1.0 / per_item.size)
-
-
 def _check_reduction(reduction, op):
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{op}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def nll_loss(input, target, ignore_index=-100, reduction="mean"):  # noqa: A002 - torch's names
-    """Negative log-likelihood of log-probabilities ``input`` [N, C] at int ``target`` [N]."""
-    _check_reduction(reduction, "nll_loss")
-    input = _check_float(input, "nll_loss")
-    if input.ndim != 2:
-        raise ValueError(f"nll_loss: input must be [batch, classes], got shape {input.shape}")
-    rows, cols = input.shape
+def _labels(target, rows, cols, ignore_index, dev, op):
+    """Class labels as an int32 device tensor [rows]; host labels are checked
+    for an integer dtype and range (device labels out of range give NaN)."""
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
-        raise TypeError(f"nll_loss: ignore_index must be an int, got {ignore_index!r}")
-    dev = input.device
+        raise TypeError(f"{op}: ignore_index must be an int, got {ignore_index!r}")
     if not isinstance(target, Tensor):
         arr = np.asarray(target)
         if arr.dtype.kind not in "iu":
-            raise TypeError(f"nll_loss: target must hold integer class indices, got dtype {arr.dtype.name}")
+            raise TypeError(f"{op}: target must hold integer class indices, got dtype {arr.dtype.name}")
         bad = (arr != ignore_index) & ((arr < 0) | (arr >= cols))
         if bad.any():
-            raise ValueError(f"nll_loss: target must lie in [0, {cols}) or equal ignore_index={ignore_index}; got "
+            raise ValueError(f"{op}: target must lie in [0, {cols}) or equal ignore_index={ignore_index}; got "
                              f"{arr[bad].reshape(-1)[0]}")
-    labels = _ids_tensor(target, dev, "nll_loss")
+    labels = _ids_tensor(target, dev, op)
     if labels.shape != (rows,):
-        raise ValueError(f"nll_loss: target has shape {labels.shape}, expected ({rows},) for input {input.shape}")
+        raise ValueError(f"{op}: target has shape {labels.shape}, expected ({rows},) for input of {rows} rows")
+    return labels
+
+
+def _class_input(input, op):  # noqa: A002 - torch's name
+    x = _check_float(input, op)
+    if x.ndim != 2:
+        raise ValueError(f"{op}: input must be [batch, classes], got shape {x.shape}")
+    return x
+
+
+def nll_loss(input, target, ignore_index=-100, reduction="mean"):  # noqa: A002 - torch's names
+    """Negative log-likelihood of log-probabilities ``input`` [N, C] at int ``target`` [N]."""
+    _check_reduction(reduction, "nll_loss")
+    x = _class_input(input, "nll_loss")
+    rows, cols = x.shape
+    dev = x.device
+    labels = _labels(target, rows, cols, ignore_index, dev, "nll_loss")
     picked = empty((rows,), np.float32, dev)
     mask = empty((rows,), np.float32, dev)
     with _rec(dev) as rec:
-        _core.nll_pick(rec, input._buf, labels._buf, picked._buf, mask._buf, rows, cols, int(ignore_index))
-    if needs_grad(input):
+        _core.nll_pick(rec, x._buf, labels._buf, picked._buf, mask._buf, rows, cols, int(ignore_index))
+    if needs_grad(x):
         lbuf = labels._buf
 
         def backward(g, sinks, _):
             dst, beta = sinks[0].target()
             with _rec(dev) as rec:
                 _core.nll_pick_backward(rec, g._buf, lbuf, dst._buf, rows, cols, int(ignore_index), float(beta))
-        attach(picked, "nll_loss", [input], backward)
-    count = sum(mask) if reduction == "mean" else None
-    return _reduce_loss(picked, reduction, count)
+        attach(picked, "nll_loss", [x], backward)
+    if reduction == "none":
+        return picked
+    total = sum(picked)
+    return total / sum(mask) if reduction == "mean" else total
 
 
 def cross_entropy(input, target, ignore_index=-100, reduction="mean"):  # noqa: A002 - torch's names
     """Softmax cross-entropy of logits [N, C] against int class indices [N]
-    (torch.nn.functional.cross_entropy); the mean skips ``ignore_index`` rows."""
-    return nll_loss(log_softmax(input, -1), target, ignore_index, reduction)
+    (torch.nn.functional.cross_entropy); the mean skips ``ignore_index`` rows.
+    One fused kernel pass forward (keeping a log-sum-exp per row, not the
+    softmax) and one backward (the softmax recomputed from the logits)."""
+    _check_reduction(reduction, "cross_entropy")
+    x = _class_input(input, "cross_entropy")
+    rows, cols = x.shape
+    dev = x.device
+    labels = _labels(target, rows, cols, ignore_index, dev, "cross_entropy")
+    lse, per_row, valid = (empty((rows,), np.float32, dev) for _ in range(3))
+    out, scale = empty((), np.float32, dev), empty((), np.float32, dev)
+    with _rec(dev) as rec:
+        _core.cross_entropy_forward(rec, x._buf, labels._buf, lse._buf, per_row._buf, valid._buf, out._buf,
+                                    scale._buf, rows, cols, int(ignore_index), reduction == "mean")
+    result = per_row if reduction == "none" else out
+    if needs_grad(x):
+        xbuf, lbuf, lsebuf, obuf = x._buf, labels._buf, lse._buf, scale._buf
+        each = reduction == "none"
+
+        def backward(g, sinks, _):
+            dst, beta = sinks[0].target()
+            with _rec(dev) as rec:
+                _core.cross_entropy_backward(rec, xbuf, lbuf, lsebuf, g._buf, obuf, dst._buf, rows, cols,
+                                             int(ignore_index), each, float(beta))
+        attach(result, "cross_entropy", [x], backward)
+    return result
 
 
 def mse_loss(input, target, reduction="mean"):  # noqa: A002 - torch's names
@@ -1107,4 +1135,7 @@ def mse_loss(input, target, reduction="mean"):  # noqa: A002 - torch's names
     if ti.shape != tt.shape:
         raise ValueError(f"mse_loss: target has shape {tt.shape}, input has {ti.shape}")
     d = ti - tt
-    return _reduce_loss(d * d, reduction)
+    sq = d * d
+    if reduction == "none":
+        return sq
+    return sum(sq) if reduction == "sum" else mean(sq)

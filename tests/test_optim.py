@@ -31,9 +31,10 @@ def test_adamw_matches_numpy_over_steps(dev, rng, n, hp):
         pw.adamw_step(tp, pw.tensor(g, dev), tm, tv, step, lr=hp["lr"], betas=hp["betas"], eps=hp["eps"],
                       weight_decay=hp["wd"])
         rp, rm, rv = numpy_adamw(rp, g, rm, rv, step, hp["lr"], hp["betas"], hp["eps"], hp["wd"])
-    assert_close(tm.numpy(), rm)
-    assert_close(tv.numpy(), rv)
-    assert_close(tp.numpy(), rp)
+    # A value that lands near 0 (n = 1) is the difference of float32 values of
+    # the inputs' magnitude (~1): its error scales with that, not with the result.
+    for got, want in ((tm, rm), (tv, rv), (tp, rp)):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(p).max())))
 
 
 def test_adamw_numpy_arrays_updated_in_place(rng):

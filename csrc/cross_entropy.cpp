@@ -1,0 +1,105 @@
+// Fused softmax cross-entropy launchers (cross_entropy.wgsl): forward rows +
+// finalize, and the backward that recomputes the softmax from the logits.
+#include <string>
+
+#include "dispatch_util.hpp"
+#include "ops.hpp"
+
+namespace pwt {
+namespace {
+
+// cross_entropy.wgsl XentParams / FinalParams.
+struct XentParams {
+  uint32_t rows, cols, row0, x_off;
+  int32_t ignore_index;
+  uint32_t per_row;
+  float beta;
+  uint32_t pad;
+};
+static_assert(sizeof(XentParams) == 32, "XentParams must match cross_entropy.wgsl");
+struct XentFinalParams {
+  uint32_t rows, mean;
+};
+static_assert(sizeof(XentFinalParams) == 8, "FinalParams must match cross_entropy.wgsl");
+
+const Kernel& xent_kernel(Device& dev, const char* entry) {
+  KernelDesc d;
+  d.shader = "cross_entropy";
+  d.entry = entry;
+  const std::string e = entry;
+  if (e == "xent_forward")
+    d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::ReadWrite},
+                  {4, Bind::ReadWrite}, {5, Bind::Uniform}};
+  else if (e == "xent_finalize")
+    d.bindings = {{10, Bind::ReadOnly}, {11, Bind::ReadOnly}, {12, Bind::ReadWrite}, {13, Bind::Uniform},
+                  {14, Bind::ReadWrite}};
+  else
+    d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {5, Bind::Uniform}, {6, Bind::ReadOnly},
+                  {7, Bind::ReadOnly}, {8, Bind::ReadOnly}, {9, Bind::ReadWrite}};
+  return dev.pipelines().get(d);
+}
+
+void check_rows(const Device& dev, uint32_t rows, uint32_t cols, const Buffer& logits, const Buffer& labels) {
+  if (rows == 0 || cols == 0) throw ArgumentError("cross_entropy: logits must have rows >= 1 and classes >= 1");
+  check_floats(logits, uint64_t(rows) * cols, "cross_entropy logits");
+  if (labels.bytes() < uint64_t(rows) * 4) throw ArgumentError("cross_entropy: labels hold fewer than rows entries");
+  if (uint64_t(rows) * 4 > dev.limits().max_storage_binding)
+    throw ArgumentError("cross_entropy: " + std::to_string(rows) + " rows exceed one storage binding of labels");
+}
+
+// Calls fn(row0, row count, range of the logits-shaped buffer, inner offset) per block of bindable rows.
+template <typename Fn>
+void for_each_row_block(const Device& dev, uint32_t rows, uint32_t cols, const Buffer& x, Fn fn) {
+  const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+  const uint64_t cap = dev.limits().max_storage_binding / 4;
+  if (cols + align > cap)
+    throw ArgumentError("cross_entropy: a row of " + std::to_string(cols) + " logits exceeds one storage binding");
+  const uint64_t per = std::min<uint64_t>((cap - align) / cols, uint64_t(dev.limits().max_workgroups_per_dim) * 65535);
+  for (uint64_t r0 = 0; r0 < rows; r0 += per) {
+    const uint64_t rc = std::min<uint64_t>(per, rows - r0);
+    const uint64_t first = r0 * cols, start = first / align * align;
+    fn(uint32_t(r0), uint32_t(rc), start, uint32_t(first - start));
+  }
+}
+
+}  // namespace
+
+void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
+                           const Buffer& row_loss, const Buffer& row_valid, const Buffer& out, const Buffer& scale,
+                           uint32_t rows, uint32_t cols, int32_t ignore_index, bool mean) {
+  Device& dev = r.device();
+  check_rows(dev, rows, cols, logits, labels);
+  for (auto* b : {&row_lse, &row_loss, &row_valid}) check_floats(*b, rows, "cross_entropy row buffer");
+  check_floats(out, 1, "cross_entropy output");
+  check_floats(scale, 1, "cross_entropy gradient scale");
+  const Kernel& fk = xent_kernel(dev, "xent_forward");
+  for_each_row_block(dev, rows, cols, logits, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
+    XentParams p{rc, cols, r0, inner, ignore_index, 0, 0.0f, 0};
+    auto [gx, gy] = grid_1d(dev, rc);
+    r.dispatch(fk, {floats(logits, start, inner + uint64_t(rc) * cols), whole(labels), whole(row_lse),
+                    whole(row_loss), whole(row_valid)}, p, gx, gy);
+  });
+  XentFinalParams q{rows, mean ? 1u : 0u};
+  r.dispatch(xent_kernel(dev, "xent_finalize"), {whole(row_loss), whole(row_valid), whole(out), whole(scale)}, q, 1);
+}
+
+void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
+                            const Buffer& upstream, const Buffer& scale, const Buffer& dlogits, uint32_t rows,
+                            uint32_t cols, int32_t ignore_index, bool per_row, float beta) {
+  Device& dev = r.device();
+  check_rows(dev, rows, cols, logits, labels);
+  check_floats(dlogits, uint64_t(rows) * cols, "cross_entropy dlogits");
+  check_floats(row_lse, rows, "cross_entropy log-sum-exp");
+  check_floats(upstream, per_row ? rows : 1, "cross_entropy upstream gradient");
+  check_floats(scale, 1, "cross_entropy scale");
+  const Kernel& bk = xent_kernel(dev, "xent_backward");
+  for_each_row_block(dev, rows, cols, logits, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
+    XentParams p{rc, cols, r0, inner, ignore_index, per_row ? 1u : 0u, beta, 0};
+    auto [gx, gy] = grid_1d(dev, rc);
+    const uint64_t count = inner + uint64_t(rc) * cols;
+    r.dispatch(bk, {floats(logits, start, count), whole(labels), whole(row_lse), whole(upstream), whole(scale),
+                    floats(dlogits, start, count)}, p, gx, gy);
+  });
+}
+
+}  // namespace pwt

@@ -1,0 +1,121 @@
+// Softmax cross-entropy over [rows, cols] logits with int32 labels, fused:
+// the forward keeps one log-sum-exp per row (no [rows, cols] softmax or
+// gradient is stored), the backward recomputes the softmax from the logits.
+// Rows whose label is IGNORE contribute 0 and do not count in the mean; other
+// labels outside [0, cols) give a NaN loss (never an out-of-bounds read).
+// Logits past one storage binding run in row blocks (row0 / x_off).
+
+struct XentParams {
+  rows: u32, cols: u32, row0: u32, x_off: u32,  // block: rows row0..row0+rows, logits from x_off in the binding
+  ignore_index: i32, per_row: u32, beta: f32, _pad: u32,
+}
+
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(1) var<storage, read> labels: array<i32>;
+@group(0) @binding(2) var<storage, read_write> row_lse: array<f32>;    // forward: log-sum-exp per row
+@group(0) @binding(3) var<storage, read_write> row_loss: array<f32>;   // forward: loss per row (0 if ignored)
+@group(0) @binding(4) var<storage, read_write> row_valid: array<f32>;  // forward: 1 counted, 0 ignored
+@group(0) @binding(5) var<uniform> xp: XentParams;
+@group(0) @binding(6) var<storage, read> lse_in: array<f32>;           // backward: row_lse
+@group(0) @binding(7) var<storage, read> upstream: array<f32>;         // backward: d(loss) (1 value, or per row)
+@group(0) @binding(8) var<storage, read> scale_in: array<f32>;         // backward: the forward's gradient scale
+@group(0) @binding(9) var<storage, read_write> dlogits: array<f32>;
+// finalize
+struct FinalParams { rows: u32, mean: u32, }
+@group(0) @binding(10) var<storage, read> fin_loss: array<f32>;
+@group(0) @binding(11) var<storage, read> fin_valid: array<f32>;
+@group(0) @binding(12) var<storage, read_write> fin_out: array<f32>;   // the loss
+@group(0) @binding(14) var<storage, read_write> fin_scale: array<f32>; // the gradient scale
+@group(0) @binding(13) var<uniform> fp: FinalParams;
+
+const WG: u32 = 256u;
+var<workgroup> red: array<f32, WG>;
+
+fn wg_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
+  workgroupBarrier();
+  red[lid] = v;
+  workgroupBarrier();
+  for (var s = WG / 2u; s > 0u; s >>= 1u) {
+    if (lid < s) {
+      if (is_max) { red[lid] = max(red[lid], red[lid + s]); } else { red[lid] += red[lid + s]; }
+    }
+    workgroupBarrier();
+  }
+  return red[0];
+}
+
+fn row_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }
+
+@compute @workgroup_size(WG)
+fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+  let r = row_of(wid, nwg);
+  let valid = r < xp.rows;  // uniform per workgroup
+  let base = xp.x_off + r * xp.cols;
+  var mx = -3.4028235e38;
+  if (valid) { for (var j = lid; j < xp.cols; j += WG) { mx = max(mx, logits[base + j]); } }
+  mx = wg_reduce(lid, mx, true);
+  var se = 0.0;
+  if (valid) { for (var j = lid; j < xp.cols; j += WG) { se += exp(logits[base + j] - mx); } }
+  se = wg_reduce(lid, se, false);
+  if (!valid || lid != 0u) { return; }
+  let row = xp.row0 + r;
+  let label = labels[row];
+  let lse = mx + log(se);
+  row_lse[row] = lse;
+  if (label == xp.ignore_index) {
+    row_loss[row] = 0.0;
+    row_valid[row] = 0.0;
+  } else if (label < 0 || u32(label) >= xp.cols) {
+    row_loss[row] = bitcast<f32>(0x7fc00000u);
+    row_valid[row] = 1.0;
+  } else {
+    row_loss[row] = lse - logits[base + u32(label)];
+    row_valid[row] = 1.0;
+  }
+}
+
+// One workgroup: loss = sum(loss) / count (mean) or sum(loss); scale = the
+// gradient scale (1 / count, or 1). Four chains per thread keep long row
+// lists from being one dependent add chain.
+@compute @workgroup_size(WG)
+fn xent_finalize(@builtin(local_invocation_index) lid: u32) {
+  var s = vec4<f32>(0.0);
+  var c = vec4<f32>(0.0);
+  var i = lid;
+  for (; i + 3u * WG < fp.rows; i += 4u * WG) {
+    s += vec4<f32>(fin_loss[i], fin_loss[i + WG], fin_loss[i + 2u * WG], fin_loss[i + 3u * WG]);
+    c += vec4<f32>(fin_valid[i], fin_valid[i + WG], fin_valid[i + 2u * WG], fin_valid[i + 3u * WG]);
+  }
+  for (; i < fp.rows; i += WG) { s.x += fin_loss[i]; c.x += fin_valid[i]; }
+  let total = wg_reduce(lid, (s.x + s.y) + (s.z + s.w), false);
+  let count = wg_reduce(lid, (c.x + c.y) + (c.z + c.w), false);
+  if (lid == 0u) {
+    // torch: the mean over zero counted rows is 0/0 = NaN.
+    let scale = select(1.0, 1.0 / count, fp.mean != 0u);
+    fin_out[0] = select(total, total / count, fp.mean != 0u);
+    fin_scale[0] = scale;
+  }
+}
+
+// dlogits = (softmax(x) - onehot(label)) * d(loss) * scale (+ beta * dlogits); ignored rows get 0.
+@compute @workgroup_size(WG)
+fn xent_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+  let r = row_of(wid, nwg);
+  if (r >= xp.rows) { return; }
+  let row = xp.row0 + r;
+  let label = labels[row];
+  let base = xp.x_off + r * xp.cols;
+  var g = 0.0;
+  if (label != xp.ignore_index) {
+    g = select(upstream[0] * scale_in[0], upstream[row], xp.per_row != 0u);
+  }
+  let lse = lse_in[row];
+  for (var j = lid; j < xp.cols; j += WG) {
+    let p = exp(logits[base + j] - lse);
+    var v = g * (p - select(0.0, 1.0, i32(j) == label));
+    if (xp.beta != 0.0) { v += xp.beta * dlogits[base + j]; }
+    dlogits[base + j] = v;
+  }
+}
