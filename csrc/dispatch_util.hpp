@@ -56,13 +56,8 @@ void check_floats(const Buffer& b, uint64_t count, const char* what);
 constexpr uint64_t kReduceGroup = 256 * 16;  // elements per partial_sum workgroup (reduce.wgsl ITEMS)
 // Partial sums (of squares) of src's pieces into scratch from `offset`; returns the next offset.
 uint64_t record_partials(Recorder& r, const Buffer& src, uint64_t n, bool square, const Buffer& scratch, uint64_t offset);
-// One-workgroup pass over `partials` values of scratch: finalize_norm or finalize_sum.
+// One-workgroup pass over `partials` values of scratch (reduce.wgsl finalize_norm).
 void record_finalize(Recorder& r, const char* entry, const Buffer& scratch, uint64_t partials, const Buffer& out,
                      uint32_t out_index, float scale, float max_norm);
-// out[out_index] = scale * sum of src[0, n): directly in one workgroup up to
-// kDirectSumMax elements, else through partials in scratch.
-constexpr uint64_t kDirectSumMax = 16384;
-void record_scaled_sum(Recorder& r, const Buffer& src, uint64_t n, const Buffer& scratch, const Buffer& out,
-                       uint32_t out_index, float scale);
 
 }  // namespace pwt

@@ -72,14 +72,5 @@ void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& lab
                             const Buffer& upstream, const Buffer& scale, const Buffer& dlogits, uint32_t rows,
                             uint32_t cols, int32_t ignore_index, bool per_row, float beta);
 
-// Mean softmax cross-entropy over rows -> out[out_index]; dlogits = d(mean)/dlogits.
-void softmax_cross_entropy(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& dlogits,
-                           const Buffer& row_losses, const Buffer& scratch, const Buffer& out, uint32_t out_index,
-                           uint32_t rows, uint32_t cols);
-// Mean squared error over n values -> out[out_index]; dpred = d(mean)/dpred.
-void mse_loss(Recorder& r, const Buffer& pred, const Buffer& target, const Buffer& dpred, const Buffer& sq,
-              const Buffer& scratch, const Buffer& out, uint32_t out_index, uint64_t n);
-// Scratch floats needed to reduce n values (mean/norm partials).
-uint64_t reduce_scratch_floats(uint64_t n);
 
 }  // namespace pwt

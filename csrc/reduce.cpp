@@ -21,8 +21,6 @@ const Kernel& reduce_kernel(Device& dev, const char* entry, bool square) {
 
 }  // namespace
 
-uint64_t reduce_scratch_floats(uint64_t n) { return ceil_div(n, kReduceGroup) + 1; }
-
 // Sums (or sums of squares) of consecutive pieces of `src` into scratch, from
 // scratch[offset] on; returns the new offset.
 uint64_t record_partials(Recorder& r, const Buffer& src, uint64_t n, bool square, const Buffer& scratch, uint64_t offset) {
@@ -43,15 +41,6 @@ void record_finalize(Recorder& r, const char* entry, const Buffer& scratch, uint
                      uint32_t out_index, float scale, float max_norm) {
   struct { uint32_t count, out_off; float scale, max_norm; } p{uint32_t(partials), out_index, scale, max_norm};
   r.dispatch(reduce_kernel(r.device(), entry, false), {whole(scratch), whole(out)}, p, 1);
-}
-
-void record_scaled_sum(Recorder& r, const Buffer& src, uint64_t n, const Buffer& scratch, const Buffer& out,
-                       uint32_t out_index, float scale) {
-  // Short vectors (a batch of row losses): one workgroup sums them directly,
-  // one dispatch instead of two.
-  if (n <= kDirectSumMax) return record_finalize(r, "finalize_sum", src, n, out, out_index, scale, 0.0f);
-  const uint64_t parts = record_partials(r, src, n, false, scratch, 0);
-  record_finalize(r, "finalize_sum", scratch, parts, out, out_index, scale, 0.0f);
 }
 
 }  // namespace pwt

@@ -359,22 +359,6 @@ def scale_by_clip(_Recorder r, _Buffer grad, uint64_t n, _Buffer norm_out):
     c.scale_by_clip(r.ptr.get()[0], _b(grad)[0], n, _b(norm_out)[0])
 
 
-def softmax_cross_entropy(_Recorder r, _Buffer logits, _Buffer labels, _Buffer dlogits, _Buffer row_losses,
-                          _Buffer scratch, _Buffer out, uint32_t out_index, uint32_t rows, uint32_t cols):
-    c.softmax_cross_entropy(r.ptr.get()[0], _b(logits)[0], _b(labels)[0], _b(dlogits)[0], _b(row_losses)[0],
-                            _b(scratch)[0], _b(out)[0], out_index, rows, cols)
-
-
-def mse_loss(_Recorder r, _Buffer pred, _Buffer target, _Buffer dpred, _Buffer sq, _Buffer scratch,
-             _Buffer out, uint32_t out_index, uint64_t n):
-    c.mse_loss(r.ptr.get()[0], _b(pred)[0], _b(target)[0], _b(dpred)[0], _b(sq)[0], _b(scratch)[0],
-               _b(out)[0], out_index, n)
-
-
-def reduce_scratch_floats(uint64_t n):
-    return c.reduce_scratch_floats(n)
-
-
 def _inject_invalid_binding(_Recorder r, _Buffer buf):
     """Test hook: records a dispatch whose binding overruns ``buf`` (a wgpu validation error)."""
     c.inject_invalid_binding(r.ptr.get()[0], _b(buf)[0])

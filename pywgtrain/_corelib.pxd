@@ -121,12 +121,6 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                    const Buffer& scratch, const Buffer& out, float max_norm) except +raise_py_error
     uint64_t grad_norm_scratch_floats(const Device& dev, const vector[uint64_t]& counts)
     void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& norm_out) except +raise_py_error
-    void softmax_cross_entropy(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& dlogits,
-                               const Buffer& row_losses, const Buffer& scratch, const Buffer& out, uint32_t out_index,
-                               uint32_t rows, uint32_t cols) except +raise_py_error
-    void mse_loss(Recorder& r, const Buffer& pred, const Buffer& target, const Buffer& dpred, const Buffer& sq,
-                  const Buffer& scratch, const Buffer& out, uint32_t out_index, uint64_t n) except +raise_py_error
-    uint64_t reduce_scratch_floats(uint64_t n)
 
 
 cdef extern from "faults.hpp" namespace "pwt" nogil:

@@ -1,6 +1,6 @@
 // Two-pass reductions over large vectors: partial_sum writes one value per
 // workgroup; a finalize entry combines the partials in one workgroup.
-// SQUARE: sum of squares (gradient norms) instead of a plain sum (losses).
+// SQUARE: sum of squares (gradient norms) instead of a plain sum.
 
 const ITEMS: u32 = 16u;  // elements per thread in the partial pass
 
@@ -82,11 +82,4 @@ fn finalize_norm(@builtin(local_invocation_index) lid: u32) {
     dst[fp.out_off] = norm;
     dst[fp.out_off + 1u] = fp.max_norm / (norm + 1e-6);
   }
-}
-
-// dst[out_off] = scale * sum (a mean when scale = 1/count of the original items).
-@compute @workgroup_size(256)
-fn finalize_sum(@builtin(local_invocation_index) lid: u32) {
-  let total = workgroup_sum(lid, strided_sum(lid));
-  if (lid == 0u) { dst[fp.out_off] = fp.scale * total; }
 }
