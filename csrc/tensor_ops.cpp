@@ -50,6 +50,13 @@ constexpr uint32_t kGroup = 256;        // threads per workgroup of the flat ker
 constexpr uint32_t kEmbRows = 128;      // embedding.wgsl VB
 constexpr uint32_t kEmbCols = 64;       // embedding.wgsl CB
 constexpr uint64_t kMaxBlocks = 65536;  // dispatches one N-d launch may split into
+// Trips of any one loop in a kernel: llvmpipe (lavapipe) silently leaves a
+// loop after 65535 iterations (an inner loop's trips add up over its outer
+// loop's), so longer work is split across dispatches.
+constexpr uint64_t kMaxTrips = 32768;
+constexpr uint64_t kRowThreads = 256;   // axis.wgsl: threads along a row (reduce_rows, softmax)
+constexpr uint64_t kColLanes = 16;      // axis.wgsl: lanes along len (reduce_cols)
+constexpr uint64_t kSoftmaxMaxCols = kRowThreads * kMaxTrips;
 
 uint64_t align_floats(const Device& dev) { return std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4; }
 
@@ -95,12 +102,11 @@ void record_flat(Recorder& r, const Kernel& k, const std::vector<const Buffer*>&
   });
 }
 
-// ACT of activations.wgsl for the ops that reuse its math.
+// ACT of activations.wgsl for the ops that reuse its math (GELU has forms of
+// its own in elementwise.wgsl that keep relative precision for x << 0).
 uint32_t act_for(UnaryOp op) {
   switch (op) {
     case UnaryOp::Relu: return uint32_t(Activation::Relu);
-    case UnaryOp::GeluTanh: return uint32_t(Activation::GeluTanh);
-    case UnaryOp::GeluErf: return uint32_t(Activation::GeluErf);
     case UnaryOp::Silu: return uint32_t(Activation::Silu);
     default: return uint32_t(Activation::None);
   }
@@ -281,16 +287,19 @@ struct AxisBlock {
   uint64_t o0, outer, j0, len, i0, inner;
 };
 
-// Blocks whose x span fits one binding: whole [len, inner] slices when one
+// Blocks whose x span fits one binding and whose len is at most max_len:
+// runs of rows (each cut into len runs of max_len) when a [len, inner] slice
 // fits, else runs of len (whole inner), else runs of inner.
 template <typename F>
-void for_each_axis_block(uint64_t limit, uint64_t outer, uint64_t len, uint64_t inner, F fn) {
+void for_each_axis_block(uint64_t limit, uint64_t max_len, uint64_t outer, uint64_t len, uint64_t inner, F fn) {
   const uint64_t slice = len * inner;
   if (slice <= limit) {
     const uint64_t mo = limit / slice;
-    for (uint64_t o = 0; o < outer; o += mo) fn(AxisBlock{o, std::min(mo, outer - o), 0, len, 0, inner});
+    const uint64_t ml = std::min(len, max_len);
+    for (uint64_t o = 0; o < outer; o += mo)
+      for (uint64_t j = 0; j < len; j += ml) fn(AxisBlock{o, std::min(mo, outer - o), j, std::min(ml, len - j), 0, inner});
   } else if (inner <= limit) {
-    const uint64_t ml = limit / inner;
+    const uint64_t ml = std::min(limit / inner, max_len);
     for (uint64_t o = 0; o < outer; ++o)
       for (uint64_t j = 0; j < len; j += ml) fn(AxisBlock{o, 1, j, std::min(ml, len - j), 0, inner});
   } else {
@@ -321,9 +330,13 @@ AxisBinding axis_binding(const AxisBlock& b, uint64_t len, uint64_t inner) {
   return a;
 }
 
-// Rows of a [rows, cols] operand per block, or an error naming `fn` when one row exceeds a binding.
-uint64_t rows_per_block(const Device& dev, uint64_t cols, const std::string& fn) {
+// Rows of a [rows, cols] operand per block, or an error naming `fn` when one
+// row exceeds a binding or `max_cols`.
+uint64_t rows_per_block(const Device& dev, uint64_t cols, const std::string& fn, uint64_t max_cols = UINT64_MAX) {
   const uint64_t limit = span_limit(dev);
+  if (cols > max_cols)
+    throw ArgumentError(fn + ": rows of " + std::to_string(cols) + " columns exceed the supported " +
+                        std::to_string(max_cols) + " (a workgroup per row)");
   if (cols > limit)
     throw ArgumentError(fn + ": a row of " + std::to_string(cols) + " elements exceeds one storage binding (" +
                         std::to_string(limit) + " elements)");
@@ -440,16 +453,19 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
   }
   Device& dev = r.device();
   const uint64_t limit = span_limit(dev);
-  const bool blocks_len = uint64_t(len) * inner > limit;  // len split into blocks merged into out
-  if (blocks_len && op == ReduceOp::Max && (scale != 1.0f || beta != 0.0f))
-    throw ArgumentError("reduce_axis: Max over a slice larger than one storage binding needs scale 1 and beta 0");
   const bool rows = inner == 1;
+  const uint64_t max_len = (rows ? kRowThreads : kColLanes) * kMaxTrips;
+  // len split into blocks merged into out (binding limit, loop trips)
+  const bool blocks_len = uint64_t(len) * inner > limit || len > max_len;
+  if (blocks_len && op == ReduceOp::Max && (scale != 1.0f || beta != 0.0f))
+    throw ArgumentError("reduce_axis: Max with len " + std::to_string(len) + " (split into blocks: " +
+                        std::to_string(max_len) + " per block, or past one storage binding) needs scale 1 and beta 0");
   const char* entry = rows ? (argmax ? "reduce_rows_arg" : "reduce_rows") : (argmax ? "reduce_cols_arg" : "reduce_cols");
   std::vector<std::pair<uint32_t, Bind>> bindings = {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}};
   if (argmax) bindings.push_back({4, Bind::ReadWrite});
   bindings.push_back({5, Bind::Uniform});
   const Kernel& k = axis_kernel(dev, entry, bindings, uint32_t(op));
-  for_each_axis_block(limit, outer, len, inner, [&](const AxisBlock& b) {
+  for_each_axis_block(limit, max_len, outer, len, inner, [&](const AxisBlock& b) {
     AxisBinding ab = axis_binding(b, len, inner);
     const Bound xb = bind_span(dev, x, ab.x_first, ab.x_count);
     const Bound ob = bind_span(dev, out, ab.out_first, ab.out_count);
@@ -478,7 +494,7 @@ void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buf
   const Kernel& k = axis_kernel(dev, "max_backward",
                                 {{0, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}},
                                 uint32_t(ReduceOp::Max));
-  for_each_axis_block(span_limit(dev), outer, len, inner, [&](const AxisBlock& b) {
+  for_each_axis_block(span_limit(dev), UINT64_MAX, outer, len, inner, [&](const AxisBlock& b) {
     AxisBinding ab = axis_binding(b, len, inner);
     const Bound dyb = bind_span(dev, dy, ab.out_first, ab.out_count);
     const Bound dxb = bind_span(dev, dx, ab.x_first, ab.x_count);
@@ -497,7 +513,7 @@ void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint3
   check_floats(x, uint64_t(rows) * cols, "softmax input x");
   check_floats(y, uint64_t(rows) * cols, "softmax output y");
   Device& dev = r.device();
-  const uint64_t per = rows_per_block(dev, cols, "softmax");
+  const uint64_t per = rows_per_block(dev, cols, "softmax", kSoftmaxMaxCols);
   const Kernel& k = axis_kernel(dev, "softmax", {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}}, 0, log);
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
@@ -523,7 +539,7 @@ void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buff
   for (auto [b, what] : {std::pair{&y, "softmax_backward y"}, {&dy, "softmax_backward dy"}, {&dx, "softmax_backward dx"}})
     check_floats(*b, uint64_t(rows) * cols, what);
   Device& dev = r.device();
-  const uint64_t per = rows_per_block(dev, cols, "softmax_backward");
+  const uint64_t per = rows_per_block(dev, cols, "softmax_backward", kSoftmaxMaxCols);
   const Kernel& k = axis_kernel(dev, "softmax_backward",
                                 {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}}, 0, log);
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
@@ -599,8 +615,9 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
     const uint64_t vc = std::min<uint64_t>(per, vocab - v0);
     const Bound wb = bind_span(dev, dweight, v0 * dim, vc * dim);
     // id blocks in increasing order, later ones accumulating: the per-element order stays increasing i.
-    for (uint64_t i0 = 0; i0 < n_ids; i0 += per) {
-      const uint64_t ic = std::min<uint64_t>(per, n_ids - i0);
+    const uint64_t id_rows = std::min<uint64_t>(per, kMaxTrips);  // one inner-loop trip per id
+    for (uint64_t i0 = 0; i0 < n_ids; i0 += id_rows) {
+      const uint64_t ic = std::min<uint64_t>(id_rows, n_ids - i0);
       const Bound db = bind_span(dev, dy, i0 * dim, ic * dim);
       const Bound ib = bind_span(dev, ids, i0, ic);
       GatherParams p{};
