@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "dispatch_util.hpp"
 #include "ops.hpp"
@@ -80,6 +82,17 @@ void check_ints(const Buffer& b, uint64_t count, const char* what) {
   if (b.bytes() < count * 4)
     throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 4) + " int32 values, needs " +
                         std::to_string(count));
+}
+
+// WebGPU cannot bind one buffer read-only and writable in one dispatch (wgpu
+// would reject the whole recording at submit): refuse outputs that share a
+// GPU buffer (also as views of one arena) with an input, naming both.
+void check_no_alias(const std::string& fn, const Buffer& out, const char* out_name,
+                    std::initializer_list<std::pair<const Buffer*, const char*>> inputs) {
+  for (const auto& [in, name] : inputs)
+    if (in->raw() == out.raw())
+      throw ArgumentError(fn + ": " + out_name + " shares a GPU buffer with " + name +
+                          " (in-place is not possible: a dispatch cannot read one buffer while writing it)");
 }
 
 void check_nonzero(uint64_t v, const std::string& what) {
@@ -188,6 +201,8 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
     }
     check_floats(*op.buf, last + 1, (fn + " " + op.what).c_str());
   }
+  for (size_t i = 0; i < 3; ++i)
+    if (ops[i].buf) check_no_alias(fn, *ops[3].buf, ops[3].what, {{ops[i].buf, ops[i].what}});
 
   // Collapse. Slot 4 is the block's own element index (contiguous), which
   // bounds the element count of a block.
@@ -352,6 +367,7 @@ void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n
   check_nonzero(n, "unary: n");
   check_floats(x, n, "unary input x");
   check_floats(y, n, "unary output y");
+  check_no_alias("unary", y, "y", {{&x, "x"}});
   const Kernel& k = ew_kernel(r.device(), "unary", {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}},
                               uint32_t(op), act_for(op));
   record_flat(r, k, {&x, &y}, n, a, b, beta);
@@ -365,6 +381,7 @@ void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, c
   check_floats(y, n, "unary_backward forward output y");
   check_floats(dy, n, "unary_backward dy");
   check_floats(dx, n, "unary_backward dx");
+  check_no_alias("unary_backward", dx, "dx", {{&x, "x"}, {&y, "y"}, {&dy, "dy"}});
   const Kernel& k = ew_kernel(r.device(), "unary_backward",
                               {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
                                {5, Bind::Uniform}},
@@ -451,6 +468,8 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
     if (op != ReduceOp::Max) throw ArgumentError("reduce_axis: argmax is only produced by Max");
     check_ints(*argmax, uint64_t(outer) * inner, "reduce_axis argmax");
   }
+  check_no_alias("reduce_axis", out, "out", {{&x, "x"}});
+  if (argmax) check_no_alias("reduce_axis", *argmax, "argmax", {{&x, "x"}});
   Device& dev = r.device();
   const uint64_t limit = span_limit(dev);
   const bool rows = inner == 1;
@@ -490,6 +509,7 @@ void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buf
   check_floats(dy, uint64_t(outer) * inner, "max_backward dy");
   check_ints(argmax, uint64_t(outer) * inner, "max_backward argmax");
   check_floats(dx, uint64_t(outer) * len * inner, "max_backward dx");
+  check_no_alias("max_backward", dx, "dx", {{&dy, "dy"}, {&argmax, "argmax"}});
   Device& dev = r.device();
   const Kernel& k = axis_kernel(dev, "max_backward",
                                 {{0, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}},
@@ -512,6 +532,7 @@ void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint3
   check_nonzero(cols, "softmax: cols");
   check_floats(x, uint64_t(rows) * cols, "softmax input x");
   check_floats(y, uint64_t(rows) * cols, "softmax output y");
+  check_no_alias("softmax", y, "y", {{&x, "x"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "softmax", kSoftmaxMaxCols);
   const Kernel& k = axis_kernel(dev, "softmax", {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}}, 0, log);
@@ -538,6 +559,7 @@ void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buff
   check_nonzero(cols, "softmax_backward: cols");
   for (auto [b, what] : {std::pair{&y, "softmax_backward y"}, {&dy, "softmax_backward dy"}, {&dx, "softmax_backward dx"}})
     check_floats(*b, uint64_t(rows) * cols, what);
+  check_no_alias("softmax_backward", dx, "dx", {{&y, "y"}, {&dy, "dy"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "softmax_backward", kSoftmaxMaxCols);
   const Kernel& k = axis_kernel(dev, "softmax_backward",
@@ -571,6 +593,7 @@ void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffe
   check_floats(weight, uint64_t(vocab) * dim, "embedding weight");
   check_ints(ids, n_ids, "embedding ids");
   check_floats(out, uint64_t(n_ids) * dim, "embedding output");
+  check_no_alias("embedding", out, "out", {{&weight, "weight"}, {&ids, "ids"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, dim, "embedding");
   const Kernel& k = gather_kernel(dev, "embedding",
@@ -607,6 +630,7 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
   check_floats(dy, uint64_t(n_ids) * dim, "embedding_backward dy");
   check_ints(ids, n_ids, "embedding_backward ids");
   check_floats(dweight, uint64_t(vocab) * dim, "embedding_backward dweight");
+  check_no_alias("embedding_backward", dweight, "dweight", {{&dy, "dy"}, {&ids, "ids"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, dim, "embedding_backward");
   const Kernel& k = gather_kernel(dev, "embedding_backward",
@@ -644,6 +668,8 @@ void nll_pick(Recorder& r, const Buffer& x, const Buffer& labels, const Buffer& 
   check_ints(labels, rows, "nll_pick labels");
   check_floats(out, rows, "nll_pick output");
   check_floats(mask, rows, "nll_pick mask");
+  check_no_alias("nll_pick", out, "out", {{&x, "x"}, {&labels, "labels"}});
+  check_no_alias("nll_pick", mask, "mask", {{&x, "x"}, {&labels, "labels"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "nll_pick");
   const Kernel& k = gather_kernel(dev, "nll_pick",
@@ -673,6 +699,7 @@ void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, cons
   check_floats(dy, rows, "nll_pick_backward dy");
   check_ints(labels, rows, "nll_pick_backward labels");
   check_floats(dx, uint64_t(rows) * cols, "nll_pick_backward dx");
+  check_no_alias("nll_pick_backward", dx, "dx", {{&dy, "dy"}, {&labels, "labels"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "nll_pick_backward");
   const Kernel& k = gather_kernel(dev, "nll_pick_backward",

@@ -660,6 +660,7 @@ def test_argument_errors(dev):
     x = pw.zeros(12, np.float32, dev)
     small = pw.zeros(3, np.float32, dev)
     ids = pw.zeros(4, np.int32, dev)
+    y = pw.zeros(12, np.float32, dev)
     cases = [
         (_core.unary, (UNARY["exp"], x._buf, small._buf, 12, 0.0, 0.0, 0.0), "unary output y holds 3 floats, needs 12"),
         (_core.unary, (99, x._buf, x._buf, 12, 0.0, 0.0, 0.0), "unknown op"),
@@ -670,7 +671,7 @@ def test_argument_errors(dev):
         (_core.binary, (BINARY["add"], x._buf, x._buf, x._buf, [1] * 7, [0] * 7, [0] * 7, 0.0), "at most 6"),
         (_core.binary, (BINARY["add"], x._buf, x._buf, x._buf, [3, 0], [1, 1], [1, 1], 0.0), "zero dimension"),
         (_core.binary_backward, (BINARY["mul"], 2, x._buf, x._buf, x._buf, x._buf, [12], [1], [1], 0.0), "which"),
-        (_core.strided_copy, (x._buf, 0, [1, 1], x._buf, 0, [0, 1], [3, 4], 0.0), "stride 0"),
+        (_core.strided_copy, (x._buf, 0, [1, 1], y._buf, 0, [0, 1], [3, 4], 0.0), "stride 0"),
         (_core.strided_copy, (x._buf, 5, [4, 1], small._buf, 0, [4, 1], [3, 4], 0.0), "src holds 12 floats, needs 17"),
         (_core.reduce_axis, (REDUCE["sum"], x._buf, small._buf, ids._buf, 3, 4, 1, 1.0, 0.0), "only produced by Max"),
         (_core.reduce_axis, (REDUCE["max"], x._buf, x._buf, ids._buf, 1, 2, 6, 1.0, 0.0), "argmax holds 4 int32"),
@@ -680,6 +681,13 @@ def test_argument_errors(dev):
         (_core.embedding_backward, (x._buf, ids._buf, small._buf, 4, 6, 2, 0.0), "dweight"),
         (_core.nll_pick, (x._buf, ids._buf, small._buf, x._buf, 4, 3, -100), "nll_pick output holds 3"),
         (_core.max_backward, (x._buf, ids._buf, small._buf, 2, 3, 2, 0.0), "max_backward dx"),
+        # in-place: one buffer cannot be bound read-only and writable in one dispatch
+        (_core.unary, (UNARY["exp"], x._buf, x._buf, 12, 0.0, 0.0, 0.0), "unary: y shares a GPU buffer with x"),
+        (_core.binary, (BINARY["add"], y._buf, x._buf, x._buf.view(0, 24), [6], [1], [1], 0.0),
+         "binary: output shares a GPU buffer with operand b"),
+        (_core.strided_copy, (x._buf, 0, [1], x._buf, 6, [1], [6], 0.0), "strided_copy: dst shares a GPU buffer with src"),
+        (_core.softmax_backward, (x._buf, y._buf, y._buf, 3, 4, False, 0.0), "dx shares a GPU buffer with dy"),
+        (_core.nll_pick, (x._buf, ids._buf, y._buf, x._buf, 4, 3, -100), "mask shares a GPU buffer with x"),
     ]
     for fn, args, msg in cases:
         with pytest.raises(ValueError, match=re.escape(msg)):
