@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "dispatch_util.hpp"
 #include "ops.hpp"
@@ -50,6 +52,13 @@ constexpr uint32_t kGroup = 256;        // threads per workgroup of the flat ker
 constexpr uint32_t kEmbRows = 128;      // embedding.wgsl VB
 constexpr uint32_t kEmbCols = 64;       // embedding.wgsl CB
 constexpr uint64_t kMaxBlocks = 65536;  // dispatches one N-d launch may split into
+// Trips of any one loop in a kernel: llvmpipe (lavapipe) silently leaves a
+// loop after 65535 iterations (an inner loop's trips add up over its outer
+// loop's), so longer work is split across dispatches.
+constexpr uint64_t kMaxTrips = 32768;
+constexpr uint64_t kRowThreads = 256;   // axis.wgsl: threads along a row (reduce_rows, softmax)
+constexpr uint64_t kColLanes = 16;      // axis.wgsl: lanes along len (reduce_cols)
+constexpr uint64_t kSoftmaxMaxCols = kRowThreads * kMaxTrips;
 
 uint64_t align_floats(const Device& dev) { return std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4; }
 
@@ -75,6 +84,17 @@ void check_ints(const Buffer& b, uint64_t count, const char* what) {
                         std::to_string(count));
 }
 
+// WebGPU cannot bind one buffer read-only and writable in one dispatch (wgpu
+// would reject the whole recording at submit): refuse outputs that share a
+// GPU buffer (also as views of one arena) with an input, naming both.
+void check_no_alias(const std::string& fn, const Buffer& out, const char* out_name,
+                    std::initializer_list<std::pair<const Buffer*, const char*>> inputs) {
+  for (const auto& [in, name] : inputs)
+    if (in->raw() == out.raw())
+      throw ArgumentError(fn + ": " + out_name + " shares a GPU buffer with " + name +
+                          " (in-place is not possible: a dispatch cannot read one buffer while writing it)");
+}
+
 void check_nonzero(uint64_t v, const std::string& what) {
   if (v == 0) throw ArgumentError(what + " must be >= 1");
 }
@@ -95,12 +115,11 @@ void record_flat(Recorder& r, const Kernel& k, const std::vector<const Buffer*>&
   });
 }
 
-// ACT of activations.wgsl for the ops that reuse its math.
+// ACT of activations.wgsl for the ops that reuse its math (GELU has forms of
+// its own in elementwise.wgsl that keep relative precision for x << 0).
 uint32_t act_for(UnaryOp op) {
   switch (op) {
     case UnaryOp::Relu: return uint32_t(Activation::Relu);
-    case UnaryOp::GeluTanh: return uint32_t(Activation::GeluTanh);
-    case UnaryOp::GeluErf: return uint32_t(Activation::GeluErf);
     case UnaryOp::Silu: return uint32_t(Activation::Silu);
     default: return uint32_t(Activation::None);
   }
@@ -182,6 +201,8 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
     }
     check_floats(*op.buf, last + 1, (fn + " " + op.what).c_str());
   }
+  for (size_t i = 0; i < 3; ++i)
+    if (ops[i].buf) check_no_alias(fn, *ops[3].buf, ops[3].what, {{ops[i].buf, ops[i].what}});
 
   // Collapse. Slot 4 is the block's own element index (contiguous), which
   // bounds the element count of a block.
@@ -281,16 +302,19 @@ struct AxisBlock {
   uint64_t o0, outer, j0, len, i0, inner;
 };
 
-// Blocks whose x span fits one binding: whole [len, inner] slices when one
+// Blocks whose x span fits one binding and whose len is at most max_len:
+// runs of rows (each cut into len runs of max_len) when a [len, inner] slice
 // fits, else runs of len (whole inner), else runs of inner.
 template <typename F>
-void for_each_axis_block(uint64_t limit, uint64_t outer, uint64_t len, uint64_t inner, F fn) {
+void for_each_axis_block(uint64_t limit, uint64_t max_len, uint64_t outer, uint64_t len, uint64_t inner, F fn) {
   const uint64_t slice = len * inner;
   if (slice <= limit) {
     const uint64_t mo = limit / slice;
-    for (uint64_t o = 0; o < outer; o += mo) fn(AxisBlock{o, std::min(mo, outer - o), 0, len, 0, inner});
+    const uint64_t ml = std::min(len, max_len);
+    for (uint64_t o = 0; o < outer; o += mo)
+      for (uint64_t j = 0; j < len; j += ml) fn(AxisBlock{o, std::min(mo, outer - o), j, std::min(ml, len - j), 0, inner});
   } else if (inner <= limit) {
-    const uint64_t ml = limit / inner;
+    const uint64_t ml = std::min(limit / inner, max_len);
     for (uint64_t o = 0; o < outer; ++o)
       for (uint64_t j = 0; j < len; j += ml) fn(AxisBlock{o, 1, j, std::min(ml, len - j), 0, inner});
   } else {
@@ -321,9 +345,13 @@ AxisBinding axis_binding(const AxisBlock& b, uint64_t len, uint64_t inner) {
   return a;
 }
 
-// Rows of a [rows, cols] operand per block, or an error naming `fn` when one row exceeds a binding.
-uint64_t rows_per_block(const Device& dev, uint64_t cols, const std::string& fn) {
+// Rows of a [rows, cols] operand per block, or an error naming `fn` when one
+// row exceeds a binding or `max_cols`.
+uint64_t rows_per_block(const Device& dev, uint64_t cols, const std::string& fn, uint64_t max_cols = UINT64_MAX) {
   const uint64_t limit = span_limit(dev);
+  if (cols > max_cols)
+    throw ArgumentError(fn + ": rows of " + std::to_string(cols) + " columns exceed the supported " +
+                        std::to_string(max_cols) + " (a workgroup per row)");
   if (cols > limit)
     throw ArgumentError(fn + ": a row of " + std::to_string(cols) + " elements exceeds one storage binding (" +
                         std::to_string(limit) + " elements)");
@@ -339,6 +367,7 @@ void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n
   check_nonzero(n, "unary: n");
   check_floats(x, n, "unary input x");
   check_floats(y, n, "unary output y");
+  check_no_alias("unary", y, "y", {{&x, "x"}});
   const Kernel& k = ew_kernel(r.device(), "unary", {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}},
                               uint32_t(op), act_for(op));
   record_flat(r, k, {&x, &y}, n, a, b, beta);
@@ -352,6 +381,7 @@ void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, c
   check_floats(y, n, "unary_backward forward output y");
   check_floats(dy, n, "unary_backward dy");
   check_floats(dx, n, "unary_backward dx");
+  check_no_alias("unary_backward", dx, "dx", {{&x, "x"}, {&y, "y"}, {&dy, "dy"}});
   const Kernel& k = ew_kernel(r.device(), "unary_backward",
                               {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
                                {5, Bind::Uniform}},
@@ -438,18 +468,23 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
     if (op != ReduceOp::Max) throw ArgumentError("reduce_axis: argmax is only produced by Max");
     check_ints(*argmax, uint64_t(outer) * inner, "reduce_axis argmax");
   }
+  check_no_alias("reduce_axis", out, "out", {{&x, "x"}});
+  if (argmax) check_no_alias("reduce_axis", *argmax, "argmax", {{&x, "x"}});
   Device& dev = r.device();
   const uint64_t limit = span_limit(dev);
-  const bool blocks_len = uint64_t(len) * inner > limit;  // len split into blocks merged into out
-  if (blocks_len && op == ReduceOp::Max && (scale != 1.0f || beta != 0.0f))
-    throw ArgumentError("reduce_axis: Max over a slice larger than one storage binding needs scale 1 and beta 0");
   const bool rows = inner == 1;
+  const uint64_t max_len = (rows ? kRowThreads : kColLanes) * kMaxTrips;
+  // len split into blocks merged into out (binding limit, loop trips)
+  const bool blocks_len = uint64_t(len) * inner > limit || len > max_len;
+  if (blocks_len && op == ReduceOp::Max && (scale != 1.0f || beta != 0.0f))
+    throw ArgumentError("reduce_axis: Max with len " + std::to_string(len) + " (split into blocks: " +
+                        std::to_string(max_len) + " per block, or past one storage binding) needs scale 1 and beta 0");
   const char* entry = rows ? (argmax ? "reduce_rows_arg" : "reduce_rows") : (argmax ? "reduce_cols_arg" : "reduce_cols");
   std::vector<std::pair<uint32_t, Bind>> bindings = {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}};
   if (argmax) bindings.push_back({4, Bind::ReadWrite});
   bindings.push_back({5, Bind::Uniform});
   const Kernel& k = axis_kernel(dev, entry, bindings, uint32_t(op));
-  for_each_axis_block(limit, outer, len, inner, [&](const AxisBlock& b) {
+  for_each_axis_block(limit, max_len, outer, len, inner, [&](const AxisBlock& b) {
     AxisBinding ab = axis_binding(b, len, inner);
     const Bound xb = bind_span(dev, x, ab.x_first, ab.x_count);
     const Bound ob = bind_span(dev, out, ab.out_first, ab.out_count);
@@ -474,11 +509,12 @@ void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buf
   check_floats(dy, uint64_t(outer) * inner, "max_backward dy");
   check_ints(argmax, uint64_t(outer) * inner, "max_backward argmax");
   check_floats(dx, uint64_t(outer) * len * inner, "max_backward dx");
+  check_no_alias("max_backward", dx, "dx", {{&dy, "dy"}, {&argmax, "argmax"}});
   Device& dev = r.device();
   const Kernel& k = axis_kernel(dev, "max_backward",
                                 {{0, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}},
                                 uint32_t(ReduceOp::Max));
-  for_each_axis_block(span_limit(dev), outer, len, inner, [&](const AxisBlock& b) {
+  for_each_axis_block(span_limit(dev), UINT64_MAX, outer, len, inner, [&](const AxisBlock& b) {
     AxisBinding ab = axis_binding(b, len, inner);
     const Bound dyb = bind_span(dev, dy, ab.out_first, ab.out_count);
     const Bound dxb = bind_span(dev, dx, ab.x_first, ab.x_count);
@@ -496,8 +532,9 @@ void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint3
   check_nonzero(cols, "softmax: cols");
   check_floats(x, uint64_t(rows) * cols, "softmax input x");
   check_floats(y, uint64_t(rows) * cols, "softmax output y");
+  check_no_alias("softmax", y, "y", {{&x, "x"}});
   Device& dev = r.device();
-  const uint64_t per = rows_per_block(dev, cols, "softmax");
+  const uint64_t per = rows_per_block(dev, cols, "softmax", kSoftmaxMaxCols);
   const Kernel& k = axis_kernel(dev, "softmax", {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}}, 0, log);
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
@@ -522,8 +559,9 @@ void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buff
   check_nonzero(cols, "softmax_backward: cols");
   for (auto [b, what] : {std::pair{&y, "softmax_backward y"}, {&dy, "softmax_backward dy"}, {&dx, "softmax_backward dx"}})
     check_floats(*b, uint64_t(rows) * cols, what);
+  check_no_alias("softmax_backward", dx, "dx", {{&y, "y"}, {&dy, "dy"}});
   Device& dev = r.device();
-  const uint64_t per = rows_per_block(dev, cols, "softmax_backward");
+  const uint64_t per = rows_per_block(dev, cols, "softmax_backward", kSoftmaxMaxCols);
   const Kernel& k = axis_kernel(dev, "softmax_backward",
                                 {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}}, 0, log);
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
@@ -555,6 +593,7 @@ void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffe
   check_floats(weight, uint64_t(vocab) * dim, "embedding weight");
   check_ints(ids, n_ids, "embedding ids");
   check_floats(out, uint64_t(n_ids) * dim, "embedding output");
+  check_no_alias("embedding", out, "out", {{&weight, "weight"}, {&ids, "ids"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, dim, "embedding");
   const Kernel& k = gather_kernel(dev, "embedding",
@@ -591,6 +630,7 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
   check_floats(dy, uint64_t(n_ids) * dim, "embedding_backward dy");
   check_ints(ids, n_ids, "embedding_backward ids");
   check_floats(dweight, uint64_t(vocab) * dim, "embedding_backward dweight");
+  check_no_alias("embedding_backward", dweight, "dweight", {{&dy, "dy"}, {&ids, "ids"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, dim, "embedding_backward");
   const Kernel& k = gather_kernel(dev, "embedding_backward",
@@ -599,8 +639,9 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
     const uint64_t vc = std::min<uint64_t>(per, vocab - v0);
     const Bound wb = bind_span(dev, dweight, v0 * dim, vc * dim);
     // id blocks in increasing order, later ones accumulating: the per-element order stays increasing i.
-    for (uint64_t i0 = 0; i0 < n_ids; i0 += per) {
-      const uint64_t ic = std::min<uint64_t>(per, n_ids - i0);
+    const uint64_t id_rows = std::min<uint64_t>(per, kMaxTrips);  // one inner-loop trip per id
+    for (uint64_t i0 = 0; i0 < n_ids; i0 += id_rows) {
+      const uint64_t ic = std::min<uint64_t>(id_rows, n_ids - i0);
       const Bound db = bind_span(dev, dy, i0 * dim, ic * dim);
       const Bound ib = bind_span(dev, ids, i0, ic);
       GatherParams p{};
@@ -627,6 +668,8 @@ void nll_pick(Recorder& r, const Buffer& x, const Buffer& labels, const Buffer& 
   check_ints(labels, rows, "nll_pick labels");
   check_floats(out, rows, "nll_pick output");
   check_floats(mask, rows, "nll_pick mask");
+  check_no_alias("nll_pick", out, "out", {{&x, "x"}, {&labels, "labels"}});
+  check_no_alias("nll_pick", mask, "mask", {{&x, "x"}, {&labels, "labels"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "nll_pick");
   const Kernel& k = gather_kernel(dev, "nll_pick",
@@ -656,6 +699,7 @@ void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, cons
   check_floats(dy, rows, "nll_pick_backward dy");
   check_ints(labels, rows, "nll_pick_backward labels");
   check_floats(dx, uint64_t(rows) * cols, "nll_pick_backward dx");
+  check_no_alias("nll_pick_backward", dx, "dx", {{&dy, "dy"}, {&labels, "labels"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "nll_pick_backward");
   const Kernel& k = gather_kernel(dev, "nll_pick_backward",

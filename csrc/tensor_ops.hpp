@@ -12,8 +12,9 @@
 // (a Python ValueError). Operands larger than one storage binding are split
 // into bound sub-ranges (element offsets passed in the uniform), except where
 // a single row must fit one binding (softmax, nll_pick, embedding rows); see
-// each function. Outputs must not share a buffer with inputs (WebGPU does
-// not allow a buffer to be bound writable and read-only in one dispatch).
+// each function. An output that shares a GPU buffer with an input (in-place,
+// or views of one arena) is refused with ArgumentError: WebGPU cannot bind a
+// buffer read-only and writable in one dispatch.
 #pragma once
 #include <cstdint>
 #include <vector>

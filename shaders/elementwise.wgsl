@@ -50,12 +50,35 @@ fn tanh_acc(x: f32) -> f32 {
   return tanh_safe(x);
 }
 
+// erfc with relative error < 1.2e-7 (Numerical Recipes' Chebyshev fit, as erf_approx).
+fn erfc_acc(z: f32) -> f32 {
+  let a = abs(z);
+  let t = 1.0 / (1.0 + 0.5 * a);
+  let r = t * exp(-a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
+          t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
+          t * (-0.82215223 + t * 0.17087277)))))))));
+  return select(2.0 - r, r, z >= 0.0);
+}
+
+// GELU in forms without activations.wgsl's cancellation in 1 + erf / 1 + tanh
+// for x << 0: erf form 0.5 x erfc(-x / sqrt 2); tanh form 0.5 x (1 + tanh u) = x sigmoid(2u).
+fn gelu_erf(x: f32) -> f32 { return 0.5 * x * erfc_acc(-x * INV_SQRT_2); }
+fn gelu_erf_grad(x: f32) -> f32 { return 0.5 * erfc_acc(-x * INV_SQRT_2) + x * INV_SQRT_2PI * exp(-0.5 * x * x); }
+fn gelu_tanh_sig(x: f32) -> f32 { return 1.0 / (1.0 + exp(-2.0 * SQRT_2_OVER_PI * (x + 0.044715 * x * x * x))); }
+fn gelu_tanh(x: f32) -> f32 { return x * gelu_tanh_sig(x); }
+fn gelu_tanh_grad(x: f32) -> f32 {
+  let s = gelu_tanh_sig(x);
+  return s + 2.0 * x * s * (1.0 - s) * SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
 // x^y as torch.pow: negative bases with integer exponents keep their sign
-// rule, other negative bases give NaN; x^0 = 1 (also for x = 0 or NaN).
+// rule, other negative bases give NaN; x^0 = 1 (also for x = 0 or NaN);
+// 0^y = 0 for y > 0, inf for y < 0 (WGSL's pow leaves x = 0 undefined).
 fn pow_f(x: f32, y: f32) -> f32 {
   if (y == 0.0) { return 1.0; }
   if (y == 1.0) { return x; }
   if (y == 2.0) { return x * x; }
+  if (x == 0.0) { return select(0.0, bitcast<f32>(0x7f800000u), y < 0.0); }
   let r = pow(abs(x), y);
   if (x >= 0.0) { return r; }
   if (floor(y) != y) { return nan(); }
@@ -73,7 +96,9 @@ fn unary_f(x: f32) -> f32 {
     case 6u: { return 1.0 / sqrt(x); }
     case 7u: { return tanh_acc(x); }
     case 8u: { return 1.0 / (1.0 + exp(-x)); }
-    case 9u, 10u, 11u, 12u: { return activate(x); }
+    case 9u, 12u: { return activate(x); }
+    case 10u: { return gelu_erf(x); }
+    case 11u: { return gelu_tanh(x); }
     case 13u: { return pow_f(x, fp.a); }
     case 14u: { return min(max(x, fp.a), fp.b); }
     case 15u: { return x + fp.a; }
@@ -97,7 +122,9 @@ fn unary_grad(x: f32, y: f32) -> f32 {
     case 7u: { return 1.0 - y * y; }
     case 8u: { return y * (1.0 - y); }
     case 9u: { return select(0.0, 1.0, x > 0.0); }
-    case 10u, 11u, 12u: { return activate_grad(x); }
+    case 10u: { return gelu_erf_grad(x); }
+    case 11u: { return gelu_tanh_grad(x); }
+    case 12u: { return activate_grad(x); }
     case 13u: { return select(fp.a * pow_f(x, fp.a - 1.0), 0.0, fp.a == 0.0); }
     case 14u: { return select(0.0, 1.0, x >= fp.a && x <= fp.b); }
     case 15u: { return 1.0; }
