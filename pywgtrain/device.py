@@ -5,6 +5,30 @@ import threading
 from . import _core
 
 
+class BatchToken:
+    """Marks the work a ``Device.batch()`` block recorded and has not yet
+    submitted. Tensors created inside the block keep the token current at
+    their creation (``Device._current_batch_token()``); when the block is
+    discarded by an exception the token's ``discarded`` flag is set, and
+    reading such a tensor raises instead of returning memory nothing wrote.
+    A read inside the block submits what is recorded so far: the token is
+    then retired (its work will run) and later tensors get a fresh one."""
+
+    __slots__ = ("discarded", "reason")
+
+    def __init__(self):
+        self.discarded = False
+        self.reason = None
+
+    def check(self):
+        """Raise RuntimeError if the batch this token belongs to was discarded."""
+        if self.discarded:
+            raise RuntimeError(self.reason)
+
+    def __repr__(self):
+        return f"<BatchToken {'discarded' if self.discarded else 'live'}>"
+
+
 def list_adapters():
     """Every WebGPU adapter wgpu-native sees (Vulkan, Metal, DX12), as dicts."""
     return _core.list_adapters()
@@ -67,12 +91,27 @@ class Device:
         self._submit_deferred()
         rec = _core._Recorder(self._dev)
         self._local.recorder = rec
+        self._local.batch_token = BatchToken()
         try:
             yield rec
             self._local.recorder = None
             rec.submit()
+        except BaseException as e:
+            token = self._local.batch_token
+            token.reason = (f"this tensor was produced inside a Device.batch() block that was discarded by "
+                            f"{type(e).__name__}: {e}; the work that would have written it never ran")
+            token.discarded = True
+            raise
         finally:
             self._local.recorder = None
+            self._local.batch_token = None
+
+    def _current_batch_token(self):
+        """The token of this thread's open ``batch()`` (None outside one):
+        tensors created now keep it and check ``token.discarded`` on read."""
+        if getattr(self._local, "recorder", None) is None:
+            return None
+        return getattr(self._local, "batch_token", None)
 
     @contextlib.contextmanager
     def _recording(self):
@@ -111,6 +150,9 @@ class Device:
         rec = getattr(self._local, "recorder", None)
         if rec is not None and rec.pending:
             rec.submit()
+            # What the batch recorded so far will run whatever happens to the
+            # block now; tensors created from here on belong to the rest.
+            self._local.batch_token = BatchToken()
 
     def synchronize(self):
         """Wait until all submitted work has finished."""
