@@ -1,6 +1,7 @@
 """Training loop pieces: one-submission training steps, checkpoints, and the
 digits demo behind ``python -m pywgtrain train``."""
 import json
+import os
 import time
 
 import numpy as np
@@ -66,19 +67,27 @@ class Trainer:
         self._group = []         # their losses
 
     def _batch_arrays(self, x, y):
-        """Host batches as contiguous arrays of the kernels' dtypes; device tensors as they are."""
+        """Host batches as contiguous arrays of the kernels' dtypes; device tensors as they are.
+
+        Host inputs are checked as ``model(x)`` / the loss function check them:
+        x (and an MSE target) must be float32 arrays (no silent cast from
+        float64), class labels integers within ``[0, classes)``, where
+        ``classes`` is the model's output width. Out-of-range labels would
+        otherwise reach the kernels unchecked (a device-side label tensor is
+        not checked: that would take a GPU round trip) and turn the loss into
+        NaN while the weights kept updating."""
         if isinstance(x, Tensor):
             if x.device is not self.device:
                 raise ValueError(f"x lives on {x.device!r}, the model on {self.device!r}")
         else:
-            x = np.ascontiguousarray(x, dtype=np.float32)
+            x = np.ascontiguousarray(_host_floats(x, "x"))
         if isinstance(y, Tensor):
             if y.device is not self.device:
                 raise ValueError(f"y lives on {y.device!r}, the model on {self.device!r}")
         elif isinstance(self.loss_fn, nn.CrossEntropyLoss):
-            y = label_array(y)
+            y = label_array(y, _output_width(self.model))
         else:
-            y = np.ascontiguousarray(y, dtype=np.float32)
+            y = np.ascontiguousarray(_host_floats(y, "y"))
         return x, y
 
     def step(self, x, y):
@@ -154,7 +163,14 @@ class Trainer:
         self._group = []
 
     def save(self, path):
-        """Model, optimizer state and step count to one ``.npz``."""
+        """Model, optimizer state and step count to one ``.npz``, atomically:
+        the data goes to a temporary file in the same directory, is flushed
+        and fsynced, then renamed over ``path`` (``os.replace``) and the
+        directory fsynced. An interrupted save (Ctrl-C, SIGKILL, power loss)
+        leaves the previous checkpoint at ``path`` as it was; a KeyboardInterrupt
+        or error also removes the temporary file (SIGKILL leaves it behind,
+        named ``.<name>.<pid>.<random>.tmp``)."""
+        path = os.fspath(path)
         arrays = {f"model/{k}": v for k, v in self.model.state_dict().items()}
         osd = self.optimizer.state_dict()
         for i, st in osd["state"].items():
@@ -163,12 +179,12 @@ class Trainer:
         meta = {"step_count": self.step_count, "param_groups": osd["param_groups"],
                 "steps": {str(i): st["step"] for i, st in osd["state"].items()}}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-        with open(path, "wb") as f:
-            np.savez(f, **arrays)
+        _atomic_write(path, lambda f: np.savez(f, **arrays))
 
     def load(self, path):
+        """Restore what ``save`` wrote (model, optimizer state, step count)."""
         self._graph = None  # optimizer state buffers are replaced below
-        with np.load(path) as z:
+        with np.load(os.fspath(path)) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             self.model.load_state_dict({k[len("model/"):]: z[k] for k in z.files if k.startswith("model/")})
             state = {int(i): {"step": s, "exp_avg": z[f"optim/{i}/exp_avg"], "exp_avg_sq": z[f"optim/{i}/exp_avg_sq"]}
@@ -259,3 +275,62 @@ def run_demo(hidden=(256, 256), batch_size=64, epochs=30, steps=None, lr=1e-3, w
         fig.savefig(plot, dpi=120)
         print(f"loss curve: {plot}")
     return {"accuracy": acc, "losses": losses, "ms_per_step": elapsed / total * 1e3}
+
+
+def _host_floats(a, name):
+    """A host batch as the float32 ndarray ``model(x)`` / the loss would accept
+    (the same TypeError otherwise: no silent cast from float64 or lists)."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray or pywgtrain.Tensor, got {type(a).__name__}")
+    if a.dtype != np.float32:
+        raise TypeError(f"{name} must have dtype float32, got {a.dtype.name}")
+    return a
+
+
+def _output_width(model):
+    """The number of outputs (classes) of ``model`` when it can be read off
+    its layers without running it: ``out_features`` of the model or of its
+    last layer that has one; None otherwise (labels are then checked only
+    for an integer dtype)."""
+    width = getattr(model, "out_features", None)
+    if width is None:
+        for layer in reversed(list(getattr(model, "layers", None) or [])):
+            width = getattr(layer, "out_features", None)
+            if width is not None:
+                break
+    return None if width is None else int(width)
+
+
+def _atomic_write(path, write):
+    """Call ``write(file)`` on a new temporary file beside ``path``, make it
+    durable, then rename it over ``path`` (see ``Trainer.save``)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    # O_EXCL: never follow or reuse another file; 0o666 lets the umask decide the mode, as open() would.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory):
+    """Make a rename in ``directory`` durable (POSIX; Windows cannot open directories)."""
+    if os.name == "nt":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
