@@ -1,13 +1,11 @@
-"""Training loop pieces: one-submission training steps, checkpoints, and the
-digits demo behind ``python -m pywgtrain train``."""
+"""Training loop pieces: one-submission training steps and checkpoints. The
+digits demo behind ``pywgtrain train`` is in ``pywgtrain.demo``."""
 import json
 import os
-import time
 
 import numpy as np
 
-from . import _core, nn, optim
-from .device import Device
+from . import _core, nn
 from .ops import label_array
 from .tensor import Tensor, empty, tensor
 
@@ -191,90 +189,6 @@ class Trainer:
                      for i, s in meta["steps"].items()}
         self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
         self.step_count = meta["step_count"]
-
-
-def predict(model, x, batch_size=1024):
-    model.eval()
-    try:
-        out = [model(tensor(np.ascontiguousarray(x[i:i + batch_size]), model.device)).numpy()
-               for i in range(0, len(x), batch_size)]
-    finally:
-        model.train()
-    return np.concatenate(out)
-
-
-def load_digits_split(seed):
-    """scikit-learn's bundled 8x8 digits (offline), standardized, 80/20 split."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = d.data.astype(np.float32)
-    y = d.target.astype(np.int32)
-    idx = np.random.default_rng(seed).permutation(len(x))
-    cut = int(0.8 * len(x))
-    tr, te = idx[:cut], idx[cut:]
-    mean, std = x[tr].mean(0), x[tr].std(0) + 1e-6
-    x = (x - mean) / std
-    return x[tr], y[tr], x[te], y[te]
-
-
-def run_demo(hidden=(256, 256), batch_size=64, epochs=30, steps=None, lr=1e-3, weight_decay=1e-2, seed=0,
-             adapter=None, activation="gelu", max_grad_norm=1.0, log_every=20, plot="loss_curve.png",
-             checkpoint=None, resume=None, steps_per_submit=8):
-    from tqdm import tqdm
-
-    dev = Device(adapter)
-    xtr, ytr, xte, yte = load_digits_split(seed)
-    sizes = [xtr.shape[1], *hidden, 10]
-    model = nn.MLP(sizes, activation=activation, device=dev, seed=seed)
-    opt = optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm)
-    trainer = Trainer(model, opt, nn.CrossEntropyLoss(), steps_per_submit=steps_per_submit)
-    if resume:
-        trainer.load(resume)
-    per_epoch = len(xtr) // batch_size
-    total = steps if steps is not None else epochs * per_epoch
-    print(f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']})")
-    print(f"model: MLP {sizes} ({activation}), {sum(p.size for p in model.parameters())} parameters; "
-          f"data: digits {len(xtr)} train / {len(xte)} held out; {total} steps of batch {batch_size}")
-    rng = np.random.default_rng(seed + 1 + trainer.step_count)
-    order = rng.permutation(len(xtr))
-    losses, t0 = [], time.perf_counter()
-    bar = tqdm(range(total), desc="train", unit="step")
-    pending = []
-    for s in bar:
-        i = s % per_epoch
-        if i == 0 and s:
-            order = rng.permutation(len(xtr))
-        b = order[i * batch_size:(i + 1) * batch_size]
-        pending.append((trainer.step_count, trainer.step(xtr[b], ytr[b])))
-        if (s + 1) % log_every == 0 or s + 1 == total:
-            # Reading the last loss waits for the GPU; the others are already done.
-            for step, loss in pending:
-                losses.append((step, loss.item()))
-            pending.clear()
-            bar.set_postfix(loss=f"{losses[-1][1]:.4f}")
-    elapsed = time.perf_counter() - t0
-    acc = float(np.mean(np.argmax(predict(model, xte), 1) == yte))
-    print(f"final loss {losses[-1][1]:.4f}; held-out accuracy {acc * 100:.2f}% "
-          f"({len(xte)} samples); {elapsed / total * 1e3:.2f} ms/step over {total} steps")
-    if checkpoint:
-        trainer.save(checkpoint)
-        print(f"checkpoint: {checkpoint}")
-    if plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([s for s, _ in losses], [v for _, v in losses], lw=1)
-        ax.set_xlabel("step")
-        ax.set_ylabel("cross-entropy loss")
-        ax.set_yscale("log")
-        ax.set_title(f"pywgtrain MLP on digits ({dev.name[:40]})\nheld-out accuracy {acc * 100:.1f}%", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(plot, dpi=120)
-        print(f"loss curve: {plot}")
-    return {"accuracy": acc, "losses": losses, "ms_per_step": elapsed / total * 1e3}
 
 
 def _host_floats(a, name):
