@@ -155,6 +155,15 @@ def non_negative_float(text):
     return value
 
 
+def gemm_shapes(text):
+    from .bench import parse_shapes
+
+    try:
+        return parse_shapes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 ADAPTER_HELP = "index into the adapter list or a name substring; unset: $PYWGTRAIN_ADAPTER, else the best adapter"
 
 
@@ -205,12 +214,15 @@ def build_parser():
     tr.set_defaults(fn=cmd_train)
 
     b = sub.add_parser("bench", help="benchmarks (GPU timestamps; beside PyTorch CUDA when available)",
-                       formatter_class=fmt)
+                       formatter_class=fmt,
+                       description="GPU-timestamp benchmarks. On a CPU adapter (lavapipe) sizes and repetitions "
+                                   "are scaled down.")
     b.add_argument("what", choices=["gemm", "adamw", "train", "all"])
     b.add_argument("--adapter", default=None, help=ADAPTER_HELP)
-    b.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
+    b.add_argument("--quick", action="store_true", help="fewer shapes, repetitions and warm-up")
     b.add_argument("--json", default=None, help="write results here")
-    b.add_argument("--shapes", default=None, help="GEMM shapes MxKxN[:NT],...; unset: the standard set")
+    b.add_argument("--shapes", type=gemm_shapes, default=None,
+                   help="GEMM shapes MxKxN[:NN|NT|TN|TT],... each dimension >= 1; unset: the standard set")
     b.add_argument("--no-baseline", action="store_true", help="skip the PyTorch/cuBLAS columns (A/B experiments)")
     b.set_defaults(fn=cmd_bench)
     return p

@@ -78,6 +78,10 @@ def test_help_names_the_command_and_shows_defaults(capsys):
     (["train", "--plot", "{tmp}/loss.xyz"], "matplotlib cannot write .xyz files"),
     (["train", "--resume", "{tmp}/none.npz"], "--resume '{tmp}/none.npz': no such file"),
     (["train", "--adapter", "no-such-gpu"], "no adapter name contains 'no-such-gpu'"),
+    (["bench", "gemm", "--shapes", "0x4x4"], "bad GEMM shape '0x4x4': every dimension must be >= 1"),
+    (["bench", "gemm", "--shapes", "64x64"], "bad GEMM shape '64x64': expected MxKxN"),
+    (["bench", "gemm", "--shapes", "4x4x4:NX"], "must be NN, NT, TN or TT"),
+    (["bench", "gemm", "--json", "{tmp}/missing/b.json"], "directory '{tmp}/missing' does not exist"),
     (["info", "--adapter", "99"], "adapter index 99 out of range"),
 ])
 def test_usage_errors_exit_2_with_one_line(capsys, tmp_path, argv, message):
@@ -245,3 +249,47 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"at step {step}: 3 of {step + 3} steps left" in r.stdout
     assert checkpoint_step(ckpt) == step + 3
+
+
+# -- bench ---------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", ["gemm", "adamw", "train", "all"])
+def test_bench_quick_finishes_with_progress(tmp_path, what):
+    """Each bench subcommand with --quick through the entry point, with a
+    timeout: on lavapipe they used to run for 20 minutes without a word."""
+    out_json = tmp_path / "b.json"
+    r = run_entry(["bench", what, "--quick", "--no-baseline", "--json", str(out_json)], timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    res = json.loads(out_json.read_text())
+    kinds = ["gemm", "adamw", "train"] if what == "all" else [what]
+    assert [k for k in res if k != "meta"] == kinds
+    if "gemm" in kinds:
+        n = len(res["gemm"])
+        assert len(re.findall(r"^\[\d+/%d\] \d+x\d+x\d+ [NT]{2}: pywgtrain .* [TGM]FLOP/s$" % n, r.stdout, re.M)) == n
+        assert all(row["pywgtrain_us"] > 0 for row in res["gemm"])
+    if "adamw" in kinds:
+        m = re.search(r"AdamW \d+ params: pywgtrain [\d.]+ us \(([\d.]+) (GB|MB)/s\)", r.stdout)
+        assert m and float(m.group(1)) > 0, r.stdout
+    if "train" in kinds:
+        assert len(res["train"]) == 2 and all(row["pywgtrain_us"] > 0 for row in res["train"])
+
+
+def test_bench_gemm_one_small_shape_is_quick():
+    """`bench gemm --quick --no-baseline --shapes 64x64x64` once ran 1146 s (a
+    2048^3 warm-up ignoring --quick) on lavapipe."""
+    r = run_entry(["bench", "gemm", "--quick", "--no-baseline", "--shapes", "64x64x64"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^\[1/1\] 64x64x64 NN: pywgtrain", r.stdout, re.M), r.stdout
+
+
+def test_bandwidth_and_flop_units():
+    from pywgtrain.bench import fmt_bandwidth, fmt_flops
+
+    assert fmt_bandwidth(0.5) == "0.5 MB/s"  # bytes per microsecond in, never "0 GB/s" out
+    assert fmt_bandwidth(300) == "300.0 MB/s"
+    assert fmt_bandwidth(2100) == "2.1 GB/s"
+    assert fmt_bandwidth(3.0e6) == "3000 GB/s"
+    assert fmt_flops(40.6e6).strip() == "40.60 TFLOP/s"
+    assert fmt_flops(3.1e3).strip() == "3.10 GFLOP/s"
