@@ -293,3 +293,58 @@ def test_bandwidth_and_flop_units():
     assert fmt_bandwidth(3.0e6) == "3000 GB/s"
     assert fmt_flops(40.6e6).strip() == "40.60 TFLOP/s"
     assert fmt_flops(3.1e3).strip() == "3.10 GFLOP/s"
+
+
+# -- the README's set-up commands ---------------------------------------------------
+
+def test_readme_has_two_setup_commands_and_ci_runs_both():
+    readme = (ROOT / "README.md").read_text()
+    setup = readme.split("## Set up on a fresh machine", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```bash\n(.*?)\n```", setup, re.S)
+    assert commands == ["bash scripts/train.sh", "bash scripts/test.sh"], commands
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^bash scripts/test\.sh$", ci, re.M)
+    assert re.search(r"^bash scripts/train\.sh --epochs 1 ", ci, re.M)
+
+
+def _stub(path, body):
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or not shutil.which("bash"), reason="scripts/setup.sh's Linux path")
+@pytest.mark.parametrize("manager,uid,icd,expected", [
+    ("apt-get", "1000", False, ["sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq",
+                                "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                                "mesa-vulkan-drivers libvulkan1"]),
+    ("apt-get", "0", False, ["env DEBIAN_FRONTEND=noninteractive apt-get update -qq",
+                             "env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1"]),
+    ("dnf", "1000", False, ["sudo dnf install -y -q mesa-vulkan-drivers vulkan-loader"]),
+    ("pacman", "0", False, ["pacman -S --noconfirm --needed vulkan-swrast vulkan-icd-loader"]),
+    ("apt-get", "1000", True, []),  # a driver is there (a GPU's or Mesa's): nothing is installed
+])
+def test_setup_installs_a_vulkan_driver_only_where_none_is(tmp_path, manager, uid, icd, expected):
+    """scripts/setup.sh against stub package managers (this machine's driver
+    stays as it is): an ICD-less machine gets Mesa's driver through the
+    system's package manager, via sudo when not root."""
+    stubs, log = tmp_path / "bin", tmp_path / "log"
+    stubs.mkdir()
+    icd_dir = tmp_path / "icd.d"
+    icd_dir.mkdir()
+    if icd:
+        (icd_dir / "nvidia_icd.json").write_text("{}")
+    _stub(stubs / manager, f'echo "{manager} $*" >> "{log}"')
+    _stub(stubs / "sudo", f'printf "sudo " >> "{log}"; exec "$@"')
+    _stub(stubs / "env", f'printf "env " >> "{log}"; ' + 'for a; do case "$a" in *=*) printf "%s " "$a" >> "' + str(log) + '"; shift;; *) break;; esac; '
+                         'done; exec "$@"')
+    _stub(stubs / "id", f'echo {uid}')
+    _stub(stubs / "python3", f'exec "{sys.executable}" "$@"')
+    _stub(stubs / "c++", "exit 0")
+    script = f'source "{ROOT}/scripts/setup.sh" && _pw_linux_prerequisites'
+    env = {"PATH": str(stubs), "HOME": str(tmp_path), "PYWGTRAIN_ICD_DIRS": str(icd_dir)}
+    r = subprocess.run([shutil.which("bash"), "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = log.read_text().splitlines() if log.exists() else []
+    assert lines == expected, (lines, r.stderr)
+    if not icd:
+        assert "no Vulkan driver registered" in r.stderr
