@@ -348,3 +348,50 @@ def test_setup_installs_a_vulkan_driver_only_where_none_is(tmp_path, manager, ui
     assert lines == expected, (lines, r.stderr)
     if not icd:
         assert "no Vulkan driver registered" in r.stderr
+
+
+def _can_unshare_mounts():
+    if sys.platform != "linux" or os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    try:
+        return subprocess.run(["unshare", "--mount", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+LAVAPIPE_ICD = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
+
+
+@pytest.mark.skipif(not _can_unshare_mounts() or not LAVAPIPE_ICD.exists(),
+                    reason="needs root, unshare --mount and lavapipe's ICD to hide and restore")
+def test_setup_on_a_machine_without_a_driver_in_a_mount_namespace(tmp_path):
+    """End to end without touching this machine: in a private mount namespace
+    every ICD directory is hidden (empty tmpfs), so WebGPU finds no adapter;
+    scripts/setup.sh must notice and run the package manager, here a stub
+    apt-get whose "install" puts lavapipe's real ICD JSON back; then the
+    installed pywgtrain finds the adapter."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    saved = tmp_path / LAVAPIPE_ICD.name
+    shutil.copy(LAVAPIPE_ICD, saved)
+    _stub(stubs / "apt-get", f'echo "apt-get $*" >&2\ncase " $* " in *" install "*mesa-vulkan-drivers*) '
+                             f'cp "{saved}" /usr/share/vulkan/icd.d/ ;; esac')
+    dirs = [d for d in ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
+            if os.path.isdir(d)]
+    script = "\n".join([
+        "set -u",
+        *[f"mount -t tmpfs none {d}" for d in dirs],
+        f'"{ENTRY}" info >/dev/null 2>&1; echo "before: $?"',
+        f'source "{ROOT}/scripts/setup.sh"',
+        f'PATH="{stubs}:$PATH" _pw_linux_prerequisites || echo "setup failed"',
+        f'"{ENTRY}" info > "{tmp_path}/info.txt" 2>&1; echo "after: $?"',
+    ])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VK_", "PYWGTRAIN_"))}
+    r = subprocess.run(["unshare", "--mount", "bash", "-c", script], capture_output=True, text=True, env=env,
+                       timeout=120, cwd="/")
+    assert "before: 1" in r.stdout, (r.stdout, r.stderr)  # no adapter: the help text, exit 1
+    assert "no Vulkan driver registered" in r.stderr
+    assert "apt-get install -y -qq mesa-vulkan-drivers libvulkan1" in r.stderr
+    assert "after: 0" in r.stdout, (r.stdout, r.stderr, (tmp_path / "info.txt").read_text())
+    assert "llvmpipe" in (tmp_path / "info.txt").read_text()
+    assert LAVAPIPE_ICD.exists()  # the machine's own driver was never touched
