@@ -1,10 +1,16 @@
-"""Benchmarks: ``python -m pywgtrain bench {gemm,adamw,train,all}``.
+"""Benchmarks: ``pywgtrain bench {gemm,adamw,train,all}``.
 
 pywgtrain kernels are timed with GPU timestamp queries around their compute
 passes (median of many runs after warm-up, fresh random data, inputs rotated
 across buffer sets larger than the L2 cache). When PyTorch with CUDA is
 importable, the same work runs through cuBLAS / PyTorch in the same process
 (CUDA events, TF32 off) and the ratio is printed.
+
+On a CPU adapter (lavapipe, WARP, SwiftShader: ``adapter_type == "cpu"``,
+a few GFLOP/s) the GPU-sized problems would take hours, so sizes,
+repetitions and warm-up are scaled down there (no clock warm-up at all:
+CPUs have no idle GPU clocks to leave). Every shape or configuration prints
+its name before it runs and its result when done.
 """
 import json
 import statistics
@@ -21,6 +27,38 @@ SQUARE = [1024, 2048, 4095, 4096, 4097, 8192]
 TRAINING = [(64, 1024, 1024), (256, 768, 3072), (512, 1024, 4096), (4096, 4096, 1024), (4096, 1024, 4096)]
 GEMV = [(1, 4096, 4096)]
 ROTATE_BYTES = 256 << 20  # > 5x the H100's 50 MB L2
+# CPU adapters: the same kinds of shapes (powers of two, ragged, transposed,
+# training-sized, GEMV) at sizes that take milliseconds there.
+CPU_SQUARE = [64, 128, 255, 256, 257, 512]
+CPU_TRAINING = [(64, 256, 256), (128, 256, 512)]
+CPU_GEMV = [(1, 1024, 1024)]
+CPU_ROTATE_BYTES = 16 << 20
+MAX_DIM = 2**31 - 1
+
+
+def is_cpu_adapter(dev):
+    """lavapipe, WARP, SwiftShader...: the benchmarks scale down there."""
+    return dev.info.get("adapter_type") == "cpu"
+
+
+def fmt_flops(flops_per_us):
+    """A FLOP rate in the unit that reads well: TFLOP/s on GPUs, GFLOP/s or MFLOP/s on CPU adapters."""
+    tflops = flops_per_us / 1e6
+    if tflops >= 1.0:
+        return f"{tflops:6.2f} TFLOP/s"
+    if tflops >= 1e-3:
+        return f"{tflops * 1e3:6.2f} GFLOP/s"
+    return f"{tflops * 1e6:6.1f} MFLOP/s"
+
+
+def fmt_bandwidth(bytes_per_us):
+    """Bytes per microsecond as GB/s, or MB/s below 1 GB/s (not "0 GB/s")."""
+    gbps = bytes_per_us / 1e3
+    if gbps >= 100:
+        return f"{gbps:.0f} GB/s"
+    if gbps >= 1:
+        return f"{gbps:.1f} GB/s"
+    return f"{gbps * 1e3:.1f} MB/s"
 
 
 def _torch_cuda():
@@ -35,15 +73,15 @@ def _torch_cuda():
     return torch
 
 
-def _sets(nbytes):
-    return int(min(8, max(1, ROTATE_BYTES // max(nbytes, 1))))
+def _sets(nbytes, rotate_bytes=ROTATE_BYTES):
+    return int(min(8, max(1, rotate_bytes // max(nbytes, 1))))
 
 
-def time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps, warmup=3):
+def time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps, warmup=3, rotate_bytes=ROTATE_BYTES):
     rng = np.random.default_rng(0)
     a_shape = (k, m) if ta else (m, k)
     b_shape = (n, k) if tb else (k, n)
-    nsets = _sets(4 * (m * k + k * n + m * n))
+    nsets = _sets(4 * (m * k + k * n + m * n), rotate_bytes)
     sets = [(tensor(rng.standard_normal(a_shape, np.float32), dev), tensor(rng.standard_normal(b_shape, np.float32), dev),
              zeros((m, n), device=dev)) for _ in range(nsets)]
     timer = _core._PassTimer(dev._dev, reps)
@@ -92,19 +130,43 @@ def time_torch_gemm(torch, m, k, n, ta, tb, reps):
 
 
 def parse_shapes(text):
-    """'4096x4096x4096:NT,64x1024x1024' -> [(m, k, n, trans_a, trans_b)] (M x K x N, default NN)."""
+    """'4096x4096x4096:NT,64x1024x1024' -> [(m, k, n, trans_a, trans_b)] (M x K x N, default NN).
+    Raises ValueError naming the bad item: every dimension must be an integer >= 1."""
     out = []
     for item in text.split(","):
+        item = item.strip()
         dims, _, mode = item.partition(":")
-        m, k, n = (int(v) for v in dims.lower().split("x"))
+        try:
+            m, k, n = (int(v) for v in dims.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"bad GEMM shape {item!r}: expected MxKxN[:NN|NT|TN|TT] with integer sizes, "
+                             "e.g. 64x1024x1024 or 4096x4096x4096:NT") from None
+        if min(m, k, n) < 1:
+            raise ValueError(f"bad GEMM shape {item!r}: every dimension must be >= 1")
+        if max(m, k, n) > MAX_DIM:
+            raise ValueError(f"bad GEMM shape {item!r}: a dimension is above {MAX_DIM} (32-bit kernel indices)")
         mode = (mode or "NN").upper()
+        if mode not in ("NN", "NT", "TN", "TT"):
+            raise ValueError(f"bad GEMM shape {item!r}: the mode after ':' must be NN, NT, TN or TT, got {mode!r}")
         out.append((m, k, n, mode[0] == "T", mode[1] == "T"))
     return out
 
 
+def default_shapes(quick, cpu):
+    """The standard set: square (powers of two and ragged), the other three
+    transpose modes, training-sized products, GEMV; scaled down on CPU adapters."""
+    square, training, gemv, big = (CPU_SQUARE, CPU_TRAINING, CPU_GEMV, 256) if cpu else (SQUARE, TRAINING, GEMV, 4096)
+    top = max(square)
+    shapes = [(s, s, s, False, False) for s in square if not (quick and s == top)]
+    shapes += [(big, big, big, ta, tb) for ta, tb in ((False, True), (True, False), (True, True))]
+    shapes += [(m, k, n, False, False) for m, k, n in training + gemv]
+    return shapes
+
+
 def warm_up(dev, torch, seconds=1.0):
     """Run large GEMMs until the GPU has left its idle clocks: the first shape
-    of a process otherwise measured up to 5x slow on the H100."""
+    of a process otherwise measured up to 5x slow on the H100. Not for CPU
+    adapters (no idle clocks; one 2048^3 GEMM takes seconds there)."""
     a = zeros((2048, 2048), device=dev)
     c = zeros((2048, 2048), device=dev)
     t0 = time.perf_counter()
@@ -122,36 +184,49 @@ def warm_up(dev, torch, seconds=1.0):
 
 def bench_gemm(dev, quick, torch, shapes=None):
     rows = []
-    warm_up(dev, torch)
+    cpu = is_cpu_adapter(dev)
+    if not cpu:
+        warm_up(dev, torch, 0.5 if quick else 1.0)
     if shapes is None:
-        shapes = [(s, s, s, False, False) for s in SQUARE if not (quick and s == 8192)]
-        shapes += [(4096, 4096, 4096, ta, tb) for ta, tb in ((False, True), (True, False), (True, True))]
-        shapes += [(m, k, n, False, False) for m, k, n in TRAINING + GEMV]
-    for m, k, n, ta, tb in shapes:
-        # Each shape starts from the same busy GPU: the idle gap while its
-        # data is prepared otherwise lowers the clocks and short memory-bound
-        # shapes read up to 2x slow depending on what ran before
-        # (docs/gemm_notes.md #36).
-        warm_up(dev, torch, 0.25)
+        shapes = default_shapes(quick, cpu)
+    for idx, (m, k, n, ta, tb) in enumerate(shapes, 1):
+        mode = ("T" if ta else "N") + ("T" if tb else "N")
+        # The shape's name first: on a slow adapter its timing takes a while.
+        print(f"[{idx}/{len(shapes)}] {m}x{k}x{n} {mode}: ", end="", flush=True)
         flops = 2.0 * m * n * k
-        reps = 5 if quick else max(10, min(200, int(2e12 / flops * 4)))
-        us = time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps)
+        if cpu:
+            # One untimed run (kernel compilation included) tells how many
+            # repetitions fit in ~0.5 s (quick: 3).
+            probe = time_pywgtrain_gemm(dev, m, k, n, ta, tb, 1, warmup=1, rotate_bytes=CPU_ROTATE_BYTES)
+            reps = 3 if quick else max(3, min(50, int(0.5e6 / max(probe, 1.0))))
+            us = time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps, warmup=0, rotate_bytes=CPU_ROTATE_BYTES)
+        else:
+            # Each shape starts from the same busy GPU: the idle gap while its
+            # data is prepared otherwise lowers the clocks and short memory-bound
+            # shapes read up to 2x slow depending on what ran before
+            # (docs/gemm_notes.md #36).
+            warm_up(dev, torch, 0.1 if quick else 0.25)
+            reps = 5 if quick else max(10, min(200, int(2e12 / flops * 4)))
+            us = time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps)
         row = {"m": m, "k": k, "n": n, "trans_a": ta, "trans_b": tb, "pywgtrain_us": us,
-               "pywgtrain_tflops": flops / us / 1e6}
+               "pywgtrain_tflops": flops / us / 1e6, "reps": reps}
         if torch is not None:
             tus = time_torch_gemm(torch, m, k, n, ta, tb, reps)
             row.update(cublas_us=tus, cublas_tflops=flops / tus / 1e6, time_ratio=us / tus)
         rows.append(row)
-        mode = ("T" if ta else "N") + ("T" if tb else "N")
-        line = f"{m}x{k}x{n} {mode}: pywgtrain {us:9.1f} us {row['pywgtrain_tflops']:6.2f} TFLOP/s"
+        line = f"pywgtrain {us:9.1f} us {fmt_flops(flops / us)}"
         if torch is not None:
-            line += f" | cuBLAS {row['cublas_us']:9.1f} us {row['cublas_tflops']:6.2f} TFLOP/s | time ratio {row['time_ratio']:.2f}x"
+            line += f" | cuBLAS {row['cublas_us']:9.1f} us {fmt_flops(flops / tus)} | time ratio {row['time_ratio']:.2f}x"
         print(line, flush=True)
     return rows
 
 
 def bench_adamw(dev, quick, torch):
-    n = 1 << (22 if quick else 26)
+    if is_cpu_adapter(dev):
+        n = 1 << (18 if quick else 22)
+    else:
+        n = 1 << (22 if quick else 26)
+    print(f"AdamW {n} params: ", end="", flush=True)
     rng = np.random.default_rng(0)
     p, g = tensor(rng.standard_normal(n, np.float32), dev), tensor(rng.standard_normal(n, np.float32), dev)
     m, v = zeros(n, device=dev), zeros(n, device=dev)
@@ -162,8 +237,9 @@ def bench_adamw(dev, quick, torch):
         timer.time_next_pass(rec, i)
         _core.adamw(rec, p._buf, g._buf, m._buf, v._buf, n, 1e-3, 0.9, 0.999, 1e-8, 1e-2, i + 1, None)
     us = statistics.median(timer.read(rec, reps)) / 1e3
+    # 7 float32 streams: param, grad, exp_avg, exp_avg_sq read; param and both moments written.
     row = {"params": n, "pywgtrain_us": us, "pywgtrain_GBps": 7 * 4 * n / us / 1e3}
-    line = f"AdamW {n} params: pywgtrain {us:.1f} us ({row['pywgtrain_GBps']:.0f} GB/s)"
+    line = f"pywgtrain {us:.1f} us ({fmt_bandwidth(7 * 4 * n / us)})"
     if torch is not None:
         tp = torch.nn.Parameter(torch.randn(n, device="cuda"))
         tp.grad = torch.randn(n, device="cuda")
@@ -179,6 +255,10 @@ TRAIN_CONFIGS = [
     {"name": "MLP 784-1024-1024-10, batch 256 (GELU)", "sizes": [784, 1024, 1024, 10], "batch": 256, "act": "gelu"},
     {"name": "MLP 1024-4096-4096-1024, batch 512 (GELU)", "sizes": [1024, 4096, 4096, 1024], "batch": 512, "act": "gelu"},
 ]
+CPU_TRAIN_CONFIGS = [  # the digits demo's model, and one with a wider output
+    {"name": "MLP 64-256-256-10, batch 64 (GELU)", "sizes": [64, 256, 256, 10], "batch": 64, "act": "gelu"},
+    {"name": "MLP 128-256-256-64, batch 64 (GELU)", "sizes": [128, 256, 256, 64], "batch": 64, "act": "gelu"},
+]
 GROUP = 8  # Trainer(steps_per_submit=...) of the grouped measurement
 
 
@@ -193,9 +273,12 @@ def _torch_mlp(torch, sizes, act):
 
 def bench_train(dev, quick, torch):
     rows = []
-    warm_up(dev, torch)
-    steps = 10 if quick else 50
-    for cfg in TRAIN_CONFIGS:
+    cpu = is_cpu_adapter(dev)
+    if not cpu:
+        warm_up(dev, torch, 0.5 if quick else 1.0)
+    steps = (5 if quick else 20) if cpu else (10 if quick else 50)
+    for cfg in CPU_TRAIN_CONFIGS if cpu else TRAIN_CONFIGS:
+        print(f"{cfg['name']}: ", end="", flush=True)
         sizes, batch = cfg["sizes"], cfg["batch"]
         rng = np.random.default_rng(0)
         xs = [rng.standard_normal((batch, sizes[0]), np.float32) for _ in range(4)]
@@ -220,13 +303,14 @@ def bench_train(dev, quick, torch):
             key = "pywgtrain" if group == 1 else "pywgtrain_grouped"
             row.update({f"{key}_us": us, f"{key}_host_us": host_us})
         row["steps_per_submit"] = GROUP
-        line = (f"{cfg['name']}: pywgtrain {row['pywgtrain_us']:.0f} us/step (host {row['pywgtrain_host_us']:.0f}), "
+        line = (f"pywgtrain {row['pywgtrain_us']:.0f} us/step (host {row['pywgtrain_host_us']:.0f}), "
                 f"{GROUP} steps per submission {row['pywgtrain_grouped_us']:.0f} us/step "
                 f"(host {row['pywgtrain_grouped_host_us']:.0f})")
         trainer.steps_per_submit = 1
         if trainer._graph is not None and "timestamp-query" in dev.features:
-            row["profile"] = profile_step(dev, trainer._graph["graph"])
-            row["profile"]["host_us"] = profile_host(dev, trainer, dx[2], dy[2], xs[2], ys[2])  # not the captured inputs (dx[1])
+            row["profile"] = profile_step(dev, trainer._graph["graph"], reps=3 if quick else 5)
+            row["profile"]["host_us"] = profile_host(dev, trainer, dx[2], dy[2], xs[2], ys[2],  # not the captured inputs (dx[1])
+                                                     steps=steps)
             prof = row["profile"]
             line += (f" | GPU {prof['gpu_us']:.0f} us in {prof['dispatches']} dispatches"
                      " | host/wall: " + ", ".join(f"{k} {v['host_us']:.0f}/{v['wall_us']:.0f}"
@@ -235,7 +319,7 @@ def bench_train(dev, quick, torch):
             row.update(_torch_train_times(torch, cfg, xs, ys, steps))
             line += f" | torch eager {row['torch_eager_us']:.0f} us | torch CUDA graph {row['torch_graph_us']:.0f} us"
         rows.append(row)
-        print(line, flush=True)
+        print(line, flush=True)  # after the name printed above
     return rows
 
 
@@ -341,17 +425,30 @@ def _torch_train_times(torch, cfg, xs, ys, steps):
 
 
 def main(args):
+    # Arguments first, so a bad one fails before any GPU work.
+    shapes = args.shapes
+    if isinstance(shapes, str):  # the CLI has parsed them already
+        shapes = parse_shapes(shapes)
+    if args.json:
+        from .demo import check_output_path
+        check_output_path(args.json, "--json")
     dev = Device(args.adapter)
     torch = None if args.no_baseline else _torch_cuda()
     header = {"adapter": dev.name, "backend": dev.backend, "driver": dev.info["driver"],
+              "adapter_type": dev.info.get("adapter_type"),
               "torch_cuda": None if torch is None else torch.cuda.get_device_name(0)}
     print(f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']}); "
           f"baseline: {header['torch_cuda'] or 'none (PyTorch with CUDA not importable)'}", flush=True)
+    if is_cpu_adapter(dev):
+        print("CPU adapter: problem sizes, repetitions and warm-up scaled down "
+              "(the GPU-sized runs would take hours here)", flush=True)
     results = {"meta": header}
     kinds = ["gemm", "adamw", "train"] if args.what == "all" else [args.what]
     for kind in kinds:
-        if kind == "gemm" and args.shapes:
-            results[kind] = bench_gemm(dev, args.quick, torch, parse_shapes(args.shapes))
+        if len(kinds) > 1:
+            print(f"== {kind} ==", flush=True)
+        if kind == "gemm" and shapes:
+            results[kind] = bench_gemm(dev, args.quick, torch, shapes)
         else:
             results[kind] = {"gemm": bench_gemm, "adamw": bench_adamw, "train": bench_train}[kind](dev, args.quick, torch)
     if args.json:

@@ -4,22 +4,33 @@ import threading
 
 from . import _core
 
-class _BatchToken:
-    """Shared by the tensors recorded in one stretch of a batch: set when the
-    batch is discarded, so those tensors refuse to read back garbage."""
+_ordinal_lock = threading.Lock()
+_next_ordinal = 0
+
+
+class BatchToken:
+    """Marks the work a ``Device.batch()`` block recorded and has not yet
+    submitted. Tensors created inside the block keep the token current at
+    their creation (``Device._current_batch_token()``); when the block is
+    discarded by an exception the token's ``discarded`` flag is set, and
+    reading such a tensor raises instead of returning memory nothing wrote.
+    A read inside the block submits what is recorded so far: the token is
+    then retired (its work will run) and later tensors get a fresh one."""
 
     __slots__ = ("discarded", "reason")
 
     def __init__(self, reason=None):
+        """``reason``: born discarded (work dropped outside a batch, e.g. a failed group of replayed steps)."""
         self.discarded = reason is not None
         self.reason = reason
 
-    def discard(self, reason):
-        self.discarded, self.reason = True, reason
+    def check(self):
+        """Raise RuntimeError if the batch this token belongs to was discarded."""
+        if self.discarded:
+            raise RuntimeError(self.reason)
 
-
-_ordinal_lock = threading.Lock()
-_next_ordinal = 0
+    def __repr__(self):
+        return f"<BatchToken {'discarded' if self.discarded else 'live'}>"
 
 
 def list_adapters():
@@ -74,15 +85,6 @@ class Device:
     def __repr__(self):
         return f"<pywgtrain.Device #{self.ordinal} {self.name!r} ({self.backend})>"
 
-    def _batch_token(self):
-        """The discard marker of this thread's open batch (None outside one):
-        tensors made inside a batch check it before reading back."""
-        rec = getattr(self._local, "recorder", None)
-        return None if rec is None else getattr(self._local, "token", None)
-
-    def _new_batch_token(self):
-        self._local.token = _BatchToken()
-
     # -- recording ---------------------------------------------------------
     @contextlib.contextmanager
     def batch(self):
@@ -97,17 +99,27 @@ class Device:
         self._submit_deferred()
         rec = _core._Recorder(self._dev)
         self._local.recorder = rec
-        self._new_batch_token()
+        self._local.batch_token = BatchToken()
         try:
             yield rec
             self._local.recorder = None
             rec.submit()
         except BaseException as e:
-            self._local.token.discard(f"{type(e).__name__} raised inside the batch")
+            token = self._local.batch_token
+            token.reason = (f"this tensor was produced inside a Device.batch() block that was discarded by "
+                            f"{type(e).__name__}: {e}; the work that would have written it never ran")
+            token.discarded = True
             raise
         finally:
             self._local.recorder = None
-            self._local.token = None
+            self._local.batch_token = None
+
+    def _current_batch_token(self):
+        """The token of this thread's open ``batch()`` (None outside one):
+        tensors created now keep it and check ``token.discarded`` on read."""
+        if getattr(self._local, "recorder", None) is None:
+            return None
+        return getattr(self._local, "batch_token", None)
 
     @contextlib.contextmanager
     def _recording(self):
@@ -146,7 +158,9 @@ class Device:
         rec = getattr(self._local, "recorder", None)
         if rec is not None and rec.pending:
             rec.submit()
-            self._new_batch_token()  # what was recorded so far has run; later work may still be discarded
+            # What the batch recorded so far will run whatever happens to the
+            # block now; tensors created from here on belong to the rest.
+            self._local.batch_token = BatchToken()
 
     def synchronize(self):
         """Wait until all submitted work has finished."""

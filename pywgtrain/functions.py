@@ -43,9 +43,9 @@ def _float_tensor(x, dev, op, name):
             raise TypeError(f"{op}: {name} must be float32, got {x.dtype.name} (int32 tensors hold ids and labels)")
         return x
     if isinstance(x, np.ndarray):
-        if x.dtype.kind not in "fiu":
-            raise TypeError(f"{op}: {name} has dtype {x.dtype.name}, expected a float array")
-        return tensor(np.ascontiguousarray(x, np.float32).reshape(x.shape or (1,)), dev).reshape(x.shape)
+        if x.dtype != np.float32:  # no silent casts (torch refuses mixed dtypes too)
+            raise TypeError(f"{op}: {name} must have dtype float32, got {x.dtype.name}")
+        return tensor(np.ascontiguousarray(x), dev)
     raise TypeError(f"{op}: {name} must be a Tensor, NumPy array or real number, got {type(x).__name__}")
 
 
@@ -578,6 +578,7 @@ def reshape(x, *shape):
     if math.prod(shape) != x.size:
         raise ValueError(f"reshape: cannot reshape a tensor of shape {x.shape} ({x.size} elements) into {tuple(shape)}")
     out = Tensor(x._buf, shape, x.dtype, x.device)
+    out._batch = x._batch  # a view is as written as its source
     if needs_grad(x):
         in_shape = x.shape
 

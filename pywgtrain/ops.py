@@ -39,6 +39,13 @@ def gemm(a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None, devi
     ``trans_a`` / ``trans_b``. ``a``, ``b``: 2-D float32. ``beta != 0`` needs
     ``out``. Returns ``out`` if given, a NumPy array if ``a`` and ``b`` are NumPy
     arrays, else a Tensor."""
+    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"gemm: {name} must be a bool, got {type(flag).__name__} {flag!r}")
+    for name, scalar in (("alpha", alpha), ("beta", beta)):
+        if isinstance(scalar, (bool, np.bool_)) or not isinstance(scalar, (int, float, np.integer, np.floating)):
+            raise TypeError(f"gemm: {name} must be a real number, got {type(scalar).__name__} {scalar!r}")
+    trans_a, trans_b = bool(trans_a), bool(trans_b)
     dev = _device_of(a, b, out, device=device)
     ta = _as_tensor(a, "a", dev, ndim=2)
     tb = _as_tensor(b, "b", dev, ndim=2)
@@ -112,9 +119,14 @@ def record_grad_norm(rec, dev, grads, max_norm):
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
     """Scale gradients in place so their global L2 norm is at most ``max_norm``;
-    returns the norm before clipping (a float), as ``torch.nn.utils.clip_grad_norm_``.
-    ``parameters``: tensors/arrays, or objects with ``.grad``. The norm is reduced
-    on the GPU; only the 4-byte result is read back."""
+    returns the norm before clipping (a float), as ``torch.nn.utils.clip_grad_norm_``:
+    gradients are multiplied by ``min(max_norm / (norm + 1e-6), 1)``, so a
+    non-finite norm makes them NaN (inf norm: 0 and NaN), unless
+    ``error_if_nonfinite=True``, which raises ``RuntimeError`` and leaves them
+    untouched. ``parameters``: tensors/arrays, or objects with ``.grad``. The
+    norm is reduced on the GPU; only the 4-byte result is read back (with
+    ``error_if_nonfinite=True`` before the scaling is recorded, so that takes a
+    second submission)."""
     max_norm = float(max_norm)
     if float(norm_type) != 2.0:
         raise ValueError(f"clip_grad_norm_: only norm_type=2.0 is supported, got {norm_type}")
@@ -127,17 +139,23 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     tgrads = [_as_tensor(g, f"parameters[{i}]", dev) for i, g in enumerate(grads)]
     with dev._recording() as rec:
         norm_out = record_grad_norm(rec, dev, tgrads, max_norm)
-        for g in tgrads:
-            _core.scale_by_clip(rec, g._buf, g.size, norm_out._buf)
+        if not error_if_nonfinite:
+            for g in tgrads:
+                _core.scale_by_clip(rec, g._buf, g.size, norm_out._buf)
     norm = float(norm_out.numpy()[0])
+    if error_if_nonfinite:
+        # Checked before anything is scaled: torch leaves the gradients as they are.
+        if not math.isfinite(norm):
+            raise RuntimeError(
+                f"The total norm of order 2.0 for gradients from `parameters` is non-finite ({norm}), so it cannot "
+                "be clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+                "`error_if_nonfinite=False`")
+        with dev._recording() as rec:
+            for g in tgrads:
+                _core.scale_by_clip(rec, g._buf, g.size, norm_out._buf)
     for g, t in zip(grads, tgrads):
         if isinstance(g, np.ndarray):
             g[...] = t.numpy()
-    if error_if_nonfinite and not math.isfinite(norm):
-        raise RuntimeError(
-            f"The total norm of order 2.0 for gradients from `parameters` is non-finite ({norm}), so it cannot be "
-            "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
-            "`error_if_nonfinite=False`")
     return norm
 
 
@@ -162,7 +180,11 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.99
     in place; ``step`` is this update's 1-based count. NumPy arrays are updated
     in place through the GPU."""
     lr, betas, eps, weight_decay = check_adamw_hyperparameters(lr, betas, eps, weight_decay)
-    if int(step) < 1:
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)):
+        raise TypeError(f"adamw_step: step must be an int (the 1-based count of this update), "
+                        f"got {type(step).__name__} {step!r}")
+    step = int(step)
+    if step < 1:
         raise ValueError(f"step must be >= 1 (the 1-based count of this update), got {step}")
     dev = _device_of(param, grad, exp_avg, exp_avg_sq)
     names = ("param", "grad", "exp_avg", "exp_avg_sq")
@@ -174,7 +196,7 @@ def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.99
         raise ValueError("adamw_step: param, grad, exp_avg and exp_avg_sq must be four distinct buffers (views of one device buffer count as one)")
     with dev._recording() as rec:
         _core.adamw(rec, ts[0]._buf, ts[1]._buf, ts[2]._buf, ts[3]._buf, ts[0].size, lr, betas[0], betas[1], eps,
-                    weight_decay, int(step))
+                    weight_decay, step)
     for x, t in zip((param, exp_avg, exp_avg_sq), (ts[0], ts[2], ts[3])):
         if isinstance(x, np.ndarray):
             x[...] = t.numpy()

@@ -24,7 +24,7 @@ class Tensor:
     """
 
     __slots__ = ("_buf", "shape", "dtype", "device", "size", "requires_grad", "grad", "_node", "_grad_home",
-                 "_lost", "__weakref__")
+                 "_batch", "__weakref__")
 
     def __init__(self, buf, shape, dtype, device, requires_grad=False):
         self._buf = buf
@@ -36,7 +36,7 @@ class Tensor:
         self.grad = None
         self._node = None       # the op that produced this tensor (autograd), None for leaves
         self._grad_home = None  # where a new .grad lives (a view of an optimizer's flat arena)
-        self._lost = device._batch_token() if device is not None else None
+        self._batch = device._current_batch_token() if device is not None else None
 
     # -- description ---------------------------------------------------------
     @property
@@ -74,9 +74,8 @@ class Tensor:
     # -- host transfer -------------------------------------------------------
     def numpy(self):
         """Copy to a new NumPy array (waits for the GPU; the GIL is released)."""
-        if self._lost is not None and self._lost.discarded:
-            raise RuntimeError(f"this tensor was computed in a batch that was discarded ({self._lost.reason}); "
-                               "its contents were never written")
+        if self._batch is not None:
+            self._batch.check()  # RuntimeError when the work that was to write this tensor was discarded
         out = np.empty(self.shape, self.dtype)
         self.device.flush()
         self._buf.download(out.reshape(-1).view(np.uint8))
@@ -136,6 +135,7 @@ class Tensor:
                 raise ValueError(f"src has shape {arr.shape}, expected {self.shape}")
             self.device.flush()  # keep order with work recorded earlier in a batch
             self._buf.upload(arr.reshape(-1).view(np.uint8))
+            self._batch = None
         return self
 
     def fill_(self, value):
@@ -171,7 +171,9 @@ class Tensor:
 
     def detach(self):
         """The same memory, cut from the graph."""
-        return Tensor(self._buf, self.shape, self.dtype, self.device)
+        out = Tensor(self._buf, self.shape, self.dtype, self.device)
+        out._batch = self._batch
+        return out
 
     def requires_grad_(self, requires_grad=True):
         if self._node is not None and not requires_grad:
@@ -407,4 +409,5 @@ def tensor(data, device=None, dtype=None, requires_grad=False):
         raise TypeError(f"only float32 tensors can require gradients, got {data.dtype.name}")
     t = empty(data.shape, data.dtype, device, requires_grad)
     t._buf.upload(data.reshape(-1).view(np.uint8))
+    t._batch = None  # its contents come from the host, not from the batch
     return t

@@ -1,12 +1,12 @@
-"""Training loop pieces: one-submission training steps, checkpoints, and the
-digits demo behind ``python -m pywgtrain train``."""
+"""Training loop pieces: one-submission training steps and checkpoints. The
+digits demo behind ``pywgtrain train`` is in ``pywgtrain.demo``."""
 import json
-import time
+import os
 
 import numpy as np
 
-from . import _core, nn, optim
-from .device import Device, _BatchToken
+from . import _core, nn
+from .device import BatchToken
 from .ops import label_array
 from .tensor import Tensor, empty, tensor
 
@@ -64,21 +64,32 @@ class Trainer:
         self._loss_slots = _LossSlots(self.device)
         self._group_rec = None   # recorder of the current group of replayed steps
         self._group = []         # their losses
+        self._classes = None     # logits width (CrossEntropyLoss), known after the first forward
 
     def _batch_arrays(self, x, y):
-        """Host batches as contiguous arrays of the kernels' dtypes; device tensors as they are."""
+        """Host batches as contiguous arrays of the kernels' dtypes; device tensors as they are.
+
+        Host inputs are checked as ``model(x)`` / the loss function check them:
+        x (and an MSE target) must be float32 arrays (no silent cast from
+        float64), class labels integers within ``[0, classes)``, where
+        ``classes`` is the model's output width. Out-of-range labels would
+        otherwise reach the kernels unchecked (a device-side label tensor is
+        not checked: that would take a GPU round trip) and turn the loss into
+        NaN while the weights kept updating. ``classes`` is the width of the
+        logits the model produced in the first step; that step checks its
+        labels right after the forward, before anything is submitted."""
         if isinstance(x, Tensor):
             if x.device is not self.device:
                 raise ValueError(f"x lives on {x.device!r}, the model on {self.device!r}")
         else:
-            x = np.ascontiguousarray(x, dtype=np.float32)
+            x = np.ascontiguousarray(_host_floats(x, "x"))
         if isinstance(y, Tensor):
             if y.device is not self.device:
                 raise ValueError(f"y lives on {y.device!r}, the model on {self.device!r}")
         elif isinstance(self.loss_fn, nn.CrossEntropyLoss):
-            y = label_array(y)
+            y = label_array(y, self._classes)
         else:
-            y = np.ascontiguousarray(y, dtype=np.float32)
+            y = np.ascontiguousarray(_host_floats(y, "y"))
         return x, y
 
     def step(self, x, y):
@@ -90,6 +101,7 @@ class Trainer:
                 and g["max_grad_norm"] == self.optimizer.max_grad_norm:
             return self._replay(x, y)
         user_x, user_y = isinstance(x, Tensor), isinstance(y, Tensor)
+        host_labels = None if user_y else y
         x = x if user_x else tensor(x, self.device)
         y = y if user_y else tensor(y, self.device)
         capture = self.capture and self.step_count >= 1
@@ -102,7 +114,12 @@ class Trainer:
             if capture:
                 rec.begin_capture()
             self.optimizer.zero_grad()
-            loss = self.loss_fn(self.model(x), y)
+            out = self.model(x)
+            if self._classes is None and isinstance(self.loss_fn, nn.CrossEntropyLoss) and out.ndim:
+                self._classes = out.shape[-1]
+                if host_labels is not None:  # raising here discards the step's recording
+                    label_array(host_labels, self._classes)
+            loss = self.loss_fn(out, y)
             loss.backward()
             self.optimizer.step()
             if capture:
@@ -138,7 +155,7 @@ class Trainer:
             except BaseException:
                 # A failed recording discards the whole group (see Recorder).
                 for lost in self._group:
-                    lost._lost = _BatchToken("a later step of its group failed to record")
+                    lost._batch = BatchToken("the training step of this loss was discarded: a later step of its group failed to record")
                 self._group = []
                 raise
             self._group.append(loss)
@@ -154,7 +171,14 @@ class Trainer:
         self._group = []
 
     def save(self, path):
-        """Model, optimizer state and step count to one ``.npz``."""
+        """Model, optimizer state and step count to one ``.npz``, atomically:
+        the data goes to a temporary file in the same directory, is flushed
+        and fsynced, then renamed over ``path`` (``os.replace``) and the
+        directory fsynced. An interrupted save (Ctrl-C, SIGKILL, power loss)
+        leaves the previous checkpoint at ``path`` as it was; a KeyboardInterrupt
+        or error also removes the temporary file (SIGKILL leaves it behind,
+        named ``.<name>.<pid>.<random>.tmp``)."""
+        path = os.fspath(path)
         arrays = {f"model/{k}": v for k, v in self.model.state_dict().items()}
         osd = self.optimizer.state_dict()
         for i, st in osd["state"].items():
@@ -163,12 +187,12 @@ class Trainer:
         meta = {"step_count": self.step_count, "param_groups": osd["param_groups"],
                 "steps": {str(i): st["step"] for i, st in osd["state"].items()}}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-        with open(path, "wb") as f:
-            np.savez(f, **arrays)
+        _atomic_write(path, lambda f: np.savez(f, **arrays))
 
     def load(self, path):
+        """Restore what ``save`` wrote (model, optimizer state, step count)."""
         self._graph = None  # optimizer state buffers are replaced below
-        with np.load(path) as z:
+        with np.load(os.fspath(path)) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             self.model.load_state_dict({k[len("model/"):]: z[k] for k in z.files if k.startswith("model/")})
             state = {int(i): {"step": s, "exp_avg": z[f"optim/{i}/exp_avg"], "exp_avg_sq": z[f"optim/{i}/exp_avg_sq"]}
@@ -177,85 +201,46 @@ class Trainer:
         self.step_count = meta["step_count"]
 
 
-def predict(model, x, batch_size=1024):
-    model.eval()
+def _host_floats(a, name):
+    """A host batch as the float32 ndarray ``model(x)`` / the loss would accept
+    (the same TypeError otherwise: no silent cast from float64 or lists)."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray or pywgtrain.Tensor, got {type(a).__name__}")
+    if a.dtype != np.float32:
+        raise TypeError(f"{name} must have dtype float32, got {a.dtype.name}")
+    return a
+
+
+def _atomic_write(path, write):
+    """Call ``write(file)`` on a new temporary file beside ``path``, make it
+    durable, then rename it over ``path`` (see ``Trainer.save``)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    # O_EXCL: never follow or reuse another file; 0o666 lets the umask decide the mode, as open() would.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
-        out = [model(tensor(np.ascontiguousarray(x[i:i + batch_size]), model.device)).numpy()
-               for i in range(0, len(x), batch_size)]
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory):
+    """Make a rename in ``directory`` durable (POSIX; Windows cannot open directories)."""
+    if os.name == "nt":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on directories
+        pass
     finally:
-        model.train()
-    return np.concatenate(out)
-
-
-def load_digits_split(seed):
-    """scikit-learn's bundled 8x8 digits (offline), standardized, 80/20 split."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = d.data.astype(np.float32)
-    y = d.target.astype(np.int32)
-    idx = np.random.default_rng(seed).permutation(len(x))
-    cut = int(0.8 * len(x))
-    tr, te = idx[:cut], idx[cut:]
-    mean, std = x[tr].mean(0), x[tr].std(0) + 1e-6
-    x = (x - mean) / std
-    return x[tr], y[tr], x[te], y[te]
-
-
-def run_demo(hidden=(256, 256), batch_size=64, epochs=30, steps=None, lr=1e-3, weight_decay=1e-2, seed=0,
-             adapter=None, activation="gelu", max_grad_norm=1.0, log_every=20, plot="loss_curve.png",
-             checkpoint=None, resume=None, steps_per_submit=8):
-    from tqdm import tqdm
-
-    dev = Device(adapter)
-    xtr, ytr, xte, yte = load_digits_split(seed)
-    sizes = [xtr.shape[1], *hidden, 10]
-    model = nn.MLP(sizes, activation=activation, device=dev, seed=seed)
-    opt = optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm)
-    trainer = Trainer(model, opt, nn.CrossEntropyLoss(), steps_per_submit=steps_per_submit)
-    if resume:
-        trainer.load(resume)
-    per_epoch = len(xtr) // batch_size
-    total = steps if steps is not None else epochs * per_epoch
-    print(f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']})")
-    print(f"model: MLP {sizes} ({activation}), {sum(p.size for p in model.parameters())} parameters; "
-          f"data: digits {len(xtr)} train / {len(xte)} held out; {total} steps of batch {batch_size}")
-    rng = np.random.default_rng(seed + 1 + trainer.step_count)
-    order = rng.permutation(len(xtr))
-    losses, t0 = [], time.perf_counter()
-    bar = tqdm(range(total), desc="train", unit="step")
-    pending = []
-    for s in bar:
-        i = s % per_epoch
-        if i == 0 and s:
-            order = rng.permutation(len(xtr))
-        b = order[i * batch_size:(i + 1) * batch_size]
-        pending.append((trainer.step_count, trainer.step(xtr[b], ytr[b])))
-        if (s + 1) % log_every == 0 or s + 1 == total:
-            # Reading the last loss waits for the GPU; the others are already done.
-            for step, loss in pending:
-                losses.append((step, loss.item()))
-            pending.clear()
-            bar.set_postfix(loss=f"{losses[-1][1]:.4f}")
-    elapsed = time.perf_counter() - t0
-    acc = float(np.mean(np.argmax(predict(model, xte), 1) == yte))
-    print(f"final loss {losses[-1][1]:.4f}; held-out accuracy {acc * 100:.2f}% "
-          f"({len(xte)} samples); {elapsed / total * 1e3:.2f} ms/step over {total} steps")
-    if checkpoint:
-        trainer.save(checkpoint)
-        print(f"checkpoint: {checkpoint}")
-    if plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([s for s, _ in losses], [v for _, v in losses], lw=1)
-        ax.set_xlabel("step")
-        ax.set_ylabel("cross-entropy loss")
-        ax.set_yscale("log")
-        ax.set_title(f"pywgtrain MLP on digits ({dev.name[:40]})\nheld-out accuracy {acc * 100:.1f}%", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(plot, dpi=120)
-        print(f"loss curve: {plot}")
-    return {"accuracy": acc, "losses": losses, "ms_per_step": elapsed / total * 1e3}
+        os.close(fd)

@@ -61,11 +61,14 @@ fn adamw_clipped(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   if (i < ap.n) { adamw_update(i, grad[i] * clip_scale()); }
 }
 
-// In-place clipping for clip_grad_norm_: only writes when the norm exceeds max_norm.
+// In-place clipping for clip_grad_norm_: only writes when the norm exceeds
+// max_norm or is NaN (torch then makes every gradient NaN). `!(s == 1.0)`, not
+// `s != 1.0`: the latter evaluated false for a NaN scale on lavapipe, leaving
+// the gradients unscaled.
 @compute @workgroup_size(256)
 fn scale_by_clip(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
   let i = linear_index(wid, nwg, lid);
   let s = clip_scale();
-  if (i < sp.n && s != 1.0) { grads[i] = grads[i] * s; }
+  if (i < sp.n && !(s == 1.0)) { grads[i] = grads[i] * s; }
 }

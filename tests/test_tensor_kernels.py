@@ -393,7 +393,7 @@ def test_reduce_axis(dev, rng, op, shape):
     ref = x64.sum(1) if op == "sum" else x64.max(1)
     out = poisoned(dev, (outer, inner))
     am = pw.tensor(np.full((outer, inner), -7, np.int32), dev) if op == "max" else None
-    run(dev, _core.reduce_axis, REDUCE[op], T(dev, x)._buf, out._buf, am._buf if am else None, outer, length, inner,
+    run(dev, _core.reduce_axis, REDUCE[op], T(dev, x)._buf, out._buf, am._buf if am is not None else None, outer, length, inner,
         0.5, 0.0)
     assert_close(out.numpy(), 0.5 * ref)
     if op == "max":
