@@ -82,14 +82,14 @@ class Trainer:
             if x.device is not self.device:
                 raise ValueError(f"x lives on {x.device!r}, the model on {self.device!r}")
         else:
-            x = np.ascontiguousarray(_host_floats(x, "x"))
+            x = np.ascontiguousarray(_host_batch(x, "x"))
         if isinstance(y, Tensor):
             if y.device is not self.device:
                 raise ValueError(f"y lives on {y.device!r}, the model on {self.device!r}")
         elif isinstance(self.loss_fn, nn.CrossEntropyLoss):
             y = label_array(y, self._classes)
         else:
-            y = np.ascontiguousarray(_host_floats(y, "y"))
+            y = np.ascontiguousarray(_host_batch(y, "y"))
         return x, y
 
     def step(self, x, y):
@@ -201,13 +201,18 @@ class Trainer:
         self.step_count = meta["step_count"]
 
 
-def _host_floats(a, name):
-    """A host batch as the float32 ndarray ``model(x)`` / the loss would accept
-    (the same TypeError otherwise: no silent cast from float64 or lists)."""
+def _host_batch(a, name):
+    """A host batch as the ndarray ``model(x)`` / the loss would accept: float32
+    values, or integer ids/labels (as int32); the same TypeError otherwise (no
+    silent cast from float64 or lists)."""
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray or pywgtrain.Tensor, got {type(a).__name__}")
+    if a.dtype.kind in "iu":
+        if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
+            raise ValueError(f"{name} holds integers outside the int32 range")
+        return np.ascontiguousarray(a, dtype=np.int32)
     if a.dtype != np.float32:
-        raise TypeError(f"{name} must have dtype float32, got {a.dtype.name}")
+        raise TypeError(f"{name} must have dtype float32 (or hold integer ids), got {a.dtype.name}")
     return a
 
 

@@ -192,14 +192,14 @@ def test_trainer_rejects_float64_inputs_like_the_model(dev, rng):
     y = rng.integers(0, 3, 8)
     with pytest.raises(TypeError, match="input must have dtype float32, got float64"):
         t.model(x64)  # what the model says
-    with pytest.raises(TypeError, match="x must have dtype float32, got float64"):
+    with pytest.raises(TypeError, match=r"x must have dtype float32 \(or hold integer ids\), got float64"):
         t.step(x64, y)
     with pytest.raises(TypeError, match="x must be a numpy.ndarray or pywgtrain.Tensor, got list"):
         t.step(x64.tolist(), y)
     with pytest.raises(TypeError, match="labels must be integers, got dtype float64"):
         t.step(x64.astype(np.float32), y.astype(np.float64))
     mse = make_trainer(dev, sizes=(10, 16, 2), loss=pw.nn.MSELoss())
-    with pytest.raises(TypeError, match="y must have dtype float32, got float64"):
+    with pytest.raises(TypeError, match=r"y must have dtype float32 \(or hold integer ids\), got float64"):
         mse.step(x64.astype(np.float32), rng.standard_normal((8, 2)))
     assert t.step_count == 0 and mse.step_count == 0
     assert math.isfinite(mse.step(x64.astype(np.float32), rand(rng, 8, 2)).item())

@@ -8,7 +8,7 @@ import numpy as np
 from ..tensor import _resolve_device
 from . import functional  # noqa: F401
 from .modules import (  # noqa: F401
-    GELU, CrossEntropyLoss, Identity, Linear, LogSoftmax, Module, ModuleList, MSELoss, NLLLoss, ReLU, Sequential,
+    GELU, CrossEntropyLoss, Embedding, Identity, Linear, LogSoftmax, Module, ModuleDict, ModuleList, MSELoss, NLLLoss, ReLU, Sequential,
     Sigmoid, SiLU, Softmax, Tanh,
 )
 from .parameter import Parameter  # noqa: F401
@@ -28,5 +28,5 @@ def MLP(sizes, activation="relu", device=None, seed=0):
     return Sequential(*layers)
 
 
-__all__ = ["Module", "Parameter", "Linear", "Sequential", "ModuleList", "MLP", "ReLU", "GELU", "SiLU", "Tanh",
+__all__ = ["Module", "Parameter", "Linear", "Embedding", "Sequential", "ModuleList", "ModuleDict", "MLP", "ReLU", "GELU", "SiLU", "Tanh",
            "Sigmoid", "Identity", "Softmax", "LogSoftmax", "CrossEntropyLoss", "NLLLoss", "MSELoss", "functional"]

@@ -1,8 +1,9 @@
 from .activation import GELU, Identity, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Tanh
-from .container import ModuleList, Sequential
+from .container import ModuleDict, ModuleList, Sequential
 from .linear import Linear
 from .loss import CrossEntropyLoss, MSELoss, NLLLoss
 from .module import Module
+from .sparse import Embedding
 
-__all__ = ["Module", "Linear", "Sequential", "ModuleList", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Identity",
+__all__ = ["Module", "Linear", "Embedding", "Sequential", "ModuleList", "ModuleDict", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Identity",
            "Softmax", "LogSoftmax", "CrossEntropyLoss", "NLLLoss", "MSELoss"]

@@ -82,3 +82,38 @@ class ModuleList(Module):
 
     def __iter__(self):
         return iter(self._modules.values())
+
+
+class ModuleDict(Module):
+    """Modules registered under string keys (``torch.nn.ModuleDict``)."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        for name, m in (modules or {}).items():
+            self[name] = m
+
+    def __setitem__(self, name, module):
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleDict: {name!r} is a {type(module).__name__}, not a Module")
+        self.add_module(str(name), module)
+
+    def __getitem__(self, name):
+        return self._modules[name]
+
+    def __contains__(self, name):
+        return name in self._modules
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def keys(self):
+        return self._modules.keys()
+
+    def items(self):
+        return self._modules.items()
+
+    def values(self):
+        return self._modules.values()

@@ -1,0 +1,236 @@
+"""A GPT (decoder-only transformer, pre-LayerNorm) built from pywgtrain ops.
+
+Parameter names follow the common PyTorch layout (nanoGPT's): a
+``transformer`` dict with ``wte``, ``wpe``, ``h.{i}`` blocks (``ln_1``,
+``attn.c_attn``, ``attn.c_proj``, ``ln_2``, ``mlp.c_fc``, ``mlp.c_proj``) and
+``ln_f``, then ``lm_head`` (no bias), so a ``state_dict`` moves between this
+model and the same architecture written in PyTorch.
+"""
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .. import functions as F
+from .. import nn
+from ..autograd import no_grad
+from ..tensor import Tensor, _resolve_device, tensor
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256
+    block_size: int = 128       # context length
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = True           # biases in the Linear layers and LayerNorms
+    tie_weights: bool = False   # lm_head shares wte's weight
+    attention: str = "fused"    # "fused" (one kernel, no T x T scores in memory) or "plain" (bmm + softmax)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"GPTConfig.{name} must be an int >= 1, got {v!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig: n_embd {self.n_embd} is not a multiple of n_head {self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout}")
+        if self.attention not in ("fused", "plain"):
+            raise ValueError(f"GPTConfig.attention must be 'fused' or 'plain', got {self.attention!r}")
+
+
+# Named sizes: a few minutes on a CPU adapter; nanoGPT's character model; GPT-2 small.
+CONFIGS = {
+    "tiny": GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64),
+    "small": GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=128),
+    "char": GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2),
+    "gpt2": GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+}
+
+
+def _layer_norm(d, bias, device):
+    if hasattr(nn, "LayerNorm"):
+        return nn.LayerNorm(d, bias=bias, device=device)
+    return _CompositeLayerNorm(d, bias, device)
+
+
+class _CompositeLayerNorm(nn.Module):
+    """LayerNorm from mean/var ops (used until a fused LayerNorm is available)."""
+
+    def __init__(self, d, bias, device):
+        super().__init__()
+        self.weight = nn.Parameter(np.ones(d, np.float32), device)
+        if bias:
+            self.bias = nn.Parameter(np.zeros(d, np.float32), device)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        var = x.var(-1, keepdim=True, unbiased=False)
+        y = (x - mu) * (var + 1e-5).rsqrt() * self.weight
+        return y + self.bias if self.bias is not None else y
+
+
+def _dropout(p):
+    return nn.Dropout(p) if p > 0 and hasattr(nn, "Dropout") else None
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg, device, rng):
+        super().__init__()
+        c = cfg.n_embd
+        self.n_head, self.n_embd, self.attention = cfg.n_head, c, cfg.attention
+        self.c_attn = nn.Linear(c, 3 * c, bias=cfg.bias, device=device, rng=rng)
+        self.c_proj = nn.Linear(c, c, bias=cfg.bias, device=device, rng=rng)
+        self.resid_dropout = _dropout(cfg.dropout)
+        self._masks = {}
+
+    def _causal_mask(self, t, dev):
+        m = self._masks.get(t)
+        if m is None:
+            m = tensor(np.triu(np.full((t, t), -np.inf, np.float32), 1), dev)
+            self._masks[t] = m
+        return m
+
+    def forward(self, x):
+        b, t, c = x.shape
+        qkv = self.c_attn(x)
+        if self.attention == "fused":
+            y = F.causal_self_attention_qkv(qkv, self.n_head)
+        else:
+            y = self.plain_attention(qkv, b, t)
+        y = self.c_proj(y)
+        return self.resid_dropout(y) if self.resid_dropout is not None else y
+
+    def plain_attention(self, qkv, b, t):
+        """softmax(q k^T / sqrt(d) + causal mask) v with batched GEMMs (the reference path)."""
+        h, c = self.n_head, self.n_embd
+        d = c // h
+        heads = qkv.reshape(b, t, 3, h, d).permute(2, 0, 3, 1, 4).reshape(3, b * h, t, d)
+        q, k, v = heads[0], heads[1], heads[2]
+        scores = F.bmm(q, k, trans_b=True) * (1.0 / math.sqrt(d)) + self._causal_mask(t, qkv.device)
+        y = F.bmm(scores.softmax(-1), v)
+        return y.reshape(b, h, t, d).permute(0, 2, 1, 3).reshape(b, t, c)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg, device, rng):
+        super().__init__()
+        c = cfg.n_embd
+        self.c_fc = nn.Linear(c, 4 * c, bias=cfg.bias, device=device, rng=rng)
+        self.c_proj = nn.Linear(4 * c, c, bias=cfg.bias, device=device, rng=rng)
+        self.dropout = _dropout(cfg.dropout)
+
+    def forward(self, x):
+        y = self.c_proj(self.c_fc(x, activation="gelu"))  # GELU (erf) fused into the GEMM
+        return self.dropout(y) if self.dropout is not None else y
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, device, rng):
+        super().__init__()
+        self.ln_1 = _layer_norm(cfg.n_embd, cfg.bias, device)
+        self.attn = CausalSelfAttention(cfg, device, rng)
+        self.ln_2 = _layer_norm(cfg.n_embd, cfg.bias, device)
+        self.mlp = MLP(cfg, device, rng)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """``GPT(config)(ids)`` -> logits [B, T, vocab] for int ids [B, T] (T <= block_size).
+
+    Initialized as GPT-2 (normal(0, 0.02) weights, zero biases, residual
+    projections scaled by 1/sqrt(2 n_layer)) from ``seed``."""
+
+    def __init__(self, config=None, device=None, seed=0, **overrides):
+        super().__init__()
+        cfg = config if config is not None else GPTConfig()
+        if overrides:
+            cfg = GPTConfig(**{**asdict(cfg), **overrides})
+        self.config = cfg
+        dev = _resolve_device(device)
+        rng = np.random.default_rng(seed)
+        self.transformer = nn.ModuleDict({
+            "wte": nn.Embedding(cfg.vocab_size, cfg.n_embd, device=dev, rng=rng),
+            "wpe": nn.Embedding(cfg.block_size, cfg.n_embd, device=dev, rng=rng),
+            "h": nn.ModuleList([Block(cfg, dev, rng) for _ in range(cfg.n_layer)]),
+            "ln_f": _layer_norm(cfg.n_embd, cfg.bias, dev),
+        })
+        self.drop = _dropout(cfg.dropout)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False, device=dev, rng=rng)
+        if cfg.tie_weights:
+            self.lm_head.weight = self.transformer["wte"].weight
+        self._init_weights(rng)
+        self._positions = {}
+
+    def _init_weights(self, rng):
+        proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        with no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif "ln_" in name:
+                    p.fill_(1.0)
+                else:
+                    std = proj_std if name.endswith("c_proj.weight") else 0.02
+                    p.copy_(rng.normal(0.0, std, p.shape).astype(np.float32))
+
+    def num_parameters(self, exclude_embeddings=False):
+        n = sum(p.size for p in self.parameters())
+        return n - self.transformer["wpe"].weight.size if exclude_embeddings else n
+
+    def _check_ids(self, ids):
+        if isinstance(ids, Tensor):
+            if ids.dtype != np.int32:
+                raise TypeError(f"GPT: ids must be an int32 tensor, got {ids.dtype.name}")
+            shape = ids.shape
+        else:
+            arr = np.asarray(ids)
+            if arr.dtype.kind not in "iu":
+                raise TypeError(f"GPT: ids must be integer token ids, got dtype {arr.dtype.name}")
+            shape = arr.shape
+            if arr.size and (arr.min() < 0 or arr.max() >= self.config.vocab_size):
+                raise ValueError(f"GPT: token ids must lie in [0, {self.config.vocab_size}), got range "
+                                 f"[{arr.min()}, {arr.max()}]")
+            ids = tensor(np.ascontiguousarray(arr, np.int32), self.device)
+        if len(shape) != 2:
+            raise ValueError(f"GPT: ids must be [batch, time], got shape {shape}")
+        if shape[1] > self.config.block_size:
+            raise ValueError(f"GPT: sequence of {shape[1]} tokens is longer than the context "
+                             f"(block_size={self.config.block_size})")
+        return ids
+
+    def _position_ids(self, b, t):
+        pos = self._positions.get((b, t))
+        if pos is None:
+            pos = tensor(np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(), self.device)
+            self._positions[(b, t)] = pos
+        return pos
+
+    def forward(self, ids):
+        ids = self._check_ids(ids)
+        b, t = ids.shape
+        tr = self.transformer
+        x = tr["wte"](ids) + tr["wpe"](self._position_ids(b, t))
+        if self.drop is not None:
+            x = self.drop(x)
+        for block in tr["h"]:
+            x = block(x)
+        return self.lm_head(tr["ln_f"](x))
+
+    @staticmethod
+    def loss(logits, targets, ignore_index=-100):
+        """Mean next-token cross-entropy of logits [B, T, V] against targets [B, T]."""
+        v = logits.shape[-1]
+        if isinstance(targets, Tensor):
+            flat = targets.reshape(-1)
+        else:
+            flat = np.asarray(targets).reshape(-1)
+        return F.cross_entropy(logits.reshape(-1, v), flat, ignore_index=ignore_index)

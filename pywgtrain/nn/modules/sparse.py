@@ -1,0 +1,28 @@
+"""Embedding tables."""
+import numpy as np
+
+from ... import functions as F
+from ...tensor import _resolve_device
+from ..parameter import Parameter
+from .module import Module
+
+
+class Embedding(Module):
+    """Rows of ``weight`` [num_embeddings, embedding_dim] picked by integer ids
+    (``torch.nn.Embedding``), initialized N(0, 1) like torch from ``seed`` or ``rng``.
+    The backward sums rows per id deterministically on the GPU."""
+
+    def __init__(self, num_embeddings, embedding_dim, device=None, seed=None, rng=None):
+        super().__init__()
+        for name, v in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"Embedding: {name} must be an int >= 1, got {v!r}")
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        rng = rng if rng is not None else np.random.default_rng(seed)
+        self.weight = Parameter(rng.standard_normal((num_embeddings, embedding_dim)), _resolve_device(device))
+
+    def forward(self, ids):
+        return F.embedding(ids, self.weight)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}"
