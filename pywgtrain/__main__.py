@@ -1,5 +1,6 @@
 """pywgtrain: train models on any GPU through WebGPU. Commands: info (adapters),
-train (the digits demo), bench (benchmarks)."""
+gpt (train a small GPT on Python's own sources: the main job), train (an MLP on
+scikit-learn's digits), bench (benchmarks)."""
 import argparse
 import math
 import os
@@ -113,6 +114,28 @@ def cmd_train(args):
     return 0
 
 
+def cmd_gpt(args):
+    from .gpt_demo import run_gpt
+
+    result = run_gpt(config=args.config, steps=args.steps, batch_size=args.batch_size, block_size=args.block_size,
+                     lr=args.lr, weight_decay=args.weight_decay, seed=args.seed, adapter=args.adapter,
+                     eval_every=args.eval_every, eval_iters=args.eval_iters, max_bytes=args.max_bytes,
+                     plot=args.plot, checkpoint=args.checkpoint, resume=args.resume,
+                     sample_tokens=args.sample_tokens, attention=args.attention,
+                     steps_per_submit=args.steps_per_submit, max_grad_norm=args.max_grad_norm,
+                     log_every=args.log_every)
+    if result["interrupted"]:
+        where = (f"checkpoint saved to {args.checkpoint}; continue with the same options and --resume {args.checkpoint}"
+                 if args.checkpoint else "nothing saved (no --checkpoint given)")
+        print(f"pywgtrain: interrupted at step {result['step']} of {result['total']}; {where}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if args.max_val_loss is not None and result["val_losses"] and result["val_losses"][-1][1] > args.max_val_loss:
+        print(f"pywgtrain: validation loss {result['val_losses'][-1][1]:.4f} is above --max-val-loss "
+              f"{args.max_val_loss}", file=sys.stderr)
+        return EXIT_RUNTIME
+    return 0
+
+
 def cmd_bench(args):
     from . import bench
 
@@ -173,12 +196,48 @@ def build_parser():
                                 epilog="Exit status: 0 ok, 1 runtime error (no adapter, GPU fault, file error, "
                                        "accuracy below --min-accuracy), 2 bad arguments, 130 interrupted (Ctrl-C). "
                                        "PYWGTRAIN_TRACEBACK=1 shows the Python traceback of an error.")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{info,train,bench}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{info,gpt,train,bench}")
 
     info = sub.add_parser("info", help="adapter, backend, driver, limits, features (or what to install)",
                           formatter_class=fmt)
     info.add_argument("--adapter", default=None, help=ADAPTER_HELP)
     info.set_defaults(fn=cmd_info)
+
+    from .models.gpt import CONFIGS
+
+    g = sub.add_parser("gpt", help="train a GPT on the Python standard library's sources (the main job)",
+                       formatter_class=fmt,
+                       description="Train a small GPT (byte tokens) on the Python standard library's own source "
+                                   "files, report validation loss, plot the loss curve and sample text with a KV "
+                                   "cache. --config picks a size: tiny (a few minutes on a CPU adapter), small, "
+                                   "char (nanoGPT's character model), gpt2 (GPT-2 small's shape). Ctrl-C stops "
+                                   "after the current step and saves --checkpoint.")
+    g.add_argument("--config", default="tiny", choices=sorted(CONFIGS), help="model size")
+    g.add_argument("--steps", type=positive_int, default=None, help="training steps; unset: the config's default")
+    g.add_argument("--batch-size", type=positive_int, default=None, help="sequences per step; unset: the config's")
+    g.add_argument("--block-size", type=positive_int, default=None, help="context length; unset: the config's")
+    g.add_argument("--lr", type=non_negative_float, default=None, help="peak AdamW learning rate; unset: the config's")
+    g.add_argument("--weight-decay", type=non_negative_float, default=0.1, help="AdamW weight decay (matrices only)")
+    g.add_argument("--max-grad-norm", type=non_negative_float, default=1.0, help="clip the global gradient norm")
+    g.add_argument("--attention", default="fused", choices=["fused", "plain"],
+                   help="fused kernel (no T x T scores in memory) or batched GEMMs + softmax")
+    g.add_argument("--eval-every", type=positive_int, default=None, help="steps between validation losses")
+    g.add_argument("--eval-iters", type=positive_int, default=10, help="batches per validation loss")
+    g.add_argument("--max-bytes", type=positive_int, default=None, help="use only this much of the corpus")
+    g.add_argument("--sample-tokens", type=non_negative_int, default=300, help="tokens to sample at the end")
+    g.add_argument("--seed", type=non_negative_int, default=0, help="seeds the initialization and the batches")
+    g.add_argument("--steps-per-submit", type=positive_int, default=8,
+                   help="replayed steps grouped into one GPU submission")
+    g.add_argument("--adapter", default=None, help=ADAPTER_HELP)
+    g.add_argument("--plot", default="gpt_loss_curve.png", help="loss-curve image path ('' to skip)")
+    g.add_argument("--checkpoint", default=None,
+                   help="save model+optimizer here at the end and on Ctrl-C (.safetensors, or .npz)")
+    g.add_argument("--resume", default=None, help="continue from this checkpoint (the remaining steps)")
+    g.add_argument("--log-every", type=positive_int, default=None,
+                   help="steps between progress lines when the output is not a terminal")
+    g.add_argument("--max-val-loss", type=non_negative_float, default=None,
+                   help="exit 1 if the final validation loss is above this")
+    g.set_defaults(fn=cmd_gpt)
 
     tr = sub.add_parser("train", help="train an MLP classifier on scikit-learn's digits", formatter_class=fmt,
                         description="Train an MLP on scikit-learn's bundled 8x8 digits and report held-out accuracy. "

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import _core, nn
 from .device import BatchToken
+from .serialization import read_safetensors, write_safetensors
 from .ops import label_array
 from .tensor import Tensor, empty, tensor
 
@@ -171,34 +172,82 @@ class Trainer:
         self._group = []
 
     def save(self, path):
-        """Model, optimizer state and step count to one ``.npz``, atomically:
-        the data goes to a temporary file in the same directory, is flushed
-        and fsynced, then renamed over ``path`` (``os.replace``) and the
-        directory fsynced. An interrupted save (Ctrl-C, SIGKILL, power loss)
-        leaves the previous checkpoint at ``path`` as it was; a KeyboardInterrupt
-        or error also removes the temporary file (SIGKILL leaves it behind,
-        named ``.<name>.<pid>.<random>.tmp``)."""
+        """Model, optimizer state and step count to one file, atomically: the
+        data goes to a temporary file in the same directory, is flushed and
+        fsynced, then renamed over ``path`` (``os.replace``) and the directory
+        fsynced. An interrupted save (Ctrl-C, SIGKILL, power loss) leaves the
+        previous checkpoint at ``path`` as it was; a KeyboardInterrupt or error
+        also removes the temporary file (SIGKILL leaves it behind, named
+        ``.<name>.<pid>.<random>.tmp``).
+
+        ``.safetensors`` paths get the safetensors format (tensors
+        ``model.<name>``, ``optim.<i>.exp_avg``/``exp_avg_sq``; the rest as
+        JSON metadata ``pywgtrain``), which PyTorch and Hugging Face tools
+        open; other paths get ``.npz``. ``extra``: JSON-able state of the
+        caller (a data position, a scheduler) stored alongside."""
+        return self._save(path, None)
+
+    def _save(self, path, extra):
         path = os.fspath(path)
-        arrays = {f"model/{k}": v for k, v in self.model.state_dict().items()}
         osd = self.optimizer.state_dict()
+        meta = {"step_count": self.step_count, "param_groups": osd["param_groups"],
+                "steps": {str(i): st["step"] for i, st in osd["state"].items()}}
+        if extra is not None:
+            meta["extra"] = extra
+        if path.endswith(".safetensors"):
+            tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
+            for i, st in osd["state"].items():
+                tensors[f"optim.{i}.exp_avg"] = st["exp_avg"]
+                tensors[f"optim.{i}.exp_avg_sq"] = st["exp_avg_sq"]
+            _atomic_write(path, lambda f: write_safetensors(f, tensors, {"pywgtrain": json.dumps(meta)}))
+            return
+        arrays = {f"model/{k}": v for k, v in self.model.state_dict().items()}
         for i, st in osd["state"].items():
             arrays[f"optim/{i}/exp_avg"] = st["exp_avg"]
             arrays[f"optim/{i}/exp_avg_sq"] = st["exp_avg_sq"]
-        meta = {"step_count": self.step_count, "param_groups": osd["param_groups"],
-                "steps": {str(i): st["step"] for i, st in osd["state"].items()}}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         _atomic_write(path, lambda f: np.savez(f, **arrays))
 
     def load(self, path):
-        """Restore what ``save`` wrote (model, optimizer state, step count)."""
+        """Restore what ``save`` wrote (model, optimizer state, step count),
+        from a ``.safetensors`` or ``.npz`` checkpoint; returns the caller's
+        ``extra`` state (None if there was none). A checkpoint of another
+        architecture raises before anything is changed."""
+        path = os.fspath(path)
+        with open(path, "rb") as f:
+            is_npz = f.read(4) == b"PK\x03\x04"
+        if is_npz:
+            with np.load(path) as z:
+                if "meta" not in z.files:
+                    raise ValueError(f"{path}: not a pywgtrain checkpoint (no 'meta' entry)")
+                meta = json.loads(bytes(z["meta"]).decode())
+                model_sd = {k[len("model/"):]: z[k] for k in z.files if k.startswith("model/")}
+                state = {int(i): {"step": s, "exp_avg": z[f"optim/{i}/exp_avg"], "exp_avg_sq": z[f"optim/{i}/exp_avg_sq"]}
+                         for i, s in meta["steps"].items()}
+        else:
+            tensors, md = read_safetensors(path)
+            if "pywgtrain" not in md:
+                raise ValueError(f"{path}: a safetensors file without pywgtrain's training state (metadata "
+                                 "'pywgtrain'); load weights with model.load_state_dict instead")
+            meta = json.loads(md["pywgtrain"])
+            model_sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+            state = {int(i): {"step": s, "exp_avg": tensors[f"optim.{i}.exp_avg"],
+                              "exp_avg_sq": tensors[f"optim.{i}.exp_avg_sq"]} for i, s in meta["steps"].items()}
+        # Check everything against this model before changing anything.
+        own = self.model.state_dict()
+        missing, unexpected = sorted(set(own) - set(model_sd)), sorted(set(model_sd) - set(own))
+        if missing or unexpected:
+            raise ValueError(f"{path}: the checkpoint is of another model: missing keys {missing[:5]}, unexpected "
+                             f"keys {unexpected[:5]}")
+        for k, v in own.items():
+            if np.shape(model_sd[k]) != v.shape:
+                raise ValueError(f"{path}: the checkpoint is of another model: {k} has shape "
+                                 f"{np.shape(model_sd[k])}, this model {v.shape}")
         self._graph = None  # optimizer state buffers are replaced below
-        with np.load(os.fspath(path)) as z:
-            meta = json.loads(bytes(z["meta"]).decode())
-            self.model.load_state_dict({k[len("model/"):]: z[k] for k in z.files if k.startswith("model/")})
-            state = {int(i): {"step": s, "exp_avg": z[f"optim/{i}/exp_avg"], "exp_avg_sq": z[f"optim/{i}/exp_avg_sq"]}
-                     for i, s in meta["steps"].items()}
+        self.model.load_state_dict(model_sd)
         self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
         self.step_count = meta["step_count"]
+        return meta.get("extra")
 
 
 def _host_batch(a, name):

@@ -234,3 +234,123 @@ class GPT(nn.Module):
         else:
             flat = np.asarray(targets).reshape(-1)
         return F.cross_entropy(logits.reshape(-1, v), flat, ignore_index=ignore_index)
+
+
+class _KVCache:
+    """Keys and values of every layer for the positions seen so far: [B*H, block_size, D] each."""
+
+    def __init__(self, model, batch):
+        cfg = model.config
+        d = cfg.n_embd // cfg.n_head
+        shape = (batch * cfg.n_head, cfg.block_size, d)
+        from ..tensor import empty
+        self.k = [empty(shape, np.float32, model.device) for _ in range(cfg.n_layer)]
+        self.v = [empty(shape, np.float32, model.device) for _ in range(cfg.n_layer)]
+        self.length = 0
+
+
+def _write_rows(src, dst, pos):
+    """dst[:, pos:pos+t, :] = src ([BH, t, D] into [BH, Tmax, D])."""
+    from .. import _core
+    bh, t, d = src.shape
+    tmax = dst.shape[1]
+    with dst.device._recording() as rec:
+        _core.strided_copy(rec, src._buf, 0, [t * d, d, 1], dst._buf, pos * d, [tmax * d, d, 1], [bh, t, d], 0.0)
+
+
+def _attend_cached(self, x, layer, cache, pos):
+    """CausalSelfAttention over new tokens x [B, t, C] at positions pos.., appending to the cache."""
+    b, t, c = x.shape
+    h = self.n_head
+    d = c // h
+    qkv = self.c_attn(x)
+    heads = qkv.reshape(b, t, 3, h, d).permute(2, 0, 3, 1, 4).reshape(3, b * h, t, d)
+    q, k, v = heads[0], heads[1], heads[2]
+    _write_rows(k, cache.k[layer], pos)
+    _write_rows(v, cache.v[layer], pos)
+    n = pos + t
+    keys = cache.k[layer][:, :n]
+    values = cache.v[layer][:, :n]
+    scores = F.bmm(q, keys, trans_b=True) * (1.0 / math.sqrt(d))
+    if t > 1:  # prompt: causal among the new tokens (earlier positions are all visible)
+        mask = np.zeros((t, n), np.float32)
+        mask[:, pos:] = np.triu(np.full((t, t), -np.inf, np.float32), 1)
+        scores = scores + tensor(mask, x.device)
+    y = F.bmm(scores.softmax(-1), values)
+    return self.c_proj(y.reshape(b, h, t, d).permute(0, 2, 1, 3).reshape(b, t, c))
+
+
+def _forward_cached(model, ids, cache):
+    """Logits of the last position for new ids [B, t], extending the cache."""
+    b, t = ids.shape
+    pos = cache.length
+    tr = model.transformer
+    positions = tensor(np.broadcast_to(np.arange(pos, pos + t, dtype=np.int32), (b, t)).copy(), model.device)
+    x = tr["wte"](tensor(np.ascontiguousarray(ids, np.int32), model.device)) + tr["wpe"](positions)
+    for i, block in enumerate(tr["h"]):
+        x = x + _attend_cached(block.attn, block.ln_1(x), i, cache, pos)
+        x = x + block.mlp(block.ln_2(x))
+    cache.length = pos + t
+    return model.lm_head(tr["ln_f"](x[:, t - 1:]))  # [B, 1, V]
+
+
+def generate(self, ids, max_new_tokens, temperature=1.0, top_k=None, seed=None):
+    """Continue int token ids [B, T] (or [T]) by ``max_new_tokens`` sampled
+    tokens; returns the whole sequences as an int32 array. The network runs
+    on the GPU with a key/value cache (each new token costs one position's
+    work); sampling (temperature, top-k) uses the last logits on the host.
+    When the context fills, the cache restarts from the last half context."""
+    arr = np.asarray(ids)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"generate: ids must be integer token ids, got dtype {arr.dtype.name}")
+    if arr.ndim == 1:
+        arr = arr[None]
+    if arr.ndim != 2 or arr.shape[1] < 1:
+        raise ValueError(f"generate: ids must be [batch, time] with time >= 1, got shape {np.asarray(ids).shape}")
+    cfg = self.config
+    if arr.shape[1] > cfg.block_size:
+        raise ValueError(f"generate: the prompt has {arr.shape[1]} tokens, more than the context "
+                         f"(block_size={cfg.block_size})")
+    if arr.min() < 0 or arr.max() >= cfg.vocab_size:
+        raise ValueError(f"generate: token ids must lie in [0, {cfg.vocab_size}), got range [{arr.min()}, {arr.max()}]")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not (temperature >= 0.0):
+        raise ValueError(f"generate: temperature must be >= 0 (0: greedy), got {temperature}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
+        raise ValueError(f"generate: top_k must be None or an int >= 1, got {top_k!r}")
+    rng = np.random.default_rng(seed)
+    out = np.ascontiguousarray(arr, np.int32)
+    was_training = self.training
+    self.eval()
+    try:
+        with no_grad():
+            cache = _KVCache(self, out.shape[0])
+            logits = _forward_cached(self, out, cache)
+            for _ in range(int(max_new_tokens)):
+                last = logits.numpy()[:, -1, :].astype(np.float64)
+                nxt = _sample(last, temperature, top_k, rng)
+                out = np.concatenate([out, nxt[:, None]], 1)
+                if cache.length >= cfg.block_size:  # context full: restart from the recent half
+                    cache = _KVCache(self, out.shape[0])
+                    logits = _forward_cached(self, out[:, -(cfg.block_size // 2):], cache)
+                else:
+                    logits = _forward_cached(self, nxt[:, None], cache)
+    finally:
+        self.train(was_training)
+    return out
+
+
+def _sample(logits, temperature, top_k, rng):
+    if temperature == 0.0:
+        return logits.argmax(-1).astype(np.int32)
+    z = logits / temperature
+    if top_k is not None and top_k < z.shape[-1]:
+        kth = np.sort(z, -1)[:, -top_k][:, None]
+        z = np.where(z < kth, -np.inf, z)
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.array([rng.choice(len(row), p=row) for row in p], np.int32)
+
+
+GPT.generate = generate

@@ -1,0 +1,194 @@
+"""The main job behind ``pywgtrain gpt``: a small GPT trained on the Python
+standard library's own source files (on every machine; nothing is
+downloaded), byte-level tokens, with a progress line (loss, tokens/s),
+validation loss, a loss-curve PNG, a safetensors checkpoint and text sampled
+from the model at the end.
+
+Batches come from a memory-mapped file; batch ``s`` is drawn from a
+generator seeded with ``(seed, s)``, so a resumed run sees exactly the
+batches an uninterrupted one would (its next step is bit-identical).
+"""
+import sys
+import time
+from dataclasses import asdict, replace
+
+import numpy as np
+
+from . import optim
+from .data import ByteTokenizer, TokenDataset, stdlib_corpus_file
+from .demo import _StopOnInterrupt, check_output_path, check_plot_path
+from .device import Device
+from .models.gpt import CONFIGS, GPT
+from .optim.lr_scheduler import warmup_cosine
+from .train import Trainer
+
+# Per named config: steps, batch size, learning rate (a few minutes on a CPU adapter for "tiny").
+DEFAULTS = {"tiny": (300, 16, 3e-3), "small": (2000, 32, 1e-3), "char": (5000, 64, 1e-3), "gpt2": (5000, 8, 6e-4)}
+
+
+def _count(value, name, allow_none=False):
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def evaluate(model, data, split, batch_size, block_size, iters, seed):
+    """Mean loss over ``iters`` fixed batches of ``split`` (no graph recorded)."""
+    from .autograd import no_grad
+    rng = np.random.default_rng([seed, 7919])
+    model.eval()
+    total = 0.0
+    try:
+        with no_grad():
+            for _ in range(iters):
+                x, y = data.batch(split, batch_size, block_size, rng)
+                total += GPT.loss(model(x), y).item()
+    finally:
+        model.train()
+    return total / iters
+
+
+def run_gpt(config="tiny", steps=None, batch_size=None, block_size=None, lr=None, weight_decay=0.1, seed=0,
+            adapter=None, eval_every=None, eval_iters=10, max_bytes=None, plot="gpt_loss_curve.png",
+            checkpoint=None, resume=None, sample_tokens=300, attention="fused", steps_per_submit=8,
+            max_grad_norm=1.0, warmup=None, log_every=None, progress=None, prompt="def "):
+    """Train; returns a dict with ``train_losses`` [(step, loss)], ``val_losses``
+    [(step, loss)], ``tokens_per_s``, ``sample``, ``interrupted``, ``step``, ``total``."""
+    if config not in CONFIGS:
+        raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {config!r}")
+    d_steps, d_batch, d_lr = DEFAULTS[config]
+    steps = d_steps if steps is None else steps
+    batch_size = d_batch if batch_size is None else batch_size
+    lr = d_lr if lr is None else lr
+    for v, n in ((steps, "steps"), (batch_size, "batch_size"), (eval_iters, "eval_iters")):
+        _count(v, n)
+    for v, n in ((block_size, "block_size"), (eval_every, "eval_every"), (log_every, "log_every"),
+                 (max_bytes, "max_bytes")):
+        _count(v, n, allow_none=True)
+    if sample_tokens < 0:
+        raise ValueError(f"sample_tokens must be >= 0, got {sample_tokens}")
+    check_output_path(checkpoint, "--checkpoint")
+    check_plot_path(plot)
+    cfg = CONFIGS[config]
+    cfg = replace(cfg, attention=attention, **({"block_size": block_size} if block_size else {}))
+    eval_every = eval_every or max(steps // 5, 1)
+    log_every = log_every or max(steps // 20, 1)
+    warmup = min(steps // 10, 100) if warmup is None else warmup
+
+    tok = ByteTokenizer()
+    path = stdlib_corpus_file(max_bytes)
+    data = TokenDataset(path)
+    dev = Device(adapter)
+    model = GPT(cfg, device=dev, seed=seed)
+    named = list(model.named_parameters())
+    groups = [{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0}]
+    opt = optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), max_grad_norm=max_grad_norm)
+    sched = warmup_cosine(opt, warmup, steps, min_lr_ratio=0.1)
+    trainer = Trainer(model, opt, GPT.loss, steps_per_submit=steps_per_submit)
+    start = 0
+    if resume:
+        trainer.load(resume)
+        start = trainer.step_count
+        sched.last_epoch = start - 1
+        sched.step()
+    print(f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']})")
+    print(f"model: GPT '{config}' {cfg.n_layer} layers, d {cfg.n_embd}, {cfg.n_head} heads, context "
+          f"{cfg.block_size}, {cfg.attention} attention; {model.num_parameters():,} parameters")
+    print(f"data: Python {sys.version.split()[0]} standard library sources, {len(data):,} bytes "
+          f"({len(data.splits['train']):,} train / {len(data.splits['val']):,} validation), byte tokens")
+    print(f"training: {steps} steps of {batch_size} x {cfg.block_size} tokens, AdamW lr {lr:g} (warm-up {warmup}, "
+          f"cosine), clip {max_grad_norm}" + (f"; resumed at step {start}" if resume else ""))
+    sys.stdout.flush()
+
+    tokens_per_step = batch_size * cfg.block_size
+    train_losses, val_losses, pending = [], [], []
+    use_bar = progress == "bar" or (progress is None and sys.stdout.isatty() and sys.stderr.isatty())
+    bar, t0, timed_from, s = None, None, start, start
+
+    def read():
+        for step, loss in pending:
+            train_losses.append((step, loss.item()))
+        pending.clear()
+
+    with _StopOnInterrupt() as stop:
+        while s < steps and not stop.requested:
+            x, y = data.batch("train", batch_size, cfg.block_size, np.random.default_rng([seed, s]))
+            first = s == start
+            if first:
+                print("compiling kernels (first steps)...", end=" ", flush=True)
+                tc = time.perf_counter()
+            pending.append((s, trainer.step(x, y)))
+            sched.step()
+            s += 1
+            if first:
+                read()
+                print(f"done in {time.perf_counter() - tc:.1f} s", flush=True)
+                t0, timed_from = time.perf_counter(), s
+                if use_bar:
+                    from tqdm import tqdm
+                    bar = tqdm(total=steps, initial=start, desc="train", unit="step")
+            if s % log_every == 0 or s == steps or s % eval_every == 0 or stop.requested:
+                read()
+                rate = tokens_per_step * (s - timed_from) / (time.perf_counter() - t0) if s > timed_from else 0.0
+                msg = f"loss {train_losses[-1][1]:.4f}, {rate:,.0f} tok/s"
+                if s % eval_every == 0 or s == steps:
+                    val = evaluate(model, data, "val", batch_size, cfg.block_size, eval_iters, seed)
+                    val_losses.append((s, val))
+                    msg += f", val {val:.4f}"
+                if bar is not None:
+                    bar.set_postfix_str(msg, refresh=False)
+                else:
+                    print(f"step {s}/{steps}: {msg}", flush=True)
+            if bar is not None:
+                bar.update(1)
+        read()
+        if bar is not None:
+            bar.close()
+        elapsed = time.perf_counter() - t0 if t0 is not None else 0.0
+        interrupted = stop.requested and s < steps
+        if checkpoint and (interrupted or s > start):
+            trainer._save(checkpoint, {"config": asdict(cfg)})
+            print(f"checkpoint: {checkpoint} (step {s})", flush=True)
+    tps = tokens_per_step * (s - timed_from) / elapsed if elapsed > 0 and s > timed_from else None
+    result = {"train_losses": train_losses, "val_losses": val_losses, "tokens_per_s": tps, "interrupted": interrupted,
+              "step": s, "total": steps, "sample": None}
+    if interrupted:
+        print(f"interrupted at step {s} of {steps}", flush=True)
+        return result
+    if tps:
+        print(f"{tps:,.0f} tokens/s ({elapsed / (s - timed_from) * 1e3:.1f} ms/step over {s - timed_from} steps, "
+              "not counting the first)")
+    if val_losses:
+        print(f"validation loss {val_losses[-1][1]:.4f} (bits per byte {val_losses[-1][1] / np.log(2):.3f})")
+    if plot and train_losses:
+        _plot(plot, train_losses, val_losses, dev, config)
+        print(f"loss curve: {plot}")
+    if sample_tokens:
+        ids = tok.encode(prompt)
+        out = model.generate(ids, sample_tokens, temperature=0.8, top_k=50, seed=seed)
+        result["sample"] = tok.decode(out[0])
+        print(f"sample ({sample_tokens} tokens, temperature 0.8, top-k 50, KV cache):\n" + "-" * 60)
+        print(result["sample"])
+        print("-" * 60)
+    sys.stdout.flush()
+    return result
+
+
+def _plot(path, train_losses, val_losses, dev, config):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([s for s, _ in train_losses], [v for _, v in train_losses], lw=1, label="train")
+    if val_losses:
+        ax.plot([s for s, _ in val_losses], [v for _, v in val_losses], "o-", lw=1.5, label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats per byte)")
+    ax.set_title(f"pywgtrain GPT '{config}' on Python stdlib sources\n({dev.name[:50]})", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
