@@ -11,6 +11,9 @@ void softmax_cross_entropy(Recorder& r, const Buffer& logits, const Buffer& labe
                            const Buffer& row_losses, const Buffer& scratch, const Buffer& out, uint32_t out_index,
                            uint32_t rows, uint32_t cols) {
   if (rows == 0 || cols == 0) throw ArgumentError("cross_entropy: logits must have rows >= 1 and classes >= 1");
+  if (cols > kMaxClasses)
+    throw ArgumentError("cross_entropy: logits has " + std::to_string(cols) + " classes, more than the " +
+                        std::to_string(kMaxClasses) + " one row's workgroup supports");
   const uint64_t total = uint64_t(rows) * cols;
   if (total * 4 > r.device().limits().max_storage_binding)
     throw ArgumentError("cross_entropy: logits of " + std::to_string(total * 4) + " bytes exceed one storage binding");
