@@ -39,8 +39,15 @@ const Kernel& xent_kernel(Device& dev, const char* entry) {
   return dev.pipelines().get(d);
 }
 
+// Each thread loops over cols / 256 classes two or three times per row; lavapipe cuts
+// loops past 65,535 trips without an error, so rows stay well inside that.
+constexpr uint32_t kMaxClasses = 1u << 20;
+
 void check_rows(const Device& dev, uint32_t rows, uint32_t cols, const Buffer& logits, const Buffer& labels) {
   if (rows == 0 || cols == 0) throw ArgumentError("cross_entropy: logits must have rows >= 1 and classes >= 1");
+  if (cols > kMaxClasses)
+    throw ArgumentError("cross_entropy: " + std::to_string(cols) + " classes, more than the " +
+                        std::to_string(kMaxClasses) + " one workgroup per row handles");
   check_floats(logits, uint64_t(rows) * cols, "cross_entropy logits");
   if (labels.bytes() < uint64_t(rows) * 4) throw ArgumentError("cross_entropy: labels hold fewer than rows entries");
   if (uint64_t(rows) * 4 > dev.limits().max_storage_binding)

@@ -14,6 +14,29 @@ namespace pwt {
 
 inline uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+// Bounded loops. No invocation loops over an unbounded count, for two reasons:
+// (1) Mesa's lavapipe (llvmpipe, the CI device) ends a shader's loops silently
+// once one invocation has run 65535 loop iterations in total, over all its
+// loops (gallivm's loop limiter, LP_MAX_TGSI_LOOP_ITERATIONS): a GEMM
+// workgroup looping over K = 2^21 in K tiles of 16 (131072 iterations) summed
+// only the first 65536 tiles and returned half the product, with no error;
+// (2) one f32 running sum over millions of terms loses precision (adding 1.0
+// stalls at 2^24). So a workgroup's K loop covers at most kMaxKPerSplit
+// elements in one dispatch (GEMM: 2048 K tiles; GEMV: <= 1024 iterations per
+// lane); longer K runs as split-K partials in the workspace, at most
+// kMaxSplits of them per pass (the reduce sums them in one loop), and K beyond
+// kMaxSplits * kMaxKPerSplit runs as several passes accumulated into the
+// output with beta = 1. Products with K <= kMaxKPerSplit are unaffected.
+constexpr uint64_t kMaxKPerSplit = 32768;
+constexpr uint64_t kMaxSplits = 1024;
+constexpr uint64_t kMaxKPerPass = kMaxKPerSplit * kMaxSplits;
+// Rows one column-sum dispatch (linear.wgsl bias_grad: rows / 128 iterations
+// per lane) covers; more rows accumulate over dispatches with beta = 1.
+constexpr uint64_t kMaxColumnSumRows = uint64_t(1) << 20;
+// Classes per row of softmax_xent (one 64-lane workgroup per row, three loops
+// of classes / 64 iterations each must stay below lavapipe's 65535).
+constexpr uint64_t kMaxClasses = uint64_t(1) << 20;
+
 // (x, y) workgroup counts covering `groups` groups; shaders linearize y*nx + x.
 inline std::pair<uint32_t, uint32_t> grid_1d(const Device& dev, uint64_t groups) {
   const uint64_t cap = dev.limits().max_workgroups_per_dim;

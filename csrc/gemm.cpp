@@ -151,16 +151,23 @@ const Kernel& gemv_kernel(Device& dev, bool tb, bool vec4, uint32_t gv_x) {
   return dev.pipelines().get(d);
 }
 
-// A window of whole rows [row0, row0 + rows) of a row-major matrix with leading
-// dimension ld, bound at an aligned offset; `inner` is where row0 starts.
+// A window of the block [row0, row0 + rows) x [col0, col0 + cols) of a
+// row-major matrix with leading dimension ld, bound at an aligned offset;
+// `inner` is where (row0, col0) starts inside it.
 struct RowWindow { Range range; uint32_t inner; };
 
-RowWindow row_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t ld) {
+RowWindow block_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t col0,
+                       uint64_t cols, uint64_t ld) {
   const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
-  const uint64_t first = base + row0 * ld;
+  const uint64_t first = base + row0 * ld + col0;
   const uint64_t start = first / align * align;
-  const uint64_t count = first - start + rows * ld;
+  const uint64_t count = first - start + (rows - 1) * ld + cols;
   return {floats(buf, start, count), uint32_t(first - start)};
+}
+
+// Whole rows [row0, row0 + rows).
+RowWindow row_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t ld) {
+  return block_window(dev, buf, base, row0, rows, 0, ld, ld);
 }
 
 // Largest row count whose window (plus alignment slack) fits one binding.
@@ -207,17 +214,20 @@ KernelDesc elementwise_kernel(const char* entry, Activation act) {
 }
 
 // C[m, n] (at c_off, leading dimension ldc) = epilogue(alpha * sum of `splits`
-// partial products spaced `stride` floats apart in ws); the plain epilogue adds beta * C.
+// partial products spaced `stride` floats apart in ws); the plain epilogue adds
+// beta * C. The bias is read from bias_off on; the pre-activation (bound as
+// preact_range) has C's element indices.
 void record_split_reduce(Recorder& r, const Range& ws, uint32_t m, uint32_t n, uint32_t ldc, uint32_t c_off,
-                         uint32_t splits, uint32_t stride, float alpha, float beta, Range c_range, const EpilogueArgs& e) {
+                         uint32_t splits, uint32_t stride, float alpha, float beta, Range c_range, const EpilogueArgs& e,
+                         uint32_t bias_off = 0, const Range* preact_range = nullptr) {
   static const char* entries[] = {"splitk_reduce", "splitk_bias_act", "splitk_bias_act_train", "splitk_act_grad"};
   Device& dev = r.device();
   KernelDesc d = elementwise_kernel(entries[int(e.ep)], e.act);
   add_epilogue_bindings(d, e.ep);
-  GemmParams q{m, n, 0, 0, 0, ldc, 0, 0, c_off, alpha, beta, 0, 0, stride, splits, 0};
+  GemmParams q{m, n, 0, 0, 0, ldc, 0, 0, c_off, alpha, beta, bias_off, 0, stride, splits, 0};
   std::vector<Range> ranges{c_range, ws};
   if (has_bias(e.ep)) ranges.push_back(whole(*e.bias));
-  if (has_preact(e.ep)) ranges.push_back(whole(*e.preact));
+  if (has_preact(e.ep)) ranges.push_back(preact_range ? *preact_range : whole(*e.preact));
   auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(m) * n, 256));
   r.dispatch(dev.pipelines().get(d), ranges, q, gx, gy);
 }
@@ -225,7 +235,7 @@ void record_split_reduce(Recorder& r, const Range& ws, uint32_t m, uint32_t n, u
 void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b, const Buffer& y, uint64_t y_base,
                  uint32_t n, uint32_t k, bool tb, float alpha, float beta) {
   Device& dev = r.device();
-  // B is stored (tb ? N x K : K x N); split along its rows so each piece binds.
+  // B is stored (tb ? N x K : K x N).
   const uint64_t ld = tb ? k : n;
   // Column form with n a multiple of 4: 128-bit loads of column quads
   // (PYWGTRAIN_GEMV_VEC4=0 turns them off for A/B runs, docs/gemm_notes.md).
@@ -246,25 +256,44 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
   const Kernel& kern = gemv_kernel(dev, tb, vec4, gv_x);
   const uint64_t per_group = tb ? 8 : vec4 ? 4 * gv_x : 32;
   const uint64_t n_limit = uint64_t(dev.limits().max_workgroups_per_dim) * per_group;
-  const uint64_t rows_cap = rows_per_binding(dev, ld, "the matrix operand");
-  const uint64_t kb = tb ? k : block_along(k, rows_cap, 1);
-  const uint64_t nb = tb ? block_along(n, std::min(rows_cap, n_limit), per_group) : block_along(n, n_limit, per_group);
+  // Pieces of B that each fit one binding: whole rows where a row fits, else
+  // pieces of one row (an output's K range (tb), or a k's columns).
+  const uint64_t cap = dev.limits().max_storage_binding / 4;
+  const uint64_t slack = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+  uint64_t kb, nb;
+  if (ld + slack <= cap) {
+    const uint64_t rows_cap = (cap - slack) / ld;
+    kb = tb ? k : block_along(k, rows_cap, 1);
+    nb = tb ? block_along(n, std::min(rows_cap, n_limit), per_group) : block_along(n, n_limit, per_group);
+  } else if (tb) {
+    nb = 1;
+    kb = cap - slack;
+  } else {
+    kb = 1;
+    nb = block_along(n, std::min(cap - slack, n_limit), per_group);
+  }
+  // Bounded K loops (dispatch_util.hpp): K beyond one pass of split partials
+  // accumulates into y with beta = 1.
+  kb = std::min(kb, kMaxKPerPass);
   for (uint64_t n0 = 0; n0 < n; n0 += nb) {
     const uint64_t nc = std::min<uint64_t>(nb, n - n0);
     for (uint64_t k0 = 0; k0 < k; k0 += kb) {
       const uint64_t kc = std::min<uint64_t>(kb, k - k0);
-      RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ld) : row_window(dev, b, 0, k0, kc, ld);
+      RowWindow bw = tb ? block_window(dev, b, 0, n0, nc, k0, kc, ld) : block_window(dev, b, 0, k0, kc, n0, nc, ld);
       RowWindow xw = row_window(dev, x, x_base, k0, kc, 1);
       RowWindow yw = row_window(dev, y, y_base, n0, nc, 1);
-      GemvParams p{uint32_t(nc), uint32_t(kc), uint32_t(ld), xw.inner, bw.inner + (tb ? 0u : uint32_t(n0)), yw.inner,
+      GemvParams p{uint32_t(nc), uint32_t(kc), uint32_t(ld), xw.inner, bw.inner, yw.inner,
                    alpha, k0 == 0 ? beta : 1.0f, uint32_t(kc), 0};
       const uint64_t groups = ceil_div(nc, per_group);
-      // Column-parallel form with few columns: split K over workgroups too
-      // (partials + reduce) so enough loads are in flight to saturate memory.
-      const uint32_t splits = (!tb && nb == n && kb == k && groups < 256 && kc >= 1024)
-                                  ? uint32_t(std::min<uint64_t>({ceil_div(512, groups), kc / 256, 32})) : 1;
+      // Split K over workgroups (partials + reduce): always past kMaxKPerSplit
+      // (bounded loops), and in the column-parallel form with few columns so
+      // enough loads are in flight to saturate memory.
+      uint64_t splits = ceil_div(kc, kMaxKPerSplit);
+      if (!tb && nb == n && kb == k && groups < 256 && kc >= 1024)
+        splits = std::max<uint64_t>(splits, std::min<uint64_t>({ceil_div(512, groups), kc / 256, 32}));
       if (splits > 1) {
         const uint32_t k_chunk = uint32_t(ceil_div(kc, splits));
+        splits = ceil_div(kc, k_chunk);
         const Range ws{dev.workspace(uint64_t(nc) * splits * 4), 0, uint64_t(nc) * splits * 4};
         GemvParams q = p;
         q.y_off = 0;
@@ -272,9 +301,9 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
         q.beta = 0.0f;
         q.k_chunk = k_chunk;
         q.split_stride = uint32_t(nc);
-        r.dispatch(kern, {xw.range, bw.range, ws}, q, uint32_t(groups), uint32_t(ceil_div(kc, k_chunk)));
-        record_split_reduce(r, ws, 1, uint32_t(nc), uint32_t(nc), yw.inner, uint32_t(ceil_div(kc, k_chunk)),
-                            uint32_t(nc), alpha, k0 == 0 ? beta : 1.0f, yw.range, EpilogueArgs{});
+        r.dispatch(kern, {xw.range, bw.range, ws}, q, uint32_t(groups), uint32_t(splits));
+        record_split_reduce(r, ws, 1, uint32_t(nc), uint32_t(nc), yw.inner, uint32_t(splits), uint32_t(nc), alpha,
+                            k0 == 0 ? beta : 1.0f, yw.range, EpilogueArgs{});
         continue;
       }
       r.dispatch(kern, {xw.range, bw.range, yw.range}, p, uint32_t(groups));
@@ -282,39 +311,44 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
   }
 }
 
-
 // Split K across workgroups when the output has too few tiles to keep
 // several workgroups on every multiprocessor (measured on the H100: one
 // 256-thread workgroup per SM runs latency-bound, ~4 TFLOP/s at 1024^3) and K
 // is long enough to share: each split writes a partial product to the device
-// workspace, a second pass sums them into C.
-uint32_t choose_splits(uint32_t m, uint32_t n, uint32_t k, const TileConfig& t) {
+// workspace, a second pass sums them into C. K longer than kMaxKPerSplit is
+// always split, so no workgroup loops over more (bounded loops, dispatch_util.hpp).
+uint32_t choose_splits(uint32_t m, uint32_t n, uint64_t k, const TileConfig& t) {
+  const uint64_t bounded = ceil_div(k, kMaxKPerSplit);
   const uint64_t tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn);
-  if (tiles >= 256 || k < kSplitMinK) return 1;
+  if (tiles >= 256 || k < kSplitMinK) return uint32_t(bounded);
   const uint64_t splits = std::min<uint64_t>({ceil_div(512, tiles), k / 128, 16});
-  return uint32_t(std::max<uint64_t>(splits, 1));
+  return uint32_t(std::max<uint64_t>({splits, bounded, 1}));
 }
 
-// Split-K over the region [m0, m0 + mc) x [n0, n0 + nc) of C: each split
-// writes its partial product (compact, nc wide) to the device workspace, the
-// reduce pass sums them into C with the epilogue.
+// Split-K over the region [m0, m0 + mc) x [n0, n0 + nc) of C and the K range
+// [k0, k0 + kc): each split writes its partial product (compact, nc wide) to
+// the device workspace, the reduce pass sums them into C with the epilogue
+// (bias from column n0 on, the pre-activation at C's indices).
 void record_split_region(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m0, uint32_t mc,
-                         uint32_t n0, uint32_t nc, uint32_t k, bool ta, bool tb, uint64_t lda, uint64_t ldb,
-                         uint64_t ldc, const TileConfig& t, uint32_t splits, float alpha, float beta,
+                         uint32_t n0, uint32_t nc, uint64_t k0, uint32_t kc, bool ta, bool tb, uint64_t lda,
+                         uint64_t ldb, uint64_t ldc, const TileConfig& t, uint32_t splits, float alpha, float beta,
                          const EpilogueArgs& e) {
   Device& dev = r.device();
-  const uint32_t k_chunk = uint32_t(ceil_div(ceil_div(k, splits), t.bk) * t.bk);  // whole K tiles per split
-  splits = uint32_t(ceil_div(k, k_chunk));
+  const uint32_t k_chunk = uint32_t(ceil_div(ceil_div(kc, splits), t.bk) * t.bk);  // whole K tiles per split
+  splits = uint32_t(ceil_div(kc, k_chunk));
   const uint64_t stride = uint64_t(mc) * nc;
   const Range ws{dev.workspace(stride * splits * 4), 0, stride * splits * 4};
-  RowWindow aw = ta ? row_window(dev, a, 0, 0, k, lda) : row_window(dev, a, 0, m0, mc, lda);
-  RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ldb) : row_window(dev, b, 0, 0, k, ldb);
-  GemmParams p{mc, nc, k, uint32_t(lda), uint32_t(ldb), nc, aw.inner + (ta ? m0 : 0u), bw.inner + (tb ? 0u : n0), 0,
-               1.0f, 0.0f, 0, k_chunk, uint32_t(stride), splits, 0};
+  RowWindow aw = ta ? row_window(dev, a, 0, k0, kc, lda) : row_window(dev, a, 0, m0, mc, lda);
+  RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ldb) : row_window(dev, b, 0, k0, kc, ldb);
+  GemmParams p{mc, nc, kc, uint32_t(lda), uint32_t(ldb), nc, aw.inner + uint32_t(ta ? m0 : k0),
+               bw.inner + uint32_t(tb ? k0 : n0), 0, 1.0f, 0.0f, 0, k_chunk, uint32_t(stride), splits, 0};
   dispatch_gemm(r, t, ta, tb, Epilogue::Plain, Activation::None, p, {aw.range, bw.range, ws},
                 uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)), splits);
   RowWindow cw = row_window(dev, c, 0, m0, mc, ldc);
-  record_split_reduce(r, ws, mc, nc, uint32_t(ldc), cw.inner + n0, splits, uint32_t(stride), alpha, beta, cw.range, e);
+  Range preact;
+  if (has_preact(e.ep)) preact = row_window(dev, *e.preact, 0, m0, mc, ldc).range;
+  record_split_reduce(r, ws, mc, nc, uint32_t(ldc), cw.inner + n0, splits, uint32_t(stride), alpha, beta, cw.range, e,
+                      n0, has_preact(e.ep) ? &preact : nullptr);
 }
 
 // Ragged large products (e.g. 4097^3): a last tile row or column holding a
@@ -336,7 +370,7 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
                 uint32_t(ceil_div(n_main, t.bn)), uint32_t(ceil_div(m_main, t.bm)));
   auto strip = [&](uint32_t m0, uint32_t mc, uint32_t n0, uint32_t nc) {
     const TileConfig ts = choose_tiles(mc, nc, k);
-    record_split_region(r, a, b, c, m0, mc, n0, nc, k, ta, tb, lda, ldb, n, ts,
+    record_split_region(r, a, b, c, m0, mc, n0, nc, 0, k, ta, tb, lda, ldb, n, ts,
                         choose_splits(mc, nc, k, ts), alpha, beta, EpilogueArgs{});
   };
   if (thin_m) strip(m_main, rm, 0, n);        // bottom rows, corner included
@@ -363,6 +397,14 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
   if (!lda) lda = ta ? m : k;
   if (!ldb) ldb = tb ? k : n;
   const uint64_t ldc = n;
+  const uint64_t cap_floats = dev.limits().max_storage_binding / 4;
+  const uint64_t slack = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+  if (e.ep == Epilogue::Plain && !ta && lda + slack > cap_floats && ldb == (tb ? k : n)) {
+    // One row of A (K floats) exceeds a binding: each row of C is a GEMV of
+    // that row of A with op(B), which binds both in pieces along K.
+    for (uint64_t m0 = 0; m0 < m; ++m0) record_gemv(r, a, m0 * lda, b, c, m0 * ldc, n, k, tb, alpha, beta);
+    return;
+  }
   // Rows of each stored matrix are one of M, N, K; bound each block size by
   // every operand whose rows run along that dimension.
   uint64_t m_cap = rows_per_binding(dev, ldc, "C");
@@ -371,7 +413,13 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
   uint64_t k_cap = UINT64_MAX;
   if (!ta) m_cap = std::min(m_cap, rows_per_binding(dev, lda, "A")); else k_cap = std::min(k_cap, rows_per_binding(dev, lda, "A"));
   if (tb) n_cap = std::min(n_cap, rows_per_binding(dev, ldb, "B")); else k_cap = std::min(k_cap, rows_per_binding(dev, ldb, "B"));
-  const uint64_t mb = block_along(m, m_cap, t.bm), nb = block_along(n, n_cap, t.bn), kb = block_along(k, k_cap, t.bk);
+  const uint64_t mb = block_along(m, m_cap, t.bm), nb = block_along(n, n_cap, t.bn);
+  // Bounded K loops (dispatch_util.hpp): a K block takes at most as many
+  // kMaxKPerSplit splits as one pass may have and as fit the workspace binding
+  // beside an mb x nb output block; longer K runs as several blocks.
+  const uint64_t pass_splits = std::clamp<uint64_t>(cap_floats / (mb * nb), 1, kMaxSplits);
+  k_cap = std::min(k_cap, kMaxKPerSplit * pass_splits);
+  const uint64_t kb = block_along(k, k_cap, t.bk);
   if (e.ep == Epilogue::RowSum &&
       (kb < k || mb < m || nb < n || choose_splits(m, n, k, t) > 1 || uint64_t(m) * n * k > kRowSumMaxMacs)) {
     // The in-kernel row sums need the whole K in one workgroup and one grid,
@@ -404,12 +452,13 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
   }
   if (kb == k && mb == m && nb == n) {
     const uint32_t splits = choose_splits(m, n, k, t);
-    if (splits > 1) return record_split_region(r, a, b, c, 0, m, 0, n, k, ta, tb, lda, ldb, ldc, t, splits, alpha, beta, e);
+    if (splits > 1) return record_split_region(r, a, b, c, 0, m, 0, n, 0, k, ta, tb, lda, ldb, ldc, t, splits, alpha, beta, e);
     if (e.ep == Epilogue::Plain && record_ragged(r, a, b, c, m, n, k, ta, tb, lda, ldb, t, alpha, beta)) return;
   }
-  // Operands past the binding limit along K: the blocks accumulate into C
-  // (beta = 1 after the first), so a fused epilogue runs afterwards as its
-  // own elementwise pass over the complete sum.
+  // Operands past the binding limit along K, or K past one pass of splits:
+  // the blocks accumulate into C (beta = 1 after the first), so a fused
+  // epilogue runs afterwards as its own elementwise pass over the complete
+  // sum. A block with K past kMaxKPerSplit (or few tiles) runs split-K.
   const bool k_blocks = kb < k;
   std::unique_ptr<Buffer> scratch;  // released after recording: wgpu keeps it alive for the encoder
   const Buffer* target = &c;
@@ -430,6 +479,14 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
       const uint64_t nc = std::min(nb, n - n0);
       for (uint64_t k0 = 0; k0 < k; k0 += kb) {
         const uint64_t kc = std::min(kb, k - k0);
+        const uint32_t splits = choose_splits(uint32_t(mc), uint32_t(nc), kc, t);
+        if (splits > 1) {
+          EpilogueArgs pe = e;
+          pe.ep = in_kernel;
+          record_split_region(r, a, b, *target, uint32_t(m0), uint32_t(mc), uint32_t(n0), uint32_t(nc), k0,
+                              uint32_t(kc), ta, tb, lda, ldb, ldc, t, splits, alpha, k0 == 0 ? beta : 1.0f, pe);
+          continue;
+        }
         RowWindow aw = ta ? row_window(dev, a, 0, k0, kc, lda) : row_window(dev, a, 0, m0, mc, lda);
         RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ldb) : row_window(dev, b, 0, k0, kc, ldb);
         RowWindow cw = row_window(dev, *target, 0, m0, mc, ldc);

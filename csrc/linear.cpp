@@ -1,4 +1,5 @@
 // Backward pieces of a linear layer that are not GEMMs.
+#include <algorithm>
 #include <string>
 
 #include "dispatch_util.hpp"
@@ -32,8 +33,9 @@ void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, u
   d.bindings = {{0, Bind::ReadOnly}, {2, Bind::ReadWrite}, {6, Bind::Uniform}};
   d.constants = {{"ACT", "0u"}};
   const Kernel& k = dev.pipelines().get(d);
-  // Row blocks that fit one binding; later blocks accumulate.
-  const uint64_t rows_per = rows_per_piece(dev, cols);
+  // Row blocks that fit one binding and keep each lane's loop bounded
+  // (kMaxColumnSumRows, dispatch_util.hpp); later blocks accumulate.
+  const uint64_t rows_per = std::min(rows_per_piece(dev, cols), kMaxColumnSumRows);
   for (uint64_t r0 = 0; r0 < rows; r0 += rows_per) {
     const uint64_t rc = std::min<uint64_t>(rows_per, rows - r0);
     struct { uint32_t rows, cols; float beta; uint32_t pad; } p{uint32_t(rc), cols, r0 == 0 ? beta : 1.0f, 0};

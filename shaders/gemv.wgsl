@@ -4,12 +4,15 @@
 //   B is read by 32 consecutive threads.
 // TRANS_B = true:  B is N x K; 8 outputs per workgroup, 32 lanes split each dot
 //   product, so each row of B is read contiguously.
+// Both forms split K over workgroup rows (k_chunk below): the host keeps every
+// chunk at most 32768 long, so no lane loops over an unbounded K (lavapipe
+// silently ends loops after 65535 iterations; dispatch_util.hpp).
 
 struct Params {
   n: u32, k: u32, ldb: u32,
   x_off: u32, b_off: u32, y_off: u32,
   alpha: f32, beta: f32,
-  // Split-K (column-parallel form): workgroup row y sums k in
+  // Split-K: workgroup row y sums k in
   // [y * k_chunk, (y + 1) * k_chunk) and writes split_stride floats further on.
   k_chunk: u32, split_stride: u32,
 }
@@ -79,14 +82,15 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     n = wid.x * 8u + lid.y;
     if (n < p.n) {
       let row = p.b_off + n * p.ldb;
+      let k_end = min(p.k, (wid.y + 1u) * p.k_chunk);
       // Four independent chains keep several loads in flight per thread.
       var s4 = vec4<f32>(0.0);
-      var k = lid.x;
-      for (; k + 96u < p.k; k += 128u) {
+      var k = wid.y * p.k_chunk + lid.x;
+      for (; k + 96u < k_end; k += 128u) {
         s4 = fma(vec4<f32>(x[p.x_off + k], x[p.x_off + k + 32u], x[p.x_off + k + 64u], x[p.x_off + k + 96u]),
                  vec4<f32>(b[row + k], b[row + k + 32u], b[row + k + 64u], b[row + k + 96u]), s4);
       }
-      for (; k < p.k; k += 32u) { s4.x = fma(x[p.x_off + k], b[row + k], s4.x); }
+      for (; k < k_end; k += 32u) { s4.x = fma(x[p.x_off + k], b[row + k], s4.x); }
       s = s4.x + s4.y + s4.z + s4.w;
     }
   } else {
@@ -113,7 +117,7 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
       if (lid.x < stride) { partial[lid.y * 32u + lid.x] += partial[lid.y * 32u + lid.x + stride]; }
       workgroupBarrier();
     }
-    if (lid.x == 0u && n < p.n) { store(n, partial[lid.y * 32u], 0u); }
+    if (lid.x == 0u && n < p.n) { store(n, partial[lid.y * 32u], wid.y); }
   } else {
     if (lid.y == 0u && n < p.n) {
       var t = 0.0;
