@@ -61,15 +61,15 @@ FAST = [(1, 1, t, d) if (i + j) % 2 == 0 else (2, 3, t, d)
         for i, t in enumerate((1, 7, 64, 257)) for j, d in enumerate((32, 64, 128, 24))]
 
 
-@pytest.mark.parametrize("b,h,t,d", FAST + [(1, 1, 1024, 32)])
+@pytest.mark.parametrize("b,h,t,d", FAST + [(1, 1, 1024, 32), (2, 3, 1024, 24)])
 def test_forward_backward_vs_torch(dev, rng, b, h, t, d):
     q, k, v, g = (rand(rng, b, h, t, d) for _ in range(4))
     check_all(run_fused(dev, q, k, v, g), torch_ref(q, k, v, g))
 
 
-# 5-8 s each on lavapipe (2 cores): kept out of the default run.
+# 4-8 s each on a loaded 2-core lavapipe (near the 10 s mark): kept out of the default run.
 @pytest.mark.slow
-@pytest.mark.parametrize("b,h,t,d", [(2, 3, 1024, 64), (1, 6, 1024, 128), (2, 3, 1024, 24)])
+@pytest.mark.parametrize("b,h,t,d", [(2, 3, 1024, 64), (1, 6, 1024, 128)])
 def test_forward_backward_vs_torch_long(dev, rng, b, h, t, d):
     q, k, v, g = (rand(rng, b, h, t, d) for _ in range(4))
     check_all(run_fused(dev, q, k, v, g), torch_ref(q, k, v, g))
