@@ -72,5 +72,28 @@ void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& lab
                             const Buffer& upstream, const Buffer& scale, const Buffer& dlogits, uint32_t rows,
                             uint32_t cols, int32_t ignore_index, bool per_row, float beta);
 
+// Fused causal self-attention (attention.cpp, attention.wgsl). An operand view:
+// element (b, h, t, d) of a [B, H, T, D] operand lies at element
+// off + b*sb + h*sh + t*st + d of its buffer (d contiguous), so q, k, v (and
+// dq, dk, dv) may be column blocks of one [B, T, 3C] buffer.
+struct AttnView {
+  uint64_t off;
+  uint32_t sb, sh, st;
+};
+// out = softmax(q k^T * scale, causal) v per (b, h); lse [B*H, T] receives the
+// natural-log log-sum-exp of each row's scaled scores (the backward reads it).
+// D <= 128. max_blocks > 0 caps the inner blocks per dispatch (tests; 0: automatic).
+void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
+                       const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov, const Buffer& lse,
+                       uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale, uint32_t max_blocks);
+// dq, dk, dv (+ beta * themselves; beta 0 or 1) from dout, the forward's out and
+// lse; `delta` is scratch of B*H*T floats. dq, dk, dv may share one buffer
+// when their elements do not overlap; no output may share a buffer with an input.
+void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
+                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov,
+                        const Buffer& dout, const AttnView& gv, const Buffer& lse, const Buffer& delta,
+                        const Buffer& dq, const AttnView& dqv, const Buffer& dk, const AttnView& dkv,
+                        const Buffer& dv, const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d,
+                        float scale, float beta, uint32_t max_blocks);
 
 }  // namespace pwt

@@ -441,3 +441,33 @@ def nll_pick(_Recorder r, _Buffer x, _Buffer labels, _Buffer out, _Buffer mask, 
 def nll_pick_backward(_Recorder r, _Buffer dy, _Buffer labels, _Buffer dx, uint32_t rows, uint32_t cols,
                       int32_t ignore_index, float beta):
     c.nll_pick_backward(r.ptr.get()[0], _b(dy)[0], _b(labels)[0], _b(dx)[0], rows, cols, ignore_index, beta)
+
+
+# Fused causal self-attention (csrc/attention.cpp). A view is (off, sb, sh, st)
+# in elements: element (b, h, t, d) of the operand at off + b*sb + h*sh + t*st + d.
+
+cdef c.AttnView _view(tuple view) except *:
+    cdef c.AttnView v
+    if len(view) != 4:
+        raise ValueError(f"attention view must be (off, sb, sh, st), got {view!r}")
+    v.off = view[0]
+    v.sb = view[1]
+    v.sh = view[2]
+    v.st = view[3]
+    return v
+
+
+def attention_forward(_Recorder r, _Buffer q, tuple qv, _Buffer k, tuple kv, _Buffer v, tuple vv, _Buffer out,
+                      tuple ov, _Buffer lse, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
+                      uint32_t max_blocks=0):
+    c.attention_forward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
+                        _view(ov), _b(lse)[0], batch, heads, t, d, scale, max_blocks)
+
+
+def attention_backward(_Recorder r, _Buffer q, tuple qv, _Buffer k, tuple kv, _Buffer v, tuple vv, _Buffer out,
+                       tuple ov, _Buffer dout, tuple gv, _Buffer lse, _Buffer delta, _Buffer dq, tuple dqv,
+                       _Buffer dk, tuple dkv, _Buffer dv, tuple dvv, uint32_t batch, uint32_t heads, uint32_t t,
+                       uint32_t d, float scale, float beta, uint32_t max_blocks=0):
+    c.attention_backward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
+                         _view(ov), _b(dout)[0], _view(gv), _b(lse)[0], _b(delta)[0], _b(dq)[0], _view(dqv),
+                         _b(dk)[0], _view(dkv), _b(dv)[0], _view(dvv), batch, heads, t, d, scale, beta, max_blocks)

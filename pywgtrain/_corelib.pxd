@@ -122,6 +122,20 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
     uint64_t grad_norm_scratch_floats(const Device& dev, const vector[uint64_t]& counts)
     void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& norm_out) except +raise_py_error
 
+    cdef cppclass AttnView:
+        uint64_t off
+        uint32_t sb, sh, st
+    void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
+                           const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov,
+                           const Buffer& lse, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
+                           uint32_t max_blocks) except +raise_py_error
+    void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
+                            const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov,
+                            const Buffer& dout, const AttnView& gv, const Buffer& lse, const Buffer& delta,
+                            const Buffer& dq, const AttnView& dqv, const Buffer& dk, const AttnView& dkv,
+                            const Buffer& dv, const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t,
+                            uint32_t d, float scale, float beta, uint32_t max_blocks) except +raise_py_error
+
 
 cdef extern from "faults.hpp" namespace "pwt" nogil:
     void inject_invalid_binding(Recorder& r, const Buffer& buf) except +raise_py_error

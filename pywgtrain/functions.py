@@ -1140,3 +1140,133 @@ def mse_loss(input, target, reduction="mean"):  # noqa: A002 - torch's names
     if reduction == "none":
         return sq
     return sum(sq) if reduction == "sum" else mean(sq)
+
+
+# -- attention ---------------------------------------------------------------------------
+ATTN_MAX_HEAD_DIM = 128  # attention.wgsl sizes its workgroup memory for head sizes up to this
+
+
+def _attn_scale(scale, d, op):
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if not _is_scalar(scale):
+        raise TypeError(f"{op}: scale must be a real number or None, got {type(scale).__name__}")
+    return float(scale)
+
+
+def _attn_head_dim(d, op):
+    if d > ATTN_MAX_HEAD_DIM:
+        raise ValueError(f"{op}: head size {d} exceeds the fused kernel's maximum of {ATTN_MAX_HEAD_DIM}")
+
+
+def _attn_backward_into(dev, q, qv, k, kv, v, vv, out, ov, g, gv, lse, shape, scale, grads, beta):
+    """Records the attention backward; grads = ((dq, view), (dk, view), (dv, view))."""
+    b, h, t, d = shape
+    delta = empty((b * h * t,), np.float32, dev)
+    (dq, dqv), (dk, dkv), (dv, dvv) = grads
+    with _rec(dev) as rec:
+        _core.attention_backward(rec, q, qv, k, kv, v, vv, out, ov, g._buf, gv, lse, delta._buf, dq._buf, dqv,
+                                 dk._buf, dkv, dv._buf, dvv, b, h, t, d, float(scale), float(beta))
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None):
+    """Causal multi-head self-attention ``softmax(q k^T * scale + causal mask) v`` over
+    [B, H, T, D] float32 tensors (torch.nn.functional.scaled_dot_product_attention with
+    is_causal=True; ``scale`` defaults to 1/sqrt(D)). One fused kernel (FlashAttention-2
+    style, attention.wgsl): the T x T scores are never stored; the forward keeps one
+    log-sum-exp per row, the backward recomputes the probabilities from it (dK/dV per
+    key block, dQ per query block: deterministic). Only the causal form without a mask
+    or dropout is implemented; q, k and v must have equal shapes, D <= 128."""
+    op = "scaled_dot_product_attention"
+    if attn_mask is not None:
+        raise ValueError(f"{op}: attn_mask is not supported (only is_causal=True without a mask)")
+    if not _is_scalar(dropout_p) or float(dropout_p) != 0.0:
+        raise ValueError(f"{op}: dropout_p must be 0 (dropout is not supported), got {dropout_p!r}")
+    if is_causal is not True:
+        raise ValueError(f"{op}: only is_causal=True is supported, got is_causal={is_causal!r}")
+    dev = _device_of(query, key, value)
+    q = _float_tensor(query, dev, op, "query")
+    k = _float_tensor(key, dev, op, "key")
+    v = _float_tensor(value, dev, op, "value")
+    if q.ndim != 4:
+        raise ValueError(f"{op}: query must be 4-D [batch, heads, seq, head_dim], got shape {q.shape}")
+    for name, x in (("key", k), ("value", v)):
+        if x.shape != q.shape:
+            raise ValueError(f"{op}: {name} has shape {x.shape}, query {q.shape} (equal shapes required)")
+    b, h, t, d = q.shape
+    if 0 in q.shape:
+        raise ValueError(f"{op}: empty dimension in shape {q.shape}")
+    _attn_head_dim(d, op)
+    sc = _attn_scale(scale, d, op)
+    view = (0, h * t * d, t * d, d)
+    out = empty(q.shape, np.float32, dev)
+    lse = empty((b * h * t,), np.float32, dev)
+    with _rec(dev) as rec:
+        _core.attention_forward(rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d,
+                                sc)
+    if not needs_grad(q, k, v):
+        return out
+    bufs = (q._buf, k._buf, v._buf)
+    obuf, lbuf = out._buf, lse._buf
+    distinct = q is not k and q is not v and k is not v
+
+    def backward(g, sinks, _):
+        if distinct:
+            targets = [s.target() if s is not None else (empty(q.shape, np.float32, dev), 0.0) for s in sinks]
+            beta = builtins.max(bt for _, bt in targets)
+            if beta:  # one beta for all three: a fresh target joins the accumulating ones from 0
+                for dst, bt in targets:
+                    if not bt:
+                        _zero(dst)
+            grads = [(dst, view) for dst, _ in targets]
+        else:  # an input passed twice: separate results, summed by the sinks
+            grads = [(empty(q.shape, np.float32, dev), view) for _ in range(3)]
+            beta = 0.0
+        _attn_backward_into(dev, bufs[0], view, bufs[1], view, bufs[2], view, obuf, view, g, view, lbuf,
+                            (b, h, t, d), sc, grads, beta)
+        if not distinct:
+            for sink, (gt, _) in zip(sinks, grads):
+                if sink is not None:
+                    sink.put(gt, owned=True)
+    return attach(out, op, [q, k, v], backward)
+
+
+def causal_self_attention_qkv(qkv, n_head, scale=None):
+    """Causal self-attention straight from a fused projection ``qkv`` [B, T, 3C]
+    (q, k, v side by side, as Linear(C, 3C) produces them) with ``n_head`` heads of
+    D = C / n_head -> [B, T, C], heads side by side (what the output projection
+    takes). The kernels read and write the strided layout directly: no split,
+    permute or concatenation copies forward or backward (the gradient lands in one
+    [B, T, 3C] tensor)."""
+    op = "causal_self_attention_qkv"
+    x = _check_float(qkv, op)
+    if isinstance(n_head, bool) or not isinstance(n_head, numbers.Integral) or n_head < 1:
+        raise TypeError(f"{op}: n_head must be a positive int, got {n_head!r}")
+    if x.ndim != 3 or x.shape[2] % 3 != 0:
+        raise ValueError(f"{op}: qkv must be [batch, seq, 3 * C], got shape {x.shape}")
+    b, t, c3 = x.shape
+    c = c3 // 3
+    if 0 in x.shape:
+        raise ValueError(f"{op}: empty dimension in shape {x.shape}")
+    if c % n_head != 0:
+        raise ValueError(f"{op}: C = {c} is not divisible by n_head = {n_head}")
+    h = int(n_head)
+    d = c // h
+    _attn_head_dim(d, op)
+    sc = _attn_scale(scale, d, op)
+    qv, kv, vv = ((i * c, t * c3, d, c3) for i in range(3))
+    ov = (0, t * c, d, c)
+    dev = x.device
+    out = empty((b, t, c), np.float32, dev)
+    lse = empty((b * h * t,), np.float32, dev)
+    with _rec(dev) as rec:
+        _core.attention_forward(rec, x._buf, qv, x._buf, kv, x._buf, vv, out._buf, ov, lse._buf, b, h, t, d, sc)
+    if needs_grad(x):
+        xbuf, obuf, lbuf = x._buf, out._buf, lse._buf
+
+        def backward(g, sinks, _):
+            dst, beta = sinks[0].target()
+            _attn_backward_into(dev, xbuf, qv, xbuf, kv, xbuf, vv, obuf, ov, g, ov, lbuf, (b, h, t, d), sc,
+                                ((dst, qv), (dst, kv), (dst, vv)), beta)
+        attach(out, op, [x], backward)
+    return out

@@ -1,0 +1,227 @@
+// Fused causal self-attention launchers (attention.wgsl): forward (O and the
+// row log-sum-exp) and the FlashAttention-2 backward (delta pass, dK/dV per
+// key block, dQ per query block). The inner block loop of each kernel is
+// split over dispatches so that no thread runs more than kMaxTrips loop
+// iterations (lavapipe leaves loops after 65535); later forward dispatches
+// resume from the O / lse of earlier ones, later backward ones accumulate.
+#include <algorithm>
+#include <string>
+
+#include "dispatch_util.hpp"
+#include "ops.hpp"
+
+namespace pwt {
+namespace {
+
+// attention.wgsl AttnParams.
+struct AttnParams {
+  uint32_t t, heads, bh0, blocks;
+  uint32_t blk0, blk1;
+  float scale, beta;
+  uint32_t views[8][4];  // q, k, v, o, g (dO), dq, dk, dv: (off, sb, sh, st)
+};
+static_assert(sizeof(AttnParams) == 160, "AttnParams must match attention.wgsl");
+
+constexpr uint32_t kBlock = 64;             // attention.wgsl B (rows and columns of a tile)
+constexpr uint32_t kMaxHeadDim = 128;       // chunk area sized for DP <= 128
+constexpr uint32_t kSharedFloats = 64 * 65 + 32 * 65;  // attention.wgsl CH + CHN
+constexpr uint64_t kMaxTrips = 32768;       // loop iterations per thread and dispatch (tensor_ops.cpp)
+
+enum View { VQ = 0, VK, VV, VO, VG, VDQ, VDK, VDV };
+
+const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d) {
+  KernelDesc kd;
+  kd.shader = "attention";
+  kd.entry = entry;
+  if (entry == "attn_forward")  // binding 7 (dO) is bound to q: ld() names it, the forward never reads it
+    kd.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
+                   {4, Bind::ReadWrite}, {5, Bind::Uniform}, {7, Bind::ReadOnly}};
+  else if (entry == "attn_delta")
+    kd.bindings = {{5, Bind::Uniform}, {6, Bind::ReadOnly}, {7, Bind::ReadOnly}, {9, Bind::ReadWrite}};
+  else if (entry == "attn_dkdv")
+    kd.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {5, Bind::Uniform},
+                   {7, Bind::ReadOnly}, {8, Bind::ReadOnly}, {10, Bind::ReadOnly}, {12, Bind::ReadWrite},
+                   {13, Bind::ReadWrite}};
+  else
+    kd.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {5, Bind::Uniform},
+                   {7, Bind::ReadOnly}, {8, Bind::ReadOnly}, {10, Bind::ReadOnly}, {11, Bind::ReadWrite}};
+  kd.constants = {{"HD", std::to_string(d) + "u"}};
+  return dev.pipelines().get(kd);
+}
+
+struct Shape {
+  uint32_t batch, heads, t, d;
+  uint64_t bh() const { return uint64_t(batch) * heads; }
+};
+
+void check_shape(const Device& dev, const Shape& s) {
+  if (s.batch == 0 || s.heads == 0 || s.t == 0 || s.d == 0)
+    throw ArgumentError("attention: batch, heads, T and D must be >= 1");
+  if (s.d > kMaxHeadDim)
+    throw ArgumentError("attention: head size D = " + std::to_string(s.d) + " exceeds the supported maximum of " +
+                        std::to_string(kMaxHeadDim));
+  if (s.bh() * s.t > UINT32_MAX) throw ArgumentError("attention: B * H * T exceeds 2^32 - 1 rows");
+  const auto& lim = dev.limits();
+  if (lim.max_workgroup_storage < kSharedFloats * 4)
+    throw ArgumentError("attention: the kernels need " + std::to_string(kSharedFloats * 4) +
+                        " bytes of workgroup memory, the device offers " + std::to_string(lim.max_workgroup_storage));
+  if (lim.max_storage_buffers_per_stage < 8)
+    throw ArgumentError("attention: the backward binds 8 storage buffers, the device allows " +
+                        std::to_string(lim.max_storage_buffers_per_stage));
+}
+
+// The binding of a strided operand: elements 0 .. its last element, after checking it lies in the buffer.
+Range bind_view(const Device& dev, const Buffer& buf, const AttnView& v, const Shape& s, bool written,
+                const char* what) {
+  if (written && v.st < s.d)
+    throw ArgumentError(std::string("attention: ") + what + " has a row stride of " + std::to_string(v.st) +
+                        " < D = " + std::to_string(s.d) + " (its rows would overlap)");
+  const uint64_t last = v.off + uint64_t(s.batch - 1) * v.sb + uint64_t(s.heads - 1) * v.sh +
+                        uint64_t(s.t - 1) * v.st + s.d - 1;
+  if ((last + 1) * 4 > buf.bytes())
+    throw ArgumentError(std::string("attention: ") + what + " reaches element " + std::to_string(last) +
+                        ", its buffer holds " + std::to_string(buf.bytes() / 4) + " floats");
+  if ((last + 1) * 4 > dev.limits().max_storage_binding)
+    throw ArgumentError(std::string("attention: ") + what + " spans " + std::to_string((last + 1) * 4) +
+                        " bytes, more than one storage binding (" + std::to_string(dev.limits().max_storage_binding) +
+                        " bytes)");
+  return floats(buf, 0, last + 1);
+}
+
+Range bind_rows(const Device& dev, const Buffer& buf, const Shape& s, const char* what) {
+  check_floats(buf, s.bh() * s.t, what);
+  if (s.bh() * s.t * 4 > dev.limits().max_storage_binding)
+    throw ArgumentError(std::string("attention: ") + what + " exceeds one storage binding");
+  return floats(buf, 0, s.bh() * s.t);
+}
+
+void check_no_alias(const Buffer& out, const char* out_name,
+                    std::initializer_list<std::pair<const Buffer*, const char*>> inputs) {
+  for (const auto& [in, name] : inputs)
+    if (in->raw() == out.raw())
+      throw ArgumentError(std::string("attention: ") + out_name + " shares a GPU buffer with " + name +
+                          " (a dispatch cannot read one buffer while writing it)");
+}
+
+void set_view(AttnParams& p, View which, const AttnView& v) {
+  p.views[which][0] = uint32_t(v.off);
+  p.views[which][1] = v.sb;
+  p.views[which][2] = v.sh;
+  p.views[which][3] = v.st;
+}
+
+// Inner blocks one dispatch may loop over: the per-block loop trips of each
+// kernel (counted as if no loop were unrolled) within kMaxTrips.
+uint32_t blocks_per_dispatch(const std::string& entry, uint32_t d, uint32_t max_blocks) {
+  const uint64_t dc = (d + 15) / 16;
+  const uint64_t qk = 25 * dc + 1;       // qk_tile: D chunks x (2 x 4 staging + 16 products)
+  const uint64_t pv = 68 * (dc + 1);     // pv_tile: 4 row chunks x (staging + 16 x (1 + DC))
+  uint64_t per = entry == "attn_forward" ? qk + pv + 40 + dc
+                 : entry == "attn_dkdv"  ? 2 * qk + 2 * pv + 24
+                                         : 2 * qk + pv + 16;
+  uint64_t n = std::max<uint64_t>(1, (kMaxTrips - 512) / per);
+  if (max_blocks) n = std::min<uint64_t>(n, max_blocks);
+  return uint32_t(n);
+}
+
+// Calls fn(bh0, count) over chunks of the B*H heads that fit the y grid.
+template <typename Fn>
+void for_each_bh(const Device& dev, const Shape& s, Fn fn) {
+  const uint64_t cap = dev.limits().max_workgroups_per_dim;
+  for (uint64_t b0 = 0; b0 < s.bh(); b0 += cap) fn(uint32_t(b0), uint32_t(std::min<uint64_t>(cap, s.bh() - b0)));
+}
+
+}  // namespace
+
+void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
+                       const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov, const Buffer& lse,
+                       uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale, uint32_t max_blocks) {
+  Device& dev = r.device();
+  const Shape s{batch, heads, t, d};
+  check_shape(dev, s);
+  check_no_alias(out, "out", {{&q, "q"}, {&k, "k"}, {&v, "v"}});
+  check_no_alias(lse, "lse", {{&q, "q"}, {&k, "k"}, {&v, "v"}});
+  const Range rq = bind_view(dev, q, qv, s, false, "q");
+  const Range rk = bind_view(dev, k, kv, s, false, "k");
+  const Range rv = bind_view(dev, v, vv, s, false, "v");
+  const Range ro = bind_view(dev, out, ov, s, true, "out");
+  const Range rl = bind_rows(dev, lse, s, "lse");
+  const Kernel& kern = attn_kernel(dev, "attn_forward", d);
+  const uint32_t nb = uint32_t(ceil_div(t, kBlock));
+  const uint32_t per = blocks_per_dispatch("attn_forward", d, max_blocks);
+  AttnParams p{};
+  p.t = t; p.heads = heads; p.blocks = nb; p.scale = scale;
+  set_view(p, VQ, qv); set_view(p, VK, kv); set_view(p, VV, vv); set_view(p, VO, ov);
+  for (uint32_t b0 = 0; b0 < nb; b0 += per) {
+    p.blk0 = b0;
+    p.blk1 = std::min(nb, b0 + per);
+    for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
+      p.bh0 = bh0;
+      r.dispatch(kern, {rq, rk, rv, ro, rl, rq}, p, nb - b0, count);
+    });
+  }
+}
+
+void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
+                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov,
+                        const Buffer& dout, const AttnView& gv, const Buffer& lse, const Buffer& delta,
+                        const Buffer& dq, const AttnView& dqv, const Buffer& dk, const AttnView& dkv,
+                        const Buffer& dv, const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d,
+                        float scale, float beta, uint32_t max_blocks) {
+  Device& dev = r.device();
+  const Shape s{batch, heads, t, d};
+  check_shape(dev, s);
+  const std::initializer_list<std::pair<const Buffer*, const char*>> inputs = {
+      {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&dout, "dout"}, {&lse, "lse"}};
+  check_no_alias(delta, "delta", inputs);
+  check_no_alias(dq, "dq", inputs);
+  check_no_alias(dk, "dk", inputs);
+  check_no_alias(dv, "dv", inputs);
+  const Range rq = bind_view(dev, q, qv, s, false, "q");
+  const Range rk = bind_view(dev, k, kv, s, false, "k");
+  const Range rv = bind_view(dev, v, vv, s, false, "v");
+  const Range ro = bind_view(dev, out, ov, s, false, "out");
+  const Range rg = bind_view(dev, dout, gv, s, false, "dout");
+  const Range rdq = bind_view(dev, dq, dqv, s, true, "dq");
+  const Range rdk = bind_view(dev, dk, dkv, s, true, "dk");
+  const Range rdv = bind_view(dev, dv, dvv, s, true, "dv");
+  const Range rl = bind_rows(dev, lse, s, "lse");
+  const Range rd = bind_rows(dev, delta, s, "delta");
+  const uint32_t nb = uint32_t(ceil_div(t, kBlock));
+  AttnParams p{};
+  p.t = t; p.heads = heads; p.scale = scale; p.beta = beta;
+  set_view(p, VQ, qv); set_view(p, VK, kv); set_view(p, VV, vv); set_view(p, VO, ov); set_view(p, VG, gv);
+  set_view(p, VDQ, dqv); set_view(p, VDK, dkv); set_view(p, VDV, dvv);
+
+  // delta = rowsum(dO * O): a thread per row.
+  p.bh0 = 0;
+  p.blocks = uint32_t(s.bh() * t);
+  auto [gx, gy] = grid_1d(dev, ceil_div(s.bh() * t, 256));
+  r.dispatch(attn_kernel(dev, "attn_delta", d), {ro, rg, rd}, p, gx, gy);
+
+  p.blocks = nb;
+  // dK, dV: a workgroup per key block; query blocks [b0, b1) per dispatch reach key blocks < b1.
+  const Kernel& kkv = attn_kernel(dev, "attn_dkdv", d);
+  const uint32_t per_kv = blocks_per_dispatch("attn_dkdv", d, max_blocks);
+  for (uint32_t b0 = 0; b0 < nb; b0 += per_kv) {
+    p.blk0 = b0;
+    p.blk1 = std::min(nb, b0 + per_kv);
+    for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
+      p.bh0 = bh0;
+      r.dispatch(kkv, {rq, rk, rv, rg, rl, rd, rdk, rdv}, p, p.blk1, count);
+    });
+  }
+  // dQ: a workgroup per query block; key blocks [b0, b1) per dispatch.
+  const Kernel& kq = attn_kernel(dev, "attn_dq", d);
+  const uint32_t per_q = blocks_per_dispatch("attn_dq", d, max_blocks);
+  for (uint32_t b0 = 0; b0 < nb; b0 += per_q) {
+    p.blk0 = b0;
+    p.blk1 = std::min(nb, b0 + per_q);
+    for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
+      p.bh0 = bh0;
+      r.dispatch(kq, {rq, rk, rv, rg, rl, rd, rdq}, p, nb - b0, count);
+    });
+  }
+}
+
+}  // namespace pwt
