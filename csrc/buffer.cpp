@@ -21,6 +21,12 @@ Buffer::Buffer(std::shared_ptr<Device> dev, uint64_t bytes, const std::string& l
   dev_->guarded("allocating " + std::to_string(bytes) + " bytes (" + label + ")",
                 [&] { buf_ = BufferHandle(wgpuDeviceCreateBuffer(dev_->raw(), &d)); });
   if (!buf_) throw OutOfMemoryError("allocating " + std::to_string(bytes) + " bytes: the device returned no buffer");
+  owned_bytes_ = size;
+  dev_->note_allocation(int64_t(size));
+}
+
+Buffer::~Buffer() {
+  if (owned_bytes_) dev_->note_allocation(-int64_t(owned_bytes_));
 }
 
 Buffer::Buffer(const Buffer& parent, uint64_t offset, uint64_t bytes)

@@ -19,6 +19,9 @@ class Buffer {
   Buffer(const Buffer& parent, uint64_t offset, uint64_t bytes);
   // The first `bytes` bytes of device-owned scratch memory (taking a reference).
   Buffer(std::shared_ptr<Device> dev, WGPUBuffer scratch, uint64_t bytes);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
   uint64_t bytes() const { return bytes_; }
   WGPUBuffer raw() const { return buf_.get(); }
   // Byte offset of this buffer's first byte inside raw().
@@ -35,6 +38,7 @@ class Buffer {
   BufferHandle buf_;
   uint64_t bytes_;
   uint64_t offset_ = 0;
+  uint64_t owned_bytes_ = 0;  // what this buffer allocated (0 for views and scratch references)
 };
 
 }  // namespace pwt

@@ -55,6 +55,16 @@ class Device : public std::enable_shared_from_this<Device> {
   // Serializes every use of the device: wgpu error scopes are per device, so
   // an error must be attributed to the thread that caused it.
   std::recursive_mutex& mutex() { return mu_; }
+  // Bytes of device buffers pywgtrain allocated and still owns (views and
+  // references held by recorded work not counted), and their high-water mark.
+  void note_allocation(int64_t bytes) {
+    const uint64_t now = live_bytes_.fetch_add(uint64_t(bytes)) + uint64_t(bytes);
+    uint64_t peak = peak_bytes_.load();
+    while (now > peak && !peak_bytes_.compare_exchange_weak(peak, now)) {}
+  }
+  uint64_t live_bytes() const { return live_bytes_.load(); }
+  uint64_t peak_bytes() const { return peak_bytes_.load(); }
+  void reset_peak_bytes() { peak_bytes_.store(live_bytes_.load()); }
 
   bool lost() const { return lost_.load(); }
   std::string lost_message() const;
@@ -128,6 +138,7 @@ class Device : public std::enable_shared_from_this<Device> {
   BufferHandle placeholder_;
 
   std::recursive_mutex mu_;
+  std::atomic<uint64_t> live_bytes_{0}, peak_bytes_{0};
   std::atomic<bool> lost_{false};
   std::atomic<bool> releasing_{false};
   mutable std::mutex msg_mu_;

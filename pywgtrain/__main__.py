@@ -276,7 +276,7 @@ def build_parser():
                        formatter_class=fmt,
                        description="GPU-timestamp benchmarks. On a CPU adapter (lavapipe) sizes and repetitions "
                                    "are scaled down.")
-    b.add_argument("what", choices=["gemm", "adamw", "train", "all"])
+    b.add_argument("what", choices=["gemm", "adamw", "train", "gpt", "all"])
     b.add_argument("--adapter", default=None, help=ADAPTER_HELP)
     b.add_argument("--quick", action="store_true", help="fewer shapes, repetitions and warm-up")
     b.add_argument("--json", default=None, help="write results here")

@@ -100,6 +100,12 @@ cdef class _Device:
     def resource_report(self):
         return {_s(k): v for k, v in self.ptr.get().resource_report()}
 
+    def memory_stats(self, bint reset_peak=False):
+        cdef dict out = {"live_bytes": self.ptr.get().live_bytes(), "peak_bytes": self.ptr.get().peak_bytes()}
+        if reset_peak:
+            self.ptr.get().reset_peak_bytes()
+        return out
+
     def grad_norm_scratch_floats(self, counts):
         cdef vector[uint64_t] v = counts
         return c.grad_norm_scratch_floats(self.ptr.get()[0], v)

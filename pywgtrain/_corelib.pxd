@@ -35,6 +35,9 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
         string lost_message()
         void wait(uint64_t submission) except +raise_py_error
         void destroy() except +raise_py_error
+        uint64_t live_bytes()
+        uint64_t peak_bytes()
+        void reset_peak_bytes()
         vector[pair[string, uint64_t]] resource_report()
 
 

@@ -443,14 +443,16 @@ def main(args):
         print("CPU adapter: problem sizes, repetitions and warm-up scaled down "
               "(the GPU-sized runs would take hours here)", flush=True)
     results = {"meta": header}
-    kinds = ["gemm", "adamw", "train"] if args.what == "all" else [args.what]
+    kinds = ["gemm", "adamw", "train", "gpt"] if args.what == "all" else [args.what]
     for kind in kinds:
         if len(kinds) > 1:
             print(f"== {kind} ==", flush=True)
         if kind == "gemm" and shapes:
             results[kind] = bench_gemm(dev, args.quick, torch, shapes)
         else:
-            results[kind] = {"gemm": bench_gemm, "adamw": bench_adamw, "train": bench_train}[kind](dev, args.quick, torch)
+            from .bench_gpt import bench_gpt
+            results[kind] = {"gemm": bench_gemm, "adamw": bench_adamw, "train": bench_train,
+                             "gpt": bench_gpt}[kind](dev, args.quick, torch)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -167,6 +167,12 @@ class Device:
         self.flush()
         self._dev.wait(0)
 
+    def memory_stats(self, reset_peak=False):
+        """Bytes of device buffers pywgtrain allocated and still owns
+        (``live_bytes``) and their high-water mark (``peak_bytes``); a lower
+        bound of the driver's use. ``reset_peak``: start a new high-water mark."""
+        return self._dev.memory_stats(reset_peak)
+
     def resource_report(self):
         """Live wgpu objects by kind (wgpuGenerateReport): buffers, bind groups, pipelines..."""
         return self._dev.resource_report()
