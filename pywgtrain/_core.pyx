@@ -441,3 +441,19 @@ def nll_pick(_Recorder r, _Buffer x, _Buffer labels, _Buffer out, _Buffer mask, 
 def nll_pick_backward(_Recorder r, _Buffer dy, _Buffer labels, _Buffer dx, uint32_t rows, uint32_t cols,
                       int32_t ignore_index, float beta):
     c.nll_pick_backward(r.ptr.get()[0], _b(dy)[0], _b(labels)[0], _b(dx)[0], rows, cols, ignore_index, beta)
+
+
+# Fused LayerNorm (csrc/layernorm.cpp); weight, bias, dx, dweight, dbias may be None.
+
+def layer_norm_forward(_Recorder r, _Buffer x, _Buffer weight, _Buffer bias, _Buffer y, _Buffer mean, _Buffer rstd,
+                       uint32_t rows, uint32_t cols, float eps):
+    c.layer_norm_forward(r.ptr.get()[0], _b(x)[0], _opt(weight), _opt(bias), _b(y)[0], _b(mean)[0], _b(rstd)[0],
+                         rows, cols, eps)
+
+
+def layer_norm_backward(_Recorder r, _Buffer x, _Buffer weight, _Buffer mean, _Buffer rstd, _Buffer dy, _Buffer dx,
+                        _Buffer dweight, _Buffer dbias, uint32_t rows, uint32_t cols, float beta, float beta_weight,
+                        float beta_bias):
+    c.layer_norm_backward(r.ptr.get()[0], _b(x)[0], _opt(weight), _b(mean)[0], _b(rstd)[0], _b(dy)[0], _opt(dx),
+                          _opt(dweight), _opt(dbias), rows, cols, beta, beta_weight, beta_bias)
+

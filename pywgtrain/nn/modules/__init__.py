@@ -3,6 +3,7 @@ from .container import ModuleList, Sequential
 from .linear import Linear
 from .loss import CrossEntropyLoss, MSELoss, NLLLoss
 from .module import Module
+from .normalization import LayerNorm
 
 __all__ = ["Module", "Linear", "Sequential", "ModuleList", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Identity",
-           "Softmax", "LogSoftmax", "CrossEntropyLoss", "NLLLoss", "MSELoss"]
+           "Softmax", "LogSoftmax", "CrossEntropyLoss", "NLLLoss", "MSELoss", "LayerNorm"]
