@@ -95,5 +95,18 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
                         const Buffer& dq, const AttnView& dqv, const Buffer& dk, const AttnView& dkv,
                         const Buffer& dv, const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d,
                         float scale, float beta, uint32_t max_blocks);
+// Fused LayerNorm over the rows of x [rows, cols] (layernorm.cpp). Forward: y = (x - mean) * rstd
+// * weight + bias (weight / bias may be null: 1 / 0), mean and rstd = 1 / sqrt(var + eps) (biased
+// variance, as torch) saved per row for the backward. Rows past one binding run in row blocks.
+void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer* bias, const Buffer& y,
+                        const Buffer& mean, const Buffer& rstd, uint32_t rows, uint32_t cols, float eps);
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight (+ beta * dx);
+// dweight = sum over rows of dy * xhat (+ beta_weight * dweight), dbias = sum of dy (+ beta_bias * dbias),
+// reduced deterministically (per-slot partial rows in scratch, then a column pass). Any of dx,
+// dweight, dbias may be null (not all three); dweight needs weight.
+void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer& mean, const Buffer& rstd,
+                         const Buffer& dy, const Buffer* dx, const Buffer* dweight, const Buffer* dbias, uint32_t rows,
+                         uint32_t cols, float beta, float beta_weight, float beta_bias);
+
 
 }  // namespace pwt

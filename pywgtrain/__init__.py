@@ -17,7 +17,7 @@ from .ops import gemm, adamw_step, clip_grad_norm_  # noqa: E402
 from .functions import (  # noqa: E402
     abs, add, bmm, cat, chunk, clamp, div, exp, gelu, linear, log, log_softmax, matmul, max, maximum, mean,
     minimum, mul, neg, pow, relu, rsqrt, sigmoid, silu, softmax, split, sqrt, square, stack, std, sub, sum, tanh,
-    transpose, permute, reshape, var, where, cross_entropy, mse_loss, embedding,
+    transpose, permute, reshape, var, where, cross_entropy, mse_loss, embedding, layer_norm,
 )
 from . import nn, optim  # noqa: E402
 
@@ -30,5 +30,6 @@ __all__ = [
     "abs", "add", "cat", "chunk", "clamp", "div", "exp", "gelu", "log", "log_softmax", "max", "maximum", "mean",
     "minimum", "mul", "neg", "pow", "relu", "rsqrt", "sigmoid", "silu", "softmax", "split", "sqrt", "square", "stack",
     "std", "sub", "sum", "tanh", "transpose", "permute", "reshape", "var", "where",
+    "layer_norm",
     "nn", "optim", "GpuError", "ValidationError", "OutOfMemoryError", "DeviceLostError",
 ]

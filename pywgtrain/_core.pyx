@@ -477,3 +477,17 @@ def attention_backward(_Recorder r, _Buffer q, tuple qv, _Buffer k, tuple kv, _B
     c.attention_backward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
                          _view(ov), _b(dout)[0], _view(gv), _b(lse)[0], _b(delta)[0], _b(dq)[0], _view(dqv),
                          _b(dk)[0], _view(dkv), _b(dv)[0], _view(dvv), batch, heads, t, d, scale, beta, max_blocks)
+# Fused LayerNorm (csrc/layernorm.cpp); weight, bias, dx, dweight, dbias may be None.
+
+def layer_norm_forward(_Recorder r, _Buffer x, _Buffer weight, _Buffer bias, _Buffer y, _Buffer mean, _Buffer rstd,
+                       uint32_t rows, uint32_t cols, float eps):
+    c.layer_norm_forward(r.ptr.get()[0], _b(x)[0], _opt(weight), _opt(bias), _b(y)[0], _b(mean)[0], _b(rstd)[0],
+                         rows, cols, eps)
+
+
+def layer_norm_backward(_Recorder r, _Buffer x, _Buffer weight, _Buffer mean, _Buffer rstd, _Buffer dy, _Buffer dx,
+                        _Buffer dweight, _Buffer dbias, uint32_t rows, uint32_t cols, float beta, float beta_weight,
+                        float beta_bias):
+    c.layer_norm_backward(r.ptr.get()[0], _b(x)[0], _opt(weight), _b(mean)[0], _b(rstd)[0], _b(dy)[0], _opt(dx),
+                          _opt(dweight), _opt(dbias), rows, cols, beta, beta_weight, beta_bias)
+

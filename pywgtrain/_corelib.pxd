@@ -124,6 +124,13 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                    const Buffer& scratch, const Buffer& out, float max_norm) except +raise_py_error
     uint64_t grad_norm_scratch_floats(const Device& dev, const vector[uint64_t]& counts)
     void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& norm_out) except +raise_py_error
+    void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer* bias, const Buffer& y,
+                            const Buffer& mean, const Buffer& rstd, uint32_t rows, uint32_t cols,
+                            float eps) except +raise_py_error
+    void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer& mean,
+                             const Buffer& rstd, const Buffer& dy, const Buffer* dx, const Buffer* dweight,
+                             const Buffer* dbias, uint32_t rows, uint32_t cols, float beta, float beta_weight,
+                             float beta_bias) except +raise_py_error
 
     cdef cppclass AttnView:
         uint64_t off

@@ -5,7 +5,7 @@ input requires grad, attaches a backward (see autograd.py) that writes each
 input's gradient through a sink. Kernels: elementwise.wgsl (unary, binary,
 where, strided copies, fill), axis.wgsl (reductions, softmax), embedding.wgsl
 (gather and its deterministic backward, NLL pick), gemm.wgsl (matmul, fused
-linear). The names and semantics follow PyTorch; ``docs/ops.md`` lists them.
+linear), layernorm.wgsl (fused LayerNorm). The names and semantics follow PyTorch; ``docs/ops.md`` lists them.
 """
 import builtins
 import math
@@ -1270,3 +1270,48 @@ def causal_self_attention_qkv(qkv, n_head, scale=None):
                                 ((dst, qv), (dst, kv), (dst, vv)), beta)
         attach(out, op, [x], backward)
     return out
+# -- normalization -----------------------------------------------------------------------
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002 - torch's names
+    """Layer normalization over the last dimension (torch.nn.functional.layer_norm with
+    ``normalized_shape`` = ``(input.shape[-1],)``): ``(x - mean) / sqrt(var + eps) * weight + bias``,
+    biased variance, ``weight`` / ``bias`` of shape ``normalized_shape`` or None. One fused kernel
+    forward (saving mean and 1 / std per row) and one backward; the weight and bias gradients are
+    reduced over rows on the GPU in a fixed order (deterministic)."""
+    dev = _device_of(input, weight, bias)
+    x = _float_tensor(input, dev, "layer_norm", "input")
+    ns = _shape_arg(normalized_shape, "layer_norm: normalized_shape")
+    if len(ns) != 1:
+        raise ValueError(f"layer_norm: only normalization over the last dimension is supported: normalized_shape must "
+                         f"be one int (the input's last dimension), got {ns}; reshape the input to merge the "
+                         f"normalized dimensions first")
+    if x.ndim == 0 or x.shape[-1] != ns[0]:
+        raise ValueError(f"layer_norm: normalized_shape={list(ns)} expects an input of shape [*, {ns[0]}], got shape "
+                         f"{list(x.shape)}")
+    tw = None if weight is None else _float_tensor(weight, dev, "layer_norm", "weight")
+    tb = None if bias is None else _float_tensor(bias, dev, "layer_norm", "bias")
+    for t, name in ((tw, "weight"), (tb, "bias")):
+        if t is not None and t.shape != ns:
+            raise ValueError(f"layer_norm: {name} has shape {t.shape}, expected normalized_shape {ns}")
+    if isinstance(eps, bool) or not _is_scalar(eps) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"layer_norm: eps must be a finite number >= 0, got {eps!r}")
+    cols = ns[0]
+    rows = x.size // cols
+    y = empty(x.shape, np.float32, dev)
+    mean_, rstd = empty((rows,), np.float32, dev), empty((rows,), np.float32, dev)
+    wbuf = None if tw is None else tw._buf
+    with _rec(dev) as rec:
+        _core.layer_norm_forward(rec, x._buf, wbuf, None if tb is None else tb._buf, y._buf, mean_._buf, rstd._buf,
+                                 rows, cols, float(eps))
+    if needs_grad(x, tw, tb):
+        xbuf, mbuf, sbuf = x._buf, mean_._buf, rstd._buf
+
+        def backward(g, sinks, _):
+            outs = [(None, 0.0) if s is None else s.target() for s in sinks]
+            (dx, bx), (dw, bw), (db, bb) = outs
+            with _rec(dev) as rec:
+                _core.layer_norm_backward(rec, xbuf, wbuf, mbuf, sbuf, g._buf, None if dx is None else dx._buf,
+                                          None if dw is None else dw._buf, None if db is None else db._buf,
+                                          rows, cols, float(bx), float(bw), float(bb))
+        attach(y, "layer_norm", [x, tw, tb], backward)
+    return y
+

@@ -52,27 +52,7 @@ CONFIGS = {
 
 
 def _layer_norm(d, bias, device):
-    if hasattr(nn, "LayerNorm"):
-        return nn.LayerNorm(d, bias=bias, device=device)
-    return _CompositeLayerNorm(d, bias, device)
-
-
-class _CompositeLayerNorm(nn.Module):
-    """LayerNorm from mean/var ops (used until a fused LayerNorm is available)."""
-
-    def __init__(self, d, bias, device):
-        super().__init__()
-        self.weight = nn.Parameter(np.ones(d, np.float32), device)
-        if bias:
-            self.bias = nn.Parameter(np.zeros(d, np.float32), device)
-        else:
-            self.register_parameter("bias", None)
-
-    def forward(self, x):
-        mu = x.mean(-1, keepdim=True)
-        var = x.var(-1, keepdim=True, unbiased=False)
-        y = (x - mu) * (var + 1e-5).rsqrt() * self.weight
-        return y + self.bias if self.bias is not None else y
+    return nn.LayerNorm(d, bias=bias, device=device)
 
 
 def _dropout(p):

@@ -4,6 +4,7 @@ from .linear import Linear
 from .loss import CrossEntropyLoss, MSELoss, NLLLoss
 from .module import Module
 from .sparse import Embedding
+from .normalization import LayerNorm
 
-__all__ = ["Module", "Linear", "Embedding", "Sequential", "ModuleList", "ModuleDict", "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Identity",
-           "Softmax", "LogSoftmax", "CrossEntropyLoss", "NLLLoss", "MSELoss"]
+__all__ = ["Module", "Linear", "Embedding", "LayerNorm", "Sequential", "ModuleList", "ModuleDict", "ReLU", "GELU", "SiLU",
+           "Tanh", "Sigmoid", "Identity", "Softmax", "LogSoftmax", "CrossEntropyLoss", "NLLLoss", "MSELoss"]

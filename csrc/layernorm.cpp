@@ -1,0 +1,220 @@
+// Fused LayerNorm launchers (layernorm.wgsl): the forward saves mean and rstd
+// per row; the backward writes dx and per-slot partial sums of dy * xhat and
+// dy, which a column pass reduces into dweight / dbias in a fixed order
+// (deterministic, no atomics). Operands past one storage binding run in row
+// blocks; later blocks accumulate into dweight / dbias.
+#include <algorithm>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "dispatch_util.hpp"
+#include "ops.hpp"
+
+namespace pwt {
+namespace {
+
+struct LnParams {  // layernorm.wgsl
+  uint32_t rows, cols, x_off, s_off, tpr, seg_rows, flags;
+  float eps, beta, beta_w, beta_b;
+  uint32_t parts;
+};
+static_assert(sizeof(LnParams) == 48, "layernorm.wgsl LnParams is 48 bytes");
+
+enum : uint32_t { kHasW = 1, kHasB = 2, kWantDx = 4, kWantParts = 8, kWantDw = 16, kWantDb = 32 };
+
+constexpr uint32_t kGroup = 256;          // threads per workgroup (layernorm.wgsl WG)
+constexpr uint64_t kMaxTrips = 32768;     // lavapipe leaves any loop after 65535 trips (inner trips add up)
+constexpr uint64_t kMaxCols = 256 * 8192;  // the forward's three passes: 3 * 8192 trips per thread
+constexpr uint64_t kTargetParts = 1024;   // partial rows per block the column pass sums
+
+const Kernel& ln_kernel(Device& dev, const char* entry) {
+  KernelDesc d;
+  d.shader = "layernorm";
+  d.entry = entry;
+  const std::string e = entry;
+  if (e == "ln_forward")
+    d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
+                  {4, Bind::ReadWrite}, {5, Bind::ReadWrite}, {6, Bind::Uniform}};
+  else if (e == "ln_backward")
+    d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {6, Bind::Uniform}, {7, Bind::ReadOnly},
+                  {8, Bind::ReadOnly}, {9, Bind::ReadOnly}, {10, Bind::ReadWrite}, {11, Bind::ReadWrite}};
+  else
+    d.bindings = {{6, Bind::Uniform}, {12, Bind::ReadOnly}, {13, Bind::ReadWrite}, {14, Bind::ReadWrite}};
+  return dev.pipelines().get(d);
+}
+
+// Threads per row: the smallest power of two >= cols, at most a workgroup.
+uint32_t threads_per_row(uint32_t cols) {
+  uint32_t t = 1;
+  while (t < cols && t < kGroup) t <<= 1;
+  return t;
+}
+
+uint32_t log2u(uint32_t v) {
+  uint32_t l = 0;
+  while (v > 1) v >>= 1, ++l;
+  return l;
+}
+
+uint64_t align_floats(const Device& dev) { return std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4; }
+uint64_t span_limit(const Device& dev) { return max_piece_floats(dev) - align_floats(dev); }
+
+struct Bound {
+  Range range;
+  uint32_t off;  // index of element `first` inside the binding
+};
+
+// Elements [first, first + count) of b, bound from the aligned element at or below `first`.
+Bound bind_span(const Device& dev, const Buffer& b, uint64_t first, uint64_t count) {
+  const uint64_t al = align_floats(dev);
+  const uint64_t base = first / al * al;
+  return {floats(b, base, first - base + count), uint32_t(first - base)};
+}
+
+// One dispatch cannot bind a buffer read-only and writable: refuse outputs sharing one with an input.
+void check_no_alias(const std::string& fn, const Buffer& out, const char* out_name,
+                    std::initializer_list<std::pair<const Buffer*, const char*>> inputs) {
+  for (const auto& [in, name] : inputs)
+    if (in && in->raw() == out.raw())
+      throw ArgumentError(fn + ": " + out_name + " shares a GPU buffer with " + name +
+                          " (in-place is not possible: a dispatch cannot read one buffer while writing it)");
+}
+
+void check_dims(const Device& dev, const std::string& fn, uint32_t rows, uint32_t cols) {
+  if (rows == 0 || cols == 0) throw ArgumentError(fn + ": rows and cols must be >= 1, got " + std::to_string(rows) +
+                                                  " x " + std::to_string(cols));
+  if (cols > kMaxCols)
+    throw ArgumentError(fn + ": rows of " + std::to_string(cols) + " elements exceed the supported " +
+                        std::to_string(kMaxCols) + " (one workgroup per row)");
+  if (cols > span_limit(dev))
+    throw ArgumentError(fn + ": a row of " + std::to_string(cols) + " elements exceeds one storage binding");
+}
+
+}  // namespace
+
+void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer* bias, const Buffer& y,
+                        const Buffer& mean, const Buffer& rstd, uint32_t rows, uint32_t cols, float eps) {
+  Device& dev = r.device();
+  const std::string fn = "layer_norm_forward";
+  check_dims(dev, fn, rows, cols);
+  if (!(eps >= 0.0f) || eps > 3.4e38f) throw ArgumentError(fn + ": eps must be finite and >= 0");
+  const uint64_t n = uint64_t(rows) * cols;
+  check_floats(x, n, "layer_norm input x");
+  check_floats(y, n, "layer_norm output y");
+  check_floats(mean, rows, "layer_norm mean");
+  check_floats(rstd, rows, "layer_norm rstd");
+  if (weight) check_floats(*weight, cols, "layer_norm weight");
+  if (bias) check_floats(*bias, cols, "layer_norm bias");
+  for (auto [out, name] : {std::pair{&y, "y"}, {&mean, "mean"}, {&rstd, "rstd"}})
+    check_no_alias(fn, *out, name, {{&x, "x"}, {weight, "weight"}, {bias, "bias"}});
+  const uint32_t t = threads_per_row(cols);
+  const uint32_t rpw = kGroup / t;
+  const uint32_t flags = (weight ? kHasW : 0) | (bias ? kHasB : 0);
+  const Kernel& k = ln_kernel(dev, "ln_forward");
+  const uint64_t per = span_limit(dev) / cols;
+  for (uint64_t r0 = 0; r0 < rows; r0 += per) {
+    const uint64_t rc = std::min<uint64_t>(per, rows - r0);
+    const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
+    const Bound mb = bind_span(dev, mean, r0, rc);
+    LnParams p{};
+    p.rows = uint32_t(rc);
+    p.cols = cols;
+    p.x_off = xb.off;  // y shares it: same first element, aligned bases
+    p.s_off = mb.off;  // rstd shares it
+    p.tpr = t;
+    p.seg_rows = 1;
+    p.flags = flags;
+    p.eps = eps;
+    auto [gx, gy] = grid_1d(dev, ceil_div(rc, rpw));
+    r.dispatch(k, {xb.range, weight ? whole(*weight) : xb.range, bias ? whole(*bias) : xb.range,
+                   bind_span(dev, y, r0 * cols, rc * cols).range, mb.range, bind_span(dev, rstd, r0, rc).range},
+               p, gx, gy);
+  }
+}
+
+void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer& mean, const Buffer& rstd,
+                         const Buffer& dy, const Buffer* dx, const Buffer* dweight, const Buffer* dbias, uint32_t rows,
+                         uint32_t cols, float beta, float beta_weight, float beta_bias) {
+  Device& dev = r.device();
+  const std::string fn = "layer_norm_backward";
+  check_dims(dev, fn, rows, cols);
+  if (!dx && !dweight && !dbias) throw ArgumentError(fn + ": no gradient requested (dx, dweight and dbias are all None)");
+  if (dweight && !weight) throw ArgumentError(fn + ": dweight needs the weight (the forward had none)");
+  const uint64_t n = uint64_t(rows) * cols;
+  check_floats(x, n, "layer_norm_backward input x");
+  check_floats(dy, n, "layer_norm_backward dy");
+  check_floats(mean, rows, "layer_norm_backward mean");
+  check_floats(rstd, rows, "layer_norm_backward rstd");
+  if (weight) check_floats(*weight, cols, "layer_norm_backward weight");
+  if (dx) {
+    check_floats(*dx, n, "layer_norm_backward dx");
+    check_no_alias(fn, *dx, "dx", {{&x, "x"}, {&dy, "dy"}, {weight, "weight"}, {&mean, "mean"}, {&rstd, "rstd"}});
+  }
+  if (dweight) check_floats(*dweight, cols, "layer_norm_backward dweight");
+  if (dbias) check_floats(*dbias, cols, "layer_norm_backward dbias");
+
+  const uint32_t t = threads_per_row(cols);
+  const uint64_t rpw = kGroup / t;
+  const bool want_parts = dweight || dbias;
+  const uint64_t limit = span_limit(dev);
+  // Rows one row slot walks: its dx passes (2 per row) and sums must stay within the trip limit.
+  const uint64_t row_trips = 2 * ceil_div(cols, t) + 2 * log2u(t) + 4;
+  const uint64_t kmax = std::max<uint64_t>(1, kMaxTrips / row_trips);
+  // Partial rows per block: about kTargetParts, all [2][parts][cols] within one binding.
+  const uint64_t by_binding = want_parts ? limit / (2 * uint64_t(cols)) : kTargetParts;
+  const uint64_t cap = std::min(kTargetParts, by_binding);
+  if (cap < 2 * rpw) throw ArgumentError(fn + ": rows of " + std::to_string(cols) + " elements leave no room for the partial sums");
+  const uint64_t pcap = cap / rpw * rpw - rpw;  // a block's partial rows stay <= pcap + rpw <= cap
+  const uint64_t per = std::min(limit / cols, kmax * pcap);
+
+  auto plan = [&](uint64_t rc) {  // (rows per slot, workgroups) of a block of rc rows
+    const uint64_t seg = std::min(kmax, ceil_div(rc, pcap));
+    return std::pair{seg, ceil_div(rc, seg * rpw)};
+  };
+  const uint64_t max_parts = plan(std::min<uint64_t>(per, rows)).second * rpw;
+  if (max_parts > cap) throw std::logic_error(fn + ": partial rows exceed their cap");
+  // Scratch for the partial sums (wgpu keeps it alive for the encoder, a captured graph references it);
+  // a small stand-in for whichever writable binding has no buffer.
+  std::unique_ptr<Buffer> scratch, dummy;
+  if (want_parts) scratch = std::make_unique<Buffer>(r.device_ptr(), 2 * max_parts * cols * 4, "pywgtrain.ln_partials");
+  if (!dx || !want_parts || !dweight || !dbias) dummy = std::make_unique<Buffer>(r.device_ptr(), 16, "pywgtrain.ln_unused");
+
+  uint32_t flags = (weight ? kHasW : 0) | (dx ? kWantDx : 0) | (want_parts ? kWantParts : 0) | (dweight ? kWantDw : 0) |
+                   (dbias ? kWantDb : 0);
+  const Kernel& bk = ln_kernel(dev, "ln_backward");
+  const Kernel& gk = ln_kernel(dev, "ln_param_grads");
+  for (uint64_t r0 = 0; r0 < rows; r0 += per) {
+    const uint64_t rc = std::min<uint64_t>(per, rows - r0);
+    const auto [seg, groups] = plan(rc);
+    const uint64_t parts = groups * rpw;
+    const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
+    const Bound mb = bind_span(dev, mean, r0, rc);
+    LnParams p{};
+    p.rows = uint32_t(rc);
+    p.cols = cols;
+    p.x_off = xb.off;  // dy and dx share it
+    p.s_off = mb.off;  // rstd shares it
+    p.tpr = t;
+    p.seg_rows = uint32_t(seg);
+    p.flags = flags;
+    p.beta = beta;
+    p.beta_w = r0 == 0 ? beta_weight : 1.0f;  // later blocks add to the earlier ones
+    p.beta_b = r0 == 0 ? beta_bias : 1.0f;
+    p.parts = uint32_t(parts);
+    const Range parts_range = want_parts ? floats(*scratch, 0, 2 * parts * cols) : whole(*dummy);
+    auto [gx, gy] = grid_1d(dev, groups);
+    r.dispatch(bk, {xb.range, weight ? whole(*weight) : xb.range, bind_span(dev, dy, r0 * cols, rc * cols).range,
+                    mb.range, bind_span(dev, rstd, r0, rc).range,
+                    dx ? bind_span(dev, *dx, r0 * cols, rc * cols).range : whole(*dummy), parts_range},
+               p, gx, gy);
+    if (want_parts) {
+      auto [cx, cy] = grid_1d(dev, ceil_div(cols, 16));
+      r.dispatch(gk, {parts_range, dweight ? whole(*dweight) : whole(*dummy), dbias ? whole(*dbias) : whole(*dummy)}, p,
+                 cx, cy);
+    }
+  }
+}
+
+}  // namespace pwt

@@ -1,0 +1,45 @@
+"""Normalization layers."""
+import numbers
+
+import numpy as np
+
+from ... import functions as F
+from ...tensor import _resolve_device, _shape_arg
+from ..parameter import Parameter
+from .module import Module
+
+
+class LayerNorm(Module):
+    """Layer normalization over the last dimension (``torch.nn.LayerNorm`` with
+    ``normalized_shape`` one int, or a one-element sequence). ``weight`` starts
+    at ones and ``bias`` at zeros, as in torch; ``elementwise_affine=False``
+    has neither, ``bias=False`` no bias."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None):
+        super().__init__()
+        ns = _shape_arg(normalized_shape, "LayerNorm: normalized_shape")
+        if len(ns) != 1 or ns[0] < 1:
+            raise ValueError(f"LayerNorm: normalized_shape must be one int >= 1 (normalization over the last "
+                             f"dimension), got {normalized_shape!r}")
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
+            raise ValueError(f"LayerNorm: eps must be a number >= 0, got {eps!r}")
+        self.normalized_shape = ns
+        self.eps = float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        dev = _resolve_device(device)
+        self.device = dev
+        if self.elementwise_affine:
+            self.weight = Parameter(np.ones(ns, np.float32), dev)
+            if bias:
+                self.bias = Parameter(np.zeros(ns, np.float32), dev)
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
