@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from . import _core, nn
+from . import _core, nn, random
 from .device import BatchToken
 from .ops import label_array
 from .tensor import Tensor, empty, tensor
@@ -171,7 +171,8 @@ class Trainer:
         self._group = []
 
     def save(self, path):
-        """Model, optimizer state and step count to one ``.npz``, atomically:
+        """Model, optimizer state, step count and the device's RNG state
+        (``pywgtrain.random``: dropout masks continue as if uninterrupted) to one ``.npz``, atomically:
         the data goes to a temporary file in the same directory, is flushed
         and fsynced, then renamed over ``path`` (``os.replace``) and the
         directory fsynced. An interrupted save (Ctrl-C, SIGKILL, power loss)
@@ -187,18 +188,22 @@ class Trainer:
         meta = {"step_count": self.step_count, "param_groups": osd["param_groups"],
                 "steps": {str(i): st["step"] for i, st in osd["state"].items()}}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        arrays["rng_state"] = random.get_rng_state(self.device)
         _atomic_write(path, lambda f: np.savez(f, **arrays))
 
     def load(self, path):
-        """Restore what ``save`` wrote (model, optimizer state, step count)."""
+        """Restore what ``save`` wrote (model, optimizer state, step count, RNG state when saved)."""
         self._graph = None  # optimizer state buffers are replaced below
         with np.load(os.fspath(path)) as z:
             meta = json.loads(bytes(z["meta"]).decode())
+            rng_state = z["rng_state"].copy() if "rng_state" in z.files else None
             self.model.load_state_dict({k[len("model/"):]: z[k] for k in z.files if k.startswith("model/")})
             state = {int(i): {"step": s, "exp_avg": z[f"optim/{i}/exp_avg"], "exp_avg_sq": z[f"optim/{i}/exp_avg_sq"]}
                      for i, s in meta["steps"].items()}
         self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
         self.step_count = meta["step_count"]
+        if rng_state is not None:
+            random.set_rng_state(rng_state, self.device)
 
 
 def _host_floats(a, name):

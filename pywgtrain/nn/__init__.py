@@ -8,7 +8,7 @@ import numpy as np
 from ..tensor import _resolve_device
 from . import functional  # noqa: F401
 from .modules import (  # noqa: F401
-    GELU, CrossEntropyLoss, Identity, LayerNorm, Linear, LogSoftmax, Module, ModuleList, MSELoss, NLLLoss,
+    GELU, CrossEntropyLoss, Dropout, Identity, LayerNorm, Linear, LogSoftmax, Module, ModuleList, MSELoss, NLLLoss,
     ReLU, Sequential, Sigmoid, SiLU, Softmax, Tanh,
 )
 from .parameter import Parameter  # noqa: F401
@@ -30,4 +30,4 @@ def MLP(sizes, activation="relu", device=None, seed=0):
 
 __all__ = ["Module", "Parameter", "Linear", "Sequential", "ModuleList", "MLP", "ReLU", "GELU", "SiLU", "Tanh",
            "Sigmoid", "Identity", "Softmax", "LogSoftmax", "CrossEntropyLoss", "NLLLoss", "MSELoss", "LayerNorm",
-           "functional"]
+           "Dropout", "functional"]
