@@ -108,5 +108,14 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
                          const Buffer& dy, const Buffer* dx, const Buffer* dweight, const Buffer* dbias, uint32_t rows,
                          uint32_t cols, float beta, float beta_weight, float beta_bias);
 
+// Dropout (dropout.cpp). rng_take: key[0..4) = state[0..4) ([seed_lo, seed_hi, counter_lo,
+// counter_hi], uint32), then state's 64-bit counter += 1, on the GPU (a captured graph replays it).
+void rng_take(Recorder& r, const Buffer& state, const Buffer& key);
+// y[i] = x[i] * mask(key, i) / (1 - p) (+ beta * y[i]), i < n, p in [0, 1): element i is kept when
+// Philox-4x32-10 word i % 4 of counter (i / 4, key counter), key (seed) is >= round(p * 2^32).
+// The backward is the same call on dy -> dx with the same key.
+void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p, float beta);
+// round(p * 2^32) (at most 2^32 - 1): elements whose random word is below it are dropped.
+uint32_t dropout_threshold(double p);
 
 }  // namespace pwt

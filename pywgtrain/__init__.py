@@ -17,8 +17,10 @@ from .ops import gemm, adamw_step, clip_grad_norm_  # noqa: E402
 from .functions import (  # noqa: E402
     abs, add, bmm, cat, chunk, clamp, div, exp, gelu, linear, log, log_softmax, matmul, max, maximum, mean,
     minimum, mul, neg, pow, relu, rsqrt, sigmoid, silu, softmax, split, sqrt, square, stack, std, sub, sum, tanh,
-    transpose, permute, reshape, var, where, cross_entropy, mse_loss, embedding, layer_norm,
+    transpose, permute, reshape, var, where, cross_entropy, mse_loss, embedding, layer_norm, dropout,
 )
+from . import random  # noqa: E402
+from .random import manual_seed, get_rng_state, set_rng_state, initial_seed  # noqa: E402
 from . import nn, optim  # noqa: E402
 
 __version__ = "0.1.0"
@@ -30,6 +32,6 @@ __all__ = [
     "abs", "add", "cat", "chunk", "clamp", "div", "exp", "gelu", "log", "log_softmax", "max", "maximum", "mean",
     "minimum", "mul", "neg", "pow", "relu", "rsqrt", "sigmoid", "silu", "softmax", "split", "sqrt", "square", "stack",
     "std", "sub", "sum", "tanh", "transpose", "permute", "reshape", "var", "where",
-    "layer_norm",
+    "layer_norm", "dropout", "random", "manual_seed", "get_rng_state", "set_rng_state", "initial_seed",
     "nn", "optim", "GpuError", "ValidationError", "OutOfMemoryError", "DeviceLostError",
 ]

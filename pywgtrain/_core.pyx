@@ -491,3 +491,17 @@ def layer_norm_backward(_Recorder r, _Buffer x, _Buffer weight, _Buffer mean, _B
     c.layer_norm_backward(r.ptr.get()[0], _b(x)[0], _opt(weight), _b(mean)[0], _b(rstd)[0], _b(dy)[0], _opt(dx),
                           _opt(dweight), _opt(dbias), rows, cols, beta, beta_weight, beta_bias)
 
+
+# Dropout (csrc/dropout.cpp): state and key are 16-byte buffers of 4 uint32.
+
+def rng_take(_Recorder r, _Buffer state, _Buffer key):
+    c.rng_take(r.ptr.get()[0], _b(state)[0], _b(key)[0])
+
+
+def dropout(_Recorder r, _Buffer x, _Buffer key, _Buffer y, uint64_t n, double p, float beta):
+    c.dropout(r.ptr.get()[0], _b(x)[0], _b(key)[0], _b(y)[0], n, p, beta)
+
+
+def dropout_threshold(double p):
+    """round(p * 2^32), capped at 2^32 - 1: random words below it drop their element."""
+    return c.dropout_threshold(p)

@@ -131,6 +131,10 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                              const Buffer& rstd, const Buffer& dy, const Buffer* dx, const Buffer* dweight,
                              const Buffer* dbias, uint32_t rows, uint32_t cols, float beta, float beta_weight,
                              float beta_bias) except +raise_py_error
+    void rng_take(Recorder& r, const Buffer& state, const Buffer& key) except +raise_py_error
+    void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p,
+                 float beta) except +raise_py_error
+    uint32_t dropout_threshold(double p) except +raise_py_error
 
     cdef cppclass AttnView:
         uint64_t off

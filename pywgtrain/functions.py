@@ -5,7 +5,8 @@ input requires grad, attaches a backward (see autograd.py) that writes each
 input's gradient through a sink. Kernels: elementwise.wgsl (unary, binary,
 where, strided copies, fill), axis.wgsl (reductions, softmax), embedding.wgsl
 (gather and its deterministic backward, NLL pick), gemm.wgsl (matmul, fused
-linear), layernorm.wgsl (fused LayerNorm). The names and semantics follow PyTorch; ``docs/ops.md`` lists them.
+linear), layernorm.wgsl (fused LayerNorm), dropout.wgsl (dropout from the GPU
+random state of pywgtrain.random). The names and semantics follow PyTorch; ``docs/ops.md`` lists them.
 """
 import builtins
 import math
@@ -1270,7 +1271,7 @@ def causal_self_attention_qkv(qkv, n_head, scale=None):
                                 ((dst, qv), (dst, kv), (dst, vv)), beta)
         attach(out, op, [x], backward)
     return out
-# -- normalization -----------------------------------------------------------------------
+# -- normalization and dropout -----------------------------------------------------------------------
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002 - torch's names
     """Layer normalization over the last dimension (torch.nn.functional.layer_norm with
     ``normalized_shape`` = ``(input.shape[-1],)``): ``(x - mean) / sqrt(var + eps) * weight + bias``,
@@ -1315,3 +1316,47 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
         attach(y, "layer_norm", [x, tw, tb], backward)
     return y
 
+
+def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002 - torch's names
+    """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``
+    (torch.nn.functional.dropout); the identity when not ``training`` or ``p == 0``,
+    zeros when ``p == 1``. The mask comes from the device's GPU random state
+    (``pywgtrain.random``): each call takes a fresh key from it on the GPU, so
+    replayed step graphs draw new masks and ``manual_seed`` / ``set_rng_state``
+    reproduce them. The backward recomputes the mask from the same key."""
+    if isinstance(p, bool) or not _is_scalar(p):
+        raise TypeError(f"dropout: p must be a real number, got {p!r}")
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if inplace:
+        raise ValueError("dropout: inplace=True is not supported (kernels cannot read and write one buffer); "
+                         "use the returned tensor")
+    x = _check_float(input, "dropout")
+    if not training or p == 0.0:
+        return x
+    dev = x.device
+    out = empty(x.shape, np.float32, dev)
+    if p == 1.0:
+        _zero(out)
+
+        def backward_zero(g, sinks, _):
+            dst, beta = sinks[0].target()
+            if beta == 0.0:
+                _zero(dst)
+        return attach(out, "dropout", [x], backward_zero)
+    from .random import default_generator
+    state = default_generator(dev).state
+    key = _core._Buffer(dev._dev, 16, "pywgtrain.rng_key")
+    with _rec(dev) as rec:
+        _core.rng_take(rec, state, key)
+        _core.dropout(rec, x._buf, key, out._buf, x.size, p, 0.0)
+    if needs_grad(x):
+        n = x.size
+
+        def backward(g, sinks, _):
+            dst, beta = sinks[0].target()
+            with _rec(dev) as rec:
+                _core.dropout(rec, g._buf, key, dst._buf, n, p, float(beta))
+        attach(out, "dropout", [x], backward)
+    return out

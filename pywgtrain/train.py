@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from . import _core, nn
+from . import _core, nn, random
 from .device import BatchToken
 from .serialization import read_safetensors, write_safetensors
 from .ops import label_array
@@ -172,7 +172,8 @@ class Trainer:
         self._group = []
 
     def save(self, path):
-        """Model, optimizer state and step count to one file, atomically: the
+        """Model, optimizer state, step count and the device's RNG state
+        (``pywgtrain.random``: dropout masks continue as if uninterrupted) to one file, atomically: the
         data goes to a temporary file in the same directory, is flushed and
         fsynced, then renamed over ``path`` (``os.replace``) and the directory
         fsynced. An interrupted save (Ctrl-C, SIGKILL, power loss) leaves the
@@ -199,6 +200,7 @@ class Trainer:
             for i, st in osd["state"].items():
                 tensors[f"optim.{i}.exp_avg"] = st["exp_avg"]
                 tensors[f"optim.{i}.exp_avg_sq"] = st["exp_avg_sq"]
+            tensors["rng_state"] = random.get_rng_state(self.device)
             _atomic_write(path, lambda f: write_safetensors(f, tensors, {"pywgtrain": json.dumps(meta)}))
             return
         arrays = {f"model/{k}": v for k, v in self.model.state_dict().items()}
@@ -206,6 +208,7 @@ class Trainer:
             arrays[f"optim/{i}/exp_avg"] = st["exp_avg"]
             arrays[f"optim/{i}/exp_avg_sq"] = st["exp_avg_sq"]
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        arrays["rng_state"] = random.get_rng_state(self.device)
         _atomic_write(path, lambda f: np.savez(f, **arrays))
 
     def load(self, path):
@@ -222,6 +225,7 @@ class Trainer:
                     raise ValueError(f"{path}: not a pywgtrain checkpoint (no 'meta' entry)")
                 meta = json.loads(bytes(z["meta"]).decode())
                 model_sd = {k[len("model/"):]: z[k] for k in z.files if k.startswith("model/")}
+                rng_state = z["rng_state"].copy() if "rng_state" in z.files else None
                 state = {int(i): {"step": s, "exp_avg": z[f"optim/{i}/exp_avg"], "exp_avg_sq": z[f"optim/{i}/exp_avg_sq"]}
                          for i, s in meta["steps"].items()}
         else:
@@ -231,6 +235,7 @@ class Trainer:
                                  "'pywgtrain'); load weights with model.load_state_dict instead")
             meta = json.loads(md["pywgtrain"])
             model_sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+            rng_state = tensors.get("rng_state")
             state = {int(i): {"step": s, "exp_avg": tensors[f"optim.{i}.exp_avg"],
                               "exp_avg_sq": tensors[f"optim.{i}.exp_avg_sq"]} for i, s in meta["steps"].items()}
         # Check everything against this model before changing anything.
@@ -247,6 +252,8 @@ class Trainer:
         self.model.load_state_dict(model_sd)
         self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
         self.step_count = meta["step_count"]
+        if rng_state is not None:  # dropout masks continue as if uninterrupted
+            random.set_rng_state(rng_state, self.device)
         return meta.get("extra")
 
 

@@ -1,5 +1,8 @@
-"""Fused LayerNorm (layernorm.wgsl) against float64 torch. Raw kernels write
-into NaN-poisoned outputs so unwritten elements show."""
+"""Fused LayerNorm (layernorm.wgsl) against float64 torch, and dropout with the
+GPU counter-based RNG (dropout.wgsl, pywgtrain.random): masks bit for bit
+against a NumPy Philox-4x32-10, statistics, forward/backward agreement, and
+determinism under seeding, state restore and step-graph replay. Raw kernels
+write into NaN-poisoned outputs so unwritten elements show."""
 import re
 
 import numpy as np
@@ -8,6 +11,7 @@ import pytest
 import pywgtrain as pw
 from pywgtrain import _core
 from pywgtrain.nn import functional as F
+from pywgtrain.train import Trainer
 from conftest import poisoned, rand
 
 torch = pytest.importorskip("torch")
@@ -336,3 +340,279 @@ def test_layer_norm_past_binding_limit(dev, rng):
     close(dw, rdw)
     close(db, rdb)
 
+
+# ================================================================ dropout
+
+MASK32 = 0xFFFFFFFF
+
+
+def philox4x32_10(ctr, key):
+    """Philox-4x32-10 over arrays: ctr = 4 arrays of words, key = 2 ints; returns 4 uint64 arrays of words."""
+    c0, c1, c2, c3 = (np.asarray(c, np.uint64) for c in ctr)
+    k0, k1 = int(key[0]), int(key[1])
+    m = np.uint64(MASK32)
+    for _ in range(10):
+        p0 = np.uint64(0xD2511F53) * c0  # < 2^64: both factors < 2^32
+        p1 = np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ np.uint64(k0), p1 & m, (p0 >> np.uint64(32)) ^ c3 ^ np.uint64(k1), \
+            p0 & m
+        k0, k1 = (k0 + 0x9E3779B9) & MASK32, (k1 + 0xBB67AE85) & MASK32
+    return c0, c1, c2, c3
+
+
+def keep_mask(seed, counter, p, idx):
+    """Elements idx of the mask a dropout call with this (seed, counter) key draws (dropout.wgsl)."""
+    idx = np.asarray(idx, np.uint64)
+    g = idx >> np.uint64(2)
+    words = philox4x32_10((g & np.uint64(MASK32), g >> np.uint64(32), np.uint64(counter & MASK32),
+                           np.uint64(counter >> 32)), (seed & MASK32, seed >> 32))
+    word = np.choose((idx & np.uint64(3)).astype(np.int64), words)
+    return word >= _core.dropout_threshold(p)
+
+
+def test_philox_reference_known_answers():
+    """The NumPy reference reproduces Random123's known-answer vectors for philox4x32-10."""
+    cases = [
+        ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+        ((MASK32,) * 4, (MASK32, MASK32), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+        ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+    ]
+    for ctr, key, expected in cases:
+        assert tuple(int(w[0]) for w in philox4x32_10([[c] for c in ctr], key)) == expected
+
+
+def scale_of(p):
+    return np.float32(1.0 / (1.0 - p))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_mask_is_philox_and_statistics(dev, rng, p):
+    """Over 2^20 elements: the mask equals the reference bit for bit, the kept fraction is within
+    5 sigma of 1 - p, kept elements are x * float32(1 / (1 - p)) exactly, dropped ones 0."""
+    n = 1 << 20
+    x = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    seed = int(rng.integers(0, 2**63))
+    pw.manual_seed(seed, dev)
+    y = F.dropout(T(dev, x), p).numpy()
+    keep = keep_mask(seed, 0, p, np.arange(n))
+    np.testing.assert_array_equal(y != 0, keep)
+    np.testing.assert_array_equal(y[keep], x[keep] * scale_of(p))
+    np.testing.assert_array_equal(y[~keep], 0)
+    sigma = np.sqrt(p * (1 - p) / n)
+    assert abs(keep.mean() - (1 - p)) < 5 * sigma, (keep.mean(), 1 - p)
+    assert pw.get_rng_state(dev).tolist() == [seed & MASK32, seed >> 32, 1, 0]
+
+
+def test_dropout_backward_uses_the_forward_mask(dev, rng):
+    """dx = dy * mask / (1 - p) with the forward's mask (recomputed from its key, nothing stored),
+    even with other dropout calls between forward and backward; beta = 1 accumulates."""
+    n, p = 100_003, 0.3
+    x = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    dy = rand(rng, n)
+    tx = pw.tensor(x, dev, requires_grad=True)
+    y = F.dropout(tx, p)
+    F.dropout(T(dev, x), p)  # advances the state between forward and backward
+    y.backward(dy)
+    keep = y.numpy() != 0
+    np.testing.assert_array_equal(tx.grad.numpy(), np.where(keep, dy * scale_of(p), np.float32(0)))
+    y2 = F.dropout(tx, p)
+    y2.backward(dy)  # accumulates into .grad
+    keep2 = y2.numpy() != 0
+    expected = np.where(keep, dy * scale_of(p), np.float32(0)) + np.where(keep2, dy * scale_of(p), np.float32(0))
+    np.testing.assert_array_equal(tx.grad.numpy(), expected)
+
+
+def test_dropout_seeding(dev, rng):
+    """Same seed: same masks; successive calls: different masks; another seed: different masks."""
+    x = T(dev, np.ones(4099, np.float32))
+    pw.manual_seed(1234, dev)
+    a1, a2 = F.dropout(x, 0.5).numpy(), F.dropout(x, 0.5).numpy()
+    pw.manual_seed(1234)  # every device
+    b1, b2 = F.dropout(x, 0.5).numpy(), F.dropout(x, 0.5).numpy()
+    np.testing.assert_array_equal(a1, b1)
+    np.testing.assert_array_equal(a2, b2)
+    assert (a1 != a2).mean() > 0.4
+    pw.manual_seed(1235, dev)
+    assert (F.dropout(x, 0.5).numpy() != a1).mean() > 0.4
+    assert pw.random.initial_seed(dev) == 1235
+    pw.manual_seed(-1, dev)  # torch's range: negatives wrap to 64 bits
+    assert pw.get_rng_state(dev).tolist() == [MASK32, MASK32, 0, 0]
+
+
+def test_rng_state_save_restore(dev, rng):
+    """get_rng_state / set_rng_state reproduce later masks bit for bit (a resumed run)."""
+    x = T(dev, rand(rng, 33, 129))
+    pw.manual_seed(99, dev)
+    F.dropout(x, 0.2)
+    state = pw.get_rng_state(dev)
+    assert state.dtype == np.uint32 and state.tolist() == [99, 0, 1, 0]
+    later = [F.dropout(x, 0.2).numpy() for _ in range(3)]
+    pw.manual_seed(5, dev)
+    F.dropout(x, 0.2)
+    pw.set_rng_state(state, dev)
+    for want in later:
+        np.testing.assert_array_equal(F.dropout(x, 0.2).numpy(), want)
+    # a 64-bit counter: the carry into the high word
+    pw.set_rng_state(np.array([7, 0, MASK32, 0], np.uint32), dev)
+    F.dropout(x, 0.2)
+    assert pw.get_rng_state(dev).tolist() == [7, 0, 0, 1]
+    with pytest.raises(ValueError, match="4 integers"):
+        pw.set_rng_state(np.zeros(3, np.uint32), dev)
+    with pytest.raises(ValueError, match=re.escape("[0, 2**32)")):
+        pw.set_rng_state(np.array([-1, 0, 0, 0]), dev)
+
+
+def dropout_step(tx, w, p):
+    """A small differentiable step: loss = sum(dropout(x) * w); fills tx.grad."""
+    loss = (F.dropout(tx, p) * w).sum()
+    loss.backward()
+    return loss
+
+
+def test_dropout_replayed_graph_draws_new_masks(dev, rng):
+    """A captured step with dropout forward and backward, replayed: each replay draws a new mask
+    (the counter advances on the GPU) and equals an eager run from the same seed, bit for bit."""
+    rows, cols, p, steps = 33, 129, 0.4, 4
+    x, wv = rand(rng, rows, cols), rand(rng, rows, cols)
+    w = T(dev, wv)
+
+    pw.manual_seed(2024, dev)
+    eager = []
+    for _ in range(steps):
+        tx = pw.tensor(x, dev, requires_grad=True)
+        loss = dropout_step(tx, w, p)
+        eager.append((loss.numpy(), tx.grad.numpy()))
+
+    pw.manual_seed(2024, dev)
+    tx = pw.tensor(x, dev, requires_grad=True)
+    with dev.batch() as rec:
+        rec.begin_capture()
+        loss = dropout_step(tx, w, p)
+        graph = rec.end_capture()
+    replayed = [(loss.numpy(), tx.grad.numpy())]
+    for _ in range(steps - 1):
+        rec = _core._Recorder(dev._dev)
+        rec.replay(graph)
+        rec.submit()
+        replayed.append((loss.numpy(), tx.grad.numpy()))
+    for (el, eg), (rl, rg) in zip(eager, replayed):
+        np.testing.assert_array_equal(rl, el)
+        np.testing.assert_array_equal(rg, eg)
+    masks = [g != 0 for _, g in replayed]
+    for i in range(steps - 1):
+        assert (masks[i] != masks[i + 1]).mean() > 0.3
+    assert pw.get_rng_state(dev).tolist()[2] == steps
+
+
+def test_dropout_trainer_capture_matches_eager(dev, rng):
+    """Trainer (captured and replayed steps, 3 per submission) and an uncaptured Trainer from the same seed
+    and initial weights give identical losses and weights: dropout draws the same masks either way."""
+    x = rand(rng, 32, 16)
+    y = rng.integers(0, 4, 32)
+
+    def train(capture):
+        pw.manual_seed(77, dev)
+        model = pw.nn.Sequential(pw.nn.Linear(16, 32, device=dev, seed=3), pw.nn.ReLU(), pw.nn.Dropout(0.25),
+                                 pw.nn.LayerNorm(32, device=dev), pw.nn.Linear(32, 4, device=dev, seed=4))
+        opt = pw.optim.AdamW(model.parameters(), lr=1e-2)
+        trainer = Trainer(model, opt, pw.nn.CrossEntropyLoss(), capture=capture, steps_per_submit=3)
+        losses = [trainer.step(x, y) for _ in range(7)]
+        return [loss.item() for loss in losses], model.state_dict()
+
+    replayed, w1 = train(True)
+    eager, w2 = train(False)
+    assert replayed == eager
+    for k in w1:
+        np.testing.assert_array_equal(w1[k], w2[k])
+    assert len(set(replayed)) == len(replayed)
+
+
+def test_dropout_identity_zero_and_errors(dev, rng):
+    x = T(dev, rand(rng, 7, 33))
+    assert F.dropout(x, 0.5, training=False) is x
+    assert F.dropout(x, 0.0) is x
+    tx = pw.tensor(rand(rng, 7, 33), dev, requires_grad=True)
+    out = F.dropout(tx, 1.0)
+    np.testing.assert_array_equal(out.numpy(), 0)
+    out.backward(np.ones((7, 33), np.float32))
+    np.testing.assert_array_equal(tx.grad.numpy(), 0)
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1"):
+            F.dropout(x, bad)
+    with pytest.raises(TypeError, match="p must be a real number"):
+        F.dropout(x, "0.5")
+    with pytest.raises(TypeError, match="must have dtype float32"):
+        F.dropout(np.ones(3), 0.5)
+    with pytest.raises(ValueError, match="inplace=True is not supported"):
+        F.dropout(x, 0.5, inplace=True)
+    key = pw.zeros(4, np.int32, dev)
+    with pytest.raises(ValueError, match=re.escape("p must lie in [0, 1)")):
+        run(dev, _core.dropout, x._buf, key._buf, T(dev, np.zeros(231, np.float32))._buf, 231, 1.0, 0.0)
+    with pytest.raises(ValueError, match="y shares a GPU buffer with x"):
+        run(dev, _core.dropout, x._buf, key._buf, x._buf, 231, 0.5, 0.0)
+    with pytest.raises(ValueError, match="key shares a GPU buffer with state"):
+        run(dev, _core.rng_take, key._buf, key._buf)
+    with pytest.raises(ValueError, match="needs 16"):
+        run(dev, _core.rng_take, pw.zeros(2, np.int32, dev)._buf, key._buf)
+
+
+def test_dropout_module(dev, rng):
+    m = pw.nn.Dropout(0.5)
+    x = T(dev, np.ones((64, 64), np.float32))
+    y = m(x).numpy()
+    assert set(np.unique(y)) == {0.0, 2.0}
+    m.eval()
+    assert m(x) is x
+    m.train()
+    assert (m(x).numpy() == 0).any()
+    assert repr(m) == "Dropout(p=0.5, inplace=False)"
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        pw.nn.Dropout(1.2)
+    seq = pw.nn.Sequential(pw.nn.Linear(64, 8, device=dev, seed=0), pw.nn.Dropout(0.5))
+    seq.eval()
+    np.testing.assert_array_equal(seq(x).numpy(), seq[0](x).numpy())
+
+
+@pytest.mark.slow
+def test_dropout_past_binding_limit(dev, rng):
+    """More elements than one binding holds: pieces keep the mask a function of the element index
+    (the piece boundary falls inside a Philox group of 4 on some devices; checked around it)."""
+    n = binding_floats(dev) + 4099
+    p = 0.5
+    x = np.ones(n, np.float32)
+    pw.manual_seed(31337, dev)
+    y = F.dropout(T(dev, x), p).numpy()
+    piece = binding_floats(dev) // 32 * 32  # at or below the first piece boundary
+    idx = np.concatenate([np.arange(0, 4099), np.arange(piece - 70_000, n)])
+    np.testing.assert_array_equal(y[idx] != 0, keep_mask(31337, 0, p, idx))
+    np.testing.assert_array_equal(np.unique(y), [0.0, 2.0])
+    sigma = np.sqrt(p * (1 - p) / n)
+    assert abs((y != 0).mean() - (1 - p)) < 5 * sigma
+
+
+def test_trainer_checkpoint_resumes_dropout_masks(dev, rng, tmp_path):
+    """Trainer.save keeps the device's RNG state; a run resumed with Trainer.load draws the same
+    masks as the uninterrupted one: identical losses and weights."""
+    x = rand(rng, 16, 8)
+    y = rng.integers(0, 3, 16)
+
+    def make():
+        model = pw.nn.Sequential(pw.nn.Linear(8, 16, device=dev, seed=1), pw.nn.Dropout(0.5),
+                                 pw.nn.Linear(16, 3, device=dev, seed=2))
+        opt = pw.optim.AdamW(model.parameters(), lr=1e-2)
+        return Trainer(model, opt, pw.nn.CrossEntropyLoss())
+
+    pw.manual_seed(11, dev)
+    a = make()
+    for _ in range(3):
+        a.step(x, y)
+    a.save(tmp_path / "run.npz")
+    straight = [a.step(x, y).item() for _ in range(4)]
+    pw.manual_seed(12345, dev)  # whatever happened in between
+    b = make()
+    b.load(tmp_path / "run.npz")
+    resumed = [b.step(x, y).item() for _ in range(4)]
+    assert resumed == straight
+    for k, v in a.model.state_dict().items():
+        np.testing.assert_array_equal(b.model.state_dict()[k], v)

@@ -8,7 +8,7 @@ import numpy as np
 from ..tensor import _resolve_device
 from . import functional  # noqa: F401
 from .modules import (  # noqa: F401
-    GELU, CrossEntropyLoss, Embedding, Identity, LayerNorm, Linear, LogSoftmax, Module, ModuleDict, ModuleList,
+    GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, LogSoftmax, Module, ModuleDict, ModuleList,
     MSELoss, NLLLoss, ReLU, Sequential, Sigmoid, SiLU, Softmax, Tanh,
 )
 from .parameter import Parameter  # noqa: F401
@@ -28,6 +28,6 @@ def MLP(sizes, activation="relu", device=None, seed=0):
     return Sequential(*layers)
 
 
-__all__ = ["Module", "Parameter", "Linear", "Embedding", "LayerNorm", "Sequential", "ModuleList", "ModuleDict", "MLP",
+__all__ = ["Module", "Parameter", "Linear", "Embedding", "LayerNorm", "Dropout", "Sequential", "ModuleList", "ModuleDict", "MLP",
            "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Identity", "Softmax", "LogSoftmax", "CrossEntropyLoss", "NLLLoss",
            "MSELoss", "functional"]
