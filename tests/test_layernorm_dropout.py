@@ -29,14 +29,14 @@ def run(dev, fn, *args):
         fn(rec, *args)
 
 
-def close(actual, expected, rtol=1e-4, atol=1e-5):
-    """float32 vs float64: atol scales with the reference's magnitude, at least 1
-    (sums that are 0 in exact arithmetic come out as rounding noise in both)."""
+def close(actual, expected, rtol=1e-4, atol=1e-5, min_scale=1.0):
+    """float32 vs float64: atol scales with the reference's magnitude, at least
+    ``min_scale`` (sums that are 0 in exact arithmetic come out as rounding noise in both)."""
     actual = np.asarray(actual)
     expected = np.asarray(expected)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     assert np.all(np.isfinite(actual)), "non-finite values in the result (unwritten or poisoned elements)"
-    scale = max(float(np.max(np.abs(expected))), 1.0)
+    scale = max(float(np.max(np.abs(expected))), min_scale)
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol * scale)
 
 
@@ -87,6 +87,11 @@ def check_ln(got, ref, skip=()):
         try:
             if name == "mean":
                 close(a, e, rtol=1e-6, atol=1e-6)
+            elif name == "dx":
+                # dx = rstd * (terms that cancel): their float32 rounding is
+                # amplified by rstd, up to 1/sqrt(eps) = 316 for constant rows
+                # (one column), where dx is 0 exactly (seen on the H100: 1.1e-5).
+                close(a, e, min_scale=max(1.0, float(np.max(ref[2])) / 30))
             else:
                 close(a, e)
         except AssertionError as err:
