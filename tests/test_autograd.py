@@ -337,6 +337,7 @@ def test_inplace_ops_outside_autograd(rng):
     _close(t.numpy(), (a + 1.0) * 2.0, "in place")
 
 
+@pytest.mark.slow
 def test_graph_memory_is_freed_after_backward(dev, rng):
     """Memory flat over many steps: each step's graph is released by its backward."""
     w = pw.tensor(rng.standard_normal((16, 8)).astype(np.float32), dev, requires_grad=True)
