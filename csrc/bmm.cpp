@@ -21,13 +21,6 @@ static_assert(sizeof(BmmParams) == 64, "BmmParams must match bmm.wgsl");
 
 constexpr uint32_t kBmmTile = 64;  // bmm.wgsl TILE
 
-// The aligned window of `buf` holding elements [first, first + count): range and inner offset.
-std::pair<Range, uint32_t> window(const Device& dev, const Buffer& buf, uint64_t first, uint64_t count) {
-  const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
-  const uint64_t start = first / align * align;
-  return {floats(buf, start, first - start + count), uint32_t(first - start)};
-}
-
 }  // namespace
 
 void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t batch, uint32_t m,
@@ -60,15 +53,14 @@ void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c
                         std::to_string(n) + ")");
   for (uint64_t b0 = 0; b0 < batch; b0 += per_chunk) {
     const uint64_t bc = std::min<uint64_t>(per_chunk, batch - b0);
-    auto [ar, ao] = window(dev, a, b0 * sa, bc * sa);
-    auto [br, bo] = window(dev, b, b0 * sb, bc * sb);
-    auto [cr, co] = window(dev, c, b0 * sc, bc * sc);
+    const Bound ab = bind_span(dev, a, b0 * sa, bc * sa), bb = bind_span(dev, b, b0 * sb, bc * sb),
+                cb = bind_span(dev, c, b0 * sc, bc * sc);
     BmmParams p{};
     p.m = m; p.n = n; p.k = k; p.batch = uint32_t(bc);
-    p.a_off = ao; p.b_off = bo; p.c_off = co;
+    p.a_off = ab.off; p.b_off = bb.off; p.c_off = cb.off;
     p.a_stride = uint32_t(sa); p.b_stride = uint32_t(sb); p.c_stride = uint32_t(sc);
     p.alpha = alpha; p.beta = beta;
-    r.dispatch(kern, {ar, br, cr}, p, uint32_t(gx), uint32_t(gy), uint32_t(bc));
+    r.dispatch(kern, {ab.range, bb.range, cb.range}, p, uint32_t(gx), uint32_t(gy), uint32_t(bc));
   }
 }
 

@@ -64,6 +64,26 @@ inline Range floats(const Buffer& b, uint64_t first, uint64_t count) {
   return Range{b.raw(), b.offset() + first * 4, std::max<uint64_t>(count, 1) * 4};
 }
 
+inline uint64_t align_floats(const Device& dev) { return std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4; }
+
+// Longest run of elements a block may bind for one operand, starting anywhere
+// (leaves room for the slack below an unaligned first element).
+inline uint64_t span_limit(const Device& dev) { return max_piece_floats(dev) - align_floats(dev); }
+
+// A binding range and the index of the wanted first element inside it.
+struct Bound {
+  Range range;
+  uint32_t off;
+};
+
+// Elements [first, first + count) of b, bound from the aligned element at or
+// below `first` (binding offsets must be aligned; kernels add `off`).
+inline Bound bind_span(const Device& dev, const Buffer& b, uint64_t first, uint64_t count) {
+  const uint64_t al = align_floats(dev);
+  const uint64_t base = first / al * al;
+  return {floats(b, base, first - base + count), uint32_t(first - base)};
+}
+
 // Rows per piece of a [rows, cols] matrix such that a piece fits one binding
 // and every piece starts at an aligned offset.
 inline uint64_t rows_per_piece(const Device& dev, uint64_t cols) {

@@ -58,20 +58,6 @@ uint32_t log2u(uint32_t v) {
   return l;
 }
 
-uint64_t align_floats(const Device& dev) { return std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4; }
-uint64_t span_limit(const Device& dev) { return max_piece_floats(dev) - align_floats(dev); }
-
-struct Bound {
-  Range range;
-  uint32_t off;  // index of element `first` inside the binding
-};
-
-// Elements [first, first + count) of b, bound from the aligned element at or below `first`.
-Bound bind_span(const Device& dev, const Buffer& b, uint64_t first, uint64_t count) {
-  const uint64_t al = align_floats(dev);
-  const uint64_t base = first / al * al;
-  return {floats(b, base, first - base + count), uint32_t(first - base)};
-}
 
 // One dispatch cannot bind a buffer read-only and writable: refuse outputs sharing one with an input.
 void check_no_alias(const std::string& fn, const Buffer& out, const char* out_name,

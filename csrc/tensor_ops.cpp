@@ -60,23 +60,6 @@ constexpr uint64_t kRowThreads = 256;   // axis.wgsl: threads along a row (reduc
 constexpr uint64_t kColLanes = 16;      // axis.wgsl: lanes along len (reduce_cols)
 constexpr uint64_t kSoftmaxMaxCols = kRowThreads * kMaxTrips;
 
-uint64_t align_floats(const Device& dev) { return std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4; }
-
-// Longest run of elements a block may bind for one operand, starting anywhere
-// (leaves room for the slack below an unaligned first element).
-uint64_t span_limit(const Device& dev) { return max_piece_floats(dev) - align_floats(dev); }
-
-struct Bound {
-  Range range;
-  uint32_t off;  // index of element `first` inside the binding
-};
-
-// Elements [first, first + count) of b, bound from the aligned element at or below `first`.
-Bound bind_span(const Device& dev, const Buffer& b, uint64_t first, uint64_t count) {
-  const uint64_t al = align_floats(dev);
-  const uint64_t base = first / al * al;
-  return {floats(b, base, first - base + count), uint32_t(first - base)};
-}
 
 void check_ints(const Buffer& b, uint64_t count, const char* what) {
   if (b.bytes() < count * 4)
