@@ -254,7 +254,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
 # -- bench ---------------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("what", ["gemm", "adamw", "train", "all"])
+@pytest.mark.parametrize("what", ["gemm", "adamw", "train", "gpt", "all"])
 def test_bench_quick_finishes_with_progress(tmp_path, what):
     """Each bench subcommand with --quick through the entry point, with a
     timeout: on lavapipe they used to run for 20 minutes without a word."""
@@ -263,7 +263,7 @@ def test_bench_quick_finishes_with_progress(tmp_path, what):
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     res = json.loads(out_json.read_text())
-    kinds = ["gemm", "adamw", "train"] if what == "all" else [what]
+    kinds = ["gemm", "adamw", "train", "gpt"] if what == "all" else [what]
     assert [k for k in res if k != "meta"] == kinds
     if "gemm" in kinds:
         n = len(res["gemm"])
