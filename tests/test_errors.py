@@ -178,3 +178,26 @@ def test_sizes_beyond_32_bit_indices_are_rejected(dev):
         pw.empty((2**31, 1), device=dev)
     with pytest.raises(pw.OutOfMemoryError, match="exceeds the device's max_buffer_size"):
         pw.empty((100_000, 100_000), device=dev)  # 4e10 bytes: beyond 2^32 elements' worth
+
+
+def test_core_wrappers_refuse_none_for_buffers(dev):
+    """The Cython wrappers dereference their buffers: None is refused with a
+    TypeError instead of crashing the process (optional ones, such as a
+    pre-activation output, still take None)."""
+    from pywgtrain import _core
+
+    a = pw.zeros((2, 2), device=dev)
+    rec = _core._Recorder(dev._dev)
+    with pytest.raises(TypeError):
+        _core.gemm(rec, None, a._buf, a._buf, 2, 2, 2, False, False, 1.0, 0.0)
+    with pytest.raises(TypeError):
+        _core.gemm(None, a._buf, a._buf, a._buf, 2, 2, 2, False, False, 1.0, 0.0)
+    with pytest.raises(TypeError):
+        _core.unary(rec, 0, a._buf, None, 4, 0.0, 0.0, 0.0)
+    with pytest.raises(TypeError):
+        _core._Buffer(None, 16)
+    with pytest.raises(TypeError):
+        rec.replay(None)
+    b = pw.zeros((2, 2), device=dev)
+    _core.gemm_bias_act(rec, a._buf, a._buf, pw.zeros(2, device=dev)._buf, b._buf, None, 2, 2, 2, False, True, 0)
+    rec.submit()
