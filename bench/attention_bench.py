@@ -2,7 +2,11 @@
 submission each): forward and forward + backward, TFLOP/s counted as the
 usual 2 (forward) and 5 (backward) T x T x D matrix products halved by the
 causal mask, beside torch's scaled_dot_product_attention (float32, CUDA)
-when PyTorch with CUDA is importable. Usage: python bench/attention_bench.py [--quick]"""
+when PyTorch with CUDA is importable. --profile: GPU time per kernel
+(attn_forward, attn_delta, attn_dkdv, attn_dq; each dispatch in a timed pass
+of its own, medians of 5) of one captured forward + backward at the GPT-2
+small (B*H = 96, T = 1024) and nanoGPT-char (B*H = 384, T = 256) shapes.
+Usage: python bench/attention_bench.py [--quick | --profile]"""
 import sys
 import time
 
@@ -56,7 +60,48 @@ def torch_times(b, h, t, d, reps):
     return res
 
 
+PROFILE_SHAPES = [(8, 12, 1024, 64), (64, 6, 256, 64)]
+
+
+def profile_kernels():
+    from pywgtrain import _core
+    from pywgtrain.bench import profile_step
+    dev = pw.default_device()
+    print(f"adapter: {dev.name}")
+    rng = np.random.default_rng(0)
+    for b, h, t, d in PROFILE_SHAPES:
+        q, k, v, g = (pw.tensor(rng.standard_normal((b, h, t, d), dtype=np.float32), dev) for _ in range(4))
+        out, dq, dk, dv = (pw.tensor(np.zeros((b, h, t, d), np.float32), dev) for _ in range(4))
+        lse, delta = (pw.tensor(np.zeros(b * h * t, np.float32), dev) for _ in range(2))
+        view = (0, h * t * d, t * d, d)
+        scale = 1 / np.sqrt(d)
+        rec = _core._Recorder(dev._dev)
+        rec.begin_capture()
+        _core.attention_forward(rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d,
+                                scale)
+        _core.attention_backward(rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, g._buf, view,
+                                 lse._buf, delta._buf, dq._buf, view, dk._buf, view, dv._buf, view, b, h, t, d,
+                                 scale, 0.0)
+        graph = rec.end_capture()
+        rec.submit()
+        for _ in range(3):  # warm-up: clocks up
+            r = _core._Recorder(dev._dev)
+            r.replay(graph)
+            r.submit()
+        dq.numpy()
+        prof = profile_step(dev, graph, reps=5)
+        per = {kk["kernel"].split(":")[1].split(";")[0]: kk["us"] / 1e3 for kk in prof["kernels"]}
+        fwd = per.get("attn_forward", 0.0)
+        bwd = sum(per.get(n, 0.0) for n in ("attn_delta", "attn_dkdv", "attn_dq"))
+        flop = 2 * 2 * b * h * t * t * d / 2
+        print(f"B={b} H={h} T={t} D={d}: " + ", ".join(f"{n} {ms:.3f} ms" for n, ms in per.items()) +
+              f" | forward {fwd:.3f} ms ({flop / fwd / 1e9:.1f} TFLOP/s), backward {bwd:.3f} ms "
+              f"({2.5 * flop / bwd / 1e9:.1f} TFLOP/s), whole pass {prof['gpu_us'] / 1e3:.3f} ms", flush=True)
+
+
 def main():
+    if "--profile" in sys.argv:
+        return profile_kernels()
     quick = "--quick" in sys.argv
     dev = pw.default_device()
     print(f"adapter: {dev.name}")

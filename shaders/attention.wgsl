@@ -7,7 +7,12 @@
 // HD (the head size) is a pipeline constant: every kernel is specialised per
 // head size. Tiles are B = 64 rows x 64 columns per workgroup of 16 x 16
 // threads; a thread owns rows ty + 16 i (i < 4, the components of a vec4)
-// and score columns tx + 16 j (j < 4), or output columns tx + 16 c (c < DC).
+// and score columns tx + 16 j (j < 4), or output columns 4 tx .. 4 tx + 3
+// (and 64 + 4 tx .. for HD > 64). Operands are staged 64 rows x 64 head
+// columns at a time into two row-major vec4 tiles in workgroup memory (XOR
+// swizzled, 32 KiB in all); every product reads vec4s from both sides
+// (register-blocked like gemm.wgsl: 16 FMAs per two vec4 reads); masks are
+// applied on diagonal and tail tiles only.
 //
 //   attn_forward:   per (bh, query block): loop over key blocks up to the
 //                   diagonal, S = Q K^T scaled in registers, online softmax
@@ -24,8 +29,10 @@
 // long sequences over dispatches: lavapipe leaves loops after 65535 trips);
 // a forward dispatch past the first resumes from the O and lse written by
 // the previous one, backward dispatches past the first accumulate.
-// Workgroup memory: a 64 x 65 tile (P or dS) and a 16 x 65 x 2 chunk area
-// (operand chunks, V chunks, row reductions) = 6240 floats.
+// Workgroup memory: two 64 x 64 tiles (operands, P / dS, row reductions) =
+// 8192 floats. The pipelines are trusted (no injected bounds checks): every
+// storage access is guarded by row < T and column < HD, and the host checks
+// that each view's last element lies inside its binding.
 
 struct AttnParams {
   t: u32, heads: u32, bh0: u32, blocks: u32,  // sequence length, H, first bh of this dispatch, ceil(T / B)
@@ -49,21 +56,22 @@ struct AttnParams {
 @group(0) @binding(12) var<storage, read_write> dk: array<f32>;
 @group(0) @binding(13) var<storage, read_write> dv: array<f32>;
 
-const B: u32 = 64u;               // rows and columns of a tile
-const BP: u32 = 65u;              // padded row pitch of tiles in workgroup memory
+const B: u32 = 64u;                // rows and columns of a tile
 const WG: u32 = 256u;
-const DC: u32 = (HD + 15u) / 16u; // output columns per thread
-const DP: u32 = DC * 16u;         // HD padded to the thread columns
-const CH: u32 = B * BP;           // chunk area: after the 64 x 65 tile
-const CA: u32 = CH;               // operand A chunk [16][BP]
-const CB: u32 = CH + 16u * BP;    // operand B chunk [16][BP]
-const CHN: u32 = 32u * BP;        // chunk area size (>= 16 * DP for HD <= 128, >= B * 17)
-const NEG: f32 = -3.0e38;         // masked score (finite: no inf - inf)
+const NV: u32 = 16u;               // vec4s per tile row (64 columns)
+const DCH: u32 = (HD + 63u) / 64u; // 64-column chunks of a head row (1 or 2)
+const R0: u32 = 0u;                // tile region 0: [64 rows][NV vec4], rows swizzled
+const R1: u32 = B * NV;            // tile region 1 (also the row-reduction scratch)
+const NEG: f32 = -3.0e38;          // masked score (finite: no inf - inf)
 const LOG2E: f32 = 1.4426950408889634;
 const LN2: f32 = 0.6931471805599453;
 const ROWS: vec4<u32> = vec4<u32>(0u, 16u, 32u, 48u);
 
-var<workgroup> sm: array<f32, CH + CHN>;
+// Two 64 x 64 tiles (32 KiB). Vec4 column c4 of tile row r lies at
+// reg + r * NV + (c4 ^ (r & 15)): the XOR swizzle keeps both the row-wise
+// reads (16 rows tx + 16 j at one c4) and the column-wise ones (one row, 16
+// c4) on distinct banks without padding.
+var<workgroup> sm: array<vec4<f32>, 2u * B * NV>;
 
 // Operand reads by id (the kernels that call ld bind all four).
 const OQ: u32 = 0u;
@@ -85,94 +93,127 @@ fn head_base(view: vec4<u32>, bh: u32) -> u32 {
   return view.x + (bh / ap.heads) * view.y + (bh % ap.heads) * view.z;
 }
 
-// Stages rows r0..r0+63, head columns d0..d0+15 of an operand into
-// sm[off + dd * BP + r] (transposed: a column per d); 0 past T or HD.
-fn stage_rows(which: u32, base: u32, st: u32, r0: u32, d0: u32, off: u32, li: u32) {
-  for (var s = 0u; s < B * 16u / WG; s++) {
+// Stages rows r0..r0+63, head columns d0..d0+63 of an operand into the tile
+// at reg (row-major, swizzled); 0 past T or HD. Every read is in range (the
+// pipelines are trusted: no injected bounds checks).
+fn stage(which: u32, base: u32, st: u32, r0: u32, d0: u32, reg: u32, li: u32) {
+  for (var s = 0u; s < B * NV / WG; s++) {
     let e = li + s * WG;
-    let dd = e % 16u;
-    let r = e / 16u;
+    let r = e / NV;
+    let c4 = e % NV;
     let row = r0 + r;
-    let d = d0 + dd;
-    var x = 0.0;
-    if (row < ap.t && d < HD) { x = ld(which, base + row * st + d); }
-    sm[off + dd * BP + r] = x;
-  }
-}
-
-// Scores of a tile: result[j][i] = sum_d A[ra + ty + 16 i][d] * Bm[rb + tx + 16 j][d].
-fn qk_tile(wa: u32, base_a: u32, st_a: u32, ra: u32, wb: u32, base_b: u32, st_b: u32, rb: u32,
-           li: u32, tx: u32, ty: u32) -> array<vec4<f32>, 4> {
-  var s: array<vec4<f32>, 4>;
-  for (var d0 = 0u; d0 < HD; d0 += 16u) {
-    stage_rows(wa, base_a, st_a, ra, d0, CA, li);
-    stage_rows(wb, base_b, st_b, rb, d0, CB, li);
-    workgroupBarrier();
-    let dn = min(16u, HD - d0);
-    for (var dd = 0u; dd < dn; dd++) {
-      let a0 = CA + dd * BP + ty;
-      let a = vec4<f32>(sm[a0], sm[a0 + 16u], sm[a0 + 32u], sm[a0 + 48u]);
-      let b0 = CB + dd * BP + tx;
-      s[0] = fma(a, vec4<f32>(sm[b0]), s[0]);
-      s[1] = fma(a, vec4<f32>(sm[b0 + 16u]), s[1]);
-      s[2] = fma(a, vec4<f32>(sm[b0 + 32u]), s[2]);
-      s[3] = fma(a, vec4<f32>(sm[b0 + 48u]), s[3]);
+    let d = d0 + 4u * c4;
+    var x = vec4<f32>(0.0);
+    if (row < ap.t && d < HD) {
+      let i = base + row * st + d;
+      if (d + 4u <= HD) {
+        x = vec4<f32>(ld(which, i), ld(which, i + 1u), ld(which, i + 2u), ld(which, i + 3u));
+      } else {
+        x.x = ld(which, i);
+        if (d + 1u < HD) { x.y = ld(which, i + 1u); }
+        if (d + 2u < HD) { x.z = ld(which, i + 2u); }
+      }
     }
-    workgroupBarrier();
+    sm[reg + r * NV + (c4 ^ (r & 15u))] = x;
   }
-  return s;
 }
 
-// Writes a thread's 4 x 4 values into the tile (row ty + 16 i, column tx + 16 j).
-fn put_tile(p: array<vec4<f32>, 4>, tx: u32, ty: u32) {
+// Vec4 columns of chunk ch holding head columns.
+fn chunk_c4(ch: u32) -> u32 { return min(NV, (HD - ch * 64u + 3u) / 4u); }
+
+// s[j][i] += sum over nc4 vec4 columns of A[ty + 16 i] . Bt[tx + 16 j] (tiles at ra, rb).
+fn mul_nt(s: ptr<function, array<vec4<f32>, 4>>, ra: u32, rb: u32, nc4: u32, tx: u32, ty: u32) {
+  for (var c4 = 0u; c4 < nc4; c4++) {
+    let ia = ra + ty * NV + (c4 ^ ty);
+    let a0 = sm[ia];
+    let a1 = sm[ia + 16u * NV];
+    let a2 = sm[ia + 32u * NV];
+    let a3 = sm[ia + 48u * NV];
+    let ax = vec4<f32>(a0.x, a1.x, a2.x, a3.x);
+    let ay = vec4<f32>(a0.y, a1.y, a2.y, a3.y);
+    let az = vec4<f32>(a0.z, a1.z, a2.z, a3.z);
+    let aw = vec4<f32>(a0.w, a1.w, a2.w, a3.w);
+    let ib = rb + tx * NV + (c4 ^ tx);
+    let b0 = sm[ib];
+    let b1 = sm[ib + 16u * NV];
+    let b2 = sm[ib + 32u * NV];
+    let b3 = sm[ib + 48u * NV];
+    (*s)[0] = fma(aw, vec4<f32>(b0.w), fma(az, vec4<f32>(b0.z), fma(ay, vec4<f32>(b0.y), fma(ax, vec4<f32>(b0.x), (*s)[0]))));
+    (*s)[1] = fma(aw, vec4<f32>(b1.w), fma(az, vec4<f32>(b1.z), fma(ay, vec4<f32>(b1.y), fma(ax, vec4<f32>(b1.x), (*s)[1]))));
+    (*s)[2] = fma(aw, vec4<f32>(b2.w), fma(az, vec4<f32>(b2.z), fma(ay, vec4<f32>(b2.y), fma(ax, vec4<f32>(b2.x), (*s)[2]))));
+    (*s)[3] = fma(aw, vec4<f32>(b3.w), fma(az, vec4<f32>(b3.z), fma(ay, vec4<f32>(b3.y), fma(ax, vec4<f32>(b3.x), (*s)[3]))));
+  }
+}
+
+// acc[i] += sum_k P[ty + 16 i][k] * X[k][4 tx .. 4 tx + 3] over the first
+// 4 nk4 columns of P (tile at rp) and rows of X (tile at rx).
+fn mul_pn(acc: ptr<function, array<vec4<f32>, 4>>, rp: u32, rx: u32, nk4: u32, tx: u32, ty: u32) {
+  for (var k4 = 0u; k4 < nk4; k4++) {
+    let ip = rp + ty * NV + (k4 ^ ty);
+    let p0 = sm[ip];
+    let p1 = sm[ip + 16u * NV];
+    let p2 = sm[ip + 32u * NV];
+    let p3 = sm[ip + 48u * NV];
+    let k = 4u * k4;  // rows k .. k + 3 of X: (k + m) & 15 = (k & 15) + m
+    let ix = rx + k * NV;
+    let s = k & 15u;
+    let x0 = sm[ix + (tx ^ s)];
+    let x1 = sm[ix + NV + (tx ^ (s + 1u))];
+    let x2 = sm[ix + 2u * NV + (tx ^ (s + 2u))];
+    let x3 = sm[ix + 3u * NV + (tx ^ (s + 3u))];
+    (*acc)[0] = fma(vec4<f32>(p0.w), x3, fma(vec4<f32>(p0.z), x2, fma(vec4<f32>(p0.y), x1, fma(vec4<f32>(p0.x), x0, (*acc)[0]))));
+    (*acc)[1] = fma(vec4<f32>(p1.w), x3, fma(vec4<f32>(p1.z), x2, fma(vec4<f32>(p1.y), x1, fma(vec4<f32>(p1.x), x0, (*acc)[1]))));
+    (*acc)[2] = fma(vec4<f32>(p2.w), x3, fma(vec4<f32>(p2.z), x2, fma(vec4<f32>(p2.y), x1, fma(vec4<f32>(p2.x), x0, (*acc)[2]))));
+    (*acc)[3] = fma(vec4<f32>(p3.w), x3, fma(vec4<f32>(p3.z), x2, fma(vec4<f32>(p3.y), x1, fma(vec4<f32>(p3.x), x0, (*acc)[3]))));
+  }
+}
+
+// Writes a thread's scores p[j][i] (row ty + 16 i, column tx + 16 j) into the tile at reg.
+fn put_tile(p: array<vec4<f32>, 4>, reg: u32, tx: u32, ty: u32) {
+  let q = tx % 4u;
   for (var j = 0u; j < 4u; j++) {
-    let c = tx + 16u * j;
-    sm[ty * BP + c] = p[j].x;
-    sm[(ty + 16u) * BP + c] = p[j].y;
-    sm[(ty + 32u) * BP + c] = p[j].z;
-    sm[(ty + 48u) * BP + c] = p[j].w;
+    let c4 = (tx / 4u + 4u * j) ^ ty;
+    sm[reg + ty * NV + c4][q] = p[j].x;
+    sm[reg + (ty + 16u) * NV + c4][q] = p[j].y;
+    sm[reg + (ty + 32u) * NV + c4][q] = p[j].z;
+    sm[reg + (ty + 48u) * NV + c4][q] = p[j].w;
   }
 }
 
-// acc[c][i] += sum_j tile[ty + 16 i][j] * X[r0 + j][tx + 16 c] over the 64
-// tile columns (X rows past T read 0). The tile must be complete (barrier).
-fn pv_tile(acc: ptr<function, array<vec4<f32>, DC>>, which: u32, base: u32, st: u32, r0: u32, li: u32, tx: u32,
-           ty: u32) {
-  for (var j0 = 0u; j0 < B; j0 += 16u) {
-    if (r0 + j0 >= ap.t) { break; }  // uniform: r0 is per workgroup
-    for (var s = 0u; s < DC; s++) {  // 16 rows x DP columns, 256 at a time
-      let e = li + s * WG;
-      let c = e % DP;
-      let jj = e / DP;
-      let row = r0 + j0 + jj;
-      var x = 0.0;
-      if (row < ap.t && c < HD) { x = ld(which, base + row * st + c); }
-      sm[CH + jj * DP + c] = x;
-    }
-    workgroupBarrier();
-    for (var jj = 0u; jj < 16u; jj++) {
-      let j = j0 + jj;
-      let p = vec4<f32>(sm[ty * BP + j], sm[(ty + 16u) * BP + j], sm[(ty + 32u) * BP + j], sm[(ty + 48u) * BP + j]);
-      let x0 = CH + jj * DP + tx;
-      for (var c = 0u; c < DC; c++) { (*acc)[c] = fma(p, vec4<f32>(sm[x0 + 16u * c]), (*acc)[c]); }
-    }
-    workgroupBarrier();
-  }
+// Row reductions over the 16 threads of a row, through R1 (free when called):
+// row_partials stores, and after a barrier row_combine gives each thread its
+// 4 rows' sums (maxima), added in a fixed order (deterministic).
+fn row_partials(x: vec4<f32>, tx: u32, ty: u32) {
+  let q = tx % 4u;
+  let c = R1 + tx / 4u;
+  sm[c + ty * 4u][q] = x.x;
+  sm[c + (ty + 16u) * 4u][q] = x.y;
+  sm[c + (ty + 32u) * 4u][q] = x.z;
+  sm[c + (ty + 48u) * 4u][q] = x.w;
 }
 
-// Sum (or max) of a per-thread row partial over the 16 threads of each row;
-// every thread gets its 4 rows' results. Call after a barrier that ends the
-// previous use of the chunk area.
-fn row_reduce(x: vec4<f32>, tx: u32, ty: u32, is_max: bool) -> vec4<f32> {
-  for (var i = 0u; i < 4u; i++) { sm[CH + (ty + 16u * i) * 17u + tx] = x[i]; }
-  workgroupBarrier();
-  var r = vec4<f32>(select(0.0, NEG, is_max));
-  for (var t = 0u; t < 16u; t++) {
-    let v = vec4<f32>(sm[CH + ty * 17u + t], sm[CH + (ty + 16u) * 17u + t], sm[CH + (ty + 32u) * 17u + t],
-                      sm[CH + (ty + 48u) * 17u + t]);
-    if (is_max) { r = max(r, v); } else { r += v; }
+fn combine4(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>, is_max: bool) -> f32 {
+  if (is_max) {
+    let m = max(max(a, b), max(c, d));
+    return max(max(m.x, m.y), max(m.z, m.w));
+  }
+  let s = (a + b) + (c + d);
+  return (s.x + s.y) + (s.z + s.w);
+}
+
+fn row_combine(ty: u32, is_max: bool) -> vec4<f32> {
+  var r: vec4<f32>;
+  for (var i = 0u; i < 4u; i++) {
+    let c = R1 + (ty + 16u * i) * 4u;
+    r[i] = combine4(sm[c], sm[c + 1u], sm[c + 2u], sm[c + 3u], is_max);
   }
   return r;
+}
+
+// Index of output element (row, col) of a view; 0xffffffff past T or HD.
+fn out_index(base: u32, st: u32, row: u32, col: u32) -> u32 {
+  if (row >= ap.t || col >= HD) { return 0xffffffffu; }
+  return base + row * st + col;
 }
 
 @compute @workgroup_size(16, 16)
@@ -192,14 +233,16 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
   let c = ap.scale * LOG2E;
   var m = vec4<f32>(NEG);  // running row max (log2 units)
   var l = vec4<f32>(0.0);  // this thread's share of the running row sum
-  var acc: array<vec4<f32>, DC>;
+  var acc0: array<vec4<f32>, 4>;  // rows ty + 16 i, head columns 4 tx .. 4 tx + 3
+  var acc1: array<vec4<f32>, 4>;  // the same, columns 64 + 4 tx .. (HD > 64)
   if (ap.blk0 > 0u) {  // resume: O and lse of the earlier key blocks (l = 1 at m = lse)
     for (var i = 0u; i < 4u; i++) {
       if (rows[i] < ap.t) {
         m[i] = lse_out[bh * ap.t + rows[i]] * LOG2E;
-        for (var cc = 0u; cc < DC; cc++) {
-          let col = tx + 16u * cc;
-          if (col < HD) { acc[cc][i] = out[obase + rows[i] * ap.o.w + col]; }
+        for (var e = 0u; e < 4u; e++) {
+          let col = 4u * tx + e;
+          if (col < HD) { acc0[i][e] = out[obase + rows[i] * ap.o.w + col]; }
+          if (DCH > 1u && col + 64u < HD) { acc1[i][e] = out[obase + rows[i] * ap.o.w + col + 64u]; }
         }
       }
     }
@@ -208,37 +251,62 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
   let kend = min(ap.blk1, qb + 1u);
   for (var kb = ap.blk0; kb < kend; kb++) {
     let c0 = kb * B;
-    let s = qk_tile(OQ, qbase, ap.q.w, r0, OK, kbase, ap.k.w, c0, li, tx, ty);
-    var sc: array<vec4<f32>, 4>;
+    var s = array<vec4<f32>, 4>();
+    for (var ch = 0u; ch < DCH; ch++) {
+      stage(OQ, qbase, ap.q.w, r0, ch * 64u, R0, li);
+      stage(OK, kbase, ap.k.w, c0, ch * 64u, R1, li);
+      workgroupBarrier();
+      mul_nt(&s, R0, R1, chunk_c4(ch), tx, ty);
+      workgroupBarrier();
+    }
+    let masked = kb == qb || c0 + B > ap.t;  // uniform: only diagonal and tail tiles
     var mloc = vec4<f32>(NEG);
     for (var j = 0u; j < 4u; j++) {
-      let key = vec4<u32>(c0 + tx + 16u * j);
-      let ok = (key <= rows) & (key < vec4<u32>(ap.t));
-      sc[j] = select(vec4<f32>(NEG), s[j] * c, ok);
-      mloc = max(mloc, sc[j]);
+      s[j] *= c;
+      if (masked) {
+        let key = vec4<u32>(c0 + tx + 16u * j);
+        s[j] = select(vec4<f32>(NEG), s[j], (key <= rows) & (key < vec4<u32>(ap.t)));
+      }
+      mloc = max(mloc, s[j]);
     }
-    let mnew = max(m, row_reduce(mloc, tx, ty, true));
+    row_partials(mloc, tx, ty);
+    let nk4 = min(NV, (ap.t - c0 + 3u) / 4u);
+    stage(OV, vbase, ap.v.w, c0, 0u, R0, li);
+    workgroupBarrier();
+    let mnew = max(m, row_combine(ty, true));
     let alpha = exp2(m - mnew);
-    var p: array<vec4<f32>, 4>;
     var ps = vec4<f32>(0.0);
     for (var j = 0u; j < 4u; j++) {
-      p[j] = select(vec4<f32>(0.0), exp2(sc[j] - mnew), sc[j] > vec4<f32>(NEG));
-      ps += p[j];
+      var p = exp2(s[j] - mnew);
+      if (masked) { p = select(vec4<f32>(0.0), p, s[j] > vec4<f32>(NEG)); }
+      s[j] = p;
+      ps += p;
     }
     l = l * alpha + ps;
     m = mnew;
-    for (var cc = 0u; cc < DC; cc++) { acc[cc] *= alpha; }
-    put_tile(p, tx, ty);
+    for (var i = 0u; i < 4u; i++) { acc0[i] *= alpha[i]; acc1[i] *= alpha[i]; }
+    workgroupBarrier();  // the row maxima are read: R1 takes P
+    put_tile(s, R1, tx, ty);
     workgroupBarrier();
-    pv_tile(&acc, OV, vbase, ap.v.w, c0, li, tx, ty);
+    mul_pn(&acc0, R1, R0, nk4, tx, ty);  // O += P V
+    workgroupBarrier();
+    for (var ch = 1u; ch < DCH; ch++) {
+      stage(OV, vbase, ap.v.w, c0, ch * 64u, R0, li);
+      workgroupBarrier();
+      mul_pn(&acc1, R1, R0, nk4, tx, ty);
+      workgroupBarrier();
+    }
   }
-  let lt = row_reduce(l, tx, ty, false);
+  row_partials(l, tx, ty);
+  workgroupBarrier();
+  let lt = row_combine(ty, false);
   for (var i = 0u; i < 4u; i++) {
     if (rows[i] >= ap.t) { continue; }
     let inv = 1.0 / lt[i];
-    for (var cc = 0u; cc < DC; cc++) {
-      let col = tx + 16u * cc;
-      if (col < HD) { out[obase + rows[i] * ap.o.w + col] = acc[cc][i] * inv; }
+    for (var e = 0u; e < 4u; e++) {
+      let col = 4u * tx + e;
+      if (col < HD) { out[obase + rows[i] * ap.o.w + col] = acc0[i][e] * inv; }
+      if (DCH > 1u && col + 64u < HD) { out[obase + rows[i] * ap.o.w + col + 64u] = acc1[i][e] * inv; }
     }
     if (tx == 0u) { lse_out[bh * ap.t + rows[i]] = (m[i] + log2(lt[i])) * LN2; }
   }
@@ -265,13 +333,6 @@ fn attn_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
   delta_out[row] = (s.x + s.y) + (s.z + s.w);
 }
 
-// Index of a gradient element: row rows[i], column tx + 16 cc of a view; 0xffffffff past T or HD.
-fn grad_index(base: u32, st: u32, rows: vec4<u32>, i: u32, tx: u32, cc: u32) -> u32 {
-  let col = tx + 16u * cc;
-  if (rows[i] >= ap.t || col >= HD) { return 0xffffffffu; }
-  return base + rows[i] * st + col;
-}
-
 @compute @workgroup_size(16, 16)
 fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
              @builtin(local_invocation_index) li: u32) {
@@ -286,52 +347,99 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
   let vbase = head_base(ap.v, bh);
   let gbase = head_base(ap.g, bh);
   let c = ap.scale * LOG2E;
-  var dk_acc: array<vec4<f32>, DC>;
-  var dv_acc: array<vec4<f32>, DC>;
+  var dk0: array<vec4<f32>, 4>;  // key rows ty + 16 i, head columns 4 tx .. (and 64 + 4 tx ..)
+  var dk1: array<vec4<f32>, 4>;
+  var dv0: array<vec4<f32>, 4>;
+  var dv1: array<vec4<f32>, 4>;
   let qstart = max(kb, ap.blk0);
   let qend = min(ap.blk1, ap.blocks);
   for (var qb = qstart; qb < qend; qb++) {
     let c0 = qb * B;
-    let s = qk_tile(OK, kbase, ap.k.w, r0, OQ, qbase, ap.q.w, c0, li, tx, ty);  // S^T: rows keys, columns queries
+    let nk4 = min(NV, (ap.t - c0 + 3u) / 4u);
+    // S^T = K Q^T (rows keys, columns queries) and dP^T = V dO^T.
+    var s = array<vec4<f32>, 4>();
+    var dp = array<vec4<f32>, 4>();
+    for (var ch = 0u; ch < DCH; ch++) {
+      stage(OK, kbase, ap.k.w, r0, ch * 64u, R0, li);
+      stage(OQ, qbase, ap.q.w, c0, ch * 64u, R1, li);
+      workgroupBarrier();
+      mul_nt(&s, R0, R1, chunk_c4(ch), tx, ty);
+      workgroupBarrier();
+    }
+    for (var ch = 0u; ch < DCH; ch++) {
+      stage(OV, vbase, ap.v.w, r0, ch * 64u, R0, li);
+      stage(OG, gbase, ap.g.w, c0, ch * 64u, R1, li);
+      workgroupBarrier();
+      mul_nt(&dp, R0, R1, chunk_c4(ch), tx, ty);
+      workgroupBarrier();
+    }
+    let masked = qb == kb || c0 + B > ap.t;
     var p: array<vec4<f32>, 4>;
-    var dl: vec4<f32>;
     for (var j = 0u; j < 4u; j++) {
       let qr = c0 + tx + 16u * j;
       var lq = 0.0;
-      var dq_ = 0.0;
+      var dl = 0.0;
       if (qr < ap.t) {
         lq = lse_in[bh * ap.t + qr] * LOG2E;
-        dq_ = delta_in[bh * ap.t + qr];
+        dl = delta_in[bh * ap.t + qr];
       }
-      dl[j] = dq_;
-      let ok = (vec4<u32>(qr) >= keys) & vec4<bool>(qr < ap.t);
-      p[j] = select(vec4<f32>(0.0), exp2(s[j] * c - lq), ok);
+      p[j] = exp2(s[j] * c - lq);
+      if (masked) { p[j] = select(vec4<f32>(0.0), p[j], (vec4<u32>(qr) >= keys) & vec4<bool>(qr < ap.t)); }
+      s[j] = p[j] * (dp[j] - vec4<f32>(dl));  // dS^T
     }
-    put_tile(p, tx, ty);
+    // dV += P^T dO: P^T into R0; dO (chunk 0) is still in R1.
+    put_tile(p, R0, tx, ty);
+    if (DCH > 1u) { stage(OG, gbase, ap.g.w, c0, 0u, R1, li); }
     workgroupBarrier();
-    pv_tile(&dv_acc, OG, gbase, ap.g.w, c0, li, tx, ty);          // dV += P^T dO
-    let dp = qk_tile(OV, vbase, ap.v.w, r0, OG, gbase, ap.g.w, c0, li, tx, ty);  // dP^T = V dO^T
-    var ds: array<vec4<f32>, 4>;
-    for (var j = 0u; j < 4u; j++) { ds[j] = p[j] * (dp[j] - vec4<f32>(dl[j])); }
-    put_tile(ds, tx, ty);
+    mul_pn(&dv0, R0, R1, nk4, tx, ty);
     workgroupBarrier();
-    pv_tile(&dk_acc, OQ, qbase, ap.q.w, c0, li, tx, ty);          // dK += dS^T Q
+    for (var ch = 1u; ch < DCH; ch++) {
+      stage(OG, gbase, ap.g.w, c0, ch * 64u, R1, li);
+      workgroupBarrier();
+      mul_pn(&dv1, R0, R1, nk4, tx, ty);
+      workgroupBarrier();
+    }
+    // dK += dS^T Q (scaled at the end).
+    put_tile(s, R0, tx, ty);
+    stage(OQ, qbase, ap.q.w, c0, 0u, R1, li);
+    workgroupBarrier();
+    mul_pn(&dk0, R0, R1, nk4, tx, ty);
+    workgroupBarrier();
+    for (var ch = 1u; ch < DCH; ch++) {
+      stage(OQ, qbase, ap.q.w, c0, ch * 64u, R1, li);
+      workgroupBarrier();
+      mul_pn(&dk1, R0, R1, nk4, tx, ty);
+      workgroupBarrier();
+    }
   }
   // The first dispatch that reaches this key block applies the caller's beta; later ones accumulate.
   let beta = select(1.0, ap.beta, kb >= ap.blk0);
   let dkb = head_base(ap.dk, bh);
   let dvb = head_base(ap.dv, bh);
   for (var i = 0u; i < 4u; i++) {
-    for (var cc = 0u; cc < DC; cc++) {
-      let ik = grad_index(dkb, ap.dk.w, keys, i, tx, cc);
+    for (var e = 0u; e < 4u; e++) {
+      let col = 4u * tx + e;
+      let ik = out_index(dkb, ap.dk.w, keys[i], col);
       if (ik == 0xffffffffu) { continue; }
-      var x = dk_acc[cc][i] * ap.scale;
-      if (beta != 0.0) { x += beta * dk[ik]; }
+      let iv = out_index(dvb, ap.dv.w, keys[i], col);
+      var x = dk0[i][e] * ap.scale;
+      var y = dv0[i][e];
+      if (beta != 0.0) {
+        x += beta * dk[ik];
+        y += beta * dv[iv];
+      }
       dk[ik] = x;
-      let iv = grad_index(dvb, ap.dv.w, keys, i, tx, cc);
-      var y = dv_acc[cc][i];
-      if (beta != 0.0) { y += beta * dv[iv]; }
       dv[iv] = y;
+      if (DCH > 1u && col + 64u < HD) {
+        var x1 = dk1[i][e] * ap.scale;
+        var y1 = dv1[i][e];
+        if (beta != 0.0) {
+          x1 += beta * dk[ik + 64u];
+          y1 += beta * dv[iv + 64u];
+        }
+        dk[ik + 64u] = x1;
+        dv[iv + 64u] = y1;
+      }
     }
   }
 }
@@ -350,40 +458,70 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
   let vbase = head_base(ap.v, bh);
   let gbase = head_base(ap.g, bh);
   let c = ap.scale * LOG2E;
-  var lse2: vec4<f32>;
-  var dl: vec4<f32>;
+  var lse2 = vec4<f32>(0.0);
+  var dl = vec4<f32>(0.0);
   for (var i = 0u; i < 4u; i++) {
     if (rows[i] < ap.t) {
       lse2[i] = lse_in[bh * ap.t + rows[i]] * LOG2E;
       dl[i] = delta_in[bh * ap.t + rows[i]];
     }
   }
-  var acc: array<vec4<f32>, DC>;
+  var acc0: array<vec4<f32>, 4>;
+  var acc1: array<vec4<f32>, 4>;
   let kend = min(ap.blk1, qb + 1u);
   for (var kb = ap.blk0; kb < kend; kb++) {
     let c0 = kb * B;
-    let s = qk_tile(OQ, qbase, ap.q.w, r0, OK, kbase, ap.k.w, c0, li, tx, ty);
-    let dp = qk_tile(OG, gbase, ap.g.w, r0, OV, vbase, ap.v.w, c0, li, tx, ty);  // dP = dO V^T
-    var ds: array<vec4<f32>, 4>;
-    for (var j = 0u; j < 4u; j++) {
-      let key = vec4<u32>(c0 + tx + 16u * j);
-      let ok = (key <= rows) & (key < vec4<u32>(ap.t)) & (rows < vec4<u32>(ap.t));
-      let p = select(vec4<f32>(0.0), exp2(s[j] * c - lse2), ok);
-      ds[j] = p * (dp[j] - dl);
+    let nk4 = min(NV, (ap.t - c0 + 3u) / 4u);
+    var dp = array<vec4<f32>, 4>();  // dP = dO V^T
+    var s = array<vec4<f32>, 4>();   // S = Q K^T; K (chunk 0) stays in R1 for dQ += dS K
+    for (var ch = 0u; ch < DCH; ch++) {
+      stage(OG, gbase, ap.g.w, r0, ch * 64u, R0, li);
+      stage(OV, vbase, ap.v.w, c0, ch * 64u, R1, li);
+      workgroupBarrier();
+      mul_nt(&dp, R0, R1, chunk_c4(ch), tx, ty);
+      workgroupBarrier();
     }
-    put_tile(ds, tx, ty);
+    for (var ch = DCH; ch > 0u; ch--) {  // chunk 0 last
+      stage(OQ, qbase, ap.q.w, r0, (ch - 1u) * 64u, R0, li);
+      stage(OK, kbase, ap.k.w, c0, (ch - 1u) * 64u, R1, li);
+      workgroupBarrier();
+      mul_nt(&s, R0, R1, chunk_c4(ch - 1u), tx, ty);
+      workgroupBarrier();
+    }
+    let masked = kb == qb || c0 + B > ap.t || r0 + B > ap.t;
+    for (var j = 0u; j < 4u; j++) {
+      var p = exp2(s[j] * c - lse2);
+      if (masked) {
+        let key = vec4<u32>(c0 + tx + 16u * j);
+        p = select(vec4<f32>(0.0), p, (key <= rows) & (key < vec4<u32>(ap.t)) & (rows < vec4<u32>(ap.t)));
+      }
+      s[j] = p * (dp[j] - dl);  // dS
+    }
+    put_tile(s, R0, tx, ty);
     workgroupBarrier();
-    pv_tile(&acc, OK, kbase, ap.k.w, c0, li, tx, ty);  // dQ += dS K
+    mul_pn(&acc0, R0, R1, nk4, tx, ty);  // dQ += dS K
+    workgroupBarrier();
+    for (var ch = 1u; ch < DCH; ch++) {
+      stage(OK, kbase, ap.k.w, c0, ch * 64u, R1, li);
+      workgroupBarrier();
+      mul_pn(&acc1, R0, R1, nk4, tx, ty);
+      workgroupBarrier();
+    }
   }
   let beta = select(1.0, ap.beta, ap.blk0 == 0u);
   let dqb = head_base(ap.dq, bh);
   for (var i = 0u; i < 4u; i++) {
-    for (var cc = 0u; cc < DC; cc++) {
-      let iq = grad_index(dqb, ap.dq.w, rows, i, tx, cc);
+    for (var e = 0u; e < 4u; e++) {
+      let iq = out_index(dqb, ap.dq.w, rows[i], 4u * tx + e);
       if (iq == 0xffffffffu) { continue; }
-      var x = acc[cc][i] * ap.scale;
+      var x = acc0[i][e] * ap.scale;
       if (beta != 0.0) { x += beta * dq[iq]; }
       dq[iq] = x;
+      if (DCH > 1u && 4u * tx + e + 64u < HD) {
+        var x1 = acc1[i][e] * ap.scale;
+        if (beta != 0.0) { x1 += beta * dq[iq + 64u]; }
+        dq[iq + 64u] = x1;
+      }
     }
   }
 }
