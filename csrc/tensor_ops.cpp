@@ -1,5 +1,5 @@
 // Launchers of the autograd's tensor kernels (elementwise.wgsl, axis.wgsl,
-// embedding.wgsl). Operands past one storage binding are split into blocks;
+// embedding.wgsl, embedding_backward.wgsl). Operands past one storage binding are split into blocks;
 // each block binds, per operand, the aligned range at or below its first
 // element and passes that element's index in the binding through the uniform.
 #include "tensor_ops.hpp"
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -48,9 +49,24 @@ struct GatherParams {  // embedding.wgsl
 };
 static_assert(sizeof(GatherParams) == 48, "embedding.wgsl GatherParams is 48 bytes");
 
+struct EmbBwdParams {  // embedding_backward.wgsl
+  uint32_t rows, cols, v0, vcount, src_off, idx_off, dst_off, seg, segs, direct;
+  float beta;
+  uint32_t pad;
+};
+static_assert(sizeof(EmbBwdParams) == 48, "embedding_backward.wgsl EmbBwdParams is 48 bytes");
+
 constexpr uint32_t kGroup = 256;        // threads per workgroup of the flat kernels
-constexpr uint32_t kEmbRows = 128;      // embedding.wgsl VB
-constexpr uint32_t kEmbCols = 64;       // embedding.wgsl CB
+constexpr uint32_t kEmbMaxRows = 128;   // embedding_backward.wgsl VB at most (rows per workgroup)
+constexpr uint32_t kEmbCols = 64;       // embedding_backward.wgsl CB
+// embedding_backward: ids per segment aimed at (enough workgroups to fill a GPU
+// for small tables), the partial sums' scratch budget (floats), and the most
+// segments one combine pass adds (its loop's trips).
+constexpr uint64_t kEmbSegIds = 512;
+constexpr uint64_t kEmbScratchFloats = uint64_t(1) << 24;
+constexpr uint64_t kEmbMaxSegs = 1024;
+// Ids one segment scans at most (a thread's trips: one per id, plus VB to clear and write).
+constexpr uint64_t kEmbMaxSegLen = 16384;
 constexpr uint64_t kMaxBlocks = 65536;  // dispatches one N-d launch may split into
 // Trips of any one loop in a kernel: llvmpipe (lavapipe) silently leaves a
 // loop after 65535 iterations (an inner loop's trips add up over its outer
@@ -616,30 +632,86 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
   check_no_alias("embedding_backward", dweight, "dweight", {{&dy, "dy"}, {&ids, "ids"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, dim, "embedding_backward");
-  const Kernel& k = gather_kernel(dev, "embedding_backward",
-                                  {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {4, Bind::Uniform}});
-  for (uint64_t v0 = 0; v0 < vocab; v0 += per) {
-    const uint64_t vc = std::min<uint64_t>(per, vocab - v0);
-    const Bound wb = bind_span(dev, dweight, v0 * dim, vc * dim);
-    // id blocks in increasing order, later ones accumulating: the per-element order stays increasing i.
-    const uint64_t id_rows = std::min<uint64_t>(per, kMaxTrips);  // one inner-loop trip per id
-    for (uint64_t i0 = 0; i0 < n_ids; i0 += id_rows) {
-      const uint64_t ic = std::min<uint64_t>(id_rows, n_ids - i0);
-      const Bound db = bind_span(dev, dy, i0 * dim, ic * dim);
-      const Bound ib = bind_span(dev, ids, i0, ic);
-      GatherParams p{};
-      p.rows = uint32_t(ic);
-      p.cols = dim;
-      p.vocab = vocab;
-      p.v0 = uint32_t(v0);
-      p.vcount = uint32_t(vc);
-      p.src_off = db.off;
-      p.idx_off = ib.off;
-      p.dst_off = wb.off;
-      p.beta = i0 == 0 ? beta : 1.0f;
-      auto [gx, gy] = grid_1d(dev, ceil_div(vc, kEmbRows) * ceil_div(dim, kEmbCols));
-      r.dispatch(k, {db.range, ib.range, wb.range}, p, gx, gy);
+  // Rows per workgroup: as many as workgroup memory holds (VB * CB floats plus a 64-id tile), up to 128.
+  const uint64_t wg_bytes = dev.limits().max_workgroup_storage;
+  const uint64_t vb = std::min<uint64_t>(kEmbMaxRows, wg_bytes > 256 ? (wg_bytes - 256) / (4 * kEmbCols) : 0);
+  if (vb == 0) throw ArgumentError("embedding_backward: the device offers too little workgroup memory");
+  const Kernel& seg_k = dev.pipelines().get(KernelDesc{
+      "embedding_backward", "emb_bwd_segments",
+      {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {4, Bind::Uniform}},
+      {{"VB", std::to_string(vb) + "u"}}});
+  const uint64_t table = uint64_t(vocab) * dim;
+  const uint64_t cblocks = ceil_div(dim, kEmbCols);
+  // Segments: the ids split into S runs summed by different workgroups into partial tables
+  // (S * vocab * dim floats of scratch, one binding), which a second pass adds in segment order.
+  const uint64_t budget = std::min(kEmbScratchFloats, span_limit(dev));
+  const uint64_t segs_max = std::min({ceil_div(n_ids, kEmbSegIds), budget / table, kEmbMaxSegs});
+
+  if (segs_max < 2) {
+    // One segment per dispatch, written straight into dweight: dweight blocks of `per` rows, id runs in
+    // increasing order, later ones accumulating (beta = 1).
+    const uint64_t run = std::min(per, kEmbMaxSegLen);
+    for (uint64_t v0 = 0; v0 < vocab; v0 += per) {
+      const uint64_t vc = std::min<uint64_t>(per, vocab - v0);
+      const Bound wb = bind_span(dev, dweight, v0 * dim, vc * dim);
+      for (uint64_t i0 = 0; i0 < n_ids; i0 += run) {
+        const uint64_t ic = std::min<uint64_t>(run, n_ids - i0);
+        const Bound db = bind_span(dev, dy, i0 * dim, ic * dim);
+        const Bound ib = bind_span(dev, ids, i0, ic);
+        EmbBwdParams p{};
+        p.rows = uint32_t(ic);
+        p.cols = dim;
+        p.v0 = uint32_t(v0);
+        p.vcount = uint32_t(vc);
+        p.src_off = db.off;
+        p.idx_off = ib.off;
+        p.dst_off = wb.off;
+        p.seg = uint32_t(ic);
+        p.segs = 1;
+        p.direct = 1;
+        p.beta = i0 == 0 ? beta : 1.0f;
+        auto [gx, gy] = grid_1d(dev, ceil_div(vc, vb) * cblocks);
+        r.dispatch(seg_k, {db.range, ib.range, wb.range}, p, gx, gy);
+      }
     }
+    return;
+  }
+
+  // The whole table fits one binding here (table <= budget / 2). Rounds of up to segs_max segments of at
+  // most kEmbMaxSegLen ids (and dy rows within one binding), later rounds accumulating (beta = 1).
+  const Kernel& comb_k = dev.pipelines().get(
+      KernelDesc{"embedding_backward", "emb_bwd_combine", {{0, Bind::ReadOnly}, {2, Bind::ReadWrite}, {4, Bind::Uniform}},
+                 {{"VB", std::to_string(vb) + "u"}}});
+  const uint64_t round_ids = std::min(segs_max * kEmbMaxSegLen, per);
+  // Scratch for the partial tables (wgpu keeps it alive for the encoder; a captured graph references it).
+  auto scratch = std::make_unique<Buffer>(r.device_ptr(), segs_max * table * 4, "pywgtrain.emb_partials");
+  const Bound wb = bind_span(dev, dweight, 0, table);
+  for (uint64_t i0 = 0; i0 < n_ids; i0 += round_ids) {
+    const uint64_t ic = std::min<uint64_t>(round_ids, n_ids - i0);
+    const uint64_t seg = ceil_div(ic, segs_max);  // <= kEmbMaxSegLen
+    const uint64_t segs = ceil_div(ic, seg);      // <= segs_max
+    const Bound db = bind_span(dev, dy, i0 * dim, ic * dim);
+    const Bound ib = bind_span(dev, ids, i0, ic);
+    const Range parts = floats(*scratch, 0, segs * table);
+    EmbBwdParams p{};
+    p.rows = uint32_t(ic);
+    p.cols = dim;
+    p.v0 = 0;
+    p.vcount = vocab;
+    p.src_off = db.off;
+    p.idx_off = ib.off;
+    p.dst_off = 0;
+    p.seg = uint32_t(seg);
+    p.segs = uint32_t(segs);
+    p.direct = 0;
+    auto [gx, gy] = grid_1d(dev, segs * ceil_div(vocab, vb) * cblocks);
+    r.dispatch(seg_k, {db.range, ib.range, parts}, p, gx, gy);
+    EmbBwdParams q = p;
+    q.src_off = 0;
+    q.dst_off = wb.off;
+    q.beta = i0 == 0 ? beta : 1.0f;
+    auto [cx, cy] = grid_1d(dev, ceil_div(table, kGroup));
+    r.dispatch(comb_k, {parts, wb.range}, q, cx, cy);
   }
 }
 

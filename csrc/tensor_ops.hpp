@@ -92,8 +92,11 @@ void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buff
 // out[i, :] = weight[ids[i], :], i < n_ids; ids outside [0, vocab) give NaN rows.
 void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffer& out, uint32_t n_ids, uint32_t vocab,
                uint32_t dim);
-// dweight[v, :] = sum over i with ids[i] == v of dy[i, :] in increasing i (+ beta * dweight, added first):
-// deterministic, no atomics. Out-of-range ids contribute nothing.
+// dweight[v, :] = beta * dweight[v, :] + sum over i with ids[i] == v of dy[i, :]: deterministic (bit-identical
+// across runs), no atomics. Out-of-range ids contribute nothing. The ids are cut into consecutive segments
+// (several for tables of up to 8M floats, so small vocabularies still fill the GPU): each segment sums in
+// increasing i into a scratch partial table, then the partials are added in segment order and beta * dweight
+// added last. Tables too large for the scratch use one segment per run of up to 16,384 ids, runs in order.
 void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const Buffer& dweight, uint32_t n_ids,
                         uint32_t vocab, uint32_t dim, float beta);
 

@@ -544,11 +544,11 @@ def test_embedding_backward(dev, rng, n_ids, vocab, dim):
     dw2 = poisoned(dev, (vocab, dim))
     run(dev, _core.embedding_backward, tdy._buf, tids._buf, dw2._buf, n_ids, vocab, dim, 0.0)
     assert first.tobytes() == dw2.numpy().tobytes()  # deterministic: bit-identical
-    # the sum runs in increasing id position: exactly a float32 sequential sum
-    seq = np.zeros((vocab, dim), np.float32)
-    for i in np.nonzero(ok)[0]:
-        seq[ids[i]] += dy[i]
-    np.testing.assert_array_equal(first, seq)
+    if n_ids <= 512:  # one segment of ids: exactly a float32 sequential sum in increasing id position
+        seq = np.zeros((vocab, dim), np.float32)
+        for i in np.nonzero(ok)[0]:
+            seq[ids[i]] += dy[i]
+        np.testing.assert_array_equal(first, seq)
     base = rand(rng, vocab, dim)
     dw = T(dev, base)
     run(dev, _core.embedding_backward, tdy._buf, tids._buf, dw._buf, n_ids, vocab, dim, 1.0)
@@ -756,17 +756,60 @@ def test_reduce_axis_past_binding_limit(dev, rng, layout):
 
 
 def test_embedding_backward_many_ids(dev, rng):
-    """More ids than one dispatch scans (32768): id blocks accumulate in order, still bit-exact."""
+    """More ids than one round of segments covers: rounds accumulate in order; deterministic."""
     n_ids, vocab, dim = 3 * 32768 + 100, 5, 3
     ids = rng.integers(0, vocab, n_ids).astype(np.int32)
     dy = rng.standard_normal((n_ids, dim), dtype=np.float32)
+    tdy, tids = T(dev, dy), T(dev, ids)
+    expected = np.zeros((vocab, dim))
+    np.add.at(expected, ids, dy.astype(np.float64))
+    results = []
+    for _ in range(2):
+        dw = poisoned(dev, (vocab, dim))
+        run(dev, _core.embedding_backward, tdy._buf, tids._buf, dw._buf, n_ids, vocab, dim, 0.0)
+        results.append(dw.numpy())
+    assert_close(results[0], expected, atol_scale=1e-4)
+    assert results[0].tobytes() == results[1].tobytes()
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0, 0.5])
+def test_embedding_backward_segments(dev, rng, beta):
+    """nanoGPT-char shape (16,384 ids, vocab 65, dim 384): the ids split into segments summed by
+    different workgroups; runs of one id straddle segment boundaries; bit-identical twice."""
+    n_ids, vocab, dim = 16384, 65, 384
+    ids = rng.integers(0, vocab, n_ids).astype(np.int32)
+    ids[300:1800] = 7  # crosses several segment boundaries (every 512 ids or more)
+    ids[8000:8300:3] = 64
+    ids[ids == 3] = 4  # row 3 gets no ids: exact zeros (times beta)
+    ids[5] = -1
+    ids[9000] = vocab  # out of range: contribute nothing
+    dy = rand(rng, n_ids, dim)
+    ok = (ids >= 0) & (ids < vocab)
+    expected = np.zeros((vocab, dim))
+    np.add.at(expected, ids[ok], dy[ok].astype(np.float64))
+    base = rand(rng, vocab, dim)
+    expected = expected + beta * base.astype(np.float64)
+    tdy, tids = T(dev, dy), T(dev, ids)
+    results = []
+    for _ in range(2):
+        dw = T(dev, base) if beta != 0.0 else poisoned(dev, (vocab, dim))
+        run(dev, _core.embedding_backward, tdy._buf, tids._buf, dw._buf, n_ids, vocab, dim, beta)
+        results.append(dw.numpy())
+    assert_close(results[0], expected, atol_scale=1e-5)
+    assert results[0].tobytes() == results[1].tobytes()
+    np.testing.assert_array_equal(results[0][3], np.float32(beta) * base[3])
+
+
+def test_embedding_backward_large_table_one_segment(dev, rng):
+    """A table past the partials' budget (16M floats / 2) takes the single-segment path: exactly the
+    float32 sequential sum in increasing id position."""
+    n_ids, vocab, dim = 600, 70000, 130
+    ids = rng.integers(0, 40, n_ids).astype(np.int32)
+    ids[::7] = vocab - 1
+    dy = rand(rng, n_ids, dim)
     dw = poisoned(dev, (vocab, dim))
     run(dev, _core.embedding_backward, T(dev, dy)._buf, T(dev, ids)._buf, dw._buf, n_ids, vocab, dim, 0.0)
     seq = np.zeros((vocab, dim), np.float32)
-    for v in range(vocab):
-        rows = dy[ids == v]
-        acc = np.zeros(dim, np.float32)
-        for r in rows:  # float32 sequential sum in id order
-            acc += r
-        seq[v] = acc
+    for i in range(n_ids):
+        seq[ids[i]] += dy[i]
     np.testing.assert_array_equal(dw.numpy(), seq)
