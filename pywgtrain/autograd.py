@@ -204,6 +204,16 @@ def _copy(src):
     return out
 
 
+def _one(device):
+    """A device constant 1.0 (uploaded once per device, never written: the
+    seed gradient of scalar losses, without a fill dispatch per step)."""
+    one = device.__dict__.get("_autograd_one")
+    if one is None:
+        from .tensor import tensor
+        one = device.__dict__["_autograd_one"] = tensor(np.ones(1, np.float32), device)
+    return one
+
+
 def _topo_nodes(root_node):
     """Nodes reachable from root_node, each after every node that consumes its output."""
     order, seen = [], set()
@@ -230,7 +240,7 @@ def _topo_nodes(root_node):
 
 def backward(root, gradient=None):
     """Run the backward pass from ``root`` (see ``Tensor.backward``)."""
-    from .tensor import Tensor, full
+    from .tensor import Tensor
 
     if not root.requires_grad:
         raise RuntimeError("backward(): the tensor does not require grad and has no grad_fn (no input of the ops "
@@ -239,7 +249,7 @@ def backward(root, gradient=None):
         if root.size != 1:
             raise RuntimeError(f"backward(): grad can be implicitly created only for scalar outputs; this tensor has "
                                f"shape {root.shape}: pass gradient= of that shape")
-        gradient = full(root.shape, 1.0, device=root.device)
+        gradient = _one(root.device).reshape(root.shape)
     else:
         if not isinstance(gradient, Tensor):
             gradient = Tensor._from_host(gradient, root.device, "gradient")
