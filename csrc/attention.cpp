@@ -29,23 +29,36 @@ constexpr uint64_t kMaxTrips = 32768;       // loop iterations per thread and di
 
 enum View { VQ = 0, VK, VV, VO, VG, VDQ, VDK, VDV };
 
-const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d) {
+// attention.wgsl VEC: q, k, v (and dO) are also read through vec4 views
+// (bindings 14-17), one 128-bit load per staged vec4, where every view's
+// offset and strides and the head size are multiples of 4.
+bool vec_views(uint32_t d, std::initializer_list<const AttnView*> views) {
+  if (d % 4) return false;
+  for (const AttnView* v : views)
+    if (v->off % 4 || v->sb % 4 || v->sh % 4 || v->st % 4) return false;
+  return true;
+}
+
+const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d, bool vec = false) {
   KernelDesc kd;
   kd.shader = "attention";
   kd.entry = entry;
   if (entry == "attn_forward")  // binding 7 (dO) is bound to q: ld() names it, the forward never reads it
     kd.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
-                   {4, Bind::ReadWrite}, {5, Bind::Uniform}, {7, Bind::ReadOnly}};
+                   {4, Bind::ReadWrite}, {5, Bind::Uniform}, {7, Bind::ReadOnly}, {14, Bind::ReadOnly},
+                   {15, Bind::ReadOnly}, {16, Bind::ReadOnly}, {17, Bind::ReadOnly}};
   else if (entry == "attn_delta")
     kd.bindings = {{5, Bind::Uniform}, {6, Bind::ReadOnly}, {7, Bind::ReadOnly}, {9, Bind::ReadWrite}};
   else if (entry == "attn_dkdv")
     kd.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {5, Bind::Uniform},
                    {7, Bind::ReadOnly}, {8, Bind::ReadOnly}, {10, Bind::ReadOnly}, {12, Bind::ReadWrite},
-                   {13, Bind::ReadWrite}};
+                   {13, Bind::ReadWrite}, {14, Bind::ReadOnly}, {15, Bind::ReadOnly}, {16, Bind::ReadOnly},
+                   {17, Bind::ReadOnly}};
   else
     kd.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {5, Bind::Uniform},
-                   {7, Bind::ReadOnly}, {8, Bind::ReadOnly}, {10, Bind::ReadOnly}, {11, Bind::ReadWrite}};
-  kd.constants = {{"HD", std::to_string(d) + "u"}};
+                   {7, Bind::ReadOnly}, {8, Bind::ReadOnly}, {10, Bind::ReadOnly}, {11, Bind::ReadWrite},
+                   {14, Bind::ReadOnly}, {15, Bind::ReadOnly}, {16, Bind::ReadOnly}, {17, Bind::ReadOnly}};
+  kd.constants = {{"HD", std::to_string(d) + "u"}, {"VEC", vec ? "true" : "false"}};
   // Every storage access in attention.wgsl is guarded (row < T, column < HD,
   // row index < B*H*T) and bind_view / bind_rows check that the last element
   // of each view lies inside its binding: no injected bounds checks needed.
@@ -69,8 +82,8 @@ void check_shape(const Device& dev, const Shape& s) {
   if (lim.max_workgroup_storage < kSharedFloats * 4)
     throw ArgumentError("attention: the kernels need " + std::to_string(kSharedFloats * 4) +
                         " bytes of workgroup memory, the device offers " + std::to_string(lim.max_workgroup_storage));
-  if (lim.max_storage_buffers_per_stage < 8)
-    throw ArgumentError("attention: the backward binds 8 storage buffers, the device allows " +
+  if (lim.max_storage_buffers_per_stage < 12)
+    throw ArgumentError("attention: the backward binds 12 storage buffers, the device allows " +
                         std::to_string(lim.max_storage_buffers_per_stage));
 }
 
@@ -150,7 +163,10 @@ void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const B
   const Range rv = bind_view(dev, v, vv, s, false, "v");
   const Range ro = bind_view(dev, out, ov, s, true, "out");
   const Range rl = bind_rows(dev, lse, s, "lse");
-  const Kernel& kern = attn_kernel(dev, "attn_forward", d);
+  const bool vec = vec_views(d, {&qv, &kv, &vv});
+  const Kernel& kern = attn_kernel(dev, "attn_forward", d, vec);
+  const Range unused{dev.placeholder(), 0, 16};
+  const Range q4 = vec ? rq : unused, k4 = vec ? rk : unused, v4 = vec ? rv : unused;
   const uint32_t nb = uint32_t(ceil_div(t, kBlock));
   const uint32_t per = blocks_per_dispatch("attn_forward", d, max_blocks);
   AttnParams p{};
@@ -161,7 +177,7 @@ void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const B
     p.blk1 = std::min(nb, b0 + per);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
-      r.dispatch(kern, {rq, rk, rv, ro, rl, rq}, p, nb - b0, count);
+      r.dispatch(kern, {rq, rk, rv, ro, rl, rq, q4, k4, v4, q4}, p, nb - b0, count);
     });
   }
 }
@@ -192,6 +208,9 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
   const Range rl = bind_rows(dev, lse, s, "lse");
   const Range rd = bind_rows(dev, delta, s, "delta");
   const uint32_t nb = uint32_t(ceil_div(t, kBlock));
+  const bool vec = vec_views(d, {&qv, &kv, &vv, &gv});
+  const Range unused{dev.placeholder(), 0, 16};
+  const Range q4 = vec ? rq : unused, k4 = vec ? rk : unused, v4 = vec ? rv : unused, g4 = vec ? rg : unused;
   AttnParams p{};
   p.t = t; p.heads = heads; p.scale = scale; p.beta = beta;
   set_view(p, VQ, qv); set_view(p, VK, kv); set_view(p, VV, vv); set_view(p, VO, ov); set_view(p, VG, gv);
@@ -205,25 +224,25 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
 
   p.blocks = nb;
   // dK, dV: a workgroup per key block; query blocks [b0, b1) per dispatch reach key blocks < b1.
-  const Kernel& kkv = attn_kernel(dev, "attn_dkdv", d);
+  const Kernel& kkv = attn_kernel(dev, "attn_dkdv", d, vec);
   const uint32_t per_kv = blocks_per_dispatch("attn_dkdv", d, max_blocks);
   for (uint32_t b0 = 0; b0 < nb; b0 += per_kv) {
     p.blk0 = b0;
     p.blk1 = std::min(nb, b0 + per_kv);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
-      r.dispatch(kkv, {rq, rk, rv, rg, rl, rd, rdk, rdv}, p, p.blk1, count);
+      r.dispatch(kkv, {rq, rk, rv, rg, rl, rd, rdk, rdv, q4, k4, v4, g4}, p, p.blk1, count);
     });
   }
   // dQ: a workgroup per query block; key blocks [b0, b1) per dispatch.
-  const Kernel& kq = attn_kernel(dev, "attn_dq", d);
+  const Kernel& kq = attn_kernel(dev, "attn_dq", d, vec);
   const uint32_t per_q = blocks_per_dispatch("attn_dq", d, max_blocks);
   for (uint32_t b0 = 0; b0 < nb; b0 += per_q) {
     p.blk0 = b0;
     p.blk1 = std::min(nb, b0 + per_q);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
-      r.dispatch(kq, {rq, rk, rv, rg, rl, rd, rdq}, p, nb - b0, count);
+      r.dispatch(kq, {rq, rk, rv, rg, rl, rd, rdq, q4, k4, v4, g4}, p, nb - b0, count);
     });
   }
 }

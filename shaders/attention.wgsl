@@ -30,7 +30,11 @@
 // a forward dispatch past the first resumes from the O and lse written by
 // the previous one, backward dispatches past the first accumulate.
 // Workgroup memory: two 64 x 64 tiles (operands, P / dS, row reductions) =
-// 8192 floats. The pipelines are trusted (no injected bounds checks): every
+// 8192 floats. Operand tiles go global -> registers (fetch: 4 vec4 per
+// thread, one 128-bit load each with VEC) -> workgroup memory (put): the
+// operand a kernel reuses over its whole block loop (Q in the forward and
+// dQ, dO in dQ, K and V in dK/dV) is fetched once and kept in registers, and
+// the next block's operands are fetched while the current block computes. The pipelines are trusted (no injected bounds checks): every
 // storage access is guarded by row < T and column < HD, and the host checks
 // that each view's last element lies inside its binding.
 
@@ -55,6 +59,12 @@ struct AttnParams {
 @group(0) @binding(11) var<storage, read_write> dq: array<f32>;
 @group(0) @binding(12) var<storage, read_write> dk: array<f32>;
 @group(0) @binding(13) var<storage, read_write> dv: array<f32>;
+// q, k, v and dO again as vec4s (VEC: every view's offset and strides and HD
+// are multiples of 4; otherwise a placeholder is bound and never read).
+@group(0) @binding(14) var<storage, read> q4: array<vec4<f32>>;
+@group(0) @binding(15) var<storage, read> k4: array<vec4<f32>>;
+@group(0) @binding(16) var<storage, read> v4: array<vec4<f32>>;
+@group(0) @binding(17) var<storage, read> g4: array<vec4<f32>>;
 
 const B: u32 = 64u;                // rows and columns of a tile
 const WG: u32 = 256u;
@@ -93,29 +103,54 @@ fn head_base(view: vec4<u32>, bh: u32) -> u32 {
   return view.x + (bh / ap.heads) * view.y + (bh % ap.heads) * view.z;
 }
 
-// Stages rows r0..r0+63, head columns d0..d0+63 of an operand into the tile
-// at reg (row-major, swizzled); 0 past T or HD. Every read is in range (the
-// pipelines are trusted: no injected bounds checks).
-fn stage(which: u32, base: u32, st: u32, r0: u32, d0: u32, reg: u32, li: u32) {
-  for (var s = 0u; s < B * NV / WG; s++) {
-    let e = li + s * WG;
-    let r = e / NV;
-    let c4 = e % NV;
-    let row = r0 + r;
-    let d = d0 + 4u * c4;
-    var x = vec4<f32>(0.0);
-    if (row < ap.t && d < HD) {
-      let i = base + row * st + d;
-      if (d + 4u <= HD) {
-        x = vec4<f32>(ld(which, i), ld(which, i + 1u), ld(which, i + 2u), ld(which, i + 3u));
-      } else {
-        x.x = ld(which, i);
-        if (d + 1u < HD) { x.y = ld(which, i + 1u); }
-        if (d + 2u < HD) { x.z = ld(which, i + 2u); }
-      }
-    }
-    sm[reg + r * NV + (c4 ^ (r & 15u))] = x;
+fn ld4(which: u32, i4: u32) -> vec4<f32> {
+  switch which {
+    case 0u: { return q4[i4]; }
+    case 1u: { return k4[i4]; }
+    case 2u: { return v4[i4]; }
+    default: { return g4[i4]; }
   }
+}
+
+// A thread's share of a staged tile (rows r0..r0+63, head columns d0..d0+63
+// of an operand): slot s is tile row li / 16 + 16 s, vec4 column li % 16; 0
+// past T or HD. Tiles go global -> registers (fetch) -> workgroup memory
+// (put), so loads are issued early (prefetch) and operands reused across
+// block iterations stay in registers instead of being read again.
+alias Slice = array<vec4<f32>, 4>;
+
+fn fetch1(which: u32, base: u32, st: u32, row: u32, d: u32) -> vec4<f32> {
+  var x = vec4<f32>(0.0);
+  if (row < ap.t && d < HD) {
+    let i = base + row * st + d;
+    if (VEC) {
+      x = ld4(which, i / 4u);
+    } else if (d + 4u <= HD) {
+      x = vec4<f32>(ld(which, i), ld(which, i + 1u), ld(which, i + 2u), ld(which, i + 3u));
+    } else {
+      x.x = ld(which, i);
+      if (d + 1u < HD) { x.y = ld(which, i + 1u); }
+      if (d + 2u < HD) { x.z = ld(which, i + 2u); }
+    }
+  }
+  return x;
+}
+
+fn fetch(which: u32, base: u32, st: u32, r0: u32, d0: u32, li: u32) -> Slice {
+  let row = r0 + li / NV;
+  let d = d0 + 4u * (li % NV);
+  return Slice(fetch1(which, base, st, row, d), fetch1(which, base, st, row + 16u, d),
+               fetch1(which, base, st, row + 32u, d), fetch1(which, base, st, row + 48u, d));
+}
+
+// Stores a fetched slice into the tile at reg (row-major, swizzled).
+fn put(x: Slice, reg: u32, li: u32) {
+  let r = li / NV;
+  let i = reg + r * NV + ((li % NV) ^ r);
+  sm[i] = x[0];
+  sm[i + 16u * NV] = x[1];
+  sm[i + 32u * NV] = x[2];
+  sm[i + 48u * NV] = x[3];
 }
 
 // Vec4 columns of chunk ch holding head columns.
@@ -248,16 +283,29 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     }
     l = vec4<f32>(select(0.0, 1.0, tx == 0u));
   }
+  // Q stays in registers; K of the next block is fetched during this one's
+  // softmax and P V, V of this block during its Q K^T.
+  var qr = array<Slice, DCH>();
+  var kr = array<Slice, DCH>();
+  var vr = array<Slice, DCH>();
+  for (var ch = 0u; ch < DCH; ch++) {
+    qr[ch] = fetch(OQ, qbase, ap.q.w, r0, ch * 64u, li);
+    kr[ch] = fetch(OK, kbase, ap.k.w, ap.blk0 * B, ch * 64u, li);
+  }
   let kend = min(ap.blk1, qb + 1u);
   for (var kb = ap.blk0; kb < kend; kb++) {
     let c0 = kb * B;
+    for (var ch = 0u; ch < DCH; ch++) { vr[ch] = fetch(OV, vbase, ap.v.w, c0, ch * 64u, li); }
     var s = array<vec4<f32>, 4>();
     for (var ch = 0u; ch < DCH; ch++) {
-      stage(OQ, qbase, ap.q.w, r0, ch * 64u, R0, li);
-      stage(OK, kbase, ap.k.w, c0, ch * 64u, R1, li);
+      put(qr[ch], R0, li);
+      put(kr[ch], R1, li);
       workgroupBarrier();
       mul_nt(&s, R0, R1, chunk_c4(ch), tx, ty);
       workgroupBarrier();
+    }
+    if (kb + 1u < kend) {
+      for (var ch = 0u; ch < DCH; ch++) { kr[ch] = fetch(OK, kbase, ap.k.w, c0 + B, ch * 64u, li); }
     }
     let masked = kb == qb || c0 + B > ap.t;  // uniform: only diagonal and tail tiles
     var mloc = vec4<f32>(NEG);
@@ -271,7 +319,7 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     }
     row_partials(mloc, tx, ty);
     let nk4 = min(NV, (ap.t - c0 + 3u) / 4u);
-    stage(OV, vbase, ap.v.w, c0, 0u, R0, li);
+    put(vr[0], R0, li);
     workgroupBarrier();
     let mnew = max(m, row_combine(ty, true));
     let alpha = exp2(m - mnew);
@@ -291,7 +339,7 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     mul_pn(&acc0, R1, R0, nk4, tx, ty);  // O += P V
     workgroupBarrier();
     for (var ch = 1u; ch < DCH; ch++) {
-      stage(OV, vbase, ap.v.w, c0, ch * 64u, R0, li);
+      put(vr[ch], R0, li);
       workgroupBarrier();
       mul_pn(&acc1, R1, R0, nk4, tx, ty);
       workgroupBarrier();
@@ -351,65 +399,89 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
   var dk1: array<vec4<f32>, 4>;
   var dv0: array<vec4<f32>, 4>;
   var dv1: array<vec4<f32>, 4>;
+  // K and V stay in registers; Q and dO of the next query block are fetched
+  // while this one's products run.
   let qstart = max(kb, ap.blk0);
   let qend = min(ap.blk1, ap.blocks);
+  var kr = array<Slice, DCH>();
+  var vr = array<Slice, DCH>();
+  var qr = array<Slice, DCH>();
+  var gr = array<Slice, DCH>();
+  for (var ch = 0u; ch < DCH; ch++) {
+    kr[ch] = fetch(OK, kbase, ap.k.w, r0, ch * 64u, li);
+    vr[ch] = fetch(OV, vbase, ap.v.w, r0, ch * 64u, li);
+    qr[ch] = fetch(OQ, qbase, ap.q.w, qstart * B, ch * 64u, li);
+    gr[ch] = fetch(OG, gbase, ap.g.w, qstart * B, ch * 64u, li);
+  }
   for (var qb = qstart; qb < qend; qb++) {
     let c0 = qb * B;
+    let more = qb + 1u < qend;
     let nk4 = min(NV, (ap.t - c0 + 3u) / 4u);
+    var lq = vec4<f32>(0.0);  // lse (log2 units) and delta of query columns tx + 16 j
+    var dl = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j++) {
+      let qr_ = c0 + tx + 16u * j;
+      if (qr_ < ap.t) {
+        lq[j] = lse_in[bh * ap.t + qr_] * LOG2E;
+        dl[j] = delta_in[bh * ap.t + qr_];
+      }
+    }
     // S^T = K Q^T (rows keys, columns queries) and dP^T = V dO^T.
     var s = array<vec4<f32>, 4>();
     var dp = array<vec4<f32>, 4>();
     for (var ch = 0u; ch < DCH; ch++) {
-      stage(OK, kbase, ap.k.w, r0, ch * 64u, R0, li);
-      stage(OQ, qbase, ap.q.w, c0, ch * 64u, R1, li);
+      put(kr[ch], R0, li);
+      put(qr[ch], R1, li);
       workgroupBarrier();
       mul_nt(&s, R0, R1, chunk_c4(ch), tx, ty);
       workgroupBarrier();
     }
     for (var ch = 0u; ch < DCH; ch++) {
-      stage(OV, vbase, ap.v.w, r0, ch * 64u, R0, li);
-      stage(OG, gbase, ap.g.w, c0, ch * 64u, R1, li);
+      put(vr[ch], R0, li);
+      put(gr[ch], R1, li);
       workgroupBarrier();
       mul_nt(&dp, R0, R1, chunk_c4(ch), tx, ty);
       workgroupBarrier();
     }
+    if (DCH == 1u && more) { gr[0] = fetch(OG, gbase, ap.g.w, c0 + B, 0u, li); }  // dO is staged: fetch the next
     let masked = qb == kb || c0 + B > ap.t;
-    var p: array<vec4<f32>, 4>;
+    var p = array<vec4<f32>, 4>();
     for (var j = 0u; j < 4u; j++) {
-      let qr = c0 + tx + 16u * j;
-      var lq = 0.0;
-      var dl = 0.0;
-      if (qr < ap.t) {
-        lq = lse_in[bh * ap.t + qr] * LOG2E;
-        dl = delta_in[bh * ap.t + qr];
-      }
-      p[j] = exp2(s[j] * c - lq);
-      if (masked) { p[j] = select(vec4<f32>(0.0), p[j], (vec4<u32>(qr) >= keys) & vec4<bool>(qr < ap.t)); }
-      s[j] = p[j] * (dp[j] - vec4<f32>(dl));  // dS^T
+      let qr_ = c0 + tx + 16u * j;
+      p[j] = exp2(s[j] * c - lq[j]);
+      if (masked) { p[j] = select(vec4<f32>(0.0), p[j], (vec4<u32>(qr_) >= keys) & vec4<bool>(qr_ < ap.t)); }
+      s[j] = p[j] * (dp[j] - vec4<f32>(dl[j]));  // dS^T
     }
-    // dV += P^T dO: P^T into R0; dO (chunk 0) is still in R1.
+    // dV += P^T dO: P^T into R0; dO (chunk DCH - 1) is still in R1.
     put_tile(p, R0, tx, ty);
-    if (DCH > 1u) { stage(OG, gbase, ap.g.w, c0, 0u, R1, li); }
+    if (DCH > 1u) { put(gr[0], R1, li); }
     workgroupBarrier();
     mul_pn(&dv0, R0, R1, nk4, tx, ty);
     workgroupBarrier();
     for (var ch = 1u; ch < DCH; ch++) {
-      stage(OG, gbase, ap.g.w, c0, ch * 64u, R1, li);
+      put(gr[ch], R1, li);
       workgroupBarrier();
       mul_pn(&dv1, R0, R1, nk4, tx, ty);
       workgroupBarrier();
     }
+    if (DCH > 1u && more) {
+      for (var ch = 0u; ch < DCH; ch++) { gr[ch] = fetch(OG, gbase, ap.g.w, c0 + B, ch * 64u, li); }
+    }
     // dK += dS^T Q (scaled at the end).
     put_tile(s, R0, tx, ty);
-    stage(OQ, qbase, ap.q.w, c0, 0u, R1, li);
+    put(qr[0], R1, li);
+    if (DCH == 1u && more) { qr[0] = fetch(OQ, qbase, ap.q.w, c0 + B, 0u, li); }
     workgroupBarrier();
     mul_pn(&dk0, R0, R1, nk4, tx, ty);
     workgroupBarrier();
     for (var ch = 1u; ch < DCH; ch++) {
-      stage(OQ, qbase, ap.q.w, c0, ch * 64u, R1, li);
+      put(qr[ch], R1, li);
       workgroupBarrier();
       mul_pn(&dk1, R0, R1, nk4, tx, ty);
       workgroupBarrier();
+    }
+    if (DCH > 1u && more) {
+      for (var ch = 0u; ch < DCH; ch++) { qr[ch] = fetch(OQ, qbase, ap.q.w, c0 + B, ch * 64u, li); }
     }
   }
   // The first dispatch that reaches this key block applies the caller's beta; later ones accumulate.
@@ -468,26 +540,43 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
   }
   var acc0: array<vec4<f32>, 4>;
   var acc1: array<vec4<f32>, 4>;
+  // Q and dO stay in registers; K and V of the next key block are fetched
+  // while this one's products run.
+  var qr = array<Slice, DCH>();
+  var gr = array<Slice, DCH>();
+  var kr = array<Slice, DCH>();
+  var vr = array<Slice, DCH>();
+  for (var ch = 0u; ch < DCH; ch++) {
+    gr[ch] = fetch(OG, gbase, ap.g.w, r0, ch * 64u, li);
+    qr[ch] = fetch(OQ, qbase, ap.q.w, r0, ch * 64u, li);
+    vr[ch] = fetch(OV, vbase, ap.v.w, ap.blk0 * B, ch * 64u, li);
+    kr[ch] = fetch(OK, kbase, ap.k.w, ap.blk0 * B, ch * 64u, li);
+  }
   let kend = min(ap.blk1, qb + 1u);
   for (var kb = ap.blk0; kb < kend; kb++) {
     let c0 = kb * B;
+    let more = kb + 1u < kend;
     let nk4 = min(NV, (ap.t - c0 + 3u) / 4u);
     var dp = array<vec4<f32>, 4>();  // dP = dO V^T
     var s = array<vec4<f32>, 4>();   // S = Q K^T; K (chunk 0) stays in R1 for dQ += dS K
     for (var ch = 0u; ch < DCH; ch++) {
-      stage(OG, gbase, ap.g.w, r0, ch * 64u, R0, li);
-      stage(OV, vbase, ap.v.w, c0, ch * 64u, R1, li);
+      put(gr[ch], R0, li);
+      put(vr[ch], R1, li);
       workgroupBarrier();
       mul_nt(&dp, R0, R1, chunk_c4(ch), tx, ty);
       workgroupBarrier();
     }
+    if (more) {
+      for (var ch = 0u; ch < DCH; ch++) { vr[ch] = fetch(OV, vbase, ap.v.w, c0 + B, ch * 64u, li); }
+    }
     for (var ch = DCH; ch > 0u; ch--) {  // chunk 0 last
-      stage(OQ, qbase, ap.q.w, r0, (ch - 1u) * 64u, R0, li);
-      stage(OK, kbase, ap.k.w, c0, (ch - 1u) * 64u, R1, li);
+      put(qr[ch - 1u], R0, li);
+      put(kr[ch - 1u], R1, li);
       workgroupBarrier();
       mul_nt(&s, R0, R1, chunk_c4(ch - 1u), tx, ty);
       workgroupBarrier();
     }
+    if (DCH == 1u && more) { kr[0] = fetch(OK, kbase, ap.k.w, c0 + B, 0u, li); }
     let masked = kb == qb || c0 + B > ap.t || r0 + B > ap.t;
     for (var j = 0u; j < 4u; j++) {
       var p = exp2(s[j] * c - lse2);
@@ -502,10 +591,13 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     mul_pn(&acc0, R0, R1, nk4, tx, ty);  // dQ += dS K
     workgroupBarrier();
     for (var ch = 1u; ch < DCH; ch++) {
-      stage(OK, kbase, ap.k.w, c0, ch * 64u, R1, li);
+      put(kr[ch], R1, li);
       workgroupBarrier();
       mul_pn(&acc1, R0, R1, nk4, tx, ty);
       workgroupBarrier();
+    }
+    if (DCH > 1u && more) {
+      for (var ch = 0u; ch < DCH; ch++) { kr[ch] = fetch(OK, kbase, ap.k.w, c0 + B, ch * 64u, li); }
     }
   }
   let beta = select(1.0, ap.beta, ap.blk0 == 0u);

@@ -61,7 +61,7 @@ FAST = [(1, 1, t, d) if (i + j) % 2 == 0 else (2, 3, t, d)
         for i, t in enumerate((1, 7, 64, 257)) for j, d in enumerate((32, 64, 128, 24))]
 
 
-@pytest.mark.parametrize("b,h,t,d", FAST + [(1, 1, 1024, 32), (2, 3, 1024, 24)])
+@pytest.mark.parametrize("b,h,t,d", FAST + [(1, 1, 1024, 32), (2, 3, 1024, 24), (1, 2, 130, 6), (2, 1, 65, 70)])
 def test_forward_backward_vs_torch(dev, rng, b, h, t, d):
     q, k, v, g = (rand(rng, b, h, t, d) for _ in range(4))
     check_all(run_fused(dev, q, k, v, g), torch_ref(q, k, v, g))
