@@ -1,5 +1,6 @@
-// Index kernels (csrc/tensor_ops.cpp): embedding gather and the NLL pick of
-// cross-entropy (the embedding backward is embedding_backward.wgsl).
+// Index kernels (csrc/tensor_ops.cpp): embedding gather, the embedding
+// backward for large tables (small ones: embedding_backward.wgsl, segmented)
+// and the NLL pick of cross-entropy.
 // Rows of a [rows, cols] operand may be bound in blocks: offsets (in
 // elements) of this block's first row in each binding come in the uniform.
 
@@ -23,6 +24,10 @@ struct GatherParams {
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(3) var<storage, read_write> dst2: array<f32>;
 @group(0) @binding(4) var<uniform> gp: GatherParams;
+
+const VB: u32 = 128u;  // dweight rows per embedding_backward workgroup
+const CB: u32 = 64u;   // columns per embedding_backward workgroup (one per thread)
+var<workgroup> tile: array<i32, 64>;
 
 fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
 
@@ -49,6 +54,42 @@ fn embedding(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     dst[gp.dst_off + e] = src[gp.src_off + (u32(id) - gp.v0) * gp.cols + c];
   } else if (gp.first != 0u && !in_block(id, 0u, gp.vocab)) {
     dst[gp.dst_off + e] = nan();
+  }
+}
+
+// dweight[v, c] = beta * dweight[v, c] + sum over r (increasing) with ids[r] == v of dy[r, c].
+// Workgroup g owns dweight rows VB * (g / column_blocks) + 0..VB-1 of this block and columns
+// CB * (g % column_blocks) + 0..CB-1, a thread per column: no two threads touch the same
+// element, and each element is summed in id order (deterministic, no atomics). Many vocabulary
+// blocks give many workgroups: the launcher uses it for tables too large for segment partials.
+@compute @workgroup_size(64)
+fn embedding_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+  let g = wid.y * nwg.x + wid.x;
+  let blocks = (gp.cols + CB - 1u) / CB;
+  let vstart = (g / blocks) * VB;  // uniform per workgroup
+  let c = (g % blocks) * CB + lid;
+  if (vstart >= gp.vcount) { return; }
+  let vcount = min(VB, gp.vcount - vstart);
+  let owns_col = c < gp.cols;
+  if (owns_col && gp.beta != 1.0) {
+    for (var v = 0u; v < vcount; v++) {
+      let o = gp.dst_off + (vstart + v) * gp.cols + c;
+      if (gp.beta == 0.0) { dst[o] = 0.0; } else { dst[o] = gp.beta * dst[o]; }
+    }
+  }
+  for (var t = 0u; t < gp.rows; t += 64u) {
+    workgroupBarrier();
+    if (t + lid < gp.rows) { tile[lid] = idx[gp.idx_off + t + lid]; }
+    workgroupBarrier();
+    let count = min(64u, gp.rows - t);
+    for (var k = 0u; k < count; k++) {
+      let id = tile[k];
+      if (owns_col && in_block(id, gp.v0 + vstart, vcount)) {
+        let o = gp.dst_off + (u32(id) - gp.v0) * gp.cols + c;
+        dst[o] += src[gp.src_off + (t + k) * gp.cols + c];
+      }
+    }
   }
 }
 
