@@ -235,7 +235,8 @@ cdef class _Recorder:
             t = timer.ptr.get()
         self.ptr.get().replay(graph.ptr.get()[0], rebinds, t)
 
-    def copy(self, _Buffer src not None, uint64_t src_offset, _Buffer dst not None, uint64_t dst_offset, uint64_t nbytes):
+    def copy(self, _Buffer src not None, uint64_t src_offset, _Buffer dst not None, uint64_t dst_offset,
+             uint64_t nbytes):
         self.ptr.get().copy(src.ptr.get()[0], src_offset, dst.ptr.get()[0], dst_offset, nbytes)
 
     def fill_zero(self, _Buffer dst not None, uint64_t offset, uint64_t nbytes):
@@ -291,49 +292,53 @@ cdef inline const Buffer* _opt(_Buffer b):
     return b.ptr.get()
 
 
-def gemm(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer out not None, uint32_t m, uint32_t n, uint32_t k,
-         bint trans_a, bint trans_b, float alpha, float beta):
+def gemm(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer out not None, uint32_t m, uint32_t n,
+         uint32_t k, bint trans_a, bint trans_b, float alpha, float beta):
     c.gemm(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(out)[0], m, n, k, trans_a, trans_b, alpha, beta)
 
 
-def gemm_batched(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer out not None, uint32_t batch, uint32_t m, uint32_t n,
-                 uint32_t k, bint trans_a, bint trans_b, float alpha, float beta):
+def gemm_batched(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer out not None, uint32_t batch,
+                 uint32_t m, uint32_t n, uint32_t k, bint trans_a, bint trans_b, float alpha, float beta):
     c.gemm_batched(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(out)[0], batch, m, n, k, trans_a, trans_b, alpha, beta)
 
 
-def cross_entropy_forward(_Recorder r not None, _Buffer logits not None, _Buffer labels not None, _Buffer row_lse not None, _Buffer row_loss not None,
-                          _Buffer row_valid not None, _Buffer out not None, _Buffer scale not None, uint32_t rows, uint32_t cols,
+def cross_entropy_forward(_Recorder r not None, _Buffer logits not None, _Buffer labels not None,
+                          _Buffer row_lse not None, _Buffer row_loss not None, _Buffer row_valid not None,
+                          _Buffer out not None, _Buffer scale not None, uint32_t rows, uint32_t cols,
                           int32_t ignore_index, bint mean):
     c.cross_entropy_forward(r.ptr.get()[0], _b(logits)[0], _b(labels)[0], _b(row_lse)[0], _b(row_loss)[0],
                             _b(row_valid)[0], _b(out)[0], _b(scale)[0], rows, cols, ignore_index, mean)
 
 
-def cross_entropy_backward(_Recorder r not None, _Buffer logits not None, _Buffer labels not None, _Buffer row_lse not None, _Buffer upstream not None,
-                           _Buffer scale not None, _Buffer dlogits not None, uint32_t rows, uint32_t cols, int32_t ignore_index,
-                           bint per_row, float beta):
+def cross_entropy_backward(_Recorder r not None, _Buffer logits not None, _Buffer labels not None,
+                           _Buffer row_lse not None, _Buffer upstream not None, _Buffer scale not None,
+                           _Buffer dlogits not None, uint32_t rows, uint32_t cols, int32_t ignore_index, bint per_row,
+                           float beta):
     c.cross_entropy_backward(r.ptr.get()[0], _b(logits)[0], _b(labels)[0], _b(row_lse)[0], _b(upstream)[0],
                              _b(scale)[0], _b(dlogits)[0], rows, cols, ignore_index, per_row, beta)
 
 
-def gemm_bias_act(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer bias not None, _Buffer y not None, _Buffer preact,
-                  uint32_t m, uint32_t n, uint32_t k, bint trans_a, bint trans_b, uint32_t act):
+def gemm_bias_act(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer bias not None,
+                  _Buffer y not None, _Buffer preact, uint32_t m, uint32_t n, uint32_t k, bint trans_a, bint trans_b,
+                  uint32_t act):
     c.gemm_bias_act(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(bias)[0], _b(y)[0], _opt(preact), m, n, k,
                     trans_a, trans_b, <Activation>act)
 
 
-def linear_weight_grads(_Recorder r not None, _Buffer dz not None, _Buffer x not None, _Buffer dw not None, _Buffer db not None, uint32_t rows,
-                        uint32_t out_features, uint32_t in_features, float beta):
+def linear_weight_grads(_Recorder r not None, _Buffer dz not None, _Buffer x not None, _Buffer dw not None,
+                        _Buffer db not None, uint32_t rows, uint32_t out_features, uint32_t in_features, float beta):
     c.linear_weight_grads(r.ptr.get()[0], _b(dz)[0], _b(x)[0], _b(dw)[0], _b(db)[0], rows, out_features,
                           in_features, beta)
 
 
-def gemm_act_grad(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer preact not None, _Buffer out not None, uint32_t m, uint32_t n,
-                  uint32_t k, bint trans_a, bint trans_b, uint32_t act):
+def gemm_act_grad(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer preact not None,
+                  _Buffer out not None, uint32_t m, uint32_t n, uint32_t k, bint trans_a, bint trans_b, uint32_t act):
     c.gemm_act_grad(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(preact)[0], _b(out)[0], m, n, k, trans_a, trans_b,
                     <Activation>act)
 
 
-def activation_backward(_Recorder r not None, _Buffer dy not None, _Buffer z not None, _Buffer dz not None, uint64_t n, uint32_t act):
+def activation_backward(_Recorder r not None, _Buffer dy not None, _Buffer z not None, _Buffer dz not None,
+                        uint64_t n, uint32_t act):
     c.activation_backward(r.ptr.get()[0], _b(dy)[0], _b(z)[0], _b(dz)[0], n, <Activation>act)
 
 
@@ -341,8 +346,9 @@ def bias_grad(_Recorder r not None, _Buffer dz not None, _Buffer db not None, ui
     c.bias_grad(r.ptr.get()[0], _b(dz)[0], _b(db)[0], rows, cols, beta)
 
 
-def adamw(_Recorder r not None, _Buffer param not None, _Buffer grad not None, _Buffer exp_avg not None, _Buffer exp_avg_sq not None, uint64_t n,
-          float lr, float beta1, float beta2, float eps, float weight_decay, uint64_t step, _Buffer clip=None):
+def adamw(_Recorder r not None, _Buffer param not None, _Buffer grad not None, _Buffer exp_avg not None,
+          _Buffer exp_avg_sq not None, uint64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+          uint64_t step, _Buffer clip=None):
     cdef AdamWConfig cfg
     cfg.lr = lr
     cfg.beta1 = beta1
@@ -352,7 +358,8 @@ def adamw(_Recorder r not None, _Buffer param not None, _Buffer grad not None, _
     c.adamw(r.ptr.get()[0], _b(param)[0], _b(grad)[0], _b(exp_avg)[0], _b(exp_avg_sq)[0], n, cfg, step, _opt(clip))
 
 
-def grad_norm(_Recorder r not None, list grads, list counts, _Buffer scratch not None, _Buffer out not None, float max_norm):
+def grad_norm(_Recorder r not None, list grads, list counts, _Buffer scratch not None, _Buffer out not None,
+              float max_norm):
     cdef vector[const Buffer*] gs
     cdef vector[uint64_t] ns = counts
     cdef _Buffer g
@@ -373,36 +380,37 @@ def _inject_invalid_binding(_Recorder r not None, _Buffer buf not None):
 # Tensor kernels of the autograd (csrc/tensor_ops.hpp). Ops are the numbers of
 # pywgtrain._opcodes; shapes and strides are lists of ints (strides in elements).
 
-def unary(_Recorder r not None, uint32_t op, _Buffer x not None, _Buffer y not None, uint64_t n, float a, float b, float beta):
+def unary(_Recorder r not None, uint32_t op, _Buffer x not None, _Buffer y not None, uint64_t n, float a, float b,
+          float beta):
     c.unary(r.ptr.get()[0], <c.UnaryOp>op, _b(x)[0], _b(y)[0], n, a, b, beta)
 
 
-def unary_backward(_Recorder r not None, uint32_t op, _Buffer x not None, _Buffer y not None, _Buffer dy not None, _Buffer dx not None, uint64_t n, float a,
-                   float b, float beta):
+def unary_backward(_Recorder r not None, uint32_t op, _Buffer x not None, _Buffer y not None, _Buffer dy not None,
+                   _Buffer dx not None, uint64_t n, float a, float b, float beta):
     c.unary_backward(r.ptr.get()[0], <c.UnaryOp>op, _b(x)[0], _b(y)[0], _b(dy)[0], _b(dx)[0], n, a, b, beta)
 
 
-def binary(_Recorder r not None, uint32_t op, _Buffer a not None, _Buffer b not None, _Buffer out not None, list shape, list a_strides, list b_strides,
-           float beta):
+def binary(_Recorder r not None, uint32_t op, _Buffer a not None, _Buffer b not None, _Buffer out not None,
+           list shape, list a_strides, list b_strides, float beta):
     cdef vector[uint32_t] sh = shape, sa = a_strides, sb = b_strides
     c.binary(r.ptr.get()[0], <c.BinaryOp>op, _b(a)[0], _b(b)[0], _b(out)[0], sh, sa, sb, beta)
 
 
-def binary_backward(_Recorder r not None, uint32_t op, uint32_t which, _Buffer a not None, _Buffer b not None, _Buffer dy not None, _Buffer g not None,
-                    list shape, list a_strides, list b_strides, float beta):
+def binary_backward(_Recorder r not None, uint32_t op, uint32_t which, _Buffer a not None, _Buffer b not None,
+                    _Buffer dy not None, _Buffer g not None, list shape, list a_strides, list b_strides, float beta):
     cdef vector[uint32_t] sh = shape, sa = a_strides, sb = b_strides
     c.binary_backward(r.ptr.get()[0], <c.BinaryOp>op, which, _b(a)[0], _b(b)[0], _b(dy)[0], _b(g)[0], sh, sa, sb,
                       beta)
 
 
-def where(_Recorder r not None, _Buffer cond not None, _Buffer a not None, _Buffer b not None, _Buffer out not None, list shape, list c_strides, list a_strides,
-          list b_strides, float beta):
+def where(_Recorder r not None, _Buffer cond not None, _Buffer a not None, _Buffer b not None, _Buffer out not None,
+          list shape, list c_strides, list a_strides, list b_strides, float beta):
     cdef vector[uint32_t] sh = shape, sc = c_strides, sa = a_strides, sb = b_strides
     c.where(r.ptr.get()[0], _b(cond)[0], _b(a)[0], _b(b)[0], _b(out)[0], sh, sc, sa, sb, beta)
 
 
-def strided_copy(_Recorder r not None, _Buffer src not None, uint64_t src_off, list src_strides, _Buffer dst not None, uint64_t dst_off,
-                 list dst_strides, list shape, float beta):
+def strided_copy(_Recorder r not None, _Buffer src not None, uint64_t src_off, list src_strides, _Buffer dst not None,
+                 uint64_t dst_off, list dst_strides, list shape, float beta):
     cdef vector[uint32_t] ss = src_strides, ds = dst_strides, sh = shape
     c.strided_copy(r.ptr.get()[0], _b(src)[0], src_off, ss, _b(dst)[0], dst_off, ds, sh, beta)
 
@@ -411,13 +419,13 @@ def fill(_Recorder r not None, _Buffer out not None, uint64_t n, float value):
     c.fill(r.ptr.get()[0], _b(out)[0], n, value)
 
 
-def reduce_axis(_Recorder r not None, uint32_t op, _Buffer x not None, _Buffer out not None, _Buffer argmax, uint32_t outer, uint32_t len,
-                uint32_t inner, float scale, float beta):
+def reduce_axis(_Recorder r not None, uint32_t op, _Buffer x not None, _Buffer out not None, _Buffer argmax,
+                uint32_t outer, uint32_t len, uint32_t inner, float scale, float beta):
     c.reduce_axis(r.ptr.get()[0], <c.ReduceOp>op, _b(x)[0], _b(out)[0], _opt(argmax), outer, len, inner, scale, beta)
 
 
-def max_backward(_Recorder r not None, _Buffer dy not None, _Buffer argmax not None, _Buffer dx not None, uint32_t outer, uint32_t len, uint32_t inner,
-                 float beta):
+def max_backward(_Recorder r not None, _Buffer dy not None, _Buffer argmax not None, _Buffer dx not None,
+                 uint32_t outer, uint32_t len, uint32_t inner, float beta):
     c.max_backward(r.ptr.get()[0], _b(dy)[0], _b(argmax)[0], _b(dx)[0], outer, len, inner, beta)
 
 
@@ -425,27 +433,28 @@ def softmax(_Recorder r not None, _Buffer x not None, _Buffer y not None, uint32
     c.softmax(r.ptr.get()[0], _b(x)[0], _b(y)[0], rows, cols, log)
 
 
-def softmax_backward(_Recorder r not None, _Buffer y not None, _Buffer dy not None, _Buffer dx not None, uint32_t rows, uint32_t cols, bint log,
-                     float beta):
+def softmax_backward(_Recorder r not None, _Buffer y not None, _Buffer dy not None, _Buffer dx not None,
+                     uint32_t rows, uint32_t cols, bint log, float beta):
     c.softmax_backward(r.ptr.get()[0], _b(y)[0], _b(dy)[0], _b(dx)[0], rows, cols, log, beta)
 
 
-def embedding(_Recorder r not None, _Buffer weight not None, _Buffer ids not None, _Buffer out not None, uint32_t n_ids, uint32_t vocab, uint32_t dim):
+def embedding(_Recorder r not None, _Buffer weight not None, _Buffer ids not None, _Buffer out not None,
+              uint32_t n_ids, uint32_t vocab, uint32_t dim):
     c.embedding(r.ptr.get()[0], _b(weight)[0], _b(ids)[0], _b(out)[0], n_ids, vocab, dim)
 
 
-def embedding_backward(_Recorder r not None, _Buffer dy not None, _Buffer ids not None, _Buffer dweight not None, uint32_t n_ids, uint32_t vocab,
-                       uint32_t dim, float beta):
+def embedding_backward(_Recorder r not None, _Buffer dy not None, _Buffer ids not None, _Buffer dweight not None,
+                       uint32_t n_ids, uint32_t vocab, uint32_t dim, float beta):
     c.embedding_backward(r.ptr.get()[0], _b(dy)[0], _b(ids)[0], _b(dweight)[0], n_ids, vocab, dim, beta)
 
 
-def nll_pick(_Recorder r not None, _Buffer x not None, _Buffer labels not None, _Buffer out not None, _Buffer mask not None, uint32_t rows, uint32_t cols,
-             int32_t ignore_index):
+def nll_pick(_Recorder r not None, _Buffer x not None, _Buffer labels not None, _Buffer out not None,
+             _Buffer mask not None, uint32_t rows, uint32_t cols, int32_t ignore_index):
     c.nll_pick(r.ptr.get()[0], _b(x)[0], _b(labels)[0], _b(out)[0], _b(mask)[0], rows, cols, ignore_index)
 
 
-def nll_pick_backward(_Recorder r not None, _Buffer dy not None, _Buffer labels not None, _Buffer dx not None, uint32_t rows, uint32_t cols,
-                      int32_t ignore_index, float beta):
+def nll_pick_backward(_Recorder r not None, _Buffer dy not None, _Buffer labels not None, _Buffer dx not None,
+                      uint32_t rows, uint32_t cols, int32_t ignore_index, float beta):
     c.nll_pick_backward(r.ptr.get()[0], _b(dy)[0], _b(labels)[0], _b(dx)[0], rows, cols, ignore_index, beta)
 
 
@@ -463,31 +472,32 @@ cdef c.AttnView _view(tuple view) except *:
     return v
 
 
-def attention_forward(_Recorder r not None, _Buffer q not None, tuple qv, _Buffer k not None, tuple kv, _Buffer v not None, tuple vv, _Buffer out not None,
-                      tuple ov, _Buffer lse not None, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
-                      uint32_t max_blocks=0):
+def attention_forward(_Recorder r not None, _Buffer q not None, tuple qv, _Buffer k not None, tuple kv,
+                      _Buffer v not None, tuple vv, _Buffer out not None, tuple ov, _Buffer lse not None,
+                      uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale, uint32_t max_blocks=0):
     c.attention_forward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
                         _view(ov), _b(lse)[0], batch, heads, t, d, scale, max_blocks)
 
 
-def attention_backward(_Recorder r not None, _Buffer q not None, tuple qv, _Buffer k not None, tuple kv, _Buffer v not None, tuple vv, _Buffer out not None,
-                       tuple ov, _Buffer dout not None, tuple gv, _Buffer lse not None, _Buffer delta not None, _Buffer dq not None, tuple dqv,
-                       _Buffer dk not None, tuple dkv, _Buffer dv not None, tuple dvv, uint32_t batch, uint32_t heads, uint32_t t,
-                       uint32_t d, float scale, float beta, uint32_t max_blocks=0):
+def attention_backward(_Recorder r not None, _Buffer q not None, tuple qv, _Buffer k not None, tuple kv,
+                       _Buffer v not None, tuple vv, _Buffer out not None, tuple ov, _Buffer dout not None, tuple gv,
+                       _Buffer lse not None, _Buffer delta not None, _Buffer dq not None, tuple dqv,
+                       _Buffer dk not None, tuple dkv, _Buffer dv not None, tuple dvv, uint32_t batch, uint32_t heads,
+                       uint32_t t, uint32_t d, float scale, float beta, uint32_t max_blocks=0):
     c.attention_backward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
                          _view(ov), _b(dout)[0], _view(gv), _b(lse)[0], _b(delta)[0], _b(dq)[0], _view(dqv),
                          _b(dk)[0], _view(dkv), _b(dv)[0], _view(dvv), batch, heads, t, d, scale, beta, max_blocks)
 # Fused LayerNorm (csrc/layernorm.cpp); weight, bias, dx, dweight, dbias may be None.
 
-def layer_norm_forward(_Recorder r not None, _Buffer x not None, _Buffer weight, _Buffer bias, _Buffer y not None, _Buffer mean not None, _Buffer rstd not None,
-                       uint32_t rows, uint32_t cols, float eps):
+def layer_norm_forward(_Recorder r not None, _Buffer x not None, _Buffer weight, _Buffer bias, _Buffer y not None,
+                       _Buffer mean not None, _Buffer rstd not None, uint32_t rows, uint32_t cols, float eps):
     c.layer_norm_forward(r.ptr.get()[0], _b(x)[0], _opt(weight), _opt(bias), _b(y)[0], _b(mean)[0], _b(rstd)[0],
                          rows, cols, eps)
 
 
-def layer_norm_backward(_Recorder r not None, _Buffer x not None, _Buffer weight, _Buffer mean not None, _Buffer rstd not None, _Buffer dy not None, _Buffer dx,
-                        _Buffer dweight, _Buffer dbias, uint32_t rows, uint32_t cols, float beta, float beta_weight,
-                        float beta_bias):
+def layer_norm_backward(_Recorder r not None, _Buffer x not None, _Buffer weight, _Buffer mean not None,
+                        _Buffer rstd not None, _Buffer dy not None, _Buffer dx, _Buffer dweight, _Buffer dbias,
+                        uint32_t rows, uint32_t cols, float beta, float beta_weight, float beta_bias):
     c.layer_norm_backward(r.ptr.get()[0], _b(x)[0], _opt(weight), _b(mean)[0], _b(rstd)[0], _b(dy)[0], _opt(dx),
                           _opt(dweight), _opt(dbias), rows, cols, beta, beta_weight, beta_bias)
 
@@ -498,7 +508,8 @@ def rng_take(_Recorder r not None, _Buffer state not None, _Buffer key not None)
     c.rng_take(r.ptr.get()[0], _b(state)[0], _b(key)[0])
 
 
-def dropout(_Recorder r not None, _Buffer x not None, _Buffer key not None, _Buffer y not None, uint64_t n, double p, float beta):
+def dropout(_Recorder r not None, _Buffer x not None, _Buffer key not None, _Buffer y not None, uint64_t n, double p,
+            float beta):
     c.dropout(r.ptr.get()[0], _b(x)[0], _b(key)[0], _b(y)[0], n, p, beta)
 
 
