@@ -9,7 +9,7 @@ from . import _core, nn, random
 from .device import BatchToken
 from .serialization import read_safetensors, write_safetensors
 from .ops import label_array
-from .tensor import Tensor, empty, tensor
+from .tensor import Tensor, tensor
 
 
 class _LossSlots:
