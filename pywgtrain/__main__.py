@@ -283,6 +283,9 @@ def build_parser():
     b.add_argument("--shapes", type=gemm_shapes, default=None,
                    help="GEMM shapes MxKxN[:NN|NT|TN|TT],... each dimension >= 1; unset: the standard set")
     b.add_argument("--no-baseline", action="store_true", help="skip the PyTorch/cuBLAS columns (A/B experiments)")
+    b.add_argument("--sweep", action="store_true",
+                   help="gemm: the linear-layer grid (rows 1..8192 x common layer widths x forward/dX/dW modes); "
+                        "bench/sweep_heatmap.py draws the time ratios to cuBLAS")
     b.set_defaults(fn=cmd_bench)
     return p
 

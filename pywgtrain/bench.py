@@ -182,6 +182,43 @@ def warm_up(dev, torch, seconds=1.0):
             torch.cuda.synchronize()
 
 
+# Linear layers of common models (in_features, out_features) and batch rows M:
+# the GEMM issue's grid. A layer y = x W^T runs three GEMMs: forward x[M, in] @
+# W[out, in]^T (NT), dX = dY[M, out] @ W (NN), dW = dY^T @ x (TN).
+SWEEP_LAYERS = [(768, 768), (768, 2304), (768, 3072), (3072, 768), (1024, 4096), (4096, 1024), (4096, 4096),
+                (768, 50304)]
+SWEEP_ROWS = [1, 64, 256, 777, 1024, 4096, 8192]
+CPU_SWEEP_LAYERS = [(64, 96), (96, 64)]
+CPU_SWEEP_ROWS = [1, 7, 64]
+
+
+def sweep_shapes(cpu):
+    """(m, k, n, trans_a, trans_b, layer, mode) for every row count, layer and mode."""
+    out = []
+    for fin, fout in (CPU_SWEEP_LAYERS if cpu else SWEEP_LAYERS):
+        for rows in (CPU_SWEEP_ROWS if cpu else SWEEP_ROWS):
+            out.append((rows, fin, fout, False, True, (fin, fout), "forward NT"))   # x @ W^T
+            out.append((rows, fout, fin, False, False, (fin, fout), "dX NN"))       # dY @ W
+            if rows > 1:
+                out.append((fout, rows, fin, True, False, (fin, fout), "dW TN"))    # dY^T @ x
+    return out
+
+
+def bench_gemm_sweep(dev, quick, torch):
+    """The sweep: every shape beside cuBLAS (when available), rows with the
+    layer and mode they come from; `bench/sweep_heatmap.py` draws the ratios."""
+    cpu = is_cpu_adapter(dev)
+    shapes = sweep_shapes(cpu)
+    rows = bench_gemm(dev, quick, torch, [s[:5] for s in shapes])
+    for row, (_, _, _, _, _, layer, mode) in zip(rows, shapes):
+        row.update(layer=list(layer), mode=mode)
+    ratios = sorted(r["time_ratio"] for r in rows if "time_ratio" in r)
+    if ratios:
+        print(f"sweep: {len(ratios)} shapes, time ratio to cuBLAS median {statistics.median(ratios):.2f}, "
+              f"worst {ratios[-1]:.2f}, above 1.25: {sum(r > 1.25 for r in ratios)}", flush=True)
+    return rows
+
+
 def bench_gemm(dev, quick, torch, shapes=None):
     rows = []
     cpu = is_cpu_adapter(dev)
@@ -447,7 +484,9 @@ def main(args):
     for kind in kinds:
         if len(kinds) > 1:
             print(f"== {kind} ==", flush=True)
-        if kind == "gemm" and shapes:
+        if kind == "gemm" and getattr(args, "sweep", False):
+            results[kind] = bench_gemm_sweep(dev, args.quick, torch)
+        elif kind == "gemm" and shapes:
             results[kind] = bench_gemm(dev, args.quick, torch, shapes)
         else:
             from .bench_gpt import bench_gpt

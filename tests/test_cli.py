@@ -395,3 +395,17 @@ def test_setup_on_a_machine_without_a_driver_in_a_mount_namespace(tmp_path):
     assert "after: 0" in r.stdout, (r.stdout, r.stderr, (tmp_path / "info.txt").read_text())
     assert "llvmpipe" in (tmp_path / "info.txt").read_text()
     assert LAVAPIPE_ICD.exists()  # the machine's own driver was never touched
+
+
+def test_gemm_sweep_covers_the_three_linear_layer_modes():
+    from pywgtrain.bench import SWEEP_LAYERS, SWEEP_ROWS, sweep_shapes
+
+    shapes = sweep_shapes(cpu=False)
+    assert len(shapes) == len(SWEEP_LAYERS) * (3 * len(SWEEP_ROWS) - 1)  # no dW for a single row
+    for m, k, n, ta, tb, (fin, fout), mode in shapes:
+        if mode == "forward NT":
+            assert (k, n, ta, tb) == (fin, fout, False, True)
+        elif mode == "dX NN":
+            assert (k, n, ta, tb) == (fout, fin, False, False)
+        else:
+            assert (m, n, ta, tb) == (fout, fin, True, False)
