@@ -3,15 +3,13 @@
 does argument checking and shape logic; these wrappers move bytes and record
 kernels. Every call that can wait on the GPU releases the GIL."""
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
-from libcpp cimport bool
 from libcpp.memory cimport shared_ptr, unique_ptr
 from libcpp.string cimport string
 from libcpp.utility cimport move
 from libcpp.vector cimport vector
 
 from ._corelib cimport (
-    Activation, AdamWConfig, Buffer, Device, PassTimer, Range, Rebind, Recorder, StepGraph, raise_py_error,
-    set_py_error_types, whole,
+    Activation, AdamWConfig, Buffer, Device, PassTimer, Rebind, Recorder, StepGraph, set_py_error_types, whole,
 )
 from . cimport _corelib as c
 
@@ -69,16 +67,16 @@ cdef class _Device:
 
     @property
     def limits(self):
-        cdef const c.DeviceLimits* l = &self.ptr.get().limits()
+        cdef const c.DeviceLimits* lim = &self.ptr.get().limits()
         return {
-            "max_storage_buffer_binding_size": l.max_storage_binding,
-            "max_buffer_size": l.max_buffer,
-            "max_compute_workgroups_per_dimension": l.max_workgroups_per_dim,
-            "max_compute_invocations_per_workgroup": l.max_invocations,
-            "max_compute_workgroup_storage_size": l.max_workgroup_storage,
-            "min_storage_buffer_offset_alignment": l.storage_offset_alignment,
-            "min_uniform_buffer_offset_alignment": l.uniform_offset_alignment,
-            "max_storage_buffers_per_shader_stage": l.max_storage_buffers_per_stage,
+            "max_storage_buffer_binding_size": lim.max_storage_binding,
+            "max_buffer_size": lim.max_buffer,
+            "max_compute_workgroups_per_dimension": lim.max_workgroups_per_dim,
+            "max_compute_invocations_per_workgroup": lim.max_invocations,
+            "max_compute_workgroup_storage_size": lim.max_workgroup_storage,
+            "min_storage_buffer_offset_alignment": lim.storage_offset_alignment,
+            "min_uniform_buffer_offset_alignment": lim.uniform_offset_alignment,
+            "max_storage_buffers_per_shader_stage": lim.max_storage_buffers_per_stage,
         }
 
     @property
@@ -488,6 +486,7 @@ def attention_backward(_Recorder r not None, _Buffer q not None, tuple qv, _Buff
                          _view(ov), _b(dout)[0], _view(gv), _b(lse)[0], _b(delta)[0], _b(dq)[0], _view(dqv),
                          _b(dk)[0], _view(dkv), _b(dv)[0], _view(dvv), batch, heads, t, d, scale, beta, max_blocks)
 # Fused LayerNorm (csrc/layernorm.cpp); weight, bias, dx, dweight, dbias may be None.
+
 
 def layer_norm_forward(_Recorder r not None, _Buffer x not None, _Buffer weight, _Buffer bias, _Buffer y not None,
                        _Buffer mean not None, _Buffer rstd not None, uint32_t rows, uint32_t cols, float eps):

@@ -26,6 +26,7 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
     cdef cppclass Device:
         @staticmethod
         shared_ptr[Device] open(const string& selector) except +raise_py_error
+
         @staticmethod
         vector[AdapterSummary] list_adapters() except +raise_py_error
         const AdapterSummary& info()
@@ -72,7 +73,8 @@ cdef extern from "recorder.hpp" namespace "pwt" nogil:
 
     cdef cppclass Recorder:
         Recorder(shared_ptr[Device] dev) except +raise_py_error
-        void copy(const Buffer& src, uint64_t so, const Buffer& dst, uint64_t do, uint64_t nbytes) except +raise_py_error
+        void copy(const Buffer& src, uint64_t so, const Buffer& dst, uint64_t do,
+                  uint64_t nbytes) except +raise_py_error
         void fill_zero(const Buffer& dst, uint64_t offset, uint64_t nbytes) except +raise_py_error
         size_t pending()
         uint64_t submit() except +raise_py_error
@@ -111,7 +113,8 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                        const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b,
                        Activation act) except +raise_py_error
     void linear_weight_grads(Recorder& r, const Buffer& dz, const Buffer& x, const Buffer& dw, const Buffer& db,
-                             uint32_t rows, uint32_t out_features, uint32_t in_features, float beta) except +raise_py_error
+                             uint32_t rows, uint32_t out_features, uint32_t in_features,
+                             float beta) except +raise_py_error
     void gemm_act_grad(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& preact, const Buffer& c, uint32_t m,
                        uint32_t n, uint32_t k, bool ta, bool tb, Activation act) except +raise_py_error
     void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n,

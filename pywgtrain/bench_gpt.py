@@ -132,7 +132,7 @@ def time_torch(torch, cfg, batch, steps, attention, compile_model=False):
     ms = (time.perf_counter() - t0) / steps * 1e3
     out = {"ms": ms, "tokens_per_s": batch * cfg.block_size / ms * 1e3,
            "memory_mb": torch.cuda.max_memory_allocated() / 2**20}
-    del model, opt, data
+    del data  # model and opt go with this frame (step() closes over them)
     torch.cuda.empty_cache()
     return out
 

@@ -12,7 +12,7 @@ import torch
 import pywgtrain as pw
 import pywgtrain.nn.functional as F
 from pywgtrain import _core
-from conftest import assert_close, poisoned, rand
+from helpers import assert_close, poisoned, rand
 
 RTOL, ATOL = 2e-4, 2e-5  # float32 sums over up to 1024 keys vs float64
 

@@ -17,7 +17,7 @@ import pytest
 import pywgtrain as pw
 from pywgtrain.train import Trainer
 
-from conftest import rand
+from helpers import rand
 
 
 def make_trainer(dev, sizes=(10, 16, 3), loss=None, seed=3, **kw):

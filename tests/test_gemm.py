@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pywgtrain as pw
-from conftest import assert_close, poisoned, rand
+from helpers import assert_close, poisoned, rand
 
 SIZES = [1, 7, 33, 129, 1000]
 # Non-multiples of the 64/128 tiles, the 16 K-step and the 8/32 GEMV blocks;

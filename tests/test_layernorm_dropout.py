@@ -12,7 +12,7 @@ import pywgtrain as pw
 from pywgtrain import _core
 from pywgtrain.nn import functional as F
 from pywgtrain.train import Trainer
-from conftest import poisoned, rand
+from helpers import poisoned, rand
 
 torch = pytest.importorskip("torch")
 tF = torch.nn.functional

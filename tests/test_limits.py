@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import pywgtrain as pw
-from conftest import assert_close, poisoned, rand
+from helpers import assert_close, poisoned, rand
 from pywgtrain import _core
 
 K_SPLIT = 32768  # dispatch_util.hpp kMaxKPerSplit: most K one workgroup loops over in one dispatch

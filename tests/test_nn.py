@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pywgtrain as pw
-from conftest import assert_close, poisoned, rand
+from helpers import assert_close, poisoned, rand
 
 ERF = np.vectorize(math.erf)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pywgtrain as pw
-from conftest import assert_close, rand
+from helpers import assert_close, rand
 
 
 def numpy_adamw(p, g, m, v, step, lr, betas, eps, wd):
@@ -184,7 +184,7 @@ def test_fused_adamw_falls_back_when_a_parameter_has_no_grad(dev):
     plain, popt = _mlp_run(dev, 5, False, 4, 1.0, skip_bias_grad_at=1)
     steps = [fopt.state[i]["step"] for i in range(len(fopt.params))]
     assert steps == [4, 3, 4, 4]
-    for (name, p), (_, q) in zip(fused.named_parameters(), plain.named_parameters()):
+    for (_, p), (_, q) in zip(fused.named_parameters(), plain.named_parameters()):
         assert_close(p.numpy(), q.numpy().astype(np.float64), rtol=1e-5, atol_scale=1e-5)
 
 

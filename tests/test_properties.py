@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import pywgtrain as pw
-from conftest import assert_close
+from helpers import assert_close
 from test_optim import numpy_adamw, ref_clip
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

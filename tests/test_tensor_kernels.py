@@ -12,7 +12,7 @@ import pytest
 import pywgtrain as pw
 from pywgtrain import _core
 from pywgtrain._opcodes import BINARY, REDUCE, UNARY
-from conftest import assert_close, poisoned, rand
+from helpers import assert_close, poisoned, rand
 
 torch = pytest.importorskip("torch")
 

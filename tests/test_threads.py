@@ -4,7 +4,7 @@ import threading
 import numpy as np
 
 import pywgtrain as pw
-from conftest import assert_close
+from helpers import assert_close
 
 
 def test_eight_threads_issue_gemms_concurrently(dev):

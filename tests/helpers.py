@@ -1,0 +1,22 @@
+"""Helpers shared by the tests (fixtures and hooks are in conftest.py)."""
+import numpy as np
+
+import pywgtrain as pw
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def poisoned(dev, shape):
+    """A device tensor full of NaN, so elements a kernel fails to write show up."""
+    return pw.tensor(np.full(shape, np.nan, np.float32), dev)
+
+
+def assert_close(actual, expected, rtol=1e-5, atol_scale=1e-5):
+    """float32 result vs float64 reference; atol scales with the reference's magnitude."""
+    actual = np.asarray(actual)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert np.all(np.isfinite(actual)), "non-finite values in the result (unwritten or poisoned elements)"
+    scale = max(float(np.max(np.abs(expected))), 1e-30)
+    np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol_scale * scale)
