@@ -54,9 +54,9 @@ void check_rows(const Device& dev, uint32_t rows, uint32_t cols, const Buffer& l
     throw ArgumentError("cross_entropy: " + std::to_string(rows) + " rows exceed one storage binding of labels");
 }
 
-// Calls fn(row0, row count, range of the logits-shaped buffer, inner offset) per block of bindable rows.
+// Calls fn(row0, row count, first bound element (aligned), offset of row0 inside it) per block of bindable rows.
 template <typename Fn>
-void for_each_row_block(const Device& dev, uint32_t rows, uint32_t cols, const Buffer& x, Fn fn) {
+void for_each_row_block(const Device& dev, uint32_t rows, uint32_t cols, Fn fn) {
   const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
   const uint64_t cap = dev.limits().max_storage_binding / 4;
   if (cols + align > cap)
@@ -80,7 +80,7 @@ void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labe
   check_floats(out, 1, "cross_entropy output");
   check_floats(scale, 1, "cross_entropy gradient scale");
   const Kernel& fk = xent_kernel(dev, "xent_forward");
-  for_each_row_block(dev, rows, cols, logits, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
+  for_each_row_block(dev, rows, cols, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
     XentParams p{rc, cols, r0, inner, ignore_index, 0, 0.0f, 0};
     auto [gx, gy] = grid_1d(dev, rc);
     r.dispatch(fk, {floats(logits, start, inner + uint64_t(rc) * cols), whole(labels), whole(row_lse),
@@ -100,7 +100,7 @@ void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& lab
   check_floats(upstream, per_row ? rows : 1, "cross_entropy upstream gradient");
   check_floats(scale, 1, "cross_entropy scale");
   const Kernel& bk = xent_kernel(dev, "xent_backward");
-  for_each_row_block(dev, rows, cols, logits, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
+  for_each_row_block(dev, rows, cols, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
     XentParams p{rc, cols, r0, inner, ignore_index, per_row ? 1u : 0u, beta, 0};
     auto [gx, gy] = grid_1d(dev, rc);
     const uint64_t count = inner + uint64_t(rc) * cols;

@@ -50,7 +50,7 @@ struct GatherParams {  // embedding.wgsl
 static_assert(sizeof(GatherParams) == 48, "embedding.wgsl GatherParams is 48 bytes");
 
 struct EmbBwdParams {  // embedding_backward.wgsl
-  uint32_t rows, cols, v0, vcount, src_off, idx_off, dst_off, seg, segs, direct;
+  uint32_t rows, cols, v0, vcount, src_off, idx_off, dst_off, seg, segs, pad0;
   float beta;
   uint32_t pad;
 };
@@ -706,7 +706,6 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
     p.dst_off = 0;
     p.seg = uint32_t(seg);
     p.segs = uint32_t(segs);
-    p.direct = 0;
     auto [gx, gy] = grid_1d(dev, segs * ceil_div(vocab, vb) * cblocks);
     r.dispatch(seg_k, {db.range, ib.range, parts}, p, gx, gy);
     EmbBwdParams q = p;

@@ -240,7 +240,7 @@ def _topo_nodes(root_node):
 
 def backward(root, gradient=None):
     """Run the backward pass from ``root`` (see ``Tensor.backward``)."""
-    from .tensor import Tensor
+    from .tensor import Tensor, tensor
 
     if not root.requires_grad:
         raise RuntimeError("backward(): the tensor does not require grad and has no grad_fn (no input of the ops "
@@ -252,7 +252,10 @@ def backward(root, gradient=None):
         gradient = _one(root.device).reshape(root.shape)
     else:
         if not isinstance(gradient, Tensor):
-            gradient = Tensor._from_host(gradient, root.device, "gradient")
+            arr = np.asarray(gradient)
+            if arr.dtype != np.float32:  # refused, not cast, like every op's inputs
+                raise TypeError(f"backward(): gradient must be float32, got {arr.dtype.name}")
+            gradient = tensor(np.ascontiguousarray(arr), root.device)
         if gradient.device is not root.device:
             raise ValueError(f"backward(): gradient lives on {gradient.device!r}, the tensor on {root.device!r}")
         if gradient.shape != root.shape:

@@ -149,7 +149,7 @@ def run_gpt(config="tiny", steps=None, batch_size=None, block_size=None, lr=None
         elapsed = time.perf_counter() - t0 if t0 is not None else 0.0
         interrupted = stop.requested and s < steps
         if checkpoint and (interrupted or s > start):
-            trainer._save(checkpoint, {"config": asdict(cfg)})
+            trainer.save(checkpoint, extra={"config": asdict(cfg)})
             print(f"checkpoint: {checkpoint} (step {s})", flush=True)
     tps = tokens_per_step * (s - timed_from) / elapsed if elapsed > 0 and s > timed_from else None
     result = {"train_losses": train_losses, "val_losses": val_losses, "tokens_per_s": tps, "interrupted": interrupted,

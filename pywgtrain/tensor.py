@@ -104,13 +104,6 @@ class Tensor:
             raise RuntimeError(f"the truth value of a tensor with {self.size} elements is ambiguous")
         return bool(self.item())
 
-    @staticmethod
-    def _from_host(data, device, name="data"):
-        arr = np.asarray(data)
-        if arr.dtype.kind == "f" and arr.dtype != np.float32:
-            arr = arr.astype(np.float32)
-        return tensor(np.ascontiguousarray(arr), device)
-
     # -- in-place writes (outside autograd) ----------------------------------
     def _check_inplace(self, what):
         from .autograd import is_grad_enabled

@@ -83,14 +83,14 @@ class Trainer:
             if x.device is not self.device:
                 raise ValueError(f"x lives on {x.device!r}, the model on {self.device!r}")
         else:
-            x = np.ascontiguousarray(_host_batch(x, "x"))
+            x = _host_batch(x, "x")
         if isinstance(y, Tensor):
             if y.device is not self.device:
                 raise ValueError(f"y lives on {y.device!r}, the model on {self.device!r}")
         elif isinstance(self.loss_fn, nn.CrossEntropyLoss):
             y = label_array(y, self._classes)
         else:
-            y = np.ascontiguousarray(_host_batch(y, "y"))
+            y = _host_batch(y, "y")
         return x, y
 
     def step(self, x, y):
@@ -171,7 +171,7 @@ class Trainer:
             self.device._submit_deferred()
         self._group = []
 
-    def save(self, path):
+    def save(self, path, extra=None):
         """Model, optimizer state, step count and the device's RNG state
         (``pywgtrain.random``: dropout masks continue as if uninterrupted) to one file, atomically: the
         data goes to a temporary file in the same directory, is flushed and
@@ -185,10 +185,8 @@ class Trainer:
         ``model.<name>``, ``optim.<i>.exp_avg``/``exp_avg_sq``; the rest as
         JSON metadata ``pywgtrain``), which PyTorch and Hugging Face tools
         open; other paths get ``.npz``. ``extra``: JSON-able state of the
-        caller (a data position, a scheduler) stored alongside."""
-        return self._save(path, None)
-
-    def _save(self, path, extra):
+        caller (a data position, a scheduler) stored alongside; ``load``
+        returns it."""
         path = os.fspath(path)
         osd = self.optimizer.state_dict()
         meta = {"step_count": self.step_count, "param_groups": osd["param_groups"],
@@ -269,7 +267,7 @@ def _host_batch(a, name):
         return np.ascontiguousarray(a, dtype=np.int32)
     if a.dtype != np.float32:
         raise TypeError(f"{name} must have dtype float32 (or hold integer ids), got {a.dtype.name}")
-    return a
+    return np.ascontiguousarray(a)
 
 
 def _atomic_write(path, write):

@@ -4,9 +4,8 @@
 //   emb_bwd_segments: workgroup (segment s, block of VB dweight rows, block of
 //     CB columns); each thread owns one column and sums its segment's matching
 //     dy rows into workgroup memory in increasing i (rows without ids in the
-//     segment stay exact zeros), then writes them out: either as the partial
-//     row sums part[s, v, c] (several segments) or, with one segment, straight
-//     into dweight as beta * dweight + sum.
+//     segment stay exact zeros), then writes them out as the partial row sums
+//     part[s, v, c]. (Tables too large for partials take embedding.wgsl's scan.)
 //   emb_bwd_combine: dweight[v, c] = beta * dweight[v, c] + (part[0, v, c] +
 //     part[1, v, c] + ... ) summed in segment order.
 // Every element's sum has a fixed order, so results are bit-identical across runs.
@@ -18,10 +17,10 @@ struct EmbBwdParams {
   vcount: u32,    // dweight rows of this block
   src_off: u32,   // segments: dy; combine: partials
   idx_off: u32,   // ids
-  dst_off: u32,   // partials (segments, direct = 0) or dweight
+  dst_off: u32,   // partials (segments) or dweight (combine)
   seg: u32,       // ids per segment
   segs: u32,      // segments of this dispatch
-  direct: u32,    // segments: 1 writes dweight (segs == 1), 0 writes partials
+  _pad0: u32,
   beta: f32,
   _pad: u32,
 }
@@ -71,16 +70,8 @@ fn emb_bwd_segments(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     }
   }
   if (!owns_col) { return; }
-  if (ep.direct != 0u) {
-    for (var v = 0u; v < vn; v++) {
-      let o = ep.dst_off + (vstart + v) * ep.cols + c;
-      let a = acc[v * CB + lid];
-      if (ep.beta == 0.0) { dst[o] = a; } else { dst[o] = ep.beta * dst[o] + a; }
-    }
-  } else {
-    let base = ep.dst_off + (s * ep.vcount + vstart) * ep.cols + c;
-    for (var v = 0u; v < vn; v++) { dst[base + v * ep.cols] = acc[v * CB + lid]; }
-  }
+  let base = ep.dst_off + (s * ep.vcount + vstart) * ep.cols + c;
+  for (var v = 0u; v < vn; v++) { dst[base + v * ep.cols] = acc[v * CB + lid]; }
 }
 
 @compute @workgroup_size(256)

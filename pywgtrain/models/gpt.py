@@ -51,12 +51,8 @@ CONFIGS = {
 }
 
 
-def _layer_norm(d, bias, device):
-    return nn.LayerNorm(d, bias=bias, device=device)
-
-
 def _dropout(p):
-    return nn.Dropout(p) if p > 0 and hasattr(nn, "Dropout") else None
+    return nn.Dropout(p) if p > 0 else None
 
 
 class CausalSelfAttention(nn.Module):
@@ -113,9 +109,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg, device, rng):
         super().__init__()
-        self.ln_1 = _layer_norm(cfg.n_embd, cfg.bias, device)
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias, device=device)
         self.attn = CausalSelfAttention(cfg, device, rng)
-        self.ln_2 = _layer_norm(cfg.n_embd, cfg.bias, device)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias, device=device)
         self.mlp = MLP(cfg, device, rng)
 
     def forward(self, x):
@@ -141,7 +137,7 @@ class GPT(nn.Module):
             "wte": nn.Embedding(cfg.vocab_size, cfg.n_embd, device=dev, rng=rng),
             "wpe": nn.Embedding(cfg.block_size, cfg.n_embd, device=dev, rng=rng),
             "h": nn.ModuleList([Block(cfg, dev, rng) for _ in range(cfg.n_layer)]),
-            "ln_f": _layer_norm(cfg.n_embd, cfg.bias, dev),
+            "ln_f": nn.LayerNorm(cfg.n_embd, bias=cfg.bias, device=dev),
         })
         self.drop = _dropout(cfg.dropout)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False, device=dev, rng=rng)
