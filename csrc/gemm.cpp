@@ -44,6 +44,49 @@ constexpr uint32_t kLongK = 2048;
 // separate pass (~9 us on the H100) costs more than the in-loop adds.
 constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 
+// Long K (a linear layer's dW = dY^T X: K = batch rows, 8192-16384 in GPT
+// training) on outputs of a few hundred 64x128 tiles or fewer: the output
+// alone fills one or two waves of workgroups, so wave quantization decides
+// the time (3072x768x8192 TN: 288 tiles on the H100's 264 concurrent slots
+// ran as two waves, the second nearly empty, 1.60x cuBLAS). Split K so that
+// tiles * splits fills whole waves, by a cost model in units of one K step of
+// one wave: waves * (K per split + kWaveFixedK) for the main pass, plus the
+// partials' traffic and the reduce pass. Fitted on the H100 (64x128 tiles,
+// splits 1-16, docs/gemm_notes.md #46): its picks land within 3-12% of the
+// best measured split on every GPT-2 and nanoGPT dW shape.
+constexpr uint64_t kLongKMinTiles = 16;
+constexpr uint64_t kWaveFixedK = 128;     // a wave's prologue and tile store, in K steps
+constexpr double kPartialCostK = 1e-5;    // per partial element written and summed
+constexpr uint64_t kReduceCostK = 55;     // the reduce dispatch
+constexpr uint64_t kMaxModelSplits = 32;
+constexpr uint64_t kMinKPerSplit = 256;
+// Concurrent 64x128 workgroups: 2 per SM x 132 SMs on the H100 (measured: the
+// time steps up between 264 and 270 workgroups). WebGPU does not report the
+// multiprocessor count; PYWGTRAIN_GEMM_SLOTS sets it for other GPUs.
+uint64_t wave_slots() {
+  static const uint64_t slots = [] {
+    const char* v = std::getenv("PYWGTRAIN_GEMM_SLOTS");
+    const long n = v ? std::atol(v) : 0;
+    return n > 0 ? uint64_t(n) : uint64_t(264);
+  }();
+  return slots;
+}
+
+uint64_t long_k_tiles(uint64_t m, uint64_t n) { return ceil_div(m, 64) * ceil_div(n, 128); }
+
+uint32_t long_k_splits(uint64_t m, uint64_t n, uint64_t k) {
+  const uint64_t tiles = long_k_tiles(m, n), slots = wave_slots();
+  uint32_t best = 1;
+  double best_cost = 0;
+  for (uint64_t s = 1; s <= kMaxModelSplits && (s == 1 || k / s >= kMinKPerSplit); ++s) {
+    const double waves = double(ceil_div(tiles * s, slots));
+    double cost = waves * double(ceil_div(k, s) + kWaveFixedK);
+    if (s > 1) cost += double(s) * double(m * n) * kPartialCostK + double(kReduceCostK);
+    if (s == 1 || cost < best_cost) best = uint32_t(s), best_cost = cost;
+  }
+  return best;
+}
+
 // 64x128 tiles (8x4 per thread, warps on 8x4 thread blocks) when the output
 // gives >= 256 tiles of 128x64, or >= 64 with K too short to split or long;
 // else 64x64 (4x4), which split-K (below) multiplies. Measured on the H100
@@ -56,7 +99,7 @@ constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 // 512x4096x4096 NT (256 tiles), so outputs of >= 512 tiles take it.
 // PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN[,WARP_W[,LEAN_LOOP]]" forces one configuration.
 TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
-  static const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");
+  const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");  // read per call: experiments change it in-process
   TileConfig t{};
   if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn, &t.warp_w, &t.lean_loop) >= 5) {
     const uint32_t wg_x = t.tn ? t.bn / t.tn : 0, wg_y = t.tm ? t.bm / t.tm : 0, threads = wg_x * wg_y;
@@ -73,6 +116,8 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
     return t;
   }
   const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
+  if (k >= kLongK && long_k_tiles(m, n) >= kLongKMinTiles)
+    return {64, 128, 16, 8, 4, 8, long_k_tiles(m, n) * long_k_splits(m, n, k) >= 512};
   if (wide >= 256 || (wide >= 64 && (k < kSplitMinK || k >= kLongK))) return {64, 128, 16, 8, 4, 8, wide >= 512};
   return {64, 64, 16, 4, 4};
 }
@@ -319,7 +364,11 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
 // always split, so no workgroup loops over more (bounded loops, dispatch_util.hpp).
 uint32_t choose_splits(uint32_t m, uint32_t n, uint64_t k, const TileConfig& t) {
   const uint64_t bounded = ceil_div(k, kMaxKPerSplit);
+  if (const char* forced = std::getenv("PYWGTRAIN_GEMM_SPLITS"); forced && std::atoi(forced) > 0)
+    return uint32_t(std::max<uint64_t>(bounded, std::min<uint64_t>(std::atoi(forced), ceil_div(k, t.bk))));
   const uint64_t tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn);
+  if (k >= kLongK && t.bm == 64 && t.bn == 128 && tiles >= kLongKMinTiles)
+    return uint32_t(std::max<uint64_t>(bounded, long_k_splits(m, n, k)));
   if (tiles >= 256 || k < kSplitMinK) return uint32_t(bounded);
   const uint64_t splits = std::min<uint64_t>({ceil_div(512, tiles), k / 128, 16});
   return uint32_t(std::max<uint64_t>({splits, bounded, 1}));
@@ -334,6 +383,11 @@ void record_split_region(Recorder& r, const Buffer& a, const Buffer& b, const Bu
                          uint64_t ldb, uint64_t ldc, const TileConfig& t, uint32_t splits, float alpha, float beta,
                          const EpilogueArgs& e) {
   Device& dev = r.device();
+  // The partials bind as one range: at most a binding's worth of them (never
+  // below the splits the bounded K loops need, which the callers' K blocks
+  // keep within it).
+  const uint64_t stride_cap = dev.limits().max_storage_binding / 4 / (uint64_t(mc) * nc);
+  splits = uint32_t(std::clamp<uint64_t>(splits, 1, std::max<uint64_t>(stride_cap, ceil_div(kc, kMaxKPerSplit))));
   const uint32_t k_chunk = uint32_t(ceil_div(ceil_div(kc, splits), t.bk) * t.bk);  // whole K tiles per split
   splits = uint32_t(ceil_div(kc, k_chunk));
   const uint64_t stride = uint64_t(mc) * nc;

@@ -45,10 +45,15 @@ const Kernel& ln_kernel(Device& dev, const char* entry) {
   return dev.pipelines().get(d);
 }
 
-// Threads per row: the smallest power of two >= cols, at most a workgroup.
+// Threads per row: the smallest power of two >= cols / kColsPerThread, at
+// most a workgroup. Several rows per workgroup with ~16 elements per thread:
+// a whole 256-thread workgroup per 384- or 768-wide row (1-3 elements per
+// thread) spent its time in the 8-level tree reductions' barriers (H100:
+// 82 us per 16384 x 384 forward, ~0.6 TB/s).
+constexpr uint32_t kColsPerThread = 16;
 uint32_t threads_per_row(uint32_t cols) {
   uint32_t t = 1;
-  while (t < cols && t < kGroup) t <<= 1;
+  while (uint64_t(t) * kColsPerThread < cols && t < kGroup) t <<= 1;
   return t;
 }
 

@@ -1,6 +1,8 @@
 // Backward pieces of a linear layer that are not GEMMs.
 #include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dispatch_util.hpp"
 #include "ops.hpp"
@@ -27,19 +29,39 @@ void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, u
   check_floats(dz, uint64_t(rows) * cols, "bias_grad input");
   check_floats(db, cols, "bias gradient");
   Device& dev = r.device();
-  KernelDesc d;
-  d.shader = "linear";
-  d.entry = "bias_grad";
-  d.bindings = {{0, Bind::ReadOnly}, {2, Bind::ReadWrite}, {6, Bind::Uniform}};
-  d.constants = {{"ACT", "0u"}};
-  const Kernel& k = dev.pipelines().get(d);
+  auto kernel = [&](const char* entry, std::vector<std::pair<uint32_t, Bind>> bindings) -> const Kernel& {
+    KernelDesc d;
+    d.shader = "linear";
+    d.entry = entry;
+    d.bindings = std::move(bindings);
+    d.constants = {{"ACT", "0u"}};
+    return dev.pipelines().get(d);
+  };
+  const Kernel& sum_k = kernel("bias_grad", {{0, Bind::ReadOnly}, {2, Bind::ReadWrite}, {6, Bind::Uniform}});
+  const Kernel& part_k = kernel("colsum_partial", {{0, Bind::ReadOnly}, {2, Bind::ReadWrite}, {6, Bind::Uniform}});
+  struct ColParams { uint32_t rows, cols; float beta; uint32_t block_rows; };  // linear.wgsl ColParams
+  const uint64_t col_groups = ceil_div(cols, 16);  // linear.wgsl COLS
+  const uint64_t part_col_groups = ceil_div(cols, 64);  // linear.wgsl PART_COLS
   // Row blocks that fit one binding and keep each lane's loop bounded
   // (kMaxColumnSumRows, dispatch_util.hpp); later blocks accumulate.
   const uint64_t rows_per = std::min(rows_per_piece(dev, cols), kMaxColumnSumRows);
   for (uint64_t r0 = 0; r0 < rows; r0 += rows_per) {
     const uint64_t rc = std::min<uint64_t>(rows_per, rows - r0);
-    struct { uint32_t rows, cols; float beta; uint32_t pad; } p{uint32_t(rc), cols, r0 == 0 ? beta : 1.0f, 0};
-    r.dispatch(k, {floats(dz, r0 * cols, rc * cols), whole(db)}, p, uint32_t(ceil_div(cols, 16)));  // linear.wgsl COLS
+    const float b = r0 == 0 ? beta : 1.0f;
+    // Many rows over few columns: partial sums over row blocks first (about
+    // 1024 workgroups, >= 64 rows each), then the column pass over them.
+    const uint64_t blocks = std::clamp<uint64_t>(ceil_div(1024, part_col_groups), 1, rc / 64);
+    if (blocks >= 4 && blocks * cols <= dev.limits().max_storage_binding / 4) {
+      const uint64_t block_rows = ceil_div(rc, blocks), used = ceil_div(rc, block_rows);
+      const Range parts{dev.workspace(used * cols * 4), 0, used * cols * 4};
+      ColParams p{uint32_t(rc), cols, 0.0f, uint32_t(block_rows)};
+      r.dispatch(part_k, {floats(dz, r0 * cols, rc * cols), parts}, p, uint32_t(part_col_groups), uint32_t(used));
+      ColParams q{uint32_t(used), cols, b, 0};
+      r.dispatch(sum_k, {parts, whole(db)}, q, uint32_t(col_groups));
+      continue;
+    }
+    ColParams p{uint32_t(rc), cols, b, 0};
+    r.dispatch(sum_k, {floats(dz, r0 * cols, rc * cols), whole(db)}, p, uint32_t(col_groups));
   }
 }
 

@@ -47,9 +47,11 @@ def test_gemm_alpha_beta(dev, rng, ta, tb, alpha, beta):
 
 
 @pytest.mark.parametrize("ta,tb", TRANS)
-@pytest.mark.parametrize("m,n,k", [(64, 1024, 1024), (7, 33, 2000), (130, 70, 4001), (65, 65, 777)])
+@pytest.mark.parametrize("m,n,k", [(64, 1024, 1024), (7, 33, 2000), (130, 70, 4001), (65, 65, 777), (1030, 130, 4100)])
 def test_split_k_small_outputs_long_k(dev, rng, m, n, k, ta, tb):
-    """Few output tiles and long K take the split-K path (partial products + reduce)."""
+    """Few output tiles and long K take the split-K path (partial products +
+    reduce); 1030 x 130 x 4100 is a long-K output of 34 tiles of 64x128,
+    whose splits the wave model picks (gemm.cpp long_k_splits)."""
     a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
     out = pw.tensor(c, dev)
     pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, 1.5, -0.5, out=out)
@@ -57,6 +59,19 @@ def test_split_k_small_outputs_long_k(dev, rng, m, n, k, ta, tb):
     poison = poisoned(dev, (m, n))
     pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, out=poison)
     assert_close(poison.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
+
+
+@pytest.mark.parametrize("splits", ["1", "2", "3", "7", "64", "100000"])
+def test_forced_split_counts(dev, rng, monkeypatch, splits):
+    """PYWGTRAIN_GEMM_SPLITS (read per call) forces the split count: any
+    value, past the K tiles or the workspace binding included, gives the
+    product (clamped, never an invalid binding or an empty split)."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", splits)
+    for m, n, k, ta, tb in [(130, 70, 1000, False, False), (65, 300, 2100, True, False), (7, 9, 40, False, True)]:
+        a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
+        out = pw.tensor(c, dev)
+        pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, 1.0, 1.0, out=out)
+        assert_close(out.numpy(), ref_gemm(a, b, 1.0, 1.0, c), atol_scale=k_tolerance(k))
 
 
 def test_gemm_beta_zero_ignores_nan_in_out(dev, rng):

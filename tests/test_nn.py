@@ -397,6 +397,21 @@ def test_gemm_act_grad(dev, rng, m, k, n, act):
                  atol_scale=1e-5 * max(1.0, math.sqrt(k) / 4))
 
 
+@pytest.mark.parametrize("rows,cols", [(1, 1), (7, 33), (255, 7), (256, 1), (4133, 65), (20000, 129), (16384, 384)])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_bias_grad_column_sums(dev, rng, rows, cols, beta):
+    """db = column sums of dZ (+ beta db): few rows in one pass, many rows
+    over few columns as row-block partials then a pass over them (linear.wgsl
+    colsum_partial); every column and row counted once, output poisoned."""
+    from pywgtrain import _core
+
+    dz, db0 = rand(rng, rows, cols), rand(rng, cols)
+    db = pw.tensor(db0, dev) if beta else poisoned(dev, (cols,))
+    with dev.batch() as rec:
+        _core.bias_grad(rec, pw.tensor(dz, dev)._buf, db._buf, rows, cols, beta)
+    assert_close(db.numpy(), dz.astype(np.float64).sum(0) + beta * db0, atol_scale=1e-5 * max(1.0, math.sqrt(rows) / 4))
+
+
 # (300, 2048, 2048): past the multiply-add count up to which the sums ride along.
 @pytest.mark.parametrize("rows,fout,fin", [(7, 33, 129), (256, 130, 65), (1, 5, 3), (600, 7, 9), (2000, 70, 33),
                                            (300, 2048, 2048)])
