@@ -207,11 +207,11 @@ def _copy(src):
 def _one(device):
     """A device constant 1.0 (uploaded once per device, never written: the
     seed gradient of scalar losses, without a fill dispatch per step)."""
-    one = device.__dict__.get("_autograd_one")
-    if one is None:
+    cache = device._cache
+    if cache.one is None:
         from .tensor import tensor
-        one = device.__dict__["_autograd_one"] = tensor(np.ones(1, np.float32), device)
-    return one
+        cache.one = tensor(np.ones(1, np.float32), device)
+    return cache.one
 
 
 def _topo_nodes(root_node):

@@ -33,6 +33,23 @@ class BatchToken:
         return f"<BatchToken {'discarded' if self.discarded else 'live'}>"
 
 
+class DeviceCache:
+    """Python-side objects kept per device and reused across calls: grow-only
+    scratch tensors by key (``ops._scratch``) and the autograd's constant 1.0
+    (``autograd._one``). One per Device, created with it; entries live as long
+    as the Device. Threads sharing a Device may race to fill an entry: both
+    objects are equivalent and the last one written stays."""
+
+    __slots__ = ("scratch", "one")
+
+    def __init__(self):
+        self.scratch = {}  # key -> float32 Tensor of at least the requested size
+        self.one = None  # float32 Tensor [1.0], uploaded on first backward of a scalar
+
+    def __repr__(self):
+        return f"<DeviceCache scratch={sorted(self.scratch)} one={'set' if self.one is not None else 'unset'}>"
+
+
 def list_adapters():
     """Every WebGPU adapter wgpu-native sees (Vulkan, Metal, DX12), as dicts."""
     return _core.list_adapters()
@@ -52,6 +69,7 @@ class Device:
             raise TypeError(f"adapter must be None, an int index or a name substring, got {type(adapter).__name__}")
         self._dev = _core._Device("" if adapter is None else str(adapter))
         self._local = threading.local()
+        self._cache = DeviceCache()
         with _ordinal_lock:
             global _next_ordinal
             self.ordinal = _next_ordinal  # tells apart two Devices of one adapter in reprs

@@ -86,7 +86,7 @@ def gemm(a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None, devi
 
 def _scratch(dev, key, floats):
     """Per-device reusable scratch tensors (grow-only)."""
-    cache = dev.__dict__.setdefault("_scratch", {})
+    cache = dev._cache.scratch
     t = cache.get(key)
     if t is None or t.size < floats:
         t = empty((max(int(floats), 1),), np.float32, dev)
