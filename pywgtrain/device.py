@@ -1,5 +1,7 @@
 """Devices and batched recording."""
 import contextlib
+import os
+import tempfile
 import threading
 
 from . import _core
@@ -50,9 +52,41 @@ class DeviceCache:
         return f"<DeviceCache scratch={sorted(self.scratch)} one={'set' if self.one is not None else 'unset'}>"
 
 
+# Mesa's Vulkan device-selection layer (VK_LAYER_MESA_device_select, an
+# implicit layer installed with Mesa's drivers) asks Wayland for the default
+# GPU while adapters are enumerated; libwayland prints "error: XDG_RUNTIME_DIR
+# is invalid or not set in the environment." four times when the variable is
+# unset (headless machines, CI, containers). Only instance and adapter set-up
+# enumerate, so the variable is set just around those calls and removed again;
+# an existing value is left alone. A counter keeps it set while any thread is
+# inside (the last one out removes it).
+_runtime_dir_lock = threading.Lock()
+_runtime_dir_users = 0
+
+
+@contextlib.contextmanager
+def _wayland_quiet():
+    global _runtime_dir_users
+    with _runtime_dir_lock:
+        ours = _runtime_dir_users > 0 or "XDG_RUNTIME_DIR" not in os.environ
+        if ours:
+            if _runtime_dir_users == 0:
+                os.environ["XDG_RUNTIME_DIR"] = tempfile.gettempdir()
+            _runtime_dir_users += 1
+    try:
+        yield
+    finally:
+        if ours:
+            with _runtime_dir_lock:
+                _runtime_dir_users -= 1
+                if _runtime_dir_users == 0 and os.environ.get("XDG_RUNTIME_DIR") == tempfile.gettempdir():
+                    del os.environ["XDG_RUNTIME_DIR"]
+
+
 def list_adapters():
     """Every WebGPU adapter wgpu-native sees (Vulkan, Metal, DX12), as dicts."""
-    return _core.list_adapters()
+    with _wayland_quiet():
+        return _core.list_adapters()
 
 
 class Device:
@@ -67,7 +101,8 @@ class Device:
     def __init__(self, adapter=None):
         if adapter is not None and not isinstance(adapter, (int, str)):
             raise TypeError(f"adapter must be None, an int index or a name substring, got {type(adapter).__name__}")
-        self._dev = _core._Device("" if adapter is None else str(adapter))
+        with _wayland_quiet():
+            self._dev = _core._Device("" if adapter is None else str(adapter))
         self._local = threading.local()
         self._cache = DeviceCache()
         with _ordinal_lock:
