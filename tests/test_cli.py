@@ -409,3 +409,31 @@ def test_gemm_sweep_covers_the_three_linear_layer_modes():
             assert (k, n, ta, tb) == (fout, fin, False, False)
         else:
             assert (m, n, ta, tb) == (fout, fin, True, False)
+
+
+# -- bench/run_on_gpu.sh's prerequisites ----------------------------------------------
+
+@pytest.mark.skipif(not shutil.which("bash"), reason="a bash script")
+def test_run_on_gpu_says_what_it_needs_and_stops_early(tmp_path):
+    """--help names the prerequisites; a bad argument or a missing .gpu/ ends
+    the script at once with one line and a nonzero status (run in a copy
+    without .gpu/, so a prepared checkout does not start the real thing)."""
+    script = ROOT / "bench" / "run_on_gpu.sh"
+    (tmp_path / "bench").mkdir()
+    shutil.copy(script, tmp_path / "bench" / "run_on_gpu.sh")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+
+    def run(*args, cwd=tmp_path):
+        return subprocess.run(["bash", "bench/run_on_gpu.sh", *args], cwd=cwd, capture_output=True, text=True,
+                              timeout=60)
+
+    helped = run("--help")
+    assert helped.returncode == 0 and "shared/gpu/prepare" in helped.stdout and "Vulkan driver" in helped.stdout
+    bad = run("everything")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown argument" in bad.stderr
+    missing = run("tests")
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and ".gpu/prelude.sh missing" in missing.stderr
+    assert not (tmp_path / "out").exists()  # stopped before any work
+    elsewhere = subprocess.run(["bash", str(tmp_path / "bench" / "run_on_gpu.sh")], cwd=tmp_path / "bench",
+                               capture_output=True, text=True, timeout=60)
+    assert elsewhere.returncode == 1 and "project's root" in elsewhere.stderr
