@@ -307,6 +307,23 @@ def test_readme_has_two_setup_commands_and_ci_runs_both():
     assert re.search(r"^bash scripts/train\.sh --steps \d+ ", ci, re.M)
 
 
+def test_readme_lists_every_environment_variable():
+    """Each variable the C++ core, the package, the scripts and the benchmarks
+    read appears in the README's table."""
+    patterns = [r'getenv\("(\w+)"\)', r'environ\.get\("(\w+)"', r'environ\["(\w+)"\]', r"\$\{([A-Za-z_]\w*):-"]
+    found = set()
+    for top in ("csrc", "pywgtrain", "scripts", "bench"):
+        for path in (ROOT / top).rglob("*"):
+            if path.suffix in (".cpp", ".hpp", ".py", ".pyx", ".sh") or path.name == "prepare":
+                text = path.read_text(errors="replace")
+                for pattern in patterns:
+                    found |= set(re.findall(pattern, text))
+    table = (ROOT / "README.md").read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    assert {"PYWGTRAIN_ADAPTER", "PYWGTRAIN_GEMM_TILES", "XDG_CACHE_HOME"} <= found
+    missing = sorted(v for v in found if f"`{v}`" not in table)
+    assert not missing, missing
+
+
 def _stub(path, body):
     path.write_text("#!/bin/sh\n" + body + "\n")
     path.chmod(0o755)
