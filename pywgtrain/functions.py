@@ -223,7 +223,8 @@ def square(x: TensorLike) -> Tensor:
     return _unary("pow_scalar", x, 2.0)
 
 
-def clamp(x: TensorLike, min: Optional[float] = None, max: Optional[float] = None) -> Tensor:  # noqa: A002 - torch's names
+def clamp(x: TensorLike, min: Optional[float] = None,  # noqa: A002 - torch's names
+          max: Optional[float] = None) -> Tensor:
     if min is None and max is None:
         raise ValueError("clamp: at least one of min and max must be given")
     for name, v in (("min", min), ("max", max)):
@@ -494,7 +495,8 @@ class _MaxResult(tuple):
         return self[1]
 
 
-def max(x: TensorLike, dim: Optional[int] = None, keepdim: bool = False) -> Union[Tensor, _MaxResult]:  # noqa: A001 - torch's name
+def max(x: TensorLike, dim: Optional[int] = None,  # noqa: A001 - torch's name
+        keepdim: bool = False) -> Union[Tensor, _MaxResult]:
     """``max()``: the largest element (0-d); ``max(dim)``: (values, indices) along dim.
     Ties give the first index, and the gradient goes there, as in PyTorch."""
     x = _check_float(x, "max")
@@ -1081,7 +1083,8 @@ def _class_input(input, op):  # noqa: A002 - torch's name
     return x
 
 
-def nll_loss(input: TensorLike, target: Labels, ignore_index: int = -100, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's names
+def nll_loss(input: TensorLike, target: Labels,  # noqa: A002 - torch's names
+             ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """Negative log-likelihood of log-probabilities ``input`` [N, C] at int ``target`` [N]."""
     _check_reduction(reduction, "nll_loss")
     x = _class_input(input, "nll_loss")
@@ -1106,7 +1109,8 @@ def nll_loss(input: TensorLike, target: Labels, ignore_index: int = -100, reduct
     return total / sum(mask) if reduction == "mean" else total
 
 
-def cross_entropy(input: TensorLike, target: Labels, ignore_index: int = -100, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's names
+def cross_entropy(input: TensorLike, target: Labels,  # noqa: A002 - torch's names
+                  ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """Softmax cross-entropy of logits [N, C] against int class indices [N]
     (torch.nn.functional.cross_entropy); the mean skips ``ignore_index`` rows.
     One fused kernel pass forward (keeping a log-sum-exp per row, not the
@@ -1176,8 +1180,9 @@ def _attn_backward_into(dev, q, qv, k, kv, v, vv, out, ov, g, gv, lse, shape, sc
                                  dk._buf, dkv, dv._buf, dvv, b, h, t, d, float(scale), float(beta))
 
 
-def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: None = None, dropout_p: float = 0.0,
-                                 is_causal: bool = True, scale: Optional[float] = None) -> Tensor:
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = True,
+                                 scale: Optional[float] = None) -> Tensor:
     """Causal multi-head self-attention ``softmax(q k^T * scale + causal mask) v`` over
     [B, H, T, D] float32 tensors (torch.nn.functional.scaled_dot_product_attention with
     is_causal=True; ``scale`` defaults to 1/sqrt(D)). One fused kernel (FlashAttention-2
@@ -1325,7 +1330,8 @@ def layer_norm(input: TensorLike, normalized_shape: ShapeLike, weight: Optional[
     return y
 
 
-def dropout(input: TensorLike, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:  # noqa: A002 - torch's names
+def dropout(input: TensorLike, p: float = 0.5,  # noqa: A002 - torch's names
+            training: bool = True, inplace: bool = False) -> Tensor:
     """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``
     (torch.nn.functional.dropout); the identity when not ``training`` or ``p == 0``,
     zeros when ``p == 1``. The mask comes from the device's GPU random state

@@ -57,8 +57,8 @@ class Trainer:
     those of the steps in call order; ``flush()`` submits it explicitly.
     """
 
-    def __init__(self, model: nn.Module, optimizer: AdamW, loss_fn: Callable[[Tensor, Any], Tensor], capture: bool = True,
-                 steps_per_submit: int = 1) -> None:
+    def __init__(self, model: nn.Module, optimizer: AdamW, loss_fn: Callable[[Tensor, Any], Tensor],
+                 capture: bool = True, steps_per_submit: int = 1) -> None:
         if isinstance(steps_per_submit, bool) or not isinstance(steps_per_submit, int) or steps_per_submit < 1:
             raise ValueError(f"steps_per_submit must be an int >= 1, got {steps_per_submit!r}")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn

@@ -222,7 +222,8 @@ def test_none_is_refused_or_handled_by_every_wrapper(tmp_path):
     out = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(cases), cwd=tmp_path,
                          capture_output=True, text=True, timeout=600)
     calls = [line for line in out.stderr.splitlines() if line.startswith("CALL")]
-    assert out.returncode == 0, f"crashed (status {out.returncode}) at {calls[-1] if calls else '?'}:\n{out.stderr[-3000:]}"
+    last = calls[-1] if calls else "?"
+    assert out.returncode == 0, f"crashed (status {out.returncode}) at {last}:\n{out.stderr[-3000:]}"
     report = json.loads(out.stdout.strip().splitlines()[-1])
     wrong = []
     for qual, param, outcome in report:

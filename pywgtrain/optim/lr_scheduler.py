@@ -64,8 +64,8 @@ class LambdaLR(LRScheduler):
 class LinearLR(LRScheduler):
     """Factor going linearly from start_factor to end_factor over total_iters steps."""
 
-    def __init__(self, optimizer: Optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0, total_iters: int = 5,
-                 last_epoch: int = -1) -> None:
+    def __init__(self, optimizer: Optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
+                 total_iters: int = 5, last_epoch: int = -1) -> None:
         if not 0 < start_factor <= 1 or not 0 <= end_factor <= 1:
             raise ValueError("LinearLR: start_factor must be in (0, 1] and end_factor in [0, 1]")
         self.start_factor, self.end_factor, self.total_iters = start_factor, end_factor, int(total_iters)
@@ -80,7 +80,8 @@ class LinearLR(LRScheduler):
 class CosineAnnealingLR(LRScheduler):
     """eta_min + (base - eta_min) * (1 + cos(pi * t / T_max)) / 2 (the closed form)."""
 
-    def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1) -> None:  # noqa: N803 - torch's name
+    def __init__(self, optimizer: Optimizer, T_max: int,  # noqa: N803 - torch's name
+                 eta_min: float = 0.0, last_epoch: int = -1) -> None:
         if int(T_max) < 1:
             raise ValueError(f"CosineAnnealingLR: T_max must be >= 1, got {T_max}")
         self.T_max, self.eta_min = int(T_max), float(eta_min)

@@ -20,8 +20,8 @@ class LayerNorm(Module):
     at ones and ``bias`` at zeros, as in torch; ``elementwise_affine=False``
     has neither, ``bias=False`` no bias."""
 
-    def __init__(self, normalized_shape: ShapeLike, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
-                 device: Optional[Device] = None) -> None:
+    def __init__(self, normalized_shape: ShapeLike, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, device: Optional[Device] = None) -> None:
         super().__init__()
         ns = _shape_arg(normalized_shape, "LayerNorm: normalized_shape")
         if len(ns) != 1 or ns[0] < 1:
