@@ -3,25 +3,19 @@
 NumPy arrays go in and come out; the work runs in WGSL compute kernels.
 Tensors record their ops for reverse-mode autograd (``loss.backward()``).
 """
-import os as _os
-import tempfile as _tempfile
-
-# Mesa's Vulkan drivers complain on stderr when this is unset (headless boxes, CI).
-_os.environ.setdefault("XDG_RUNTIME_DIR", _tempfile.gettempdir())
-
-from ._core import DeviceLostError, GpuError, OutOfMemoryError, ValidationError  # noqa: E402
-from .device import Device, default_device, list_adapters  # noqa: E402
-from .tensor import Tensor, tensor, zeros, ones, full, empty  # noqa: E402
-from .autograd import no_grad, enable_grad, set_grad_enabled, is_grad_enabled  # noqa: E402
-from .ops import gemm, adamw_step, clip_grad_norm_  # noqa: E402
-from .functions import (  # noqa: E402
+from ._core import DeviceLostError, GpuError, OutOfMemoryError, ValidationError
+from .device import Device, default_device, list_adapters
+from .tensor import Tensor, tensor, zeros, ones, full, empty
+from .autograd import no_grad, enable_grad, set_grad_enabled, is_grad_enabled
+from .ops import gemm, adamw_step, clip_grad_norm_
+from .functions import (
     abs, add, bmm, cat, chunk, clamp, div, exp, gelu, linear, log, log_softmax, matmul, max, maximum, mean,
     minimum, mul, neg, pow, relu, rsqrt, sigmoid, silu, softmax, split, sqrt, square, stack, std, sub, sum, tanh,
     transpose, permute, reshape, var, where, cross_entropy, mse_loss, embedding, layer_norm, dropout,
 )
-from . import random  # noqa: E402
-from .random import manual_seed, get_rng_state, set_rng_state, initial_seed  # noqa: E402
-from . import nn, optim  # noqa: E402
+from . import random
+from .random import manual_seed, get_rng_state, set_rng_state, initial_seed
+from . import nn, optim
 
 __version__ = "0.1.0"
 

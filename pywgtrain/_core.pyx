@@ -56,7 +56,7 @@ def list_adapters():
 cdef class _Device:
     cdef shared_ptr[Device] ptr
 
-    def __cinit__(self, str selector=""):
+    def __cinit__(self, str selector not None=""):
         cdef string sel = selector.encode()
         with nogil:
             self.ptr = Device.open(sel)
@@ -113,8 +113,8 @@ cdef class _Buffer:
     cdef shared_ptr[Buffer] ptr
     cdef readonly _Device device
 
-    def __cinit__(self, _Device device not None, uint64_t nbytes, str label="pywgtrain.tensor", _Buffer parent=None,
-                  uint64_t offset=0):
+    def __cinit__(self, _Device device not None, uint64_t nbytes, str label not None="pywgtrain.tensor",
+                  _Buffer parent=None, uint64_t offset=0):
         cdef string lab = label.encode()
         self.device = device
         if parent is not None:
@@ -140,14 +140,14 @@ cdef class _Buffer:
         """Byte offset inside the underlying wgpu buffer (0 unless a view)."""
         return self.ptr.get().offset()
 
-    def upload(self, const unsigned char[::1] data, uint64_t offset=0):
+    def upload(self, const unsigned char[::1] data not None, uint64_t offset=0):
         cdef uint64_t n = data.shape[0]
         if n == 0:
             return
         with nogil:
             self.ptr.get().upload(&data[0], n, offset)
 
-    def download(self, unsigned char[::1] out, uint64_t offset=0):
+    def download(self, unsigned char[::1] out not None, uint64_t offset=0):
         cdef uint64_t n = out.shape[0]
         if n == 0:
             return
@@ -207,6 +207,8 @@ cdef class _Recorder:
         cdef const uint8_t[::1] block
         cdef PassTimer* t = NULL
         for static, source in inputs:
+            if static is None:  # a typed local takes None; dereferencing it would crash
+                raise TypeError("replay: the captured buffer of an inputs pair is None")
             rb.src = whole(static.ptr.get()[0])
             if isinstance(source, _Buffer):
                 src = source
@@ -356,12 +358,14 @@ def adamw(_Recorder r not None, _Buffer param not None, _Buffer grad not None, _
     c.adamw(r.ptr.get()[0], _b(param)[0], _b(grad)[0], _b(exp_avg)[0], _b(exp_avg_sq)[0], n, cfg, step, _opt(clip))
 
 
-def grad_norm(_Recorder r not None, list grads, list counts, _Buffer scratch not None, _Buffer out not None,
-              float max_norm):
+def grad_norm(_Recorder r not None, list grads not None, list counts not None, _Buffer scratch not None,
+              _Buffer out not None, float max_norm):
     cdef vector[const Buffer*] gs
     cdef vector[uint64_t] ns = counts
     cdef _Buffer g
-    for g in grads:
+    for i, g in enumerate(grads):
+        if g is None:  # a typed local takes None; dereferencing it would crash
+            raise TypeError(f"grad_norm: grads[{i}] is None")
         gs.push_back(g.ptr.get())
     c.grad_norm(r.ptr.get()[0], gs, ns, _b(scratch)[0], _b(out)[0], max_norm)
 
@@ -389,26 +393,27 @@ def unary_backward(_Recorder r not None, uint32_t op, _Buffer x not None, _Buffe
 
 
 def binary(_Recorder r not None, uint32_t op, _Buffer a not None, _Buffer b not None, _Buffer out not None,
-           list shape, list a_strides, list b_strides, float beta):
+           list shape not None, list a_strides not None, list b_strides not None, float beta):
     cdef vector[uint32_t] sh = shape, sa = a_strides, sb = b_strides
     c.binary(r.ptr.get()[0], <c.BinaryOp>op, _b(a)[0], _b(b)[0], _b(out)[0], sh, sa, sb, beta)
 
 
 def binary_backward(_Recorder r not None, uint32_t op, uint32_t which, _Buffer a not None, _Buffer b not None,
-                    _Buffer dy not None, _Buffer g not None, list shape, list a_strides, list b_strides, float beta):
+                    _Buffer dy not None, _Buffer g not None, list shape not None, list a_strides not None,
+                    list b_strides not None, float beta):
     cdef vector[uint32_t] sh = shape, sa = a_strides, sb = b_strides
     c.binary_backward(r.ptr.get()[0], <c.BinaryOp>op, which, _b(a)[0], _b(b)[0], _b(dy)[0], _b(g)[0], sh, sa, sb,
                       beta)
 
 
 def where(_Recorder r not None, _Buffer cond not None, _Buffer a not None, _Buffer b not None, _Buffer out not None,
-          list shape, list c_strides, list a_strides, list b_strides, float beta):
+          list shape not None, list c_strides not None, list a_strides not None, list b_strides not None, float beta):
     cdef vector[uint32_t] sh = shape, sc = c_strides, sa = a_strides, sb = b_strides
     c.where(r.ptr.get()[0], _b(cond)[0], _b(a)[0], _b(b)[0], _b(out)[0], sh, sc, sa, sb, beta)
 
 
-def strided_copy(_Recorder r not None, _Buffer src not None, uint64_t src_off, list src_strides, _Buffer dst not None,
-                 uint64_t dst_off, list dst_strides, list shape, float beta):
+def strided_copy(_Recorder r not None, _Buffer src not None, uint64_t src_off, list src_strides not None,
+                 _Buffer dst not None, uint64_t dst_off, list dst_strides not None, list shape not None, float beta):
     cdef vector[uint32_t] ss = src_strides, ds = dst_strides, sh = shape
     c.strided_copy(r.ptr.get()[0], _b(src)[0], src_off, ss, _b(dst)[0], dst_off, ds, sh, beta)
 
@@ -470,17 +475,19 @@ cdef c.AttnView _view(tuple view) except *:
     return v
 
 
-def attention_forward(_Recorder r not None, _Buffer q not None, tuple qv, _Buffer k not None, tuple kv,
-                      _Buffer v not None, tuple vv, _Buffer out not None, tuple ov, _Buffer lse not None,
-                      uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale, uint32_t max_blocks=0):
+def attention_forward(_Recorder r not None, _Buffer q not None, tuple qv not None, _Buffer k not None,
+                      tuple kv not None, _Buffer v not None, tuple vv not None, _Buffer out not None, tuple ov not None,
+                      _Buffer lse not None, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
+                      uint32_t max_blocks=0):
     c.attention_forward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
                         _view(ov), _b(lse)[0], batch, heads, t, d, scale, max_blocks)
 
 
-def attention_backward(_Recorder r not None, _Buffer q not None, tuple qv, _Buffer k not None, tuple kv,
-                       _Buffer v not None, tuple vv, _Buffer out not None, tuple ov, _Buffer dout not None, tuple gv,
-                       _Buffer lse not None, _Buffer delta not None, _Buffer dq not None, tuple dqv,
-                       _Buffer dk not None, tuple dkv, _Buffer dv not None, tuple dvv, uint32_t batch, uint32_t heads,
+def attention_backward(_Recorder r not None, _Buffer q not None, tuple qv not None, _Buffer k not None,
+                       tuple kv not None, _Buffer v not None, tuple vv not None, _Buffer out not None,
+                       tuple ov not None, _Buffer dout not None, tuple gv not None, _Buffer lse not None,
+                       _Buffer delta not None, _Buffer dq not None, tuple dqv not None, _Buffer dk not None,
+                       tuple dkv not None, _Buffer dv not None, tuple dvv not None, uint32_t batch, uint32_t heads,
                        uint32_t t, uint32_t d, float scale, float beta, uint32_t max_blocks=0):
     c.attention_backward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
                          _view(ov), _b(dout)[0], _view(gv), _b(lse)[0], _b(delta)[0], _b(dq)[0], _view(dqv),

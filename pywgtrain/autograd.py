@@ -19,6 +19,8 @@ finished tensor. Nodes are released after their backward ran, so a step's
 graph, and the device memory it holds, is freed once ``backward()``
 returns.
 """
+from __future__ import annotations
+
 import contextlib
 import threading
 
@@ -29,14 +31,14 @@ from . import _core
 _state = threading.local()
 
 
-def is_grad_enabled():
+def is_grad_enabled() -> bool:
     return getattr(_state, "enabled", True)
 
 
 class set_grad_enabled(contextlib.ContextDecorator):
     """Context manager / decorator switching gradient recording on or off (this thread)."""
 
-    def __init__(self, mode):
+    def __init__(self, mode: bool) -> None:
         self.mode = bool(mode)
 
     def __enter__(self):
@@ -51,7 +53,7 @@ class set_grad_enabled(contextlib.ContextDecorator):
 class no_grad(set_grad_enabled):
     """``with pywgtrain.no_grad():`` ops inside record no graph (like ``torch.no_grad``)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(False)
 
 
@@ -207,11 +209,11 @@ def _copy(src):
 def _one(device):
     """A device constant 1.0 (uploaded once per device, never written: the
     seed gradient of scalar losses, without a fill dispatch per step)."""
-    one = device.__dict__.get("_autograd_one")
-    if one is None:
+    cache = device._cache
+    if cache.one is None:
         from .tensor import tensor
-        one = device.__dict__["_autograd_one"] = tensor(np.ones(1, np.float32), device)
-    return one
+        cache.one = tensor(np.ones(1, np.float32), device)
+    return cache.one
 
 
 def _topo_nodes(root_node):

@@ -1,8 +1,16 @@
 """Devices and batched recording."""
+from __future__ import annotations
+
 import contextlib
+import os
+import tempfile
 import threading
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 from . import _core
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
 
 _ordinal_lock = threading.Lock()
 _next_ordinal = 0
@@ -19,12 +27,12 @@ class BatchToken:
 
     __slots__ = ("discarded", "reason")
 
-    def __init__(self, reason=None):
+    def __init__(self, reason: Optional[str] = None) -> None:
         """``reason``: born discarded (work dropped outside a batch, e.g. a failed group of replayed steps)."""
         self.discarded = reason is not None
         self.reason = reason
 
-    def check(self):
+    def check(self) -> None:
         """Raise RuntimeError if the batch this token belongs to was discarded."""
         if self.discarded:
             raise RuntimeError(self.reason)
@@ -33,9 +41,58 @@ class BatchToken:
         return f"<BatchToken {'discarded' if self.discarded else 'live'}>"
 
 
-def list_adapters():
+class DeviceCache:
+    """Python-side objects kept per device and reused across calls: grow-only
+    scratch tensors by key (``ops._scratch``) and the autograd's constant 1.0
+    (``autograd._one``). One per Device, created with it; entries live as long
+    as the Device. Threads sharing a Device may race to fill an entry: both
+    objects are equivalent and the last one written stays."""
+
+    __slots__ = ("scratch", "one")
+
+    def __init__(self) -> None:
+        self.scratch: dict[str, Tensor] = {}  # key -> float32 Tensor of at least the requested size
+        self.one: Optional[Tensor] = None  # float32 Tensor [1.0], uploaded on first backward of a scalar
+
+    def __repr__(self):
+        return f"<DeviceCache scratch={sorted(self.scratch)} one={'set' if self.one is not None else 'unset'}>"
+
+
+# Mesa's Vulkan device-selection layer (VK_LAYER_MESA_device_select, an
+# implicit layer installed with Mesa's drivers) asks Wayland for the default
+# GPU while adapters are enumerated; libwayland prints "error: XDG_RUNTIME_DIR
+# is invalid or not set in the environment." four times when the variable is
+# unset (headless machines, CI, containers). Only instance and adapter set-up
+# enumerate, so the variable is set just around those calls and removed again;
+# an existing value is left alone. A counter keeps it set while any thread is
+# inside (the last one out removes it).
+_runtime_dir_lock = threading.Lock()
+_runtime_dir_users = 0
+
+
+@contextlib.contextmanager
+def _wayland_quiet():
+    global _runtime_dir_users
+    with _runtime_dir_lock:
+        ours = _runtime_dir_users > 0 or "XDG_RUNTIME_DIR" not in os.environ
+        if ours:
+            if _runtime_dir_users == 0:
+                os.environ["XDG_RUNTIME_DIR"] = tempfile.gettempdir()
+            _runtime_dir_users += 1
+    try:
+        yield
+    finally:
+        if ours:
+            with _runtime_dir_lock:
+                _runtime_dir_users -= 1
+                if _runtime_dir_users == 0 and os.environ.get("XDG_RUNTIME_DIR") == tempfile.gettempdir():
+                    del os.environ["XDG_RUNTIME_DIR"]
+
+
+def list_adapters() -> list[dict[str, Any]]:
     """Every WebGPU adapter wgpu-native sees (Vulkan, Metal, DX12), as dicts."""
-    return _core.list_adapters()
+    with _wayland_quiet():
+        return _core.list_adapters()
 
 
 class Device:
@@ -47,11 +104,13 @@ class Device:
     the GIL is released while the GPU works. Each thread has its own batch.
     """
 
-    def __init__(self, adapter=None):
+    def __init__(self, adapter: Union[int, str, None] = None) -> None:
         if adapter is not None and not isinstance(adapter, (int, str)):
             raise TypeError(f"adapter must be None, an int index or a name substring, got {type(adapter).__name__}")
-        self._dev = _core._Device("" if adapter is None else str(adapter))
+        with _wayland_quiet():
+            self._dev = _core._Device("" if adapter is None else str(adapter))
         self._local = threading.local()
+        self._cache = DeviceCache()
         with _ordinal_lock:
             global _next_ordinal
             self.ordinal = _next_ordinal  # tells apart two Devices of one adapter in reprs
@@ -59,27 +118,27 @@ class Device:
 
     # -- description -------------------------------------------------------
     @property
-    def info(self):
+    def info(self) -> dict[str, Any]:
         return self._dev.info
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self._dev.info["name"]
 
     @property
-    def backend(self):
+    def backend(self) -> str:
         return self._dev.info["backend"]
 
     @property
-    def limits(self):
+    def limits(self) -> dict[str, int]:
         return self._dev.limits
 
     @property
-    def features(self):
+    def features(self) -> list[str]:
         return self._dev.features
 
     @property
-    def lost(self):
+    def lost(self) -> bool:
         return self._dev.lost
 
     def __repr__(self):
@@ -87,7 +146,7 @@ class Device:
 
     # -- recording ---------------------------------------------------------
     @contextlib.contextmanager
-    def batch(self):
+    def batch(self) -> Iterator[_core._Recorder]:
         """Record every operation inside the block and submit them together,
         once, at its end. Reading a tensor inside the block submits what is
         recorded so far first. An exception inside the block discards the
@@ -151,7 +210,7 @@ class Device:
             if rec.pending:
                 rec.submit()
 
-    def flush(self):
+    def flush(self) -> None:
         """Submit whatever the current thread has recorded and not yet
         submitted (its batch, or a Trainer's grouped steps)."""
         self._submit_deferred()
@@ -162,22 +221,22 @@ class Device:
             # block now; tensors created from here on belong to the rest.
             self._local.batch_token = BatchToken()
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Wait until all submitted work has finished."""
         self.flush()
         self._dev.wait(0)
 
-    def memory_stats(self, reset_peak=False):
+    def memory_stats(self, reset_peak: bool = False) -> dict[str, int]:
         """Bytes of device buffers pywgtrain allocated and still owns
         (``live_bytes``) and their high-water mark (``peak_bytes``); a lower
         bound of the driver's use. ``reset_peak``: start a new high-water mark."""
         return self._dev.memory_stats(reset_peak)
 
-    def resource_report(self):
+    def resource_report(self) -> dict[str, int]:
         """Live wgpu objects by kind (wgpuGenerateReport): buffers, bind groups, pipelines..."""
         return self._dev.resource_report()
 
-    def destroy(self):
+    def destroy(self) -> None:
         """Destroy the device now (its tensors become unusable). Tests use this
         to provoke device loss."""
         self._dev.destroy()
@@ -187,7 +246,7 @@ _default = None
 _default_lock = threading.Lock()
 
 
-def default_device():
+def default_device() -> Device:
     """The process-wide device used when none is given (created on first use)."""
     global _default
     with _default_lock:

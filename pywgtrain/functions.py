@@ -8,15 +8,19 @@ where, strided copies, fill), axis.wgsl (reductions, softmax), embedding.wgsl
 linear), layernorm.wgsl (fused LayerNorm), dropout.wgsl (dropout from the GPU
 random state of pywgtrain.random). The names and semantics follow PyTorch; ``docs/ops.md`` lists them.
 """
+from __future__ import annotations
+
 import builtins
 import math
 import numbers
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
 from . import _core
 from ._opcodes import BINARY, REDUCE, UNARY
 from .autograd import attach, needs_grad
+from ._typing import Dims, Labels, Operand, ShapeLike, TensorLike
 from .tensor import Tensor, _shape_arg, empty, full, tensor
 
 MAX_DIMS = 6  # kernels index up to this many dimensions (tensor_ops.hpp kMaxDims)
@@ -169,57 +173,58 @@ def _unary(name, x, a=0.0, b=0.0):
     return out
 
 
-def neg(x):
+def neg(x: TensorLike) -> Tensor:
     return _unary("neg", x)
 
 
-def abs(x):  # noqa: A001 - torch's name
+def abs(x: TensorLike) -> Tensor:  # noqa: A001 - torch's name
     return _unary("abs", x)
 
 
-def exp(x):
+def exp(x: TensorLike) -> Tensor:
     return _unary("exp", x)
 
 
-def log(x):
+def log(x: TensorLike) -> Tensor:
     return _unary("log", x)
 
 
-def sqrt(x):
+def sqrt(x: TensorLike) -> Tensor:
     return _unary("sqrt", x)
 
 
-def rsqrt(x):
+def rsqrt(x: TensorLike) -> Tensor:
     return _unary("rsqrt", x)
 
 
-def tanh(x):
+def tanh(x: TensorLike) -> Tensor:
     return _unary("tanh", x)
 
 
-def sigmoid(x):
+def sigmoid(x: TensorLike) -> Tensor:
     return _unary("sigmoid", x)
 
 
-def relu(x):
+def relu(x: TensorLike) -> Tensor:
     return _unary("relu", x)
 
 
-def silu(x):
+def silu(x: TensorLike) -> Tensor:
     return _unary("silu", x)
 
 
-def gelu(x, approximate="none"):
+def gelu(x: TensorLike, approximate: str = "none") -> Tensor:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return _unary("gelu_erf" if approximate == "none" else "gelu_tanh", x)
 
 
-def square(x):
+def square(x: TensorLike) -> Tensor:
     return _unary("pow_scalar", x, 2.0)
 
 
-def clamp(x, min=None, max=None):  # noqa: A002 - torch's names
+def clamp(x: TensorLike, min: Optional[float] = None,  # noqa: A002 - torch's names
+          max: Optional[float] = None) -> Tensor:
     if min is None and max is None:
         raise ValueError("clamp: at least one of min and max must be given")
     for name, v in (("min", min), ("max", max)):
@@ -230,7 +235,7 @@ def clamp(x, min=None, max=None):  # noqa: A002 - torch's names
     return _unary("clamp", x, lo, hi)
 
 
-def clone(x):
+def clone(x: TensorLike) -> Tensor:
     return _unary("copy", x)
 
 
@@ -318,65 +323,65 @@ def _binary(name, a, b):
     return attach(out, name, [ta, tb], backward)
 
 
-def add(a, b, alpha=1):
+def add(a: Operand, b: Operand, alpha: float = 1) -> Tensor:
     if alpha != 1:
         b = mul(b, alpha)
     return _binary("add", a, b)
 
 
-def sub(a, b, alpha=1):
+def sub(a: Operand, b: Operand, alpha: float = 1) -> Tensor:
     if alpha != 1:
         b = mul(b, alpha)
     return _binary("sub", a, b)
 
 
-def mul(a, b):
+def mul(a: Operand, b: Operand) -> Tensor:
     return _binary("mul", a, b)
 
 
-def div(a, b):
+def div(a: Operand, b: Operand) -> Tensor:
     return _binary("div", a, b)
 
 
-def maximum(a, b):
+def maximum(a: Operand, b: Operand) -> Tensor:
     return _binary("maximum", a, b)
 
 
-def minimum(a, b):
+def minimum(a: Operand, b: Operand) -> Tensor:
     return _binary("minimum", a, b)
 
 
-def pow(a, b):  # noqa: A001 - torch's name
+def pow(a: Operand, b: Operand) -> Tensor:  # noqa: A001 - torch's name
     if _is_scalar(a) and isinstance(b, Tensor):  # s ** t = exp(t * log s)
         return exp(mul(b, math.log(float(a))))
     return _binary("pow", a, b)
 
 
-def gt(a, b):
+def gt(a: Operand, b: Operand) -> Tensor:
     return _binary("gt", a, b)
 
 
-def lt(a, b):
+def lt(a: Operand, b: Operand) -> Tensor:
     return _binary("lt", a, b)
 
 
-def ge(a, b):
+def ge(a: Operand, b: Operand) -> Tensor:
     return _binary("ge", a, b)
 
 
-def le(a, b):
+def le(a: Operand, b: Operand) -> Tensor:
     return _binary("le", a, b)
 
 
-def eq(a, b):
+def eq(a: Operand, b: Operand) -> Tensor:
     return _binary("eq", a, b)
 
 
-def ne(a, b):
+def ne(a: Operand, b: Operand) -> Tensor:
     return _binary("ne", a, b)
 
 
-def where(condition, input, other):  # noqa: A002 - torch's names
+def where(condition: Operand, input: Operand, other: Operand) -> Tensor:  # noqa: A002 - torch's names
     """``input`` where ``condition`` is nonzero, else ``other`` (broadcast)."""
     dev = _device_of(condition, input, other)
     tc = _float_tensor(condition, dev, "where", "condition")
@@ -470,11 +475,11 @@ def _sum_mean(x, dim, keepdim, mean, op):
     return out
 
 
-def sum(x, dim=None, keepdim=False):  # noqa: A001 - torch's name
+def sum(x: TensorLike, dim: Dims = None, keepdim: bool = False) -> Tensor:  # noqa: A001 - torch's name
     return _sum_mean(x, dim, keepdim, False, "sum")
 
 
-def mean(x, dim=None, keepdim=False):
+def mean(x: TensorLike, dim: Dims = None, keepdim: bool = False) -> Tensor:
     return _sum_mean(x, dim, keepdim, True, "mean")
 
 
@@ -482,15 +487,16 @@ class _MaxResult(tuple):
     """(values, indices) like torch.return_types.max."""
 
     @property
-    def values(self):
+    def values(self) -> Tensor:
         return self[0]
 
     @property
-    def indices(self):
+    def indices(self) -> Tensor:
         return self[1]
 
 
-def max(x, dim=None, keepdim=False):  # noqa: A001 - torch's name
+def max(x: TensorLike, dim: Optional[int] = None,  # noqa: A001 - torch's name
+        keepdim: bool = False) -> Union[Tensor, _MaxResult]:
     """``max()``: the largest element (0-d); ``max(dim)``: (values, indices) along dim.
     Ties give the first index, and the gradient goes there, as in PyTorch."""
     x = _check_float(x, "max")
@@ -514,7 +520,8 @@ def max(x, dim=None, keepdim=False):  # noqa: A001 - torch's name
     return _MaxResult((values, indices))
 
 
-def var(x, dim=None, unbiased=None, keepdim=False, correction=None):
+def var(x: TensorLike, dim: Dims = None, unbiased: Optional[bool] = None, keepdim: bool = False,
+        correction: Optional[int] = None) -> Tensor:
     """Variance with Bessel's correction by default (``correction=1``), as torch.var."""
     if unbiased is not None and correction is not None:
         raise ValueError("var: give unbiased or correction, not both")
@@ -528,7 +535,8 @@ def var(x, dim=None, unbiased=None, keepdim=False, correction=None):
     return total * (1.0 / denom) if denom > 0 else total * math.nan
 
 
-def std(x, dim=None, unbiased=None, keepdim=False, correction=None):
+def std(x: TensorLike, dim: Dims = None, unbiased: Optional[bool] = None, keepdim: bool = False,
+        correction: Optional[int] = None) -> Tensor:
     return sqrt(var(x, dim, unbiased, keepdim, correction))
 
 
@@ -554,16 +562,16 @@ def _softmax(x, dim, log):
     return out
 
 
-def softmax(x, dim=-1):
+def softmax(x: TensorLike, dim: int = -1) -> Tensor:
     return _softmax(x, dim, False)
 
 
-def log_softmax(x, dim=-1):
+def log_softmax(x: TensorLike, dim: int = -1) -> Tensor:
     return _softmax(x, dim, True)
 
 
 # -- shape -------------------------------------------------------------------------
-def reshape(x, *shape):
+def reshape(x: Tensor, *shape: ShapeLike) -> Tensor:
     if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
         shape = tuple(shape[0])
     shape = list(_shape_arg(shape))
@@ -589,19 +597,19 @@ def reshape(x, *shape):
     return out
 
 
-def flatten(x, start_dim=0, end_dim=-1):
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if not x.shape:
         return reshape(x, 1)
     s, e = _dim(start_dim, x.ndim, "flatten"), _dim(end_dim, x.ndim, "flatten")
     return reshape(x, x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
 
 
-def unsqueeze(x, dim):
+def unsqueeze(x: Tensor, dim: int) -> Tensor:
     d = _dim(dim, x.ndim + 1, "unsqueeze")
     return reshape(x, x.shape[:d] + (1,) + x.shape[d:])
 
 
-def squeeze(x, dim=None):
+def squeeze(x: Tensor, dim: Optional[int] = None) -> Tensor:
     if dim is None:
         return reshape(x, tuple(s for s in x.shape if s != 1))
     d = _dim(dim, x.ndim, "squeeze")
@@ -619,7 +627,7 @@ def _strided_gather(x, out_shape, src_off, src_strides, name, backward_fn):
     return out
 
 
-def permute(x, *dims):
+def permute(x: Tensor, *dims: Union[int, Sequence[int]]) -> Tensor:
     if len(dims) == 1 and not isinstance(dims[0], numbers.Integral):
         dims = tuple(dims[0])
     perm = [_dim(d, x.ndim, "permute") for d in dims]
@@ -641,14 +649,14 @@ def permute(x, *dims):
     return _strided_gather(x, out_shape, 0, [st[p] for p in perm], "permute", backward)
 
 
-def transpose(x, dim0, dim1):
+def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
     perm = list(range(x.ndim))
     a, b = _dim(dim0, x.ndim, "transpose"), _dim(dim1, x.ndim, "transpose")
     perm[a], perm[b] = perm[b], perm[a]
     return permute(x, perm)
 
 
-def expand(x, *shape):
+def expand(x: Tensor, *shape: ShapeLike) -> Tensor:
     if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
         shape = tuple(shape[0])
     shape = _shape_arg(shape)
@@ -683,7 +691,7 @@ def _slice_region(x, starts, steps, out_shape, name):
     return _strided_gather(x, out_shape, off, src_strides, name, backward)
 
 
-def narrow(x, dim, start, length):
+def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
     d = _dim(dim, x.ndim, "narrow")
     size = x.shape[d]
     start = int(start) + (size if int(start) < 0 else 0)
@@ -697,7 +705,7 @@ def narrow(x, dim, start, length):
     return _slice_region(x, starts, [1] * x.ndim, tuple(shape), "narrow")
 
 
-def getitem(x, index):
+def getitem(x: Tensor, index: object) -> Tensor:
     """Basic indexing: ints, slices (positive steps), None and Ellipsis; an
     int32 Tensor or integer array on the first axis gathers rows (embedding)."""
     if isinstance(index, (Tensor, np.ndarray, list)):
@@ -750,7 +758,7 @@ def getitem(x, index):
     return reshape(part, tuple(out_shape)) if tuple(out_shape) != part.shape else part
 
 
-def split(x, split_size_or_sections, dim=0):
+def split(x: Tensor, split_size_or_sections: Union[int, Sequence[int]], dim: int = 0) -> tuple[Tensor, ...]:
     d = _dim(dim, x.ndim, "split")
     size = x.shape[d]
     if isinstance(split_size_or_sections, numbers.Integral):
@@ -769,7 +777,7 @@ def split(x, split_size_or_sections, dim=0):
     return tuple(out)
 
 
-def chunk(x, chunks, dim=0):
+def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     chunks = int(chunks)
     if chunks < 1:
         raise ValueError(f"chunk: chunks must be >= 1, got {chunks}")
@@ -777,7 +785,7 @@ def chunk(x, chunks, dim=0):
     return split(x, -(-size // chunks), dim)
 
 
-def cat(tensors, dim=0):
+def cat(tensors: Sequence[TensorLike], dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise ValueError("cat: expected a non-empty list of tensors")
@@ -815,7 +823,7 @@ def cat(tensors, dim=0):
     return out
 
 
-def stack(tensors, dim=0):
+def stack(tensors: Sequence[TensorLike], dim: int = 0) -> Tensor:
     tensors = list(tensors)
     if not tensors:
         raise ValueError("stack: expected a non-empty list of tensors")
@@ -839,7 +847,7 @@ def _ids_tensor(ids, dev, op, bound=None):
     return tensor(np.ascontiguousarray(arr, np.int32).reshape(arr.shape or (1,)), dev).reshape(arr.shape)
 
 
-def embedding(ids, weight):
+def embedding(ids: Labels, weight: Tensor) -> Tensor:
     """Rows of ``weight`` [vocab, dim] picked by integer ``ids`` (any shape) ->
     [*ids.shape, dim]. Ids outside [0, vocab) in a device tensor give NaN rows.
     The backward sums rows per id in a fixed order (deterministic)."""
@@ -863,7 +871,7 @@ def embedding(ids, weight):
     return out
 
 
-def index_select(x, dim, index):
+def index_select(x: Tensor, dim: int, index: Labels) -> Tensor:
     if _dim(dim, x.ndim, "index_select") != 0:
         raise NotImplementedError("index_select: only dim=0 is supported (rows of a tensor)")
     rows = x.shape[0]
@@ -873,7 +881,7 @@ def index_select(x, dim, index):
 
 
 # -- matrix products -------------------------------------------------------------------
-def matmul(a, b):
+def matmul(a: TensorLike, b: TensorLike) -> Tensor:
     """``a @ b`` like torch.matmul: 2-D, 1-D (vector), and batched N-D operands
     whose batch dimensions broadcast."""
     dev = _device_of(a, b)
@@ -897,7 +905,7 @@ def matmul(a, b):
     return reshape(out, batch + out.shape[-2:])
 
 
-def bmm(a, b, trans_a=False, trans_b=False):
+def bmm(a: TensorLike, b: TensorLike, trans_a: bool = False, trans_b: bool = False) -> Tensor:
     """Batched ``op(a[i]) @ op(b[i])`` for [batch, ., .] operands; ``trans_a`` /
     ``trans_b`` transpose each matrix without a copy (attention's Q K^T)."""
     dev = _device_of(a, b)
@@ -962,7 +970,7 @@ class _LinearSaved:
         self.act, self.preact = act, preact
 
 
-def linear(x, weight, bias=None, activation=None):
+def linear(x: TensorLike, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tensor:
     """``act(x @ weight.T + bias)`` (torch.nn.functional.linear, then the
     activation) in one fused GEMM; its backward keeps the fusion: the weight
     and bias gradients come out of one GEMM, and the input gradient of a
@@ -1075,7 +1083,8 @@ def _class_input(input, op):  # noqa: A002 - torch's name
     return x
 
 
-def nll_loss(input, target, ignore_index=-100, reduction="mean"):  # noqa: A002 - torch's names
+def nll_loss(input: TensorLike, target: Labels,  # noqa: A002 - torch's names
+             ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """Negative log-likelihood of log-probabilities ``input`` [N, C] at int ``target`` [N]."""
     _check_reduction(reduction, "nll_loss")
     x = _class_input(input, "nll_loss")
@@ -1100,7 +1109,8 @@ def nll_loss(input, target, ignore_index=-100, reduction="mean"):  # noqa: A002 
     return total / sum(mask) if reduction == "mean" else total
 
 
-def cross_entropy(input, target, ignore_index=-100, reduction="mean"):  # noqa: A002 - torch's names
+def cross_entropy(input: TensorLike, target: Labels,  # noqa: A002 - torch's names
+                  ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """Softmax cross-entropy of logits [N, C] against int class indices [N]
     (torch.nn.functional.cross_entropy); the mean skips ``ignore_index`` rows.
     One fused kernel pass forward (keeping a log-sum-exp per row, not the
@@ -1129,7 +1139,7 @@ def cross_entropy(input, target, ignore_index=-100, reduction="mean"):  # noqa: 
     return result
 
 
-def mse_loss(input, target, reduction="mean"):  # noqa: A002 - torch's names
+def mse_loss(input: TensorLike, target: TensorLike, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's names
     _check_reduction(reduction, "mse_loss")
     dev = _device_of(input, target)
     ti = _float_tensor(input, dev, "mse_loss", "input")
@@ -1170,7 +1180,9 @@ def _attn_backward_into(dev, q, qv, k, kv, v, vv, out, ov, g, gv, lse, shape, sc
                                  dk._buf, dkv, dv._buf, dvv, b, h, t, d, float(scale), float(beta))
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None):
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = True,
+                                 scale: Optional[float] = None) -> Tensor:
     """Causal multi-head self-attention ``softmax(q k^T * scale + causal mask) v`` over
     [B, H, T, D] float32 tensors (torch.nn.functional.scaled_dot_product_attention with
     is_causal=True; ``scale`` defaults to 1/sqrt(D)). One fused kernel (FlashAttention-2
@@ -1232,7 +1244,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return attach(out, op, [q, k, v], backward)
 
 
-def causal_self_attention_qkv(qkv, n_head, scale=None):
+def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] = None) -> Tensor:
     """Causal self-attention straight from a fused projection ``qkv`` [B, T, 3C]
     (q, k, v side by side, as Linear(C, 3C) produces them) with ``n_head`` heads of
     D = C / n_head -> [B, T, C], heads side by side (what the output projection
@@ -1272,7 +1284,8 @@ def causal_self_attention_qkv(qkv, n_head, scale=None):
         attach(out, op, [x], backward)
     return out
 # -- normalization and dropout -----------------------------------------------------------------------
-def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # noqa: A002 - torch's names
+def layer_norm(input: TensorLike, normalized_shape: ShapeLike, weight: Optional[Tensor] = None,
+               bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:  # noqa: A002 - torch's names
     """Layer normalization over the last dimension (torch.nn.functional.layer_norm with
     ``normalized_shape`` = ``(input.shape[-1],)``): ``(x - mean) / sqrt(var + eps) * weight + bias``,
     biased variance, ``weight`` / ``bias`` of shape ``normalized_shape`` or None. One fused kernel
@@ -1317,7 +1330,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):  # no
     return y
 
 
-def dropout(input, p=0.5, training=True, inplace=False):  # noqa: A002 - torch's names
+def dropout(input: TensorLike, p: float = 0.5,  # noqa: A002 - torch's names
+            training: bool = True, inplace: bool = False) -> Tensor:
     """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``
     (torch.nn.functional.dropout); the identity when not ``training`` or ``p == 0``,
     zeros when ``p == 1``. The mask comes from the device's GPU random state

@@ -4,11 +4,15 @@ Every function accepts NumPy arrays or device tensors. Device tensors stay on
 the GPU and calls return without waiting; NumPy inputs are uploaded and
 results come back as NumPy arrays.
 """
+from __future__ import annotations
+
 import math
+from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _core
+from .device import Device
 from .tensor import Tensor, _check_array, _resolve_device, empty, tensor
 
 
@@ -34,7 +38,9 @@ def _as_tensor(x, name, device, ndim=None, dtype=np.float32):
     return t
 
 
-def gemm(a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None, device=None):
+def gemm(a: Union[Tensor, np.ndarray], b: Union[Tensor, np.ndarray], trans_a: bool = False, trans_b: bool = False,
+         alpha: float = 1.0, beta: float = 0.0, out: Union[Tensor, np.ndarray, None] = None,
+         device: Optional[Device] = None) -> Union[Tensor, np.ndarray]:
     """``out = alpha * op(a) @ op(b) + beta * out`` with ``op`` = transpose when
     ``trans_a`` / ``trans_b``. ``a``, ``b``: 2-D float32. ``beta != 0`` needs
     ``out``. Returns ``out`` if given, a NumPy array if ``a`` and ``b`` are NumPy
@@ -86,7 +92,7 @@ def gemm(a, b, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, out=None, devi
 
 def _scratch(dev, key, floats):
     """Per-device reusable scratch tensors (grow-only)."""
-    cache = dev.__dict__.setdefault("_scratch", {})
+    cache = dev._cache.scratch
     t = cache.get(key)
     if t is None or t.size < floats:
         t = empty((max(int(floats), 1),), np.float32, dev)
@@ -117,7 +123,8 @@ def record_grad_norm(rec, dev, grads, max_norm):
     return norm_out
 
 
-def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
+def clip_grad_norm_(parameters: Union[Tensor, np.ndarray, Iterable[Union[Tensor, np.ndarray]]], max_norm: float,
+                    norm_type: float = 2.0, error_if_nonfinite: bool = False) -> float:
     """Scale gradients in place so their global L2 norm is at most ``max_norm``;
     returns the norm before clipping (a float), as ``torch.nn.utils.clip_grad_norm_``:
     gradients are multiplied by ``min(max_norm / (norm + 1e-6), 1)``, so a
@@ -175,7 +182,10 @@ def check_adamw_hyperparameters(lr, betas, eps, weight_decay):
     return lr, (float(betas[0]), float(betas[1])), eps, weight_decay
 
 
-def adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+def adamw_step(param: Union[Tensor, np.ndarray], grad: Union[Tensor, np.ndarray], exp_avg: Union[Tensor, np.ndarray],
+               exp_avg_sq: Union[Tensor, np.ndarray], step: int, lr: float = 1e-3,
+               betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
+               weight_decay: float = 1e-2) -> Union[Tensor, np.ndarray]:
     """One AdamW update (torch semantics) of ``param``, ``exp_avg``, ``exp_avg_sq``
     in place; ``step`` is this update's 1-based count. NumPy arrays are updated
     in place through the GPU."""

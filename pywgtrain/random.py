@@ -14,13 +14,19 @@ repeats the numbers bit for bit.
 a ``Device.batch()`` block, what it recorded so far), so they read and write
 the state in call order.
 """
+from __future__ import annotations
+
 import numbers
 import threading
 import weakref
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from . import _core
+
+if TYPE_CHECKING:
+    from .device import Device
 
 # torch's default seed, so an unseeded run is reproducible too
 DEFAULT_SEED = 67280421310721
@@ -54,7 +60,7 @@ class Generator:
     """The random state of one device (``torch.Generator``'s shape). ``state``
     holds the device buffer that random ops advance; see the module docstring."""
 
-    def __init__(self, device=None, seed=None):
+    def __init__(self, device: Optional[Device] = None, seed: Optional[int] = None) -> None:
         from .tensor import _resolve_device
         self.device = _resolve_device(device)
         self.state = _core._Buffer(self.device._dev, 16, "pywgtrain.rng_state")
@@ -69,23 +75,23 @@ class Generator:
         self.device.flush()  # keep order with work recorded earlier (a batch submits what it has)
         self.state.upload(words.view(np.uint8))
 
-    def manual_seed(self, seed):
+    def manual_seed(self, seed: int) -> Generator:
         """Seed (an int) and reset the counter; returns self."""
         self._initial = _seed_arg(seed)
         self._write(self._seed_words(self._initial))
         return self
 
-    def initial_seed(self):
+    def initial_seed(self) -> int:
         return self._initial
 
-    def get_state(self):
+    def get_state(self) -> np.ndarray:
         """The state now (after all recorded work), as uint32[4]: seed_lo, seed_hi, counter_lo, counter_hi."""
         out = np.empty(4, np.uint32)
         self.device.flush()
         self.state.download(out.view(np.uint8))
         return out
 
-    def set_state(self, state):
+    def set_state(self, state: np.ndarray) -> Generator:
         """Restore a state from ``get_state()``: the following draws repeat bit for bit."""
         words = _state_arg(state)
         self._initial = int(words[0]) | (int(words[1]) << 32)
@@ -96,7 +102,7 @@ class Generator:
         return f"<pywgtrain.random.Generator on {self.device!r}>"
 
 
-def default_generator(device=None):
+def default_generator(device: Optional[Device] = None) -> Generator:
     """The device's generator (created on first use, from the last ``manual_seed`` without device)."""
     from .tensor import _resolve_device
     dev = _resolve_device(device)
@@ -107,7 +113,7 @@ def default_generator(device=None):
         return g
 
 
-def manual_seed(seed, device=None):
+def manual_seed(seed: int, device: Optional[Device] = None) -> Optional[Generator]:
     """Seed one device's generator, or (device None, like ``torch.manual_seed``)
     every device's, including devices whose generator is created later.
     Returns the device's generator (device None: None)."""
@@ -124,15 +130,15 @@ def manual_seed(seed, device=None):
     return None
 
 
-def initial_seed(device=None):
+def initial_seed(device: Optional[Device] = None) -> int:
     return default_generator(device).initial_seed()
 
 
-def get_rng_state(device=None):
+def get_rng_state(device: Optional[Device] = None) -> np.ndarray:
     """The device's RNG state as ``np.ndarray`` uint32[4] (after all recorded work)."""
     return default_generator(device).get_state()
 
 
-def set_rng_state(state, device=None):
+def set_rng_state(state: np.ndarray, device: Optional[Device] = None) -> None:
     """Restore the device's RNG state (uint32[4] from ``get_rng_state``)."""
     default_generator(device).set_state(state)

@@ -1,11 +1,18 @@
 """Device tensors: a GPU buffer with a shape, a dtype and an autograd record."""
+from __future__ import annotations
+
 import math
 import numbers
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _core
+from ._typing import Dims, DTypeLike, Operand, ShapeLike
 from .device import Device, default_device
+
+if TYPE_CHECKING:
+    from .autograd import Node
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.int32))
 MAX_DIM = 2**31 - 1  # kernels index with 32-bit integers
@@ -25,8 +32,15 @@ class Tensor:
 
     __slots__ = ("_buf", "shape", "dtype", "device", "size", "requires_grad", "grad", "_node", "_grad_home",
                  "_batch", "__weakref__")
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    device: Device
+    size: int
+    requires_grad: bool
+    grad: Optional[Tensor]
 
-    def __init__(self, buf, shape, dtype, device, requires_grad=False):
+    def __init__(self, buf: _core._Buffer, shape: Sequence[int], dtype: DTypeLike, device: Device,
+                 requires_grad: bool = False) -> None:
         self._buf = buf
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
@@ -40,25 +54,25 @@ class Tensor:
 
     # -- description ---------------------------------------------------------
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return len(self.shape)
 
-    def dim(self):
+    def dim(self) -> int:
         return len(self.shape)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
     @property
-    def is_leaf(self):
+    def is_leaf(self) -> bool:
         return self._node is None
 
     @property
-    def grad_fn(self):
+    def grad_fn(self) -> Optional[Node]:
         return self._node
 
-    def numel(self):
+    def numel(self) -> int:
         return self.size
 
     def __len__(self):
@@ -72,7 +86,7 @@ class Tensor:
                 f"#{self.device.ordinal}{grad})")
 
     # -- host transfer -------------------------------------------------------
-    def numpy(self):
+    def numpy(self) -> np.ndarray:
         """Copy to a new NumPy array (waits for the GPU; the GIL is released)."""
         if self._batch is not None:
             self._batch.check()  # RuntimeError when the work that was to write this tensor was discarded
@@ -81,12 +95,12 @@ class Tensor:
         self._buf.download(out.reshape(-1).view(np.uint8))
         return out
 
-    def item(self):
+    def item(self) -> Union[float, int]:
         if self.size != 1:
             raise ValueError(f"item(): only one-element tensors can be converted to Python scalars, shape {self.shape}")
         return self.numpy().reshape(-1)[0].item()
 
-    def tolist(self):
+    def tolist(self) -> Union[list, float, int]:
         return self.numpy().tolist()
 
     def __array__(self, dtype=None, copy=None):
@@ -112,7 +126,7 @@ class Tensor:
             raise RuntimeError(f"{what}: in-place operation on {kind}; wrap it in pywgtrain.no_grad() or use the "
                                "out-of-place form")
 
-    def copy_(self, src):
+    def copy_(self, src: Union[Tensor, np.ndarray]) -> Tensor:
         """Overwrite with ``src`` (array or Tensor) of the same shape and dtype."""
         self._check_inplace("copy_")
         if isinstance(src, Tensor):
@@ -131,7 +145,7 @@ class Tensor:
             self._batch = None
         return self
 
-    def fill_(self, value):
+    def fill_(self, value: float) -> Tensor:
         self._check_inplace("fill_")
         if self.dtype != np.float32:
             raise TypeError(f"fill_ needs a float32 tensor, got {self.dtype.name}")
@@ -139,7 +153,7 @@ class Tensor:
             _core.fill(rec, self._buf, self.size, float(value))
         return self
 
-    def zero_(self):
+    def zero_(self) -> Tensor:
         if self.dtype == np.float32:
             return self.fill_(0.0)
         self._check_inplace("zero_")
@@ -147,7 +161,7 @@ class Tensor:
             rec.fill_zero(self._buf, 0, (self.nbytes + 3) // 4 * 4)
         return self
 
-    def clone(self):
+    def clone(self) -> Tensor:
         from . import functions as F
         if self.dtype == np.float32:
             return F.clone(self)
@@ -157,18 +171,18 @@ class Tensor:
         return out
 
     # -- autograd ------------------------------------------------------------
-    def backward(self, gradient=None):
+    def backward(self, gradient: Union[Tensor, np.ndarray, None] = None) -> None:
         """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (a scalar, or with ``gradient``)."""
         from .autograd import backward
         backward(self, gradient)
 
-    def detach(self):
+    def detach(self) -> Tensor:
         """The same memory, cut from the graph."""
         out = Tensor(self._buf, self.shape, self.dtype, self.device)
         out._batch = self._batch
         return out
 
-    def requires_grad_(self, requires_grad=True):
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         if self._node is not None and not requires_grad:
             raise RuntimeError("requires_grad_(False) on a non-leaf tensor; use detach()")
         if requires_grad and self.dtype != np.float32:
@@ -177,68 +191,137 @@ class Tensor:
         return self
 
     # -- shape ---------------------------------------------------------------
-    def reshape(self, *shape):
+    def reshape(self, *shape: ShapeLike) -> Tensor:
         """A tensor with a new shape over the same buffer (no copy); one dimension may be -1."""
         from . import functions as F
         return F.reshape(self, *shape)
 
     view = reshape
 
-    def flatten(self, start_dim=0, end_dim=-1):
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         from . import functions as F
         return F.flatten(self, start_dim, end_dim)
 
-    def unsqueeze(self, dim):
+    def unsqueeze(self, dim: int) -> Tensor:
         from . import functions as F
         return F.unsqueeze(self, dim)
 
-    def squeeze(self, dim=None):
+    def squeeze(self, dim: Optional[int] = None) -> Tensor:
         from . import functions as F
         return F.squeeze(self, dim)
 
-    def transpose(self, dim0, dim1):
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
         from . import functions as F
         return F.transpose(self, dim0, dim1)
 
-    def permute(self, *dims):
+    def permute(self, *dims: Union[int, Sequence[int]]) -> Tensor:
         from . import functions as F
         return F.permute(self, *dims)
 
     @property
-    def T(self):
+    def T(self) -> Tensor:
         if self.ndim != 2:
             raise ValueError(f".T needs a 2-D tensor, got shape {self.shape} (use permute)")
         return self.transpose(0, 1)
 
-    def t(self):
+    def t(self) -> Tensor:
         return self.T
 
-    def contiguous(self):
+    def contiguous(self) -> Tensor:
         return self  # every tensor is contiguous
 
-    def expand(self, *shape):
+    def expand(self, *shape: ShapeLike) -> Tensor:
         from . import functions as F
         return F.expand(self, *shape)
 
-    def split(self, split_size, dim=0):
+    def split(self, split_size: Union[int, Sequence[int]], dim: int = 0) -> tuple[Tensor, ...]:
         from . import functions as F
         return F.split(self, split_size, dim)
 
-    def chunk(self, chunks, dim=0):
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
         from . import functions as F
         return F.chunk(self, chunks, dim)
 
-    def narrow(self, dim, start, length):
+    def narrow(self, dim: int, start: int, length: int) -> Tensor:
         from . import functions as F
         return F.narrow(self, dim, start, length)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: object) -> Tensor:
         from . import functions as F
         return F.getitem(self, index)
 
+    if TYPE_CHECKING:
+        # Set from pywgtrain.functions after the class (see below); declared here
+        # so that type checkers see them. Each is the function of that name with
+        # this tensor as its first argument.
+        def neg(self) -> Tensor: ...
+        def abs(self) -> Tensor: ...
+        def exp(self) -> Tensor: ...
+        def log(self) -> Tensor: ...
+        def sqrt(self) -> Tensor: ...
+        def rsqrt(self) -> Tensor: ...
+        def tanh(self) -> Tensor: ...
+        def sigmoid(self) -> Tensor: ...
+        def relu(self) -> Tensor: ...
+        def silu(self) -> Tensor: ...
+        def square(self) -> Tensor: ...
+        def pow(self, exponent: Operand) -> Tensor: ...
+        def clamp(self, min: Optional[float] = None, max: Optional[float] = None) -> Tensor: ...
+        def add(self, other: Operand, alpha: float = 1) -> Tensor: ...
+        def sub(self, other: Operand, alpha: float = 1) -> Tensor: ...
+        def mul(self, other: Operand) -> Tensor: ...
+        def div(self, other: Operand) -> Tensor: ...
+        def maximum(self, other: Operand) -> Tensor: ...
+        def minimum(self, other: Operand) -> Tensor: ...
+        def gt(self, other: Operand) -> Tensor: ...
+        def lt(self, other: Operand) -> Tensor: ...
+        def ge(self, other: Operand) -> Tensor: ...
+        def le(self, other: Operand) -> Tensor: ...
+        def eq(self, other: Operand) -> Tensor: ...
+        def ne(self, other: Operand) -> Tensor: ...
+        def matmul(self, other: Union[Tensor, np.ndarray]) -> Tensor: ...
+        def sum(self, dim: Dims = None, keepdim: bool = False) -> Tensor: ...
+        def mean(self, dim: Dims = None, keepdim: bool = False) -> Tensor: ...
+        def max(self, dim: Optional[int] = None, keepdim: bool = False) -> Any: ...  # Tensor, or (values, indices)
+        def var(self, dim: Dims = None, unbiased: Optional[bool] = None, keepdim: bool = False,
+                correction: Optional[int] = None) -> Tensor: ...
+        def std(self, dim: Dims = None, unbiased: Optional[bool] = None, keepdim: bool = False,
+                correction: Optional[int] = None) -> Tensor: ...
+        def softmax(self, dim: int = -1) -> Tensor: ...
+        def log_softmax(self, dim: int = -1) -> Tensor: ...
+        def __add__(self, other: Operand) -> Tensor: ...
+        def __sub__(self, other: Operand) -> Tensor: ...
+        def __mul__(self, other: Operand) -> Tensor: ...
+        def __truediv__(self, other: Operand) -> Tensor: ...
+        def __pow__(self, other: Operand) -> Tensor: ...
+        def __matmul__(self, other: Operand) -> Tensor: ...
+        def __radd__(self, other: Operand) -> Tensor: ...
+        def __rsub__(self, other: Operand) -> Tensor: ...
+        def __rmul__(self, other: Operand) -> Tensor: ...
+        def __rtruediv__(self, other: Operand) -> Tensor: ...
+        def __rpow__(self, other: Operand) -> Tensor: ...
+        def __rmatmul__(self, other: Operand) -> Tensor: ...
+        def __gt__(self, other: Operand) -> Tensor: ...
+        def __lt__(self, other: Operand) -> Tensor: ...
+        def __ge__(self, other: Operand) -> Tensor: ...
+        def __le__(self, other: Operand) -> Tensor: ...
+        def __iadd__(self, other: Operand) -> Tensor: ...
+        def __isub__(self, other: Operand) -> Tensor: ...
+        def __imul__(self, other: Operand) -> Tensor: ...
+        def __itruediv__(self, other: Operand) -> Tensor: ...
+        def add_(self, other: Operand) -> Tensor: ...
+        def sub_(self, other: Operand) -> Tensor: ...
+        def mul_(self, other: Operand) -> Tensor: ...
+        def div_(self, other: Operand) -> Tensor: ...
+        def __neg__(self) -> Tensor: ...
+        def __abs__(self) -> Tensor: ...
+        def __eq__(self, other: object) -> Tensor: ...  # type: ignore[override]
+        def __ne__(self, other: object) -> Tensor: ...  # type: ignore[override]
+        def __hash__(self) -> int: ...
+
 
 def _unary_method(name):
-    def method(self, *args, **kwargs):
+    def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:  # a Tensor (max(dim): values and indices)
         from . import functions as F
         return getattr(F, name)(self, *args, **kwargs)
     method.__name__ = name
@@ -253,7 +336,7 @@ for _name in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "r
 
 
 def _binop(name, reverse=False):
-    def op(self, other):
+    def op(self: Tensor, other: Operand) -> Tensor:
         from . import functions as F
         fn = getattr(F, name)
         return fn(other, self) if reverse else fn(self, other)
@@ -261,7 +344,7 @@ def _binop(name, reverse=False):
 
 
 def _inplace(name):
-    def op(self, other):
+    def op(self: Tensor, other: Operand) -> Tensor:
         from . import functions as F
         from .autograd import is_grad_enabled
         result = getattr(F, name)(self, other)
@@ -341,7 +424,8 @@ def _shape_arg(shape, name="shape"):
     return tuple(int(s) for s in dims)
 
 
-def empty(shape, dtype=np.float32, device=None, requires_grad=False):
+def empty(shape: ShapeLike, dtype: DTypeLike = np.float32, device: Optional[Device] = None,
+          requires_grad: bool = False) -> Tensor:
     """Uninitialized device tensor (``shape`` may be ``()`` for a scalar)."""
     device = _resolve_device(device)
     shape = _shape_arg(shape)
@@ -356,7 +440,8 @@ def empty(shape, dtype=np.float32, device=None, requires_grad=False):
     return Tensor(_core._Buffer(device._dev, nbytes), shape, dtype, device, requires_grad)
 
 
-def zeros(shape, dtype=np.float32, device=None, requires_grad=False):
+def zeros(shape: ShapeLike, dtype: DTypeLike = np.float32, device: Optional[Device] = None,
+          requires_grad: bool = False) -> Tensor:
     """Device tensor filled with zeros."""
     t = empty(shape, dtype, device)
     t.zero_()
@@ -364,7 +449,7 @@ def zeros(shape, dtype=np.float32, device=None, requires_grad=False):
     return t
 
 
-def full(shape, value, device=None, requires_grad=False):
+def full(shape: ShapeLike, value: float, device: Optional[Device] = None, requires_grad: bool = False) -> Tensor:
     """float32 device tensor filled with ``value``."""
     t = empty(shape, np.float32, device)
     t.fill_(value)
@@ -372,11 +457,12 @@ def full(shape, value, device=None, requires_grad=False):
     return t
 
 
-def ones(shape, device=None, requires_grad=False):
+def ones(shape: ShapeLike, device: Optional[Device] = None, requires_grad: bool = False) -> Tensor:
     return full(shape, 1.0, device, requires_grad)
 
 
-def tensor(data, device=None, dtype=None, requires_grad=False):
+def tensor(data: Union[np.ndarray, Tensor], device: Optional[Device] = None, dtype: Optional[DTypeLike] = None,
+           requires_grad: bool = False) -> Tensor:
     """Upload a NumPy array (float32, or int32) to the device. A Tensor is
     returned as it is when it already lives on ``device`` (or no device is
     given); a Tensor of another device is refused: read it back first."""

@@ -1,7 +1,10 @@
 """Training loop pieces: one-submission training steps and checkpoints. The
 digits demo behind ``pywgtrain train`` is in ``pywgtrain.demo``."""
+from __future__ import annotations
+
 import json
 import os
+from typing import Any, Callable, Union
 
 import numpy as np
 
@@ -9,6 +12,7 @@ from . import _core, nn, random
 from .device import BatchToken
 from .serialization import read_safetensors, write_safetensors
 from .ops import label_array
+from .optim import AdamW
 from .tensor import Tensor, tensor
 
 
@@ -53,7 +57,8 @@ class Trainer:
     those of the steps in call order; ``flush()`` submits it explicitly.
     """
 
-    def __init__(self, model, optimizer, loss_fn, capture=True, steps_per_submit=1):
+    def __init__(self, model: nn.Module, optimizer: AdamW, loss_fn: Callable[[Tensor, Any], Tensor],
+                 capture: bool = True, steps_per_submit: int = 1) -> None:
         if isinstance(steps_per_submit, bool) or not isinstance(steps_per_submit, int) or steps_per_submit < 1:
             raise ValueError(f"steps_per_submit must be an int >= 1, got {steps_per_submit!r}")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
@@ -93,7 +98,7 @@ class Trainer:
             y = _host_batch(y, "y")
         return x, y
 
-    def step(self, x, y):
+    def step(self, x: Union[np.ndarray, Tensor], y: Union[np.ndarray, Tensor]) -> Tensor:
         """One training step on a batch; returns the (lazy) loss."""
         x, y = self._batch_arrays(x, y)
         g = self._graph
@@ -165,13 +170,13 @@ class Trainer:
         self.step_count += 1
         return loss
 
-    def flush(self):
+    def flush(self) -> None:
         """Submit the grouped steps recorded so far (``steps_per_submit``)."""
         if self._group_rec is not None and getattr(self.device._local, "deferred", None) is self._group_rec:
             self.device._submit_deferred()
         self._group = []
 
-    def save(self, path, extra=None):
+    def save(self, path: Union[str, os.PathLike], extra: Any = None) -> None:
         """Model, optimizer state, step count and the device's RNG state
         (``pywgtrain.random``: dropout masks continue as if uninterrupted) to one file, atomically: the
         data goes to a temporary file in the same directory, is flushed and
@@ -209,7 +214,7 @@ class Trainer:
         arrays["rng_state"] = random.get_rng_state(self.device)
         _atomic_write(path, lambda f: np.savez(f, **arrays))
 
-    def load(self, path):
+    def load(self, path: Union[str, os.PathLike]) -> Any:
         """Restore what ``save`` wrote (model, optimizer state, step count),
         from a ``.safetensors`` or ``.npz`` checkpoint; returns the caller's
         ``extra`` state (None if there was none). A checkpoint of another

@@ -307,6 +307,23 @@ def test_readme_has_two_setup_commands_and_ci_runs_both():
     assert re.search(r"^bash scripts/train\.sh --steps \d+ ", ci, re.M)
 
 
+def test_readme_lists_every_environment_variable():
+    """Each variable the C++ core, the package, the scripts and the benchmarks
+    read appears in the README's table."""
+    patterns = [r'getenv\("(\w+)"\)', r'environ\.get\("(\w+)"', r'environ\["(\w+)"\]', r"\$\{([A-Za-z_]\w*):-"]
+    found = set()
+    for top in ("csrc", "pywgtrain", "scripts", "bench"):
+        for path in (ROOT / top).rglob("*"):
+            if path.suffix in (".cpp", ".hpp", ".py", ".pyx", ".sh") or path.name == "prepare":
+                text = path.read_text(errors="replace")
+                for pattern in patterns:
+                    found |= set(re.findall(pattern, text))
+    table = (ROOT / "README.md").read_text().split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    assert {"PYWGTRAIN_ADAPTER", "PYWGTRAIN_GEMM_TILES", "XDG_CACHE_HOME"} <= found
+    missing = sorted(v for v in found if f"`{v}`" not in table)
+    assert not missing, missing
+
+
 def _stub(path, body):
     path.write_text("#!/bin/sh\n" + body + "\n")
     path.chmod(0o755)
@@ -409,3 +426,31 @@ def test_gemm_sweep_covers_the_three_linear_layer_modes():
             assert (k, n, ta, tb) == (fout, fin, False, False)
         else:
             assert (m, n, ta, tb) == (fout, fin, True, False)
+
+
+# -- bench/run_on_gpu.sh's prerequisites ----------------------------------------------
+
+@pytest.mark.skipif(not shutil.which("bash"), reason="a bash script")
+def test_run_on_gpu_says_what_it_needs_and_stops_early(tmp_path):
+    """--help names the prerequisites; a bad argument or a missing .gpu/ ends
+    the script at once with one line and a nonzero status (run in a copy
+    without .gpu/, so a prepared checkout does not start the real thing)."""
+    script = ROOT / "bench" / "run_on_gpu.sh"
+    (tmp_path / "bench").mkdir()
+    shutil.copy(script, tmp_path / "bench" / "run_on_gpu.sh")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+
+    def run(*args, cwd=tmp_path):
+        return subprocess.run(["bash", "bench/run_on_gpu.sh", *args], cwd=cwd, capture_output=True, text=True,
+                              timeout=60)
+
+    helped = run("--help")
+    assert helped.returncode == 0 and "shared/gpu/prepare" in helped.stdout and "Vulkan driver" in helped.stdout
+    bad = run("everything")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown argument" in bad.stderr
+    missing = run("tests")
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and ".gpu/prelude.sh missing" in missing.stderr
+    assert not (tmp_path / "out").exists()  # stopped before any work
+    elsewhere = subprocess.run(["bash", str(tmp_path / "bench" / "run_on_gpu.sh")], cwd=tmp_path / "bench",
+                               capture_output=True, text=True, timeout=60)
+    assert elsewhere.returncode == 1 and "project's root" in elsewhere.stderr

@@ -6,14 +6,19 @@ Parameter names follow the common PyTorch layout (nanoGPT's): a
 ``ln_f``, then ``lm_head`` (no bias), so a ``state_dict`` moves between this
 model and the same architecture written in PyTorch.
 """
+from __future__ import annotations
+
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 from .. import functions as F
 from .. import nn
 from ..autograd import no_grad
+from .._typing import Labels
+from ..device import Device
 from ..tensor import Tensor, _resolve_device, tensor
 
 
@@ -29,7 +34,7 @@ class GPTConfig:
     tie_weights: bool = False   # lm_head shares wte's weight
     attention: str = "fused"    # "fused" (one kernel, no T x T scores in memory) or "plain" (bmm + softmax)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -43,7 +48,7 @@ class GPTConfig:
 
 
 # Named sizes: a few minutes on a CPU adapter; nanoGPT's character model; GPT-2 small.
-CONFIGS = {
+CONFIGS: dict[str, GPTConfig] = {
     "tiny": GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64),
     "small": GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=4, n_embd=128),
     "char": GPTConfig(vocab_size=256, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2),
@@ -125,7 +130,8 @@ class GPT(nn.Module):
     Initialized as GPT-2 (normal(0, 0.02) weights, zero biases, residual
     projections scaled by 1/sqrt(2 n_layer)) from ``seed``."""
 
-    def __init__(self, config=None, device=None, seed=0, **overrides):
+    def __init__(self, config: Optional[GPTConfig] = None, device: Optional[Device] = None, seed: Optional[int] = 0,
+                 **overrides: Any) -> None:
         super().__init__()
         cfg = config if config is not None else GPTConfig()
         if overrides:
@@ -158,7 +164,7 @@ class GPT(nn.Module):
                     std = proj_std if name.endswith("c_proj.weight") else 0.02
                     p.copy_(rng.normal(0.0, std, p.shape).astype(np.float32))
 
-    def num_parameters(self, exclude_embeddings=False):
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
         n = sum(p.size for p in self.parameters())
         return n - self.transformer["wpe"].weight.size if exclude_embeddings else n
 
@@ -194,7 +200,7 @@ class GPT(nn.Module):
             self._positions[t] = pos
         return pos
 
-    def forward(self, ids):
+    def forward(self, ids: Labels) -> Tensor:
         ids = self._check_ids(ids)
         b, t = ids.shape
         tr = self.transformer
@@ -205,8 +211,12 @@ class GPT(nn.Module):
             x = block(x)
         return self.lm_head(tr["ln_f"](x))
 
+    if TYPE_CHECKING:  # defined after the KV cache below, then attached as GPT.generate
+        def generate(self, ids: Labels, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
+                     seed: Optional[int] = None) -> np.ndarray: ...
+
     @staticmethod
-    def loss(logits, targets, ignore_index=-100):
+    def loss(logits: Tensor, targets: Labels, ignore_index: int = -100) -> Tensor:
         """Mean next-token cross-entropy of logits [B, T, V] against targets [B, T]."""
         v = logits.shape[-1]
         if isinstance(targets, Tensor):
@@ -274,7 +284,8 @@ def _forward_cached(model, ids, cache):
     return model.lm_head(tr["ln_f"](x[:, t - 1:]))  # [B, 1, V]
 
 
-def generate(self, ids, max_new_tokens, temperature=1.0, top_k=None, seed=None):
+def generate(self: GPT, ids: Labels, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
+             seed: Optional[int] = None) -> np.ndarray:
     """Continue int token ids [B, T] (or [T]) by ``max_new_tokens`` sampled
     tokens; returns the whole sequences as an int32 array. The network runs
     on the GPU with a key/value cache (each new token costs one position's

@@ -3,8 +3,13 @@
 Any model built from pywgtrain ops trains: ``forward`` records the graph,
 ``loss.backward()`` runs it backwards as recorded GPU work (autograd.py).
 """
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
 import numpy as np
 
+from ..device import Device
 from ..tensor import _resolve_device
 from . import functional  # noqa: F401
 from .modules import (  # noqa: F401
@@ -14,7 +19,8 @@ from .modules import (  # noqa: F401
 from .parameter import Parameter  # noqa: F401
 
 
-def MLP(sizes, activation="relu", device=None, seed=0):
+def MLP(sizes: Sequence[int], activation: Optional[str] = "relu", device: Optional[Device] = None,
+        seed: Optional[int] = 0) -> Sequential:
     """``sizes = [in, hidden..., out]``: Linear layers with ``activation`` fused
     into each but the last, seeded for reproducible initialization. Parameter
     names "0.weight", "1.weight", ... (the checkpoints written so far)."""

@@ -1,6 +1,11 @@
 """Trainable tensors."""
+from __future__ import annotations
+
+from typing import Optional, Union
+
 import numpy as np
 
+from ..device import Device
 from ..tensor import Tensor, tensor
 
 
@@ -10,7 +15,8 @@ class Parameter(Tensor):
 
     __slots__ = ()
 
-    def __init__(self, data, device=None, requires_grad=True):
+    def __init__(self, data: Union[Tensor, np.ndarray], device: Optional[Device] = None,
+                 requires_grad: bool = True) -> None:
         if isinstance(data, Tensor):
             if device is not None and device is not data.device:
                 raise ValueError(f"Parameter: data lives on {data.device!r}, not on {device!r}")

@@ -1,10 +1,14 @@
 """AdamW with PyTorch's semantics, updating parameters on the GPU."""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
 import numpy as np
 
 from .. import _core
 from ..ops import check_adamw_hyperparameters, record_grad_norm
 from ..tensor import Tensor, zeros
-from .optimizer import Optimizer
+from .optimizer import Optimizer, Params
 
 
 class _FlatArena:
@@ -71,8 +75,8 @@ class AdamW(Optimizer):
     reaches replayed steps (``Trainer``) too.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, max_grad_norm=None,
-                 fused=True):
+    def __init__(self, params: Params, lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, max_grad_norm: Optional[float] = None, fused: bool = True) -> None:
         check_adamw_hyperparameters(lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         for g in self.param_groups:
@@ -112,7 +116,7 @@ class AdamW(Optimizer):
                                                             group["weight_decay"])
         return lr, b1, b2, eps, wd
 
-    def step(self):
+    def step(self) -> None:
         """Apply one update to every parameter that has a gradient, in one submission."""
         live = [(i, p) for i, p in enumerate(self.params) if p.grad is not None]
         if not live:
@@ -167,11 +171,11 @@ class AdamW(Optimizer):
             blocks += [(d, graph.adamw_block(d, lr, b1, b2, eps, wd, step)) for d in dispatches]
         return blocks
 
-    def last_grad_norm(self):
+    def last_grad_norm(self) -> Optional[float]:
         """Global gradient norm computed by the last clipped ``step()`` (reads 4 bytes back)."""
         return None if self._norm is None else float(self._norm.numpy()[0])
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         state = {}
         for i, st in enumerate(self.state):
             if st:
@@ -182,7 +186,7 @@ class AdamW(Optimizer):
             g["max_grad_norm"] = self.max_grad_norm
         return {"state": state, "param_groups": groups}
 
-    def load_state_dict(self, sd):
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
         groups = sd["param_groups"]
         if len(groups) != len(self.param_groups):
             raise ValueError(f"optimizer state has {len(groups)} parameter groups, this optimizer "

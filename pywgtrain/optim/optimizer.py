@@ -1,5 +1,13 @@
 """The optimizer base: parameter groups as in ``torch.optim.Optimizer``."""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Union
+
 from ..tensor import Tensor
+
+# What optimizers take: tensors that require grad, or parameter groups (dicts
+# with "params" and per-group options).
+Params = Union[Iterable[Tensor], Iterable[Mapping[str, Any]]]
 
 
 class Optimizer:
@@ -7,7 +15,7 @@ class Optimizer:
     hyperparameters (defaults filled in). Parameters keep one flat order
     across groups (``self.params``), which the optimizer state is keyed by."""
 
-    def __init__(self, params, defaults):
+    def __init__(self, params: Params, defaults: Mapping[str, Any]) -> None:
         params = list(params)
         if not params:
             raise ValueError(f"{type(self).__name__} got an empty parameter list")
@@ -47,7 +55,7 @@ class Optimizer:
             first += len(g["params"])
         self._group_ranges = bounds
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop the gradients (the next backward writes them afresh; no GPU work)."""
         for p in self.params:
             if set_to_none or p.grad is None:

@@ -1,5 +1,8 @@
-"""Containers: Sequential and ModuleList."""
+"""Containers: Sequential, ModuleList and ModuleDict."""
+from __future__ import annotations
+
 from collections import OrderedDict
+from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, Optional, Union, ValuesView
 
 from .activation import _Activation
 from .linear import Linear
@@ -11,7 +14,7 @@ class Sequential(Module):
     (or by an OrderedDict's keys). A Linear without its own activation
     followed by ReLU/GELU/SiLU runs as one fused GEMM."""
 
-    def __init__(self, *modules):
+    def __init__(self, *modules: Union[Module, OrderedDict[str, Module]]) -> None:
         super().__init__()
         if len(modules) == 1 and isinstance(modules[0], OrderedDict):
             items = list(modules[0].items())
@@ -22,23 +25,23 @@ class Sequential(Module):
                 raise TypeError(f"Sequential: entry {name} is a {type(m).__name__}, not a Module")
             self.add_module(name, m)
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: Union[int, slice]) -> Module:
         mods = list(self._modules.values())
         if isinstance(i, slice):
             return Sequential(*mods[i])
         return mods[i]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._modules)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
 
-    def append(self, module):
+    def append(self, module: Module) -> Sequential:
         self.add_module(str(len(self)), module)
         return self
 
-    def forward(self, x):
+    def forward(self, x: Any) -> Any:
         mods = list(self._modules.values())
         i = 0
         while i < len(mods):
@@ -57,63 +60,63 @@ class Sequential(Module):
 class ModuleList(Module):
     """A list of modules registered as submodules "0", "1", ... (``torch.nn.ModuleList``)."""
 
-    def __init__(self, modules=()):
+    def __init__(self, modules: Iterable[Module] = ()) -> None:
         super().__init__()
         for m in modules:
             self.append(m)
 
-    def append(self, module):
+    def append(self, module: Module) -> ModuleList:
         if not isinstance(module, Module):
             raise TypeError(f"ModuleList: got a {type(module).__name__}, not a Module")
         self.add_module(str(len(self._modules)), module)
         return self
 
-    def extend(self, modules):
+    def extend(self, modules: Iterable[Module]) -> ModuleList:
         for m in modules:
             self.append(m)
         return self
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: Union[int, slice]) -> Module:
         mods = list(self._modules.values())
         return ModuleList(mods[i]) if isinstance(i, slice) else mods[i]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._modules)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
 
 
 class ModuleDict(Module):
     """Modules registered under string keys (``torch.nn.ModuleDict``)."""
 
-    def __init__(self, modules=None):
+    def __init__(self, modules: Optional[Mapping[str, Module]] = None) -> None:
         super().__init__()
         for name, m in (modules or {}).items():
             self[name] = m
 
-    def __setitem__(self, name, module):
+    def __setitem__(self, name: str, module: Module) -> None:
         if not isinstance(module, Module):
             raise TypeError(f"ModuleDict: {name!r} is a {type(module).__name__}, not a Module")
         self.add_module(str(name), module)
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> Module:
         return self._modules[name]
 
-    def __contains__(self, name):
+    def __contains__(self, name: object) -> bool:
         return name in self._modules
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._modules)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._modules)
 
-    def keys(self):
+    def keys(self) -> KeysView[str]:
         return self._modules.keys()
 
-    def items(self):
+    def items(self) -> ItemsView[str, Module]:
         return self._modules.items()
 
-    def values(self):
+    def values(self) -> ValuesView[Module]:
         return self._modules.values()

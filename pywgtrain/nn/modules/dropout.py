@@ -1,7 +1,11 @@
 """Dropout layers."""
+from __future__ import annotations
+
 import numbers
 
 from ... import functions as F
+from ..._typing import TensorLike
+from ...tensor import Tensor
 from .module import Module
 
 
@@ -11,7 +15,7 @@ class Dropout(Module):
     ``.eval()``. Masks come from the device's GPU random state
     (``pywgtrain.random``; ``pywgtrain.manual_seed`` seeds it)."""
 
-    def __init__(self, p=0.5, inplace=False):
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
         if isinstance(p, bool) or not isinstance(p, numbers.Real):
             raise TypeError(f"Dropout: p must be a real number, got {p!r}")
@@ -22,8 +26,8 @@ class Dropout(Module):
         self.p = float(p)
         self.inplace = False
 
-    def forward(self, x):
+    def forward(self, x: TensorLike) -> Tensor:
         return F.dropout(x, self.p, self.training)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"p={self.p}, inplace={self.inplace}"

@@ -1,10 +1,15 @@
 """Linear layers."""
+from __future__ import annotations
+
 import math
+from typing import Optional
 
 import numpy as np
 
 from ... import functions as F
-from ...tensor import _resolve_device
+from ..._typing import TensorLike
+from ...device import Device
+from ...tensor import Tensor, _resolve_device
 from ..parameter import Parameter
 from .module import Module
 
@@ -16,7 +21,9 @@ class Linear(Module):
     fuses an activation into the same GEMM, as a following activation module
     in a ``Sequential`` does."""
 
-    def __init__(self, in_features, out_features, bias=True, device=None, seed=None, rng=None, activation=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Optional[Device] = None,
+                 seed: Optional[int] = None, rng: Optional[np.random.Generator] = None,
+                 activation: Optional[str] = None) -> None:
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -34,9 +41,9 @@ class Linear(Module):
         else:
             self.register_parameter("bias", None)
 
-    def forward(self, x, activation=None):
+    def forward(self, x: TensorLike, activation: Optional[str] = None) -> Tensor:
         return F.linear(x, self.weight, self.bias, activation or self.activation)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         act = f", activation={self.activation!r}" if self.activation else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{act}"

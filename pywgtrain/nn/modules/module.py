@@ -1,11 +1,19 @@
 """The module base class: parameters and submodules registered by attribute
 assignment, recursive naming, state dicts with PyTorch's keys."""
+from __future__ import annotations
+
 from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, TypeVar
 
 import numpy as np
 
 from ...tensor import Tensor
 from ..parameter import Parameter
+
+if TYPE_CHECKING:
+    from ...device import Device
+
+_M = TypeVar("_M", bound="Module")
 
 
 class Module:
@@ -13,7 +21,7 @@ class Module:
     call ``super().__init__()`` first, then assign ``Parameter``s and
     submodules as attributes and define ``forward``."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
@@ -38,7 +46,7 @@ class Module:
         self._modules.pop(name, None)
         object.__delattr__(self, name)
 
-    def register_parameter(self, name, param):
+    def register_parameter(self, name: str, param: Optional[Parameter]) -> None:
         if param is not None and not isinstance(param, Parameter):
             raise TypeError(f"register_parameter: {name} must be a Parameter or None, got {type(param).__name__}")
         if param is None:
@@ -47,7 +55,7 @@ class Module:
         else:
             setattr(self, name, param)
 
-    def add_module(self, name, module):
+    def add_module(self, name: str, module: Optional[Module]) -> None:
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"add_module: {name} must be a Module, got {type(module).__name__}")
         setattr(self, name, module)
@@ -55,7 +63,7 @@ class Module:
     register_module = add_module
 
     # -- traversal -----------------------------------------------------------------
-    def named_modules(self, memo=None, prefix=""):
+    def named_modules(self, memo: Optional[set[int]] = None, prefix: str = "") -> Iterator[tuple[str, Module]]:
         memo = set() if memo is None else memo
         if id(self) in memo:
             return
@@ -65,16 +73,16 @@ class Module:
             if m is not None:
                 yield from m.named_modules(memo, f"{prefix}.{name}" if prefix else name)
 
-    def modules(self):
+    def modules(self) -> list[Module]:
         return [m for _, m in self.named_modules()]
 
-    def named_children(self):
+    def named_children(self) -> list[tuple[str, Module]]:
         return [(n, m) for n, m in self._modules.items() if m is not None]
 
-    def children(self):
+    def children(self) -> list[Module]:
         return [m for _, m in self.named_children()]
 
-    def named_parameters(self, prefix="", recurse=True):
+    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Parameter]]:
         """(dotted name, Parameter) pairs; a parameter shared by two modules (tied weights) appears once."""
         seen = set()
         modules = self.named_modules(prefix=prefix) if recurse else [(prefix, self)]
@@ -85,11 +93,11 @@ class Module:
                 seen.add(id(p))
                 yield (f"{mod_prefix}.{name}" if mod_prefix else name), p
 
-    def parameters(self, recurse=True):
+    def parameters(self, recurse: bool = True) -> list[Parameter]:
         return [p for _, p in self.named_parameters(recurse=recurse)]
 
     @property
-    def device(self):
+    def device(self) -> Optional[Device]:
         """The device of the first parameter (or the one assigned to ``device``)."""
         dev = self.__dict__.get("_device")
         if dev is not None:
@@ -99,32 +107,32 @@ class Module:
         return None
 
     @device.setter
-    def device(self, dev):
+    def device(self, dev: Optional[Device]) -> None:
         object.__setattr__(self, "_device", dev)
 
     # -- modes and gradients ---------------------------------------------------------
-    def train(self, mode=True):
+    def train(self: _M, mode: bool = True) -> _M:
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
         return self
 
-    def eval(self):
+    def eval(self: _M) -> _M:
         return self.train(False)
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.parameters():
             if set_to_none or p.grad is None:
                 p.grad = None
             else:
                 p.grad.zero_()
 
-    def requires_grad_(self, requires_grad=True):
+    def requires_grad_(self: _M, requires_grad: bool = True) -> _M:
         for p in self.parameters():
             p.requires_grad_(requires_grad)
         return self
 
     # -- state -------------------------------------------------------------------------
-    def state_dict(self):
+    def state_dict(self) -> OrderedDict[str, np.ndarray]:
         """Parameters as NumPy arrays under PyTorch's dotted names (tied weights under every name, as torch)."""
         out = OrderedDict()
         for mod_prefix, m in self.named_modules():
@@ -133,7 +141,7 @@ class Module:
                     out[f"{mod_prefix}.{name}" if mod_prefix else name] = p.numpy()
         return out
 
-    def load_state_dict(self, state, strict=True):
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> tuple[list[str], list[str]]:
         """Copy arrays (NumPy, torch tensors, or anything ``np.asarray`` takes) into the parameters."""
         params = OrderedDict()
         for mod_prefix, m in self.named_modules():
@@ -159,13 +167,13 @@ class Module:
         return missing, unexpected
 
     # -- calling ---------------------------------------------------------------------------
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return ""
 
     def __repr__(self):

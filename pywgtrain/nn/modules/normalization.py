@@ -1,10 +1,15 @@
 """Normalization layers."""
+from __future__ import annotations
+
 import numbers
+from typing import Optional
 
 import numpy as np
 
 from ... import functions as F
-from ...tensor import _resolve_device, _shape_arg
+from ..._typing import ShapeLike, TensorLike
+from ...device import Device
+from ...tensor import Tensor, _resolve_device, _shape_arg
 from ..parameter import Parameter
 from .module import Module
 
@@ -15,7 +20,8 @@ class LayerNorm(Module):
     at ones and ``bias`` at zeros, as in torch; ``elementwise_affine=False``
     has neither, ``bias=False`` no bias."""
 
-    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None):
+    def __init__(self, normalized_shape: ShapeLike, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, device: Optional[Device] = None) -> None:
         super().__init__()
         ns = _shape_arg(normalized_shape, "LayerNorm: normalized_shape")
         if len(ns) != 1 or ns[0] < 1:
@@ -38,8 +44,8 @@ class LayerNorm(Module):
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
 
-    def forward(self, x):
+    def forward(self, x: TensorLike) -> Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

@@ -1,8 +1,14 @@
 """Embedding tables."""
+from __future__ import annotations
+
+from typing import Optional
+
 import numpy as np
 
 from ... import functions as F
-from ...tensor import _resolve_device
+from ..._typing import Labels
+from ...device import Device
+from ...tensor import Tensor, _resolve_device
 from ..parameter import Parameter
 from .module import Module
 
@@ -12,7 +18,8 @@ class Embedding(Module):
     (``torch.nn.Embedding``), initialized N(0, 1) like torch from ``seed`` or ``rng``.
     The backward sums rows per id deterministically on the GPU."""
 
-    def __init__(self, num_embeddings, embedding_dim, device=None, seed=None, rng=None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, device: Optional[Device] = None,
+                 seed: Optional[int] = None, rng: Optional[np.random.Generator] = None) -> None:
         super().__init__()
         for name, v in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -21,8 +28,8 @@ class Embedding(Module):
         rng = rng if rng is not None else np.random.default_rng(seed)
         self.weight = Parameter(rng.standard_normal((num_embeddings, embedding_dim)), _resolve_device(device))
 
-    def forward(self, ids):
+    def forward(self, ids: Labels) -> Tensor:
         return F.embedding(ids, self.weight)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}"
