@@ -390,16 +390,17 @@ void Device::give_stage_chunk(StageChunk chunk) {
   if (stage_pool_.size() < 8) stage_pool_.push_back(std::move(chunk));
 }
 
-WGPUBuffer Device::placeholder() {
+WGPUBuffer Device::placeholder(bool writable) {
   std::lock_guard<std::recursive_mutex> lk(mu_);
-  if (!placeholder_) {
+  BufferHandle& buf = placeholder_[writable ? 1 : 0];
+  if (!buf) {
     WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
-    d.label = sv("pywgtrain.placeholder");
+    d.label = sv(writable ? "pywgtrain.placeholder_rw" : "pywgtrain.placeholder");
     d.size = 16;
     d.usage = WGPUBufferUsage_Storage;
-    guarded("allocating a placeholder buffer", [&] { placeholder_ = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
+    guarded("allocating a placeholder buffer", [&] { buf = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
   }
-  return placeholder_.get();
+  return buf.get();
 }
 
 WGPUBuffer Device::grow(BufferHandle& buf, uint64_t& have, uint64_t bytes, const char* label) {

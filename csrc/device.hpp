@@ -105,8 +105,10 @@ class Device : public std::enable_shared_from_this<Device> {
   WGPUBuffer repack_space(int operand, uint64_t bytes);
 
   // A 16-byte storage buffer for bindings a kernel variant declares but never
-  // reads (gemm.wgsl's vec4 views when the operand is not aligned for them).
-  WGPUBuffer placeholder();
+  // touches (gemm.wgsl's vec4 views when the operand is not aligned for them,
+  // the operands of epilogues other than its own). The writable one is
+  // another buffer: one dispatch cannot bind a buffer read-only and writable.
+  WGPUBuffer placeholder(bool writable = false);
 
   // Grow-only MAP_READ staging buffer for downloads, capped at kStagingCap.
   WGPUBuffer staging(uint64_t bytes);
@@ -135,7 +137,7 @@ class Device : public std::enable_shared_from_this<Device> {
   uint64_t workspace_bytes_ = 0;
   BufferHandle repack_[2];
   uint64_t repack_bytes_[2] = {0, 0};
-  BufferHandle placeholder_;
+  BufferHandle placeholder_[2];  // read-only, writable
 
   std::recursive_mutex mu_;
   std::atomic<uint64_t> live_bytes_{0}, peak_bytes_{0};

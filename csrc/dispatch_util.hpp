@@ -96,7 +96,7 @@ inline uint64_t rows_per_piece(const Device& dev, uint64_t cols) {
 
 void check_floats(const Buffer& b, uint64_t count, const char* what);
 
-constexpr uint64_t kReduceGroup = 256 * 16;  // elements per partial_sum workgroup (reduce.wgsl ITEMS)
+constexpr uint64_t kReduceGroup = wgsl::reduce::WG * wgsl::reduce::ITEMS;  // elements per partial_sum workgroup
 // Partial sums (of squares) of src's pieces into scratch from `offset`; returns the next offset.
 uint64_t record_partials(Recorder& r, const Buffer& src, uint64_t n, bool square, const Buffer& scratch, uint64_t offset);
 // One-workgroup pass over `partials` values of scratch (reduce.wgsl finalize_norm).

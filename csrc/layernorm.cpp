@@ -15,16 +15,10 @@
 namespace pwt {
 namespace {
 
-struct LnParams {  // layernorm.wgsl
-  uint32_t rows, cols, x_off, s_off, tpr, seg_rows, flags;
-  float eps, beta, beta_w, beta_b;
-  uint32_t parts;
-};
-static_assert(sizeof(LnParams) == 48, "layernorm.wgsl LnParams is 48 bytes");
-
-enum : uint32_t { kHasW = 1, kHasB = 2, kWantDx = 4, kWantParts = 8, kWantDw = 16, kWantDb = 32 };
-
-constexpr uint32_t kGroup = 256;          // threads per workgroup (layernorm.wgsl WG)
+namespace sh = wgsl::layernorm;
+constexpr uint32_t kHasW = sh::HAS_W, kHasB = sh::HAS_B, kWantDx = sh::WANT_DX, kWantParts = sh::WANT_PARTS,
+                   kWantDw = sh::WANT_DW, kWantDb = sh::WANT_DB;  // LnParams.flags
+constexpr uint32_t kGroup = sh::WG;
 constexpr uint64_t kMaxTrips = 32768;     // lavapipe leaves any loop after 65535 trips (inner trips add up)
 constexpr uint64_t kMaxCols = 256 * 8192;  // the forward's three passes: 3 * 8192 trips per thread
 constexpr uint64_t kTargetParts = 1024;   // partial rows per block the column pass sums
@@ -35,13 +29,11 @@ const Kernel& ln_kernel(Device& dev, const char* entry) {
   d.entry = entry;
   const std::string e = entry;
   if (e == "ln_forward")
-    d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
-                  {4, Bind::ReadWrite}, {5, Bind::ReadWrite}, {6, Bind::Uniform}};
+    d.bindings = {sh::x, sh::weight, sh::bias, sh::y, sh::mean_out, sh::rstd_out, sh::lp};
   else if (e == "ln_backward")
-    d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {6, Bind::Uniform}, {7, Bind::ReadOnly},
-                  {8, Bind::ReadOnly}, {9, Bind::ReadOnly}, {10, Bind::ReadWrite}, {11, Bind::ReadWrite}};
+    d.bindings = {sh::x, sh::weight, sh::lp, sh::dy, sh::mean_in, sh::rstd_in, sh::dx, sh::parts};
   else
-    d.bindings = {{6, Bind::Uniform}, {12, Bind::ReadOnly}, {13, Bind::ReadWrite}, {14, Bind::ReadWrite}};
+    d.bindings = {sh::lp, sh::parts_in, sh::dweight, sh::dbias};
   return dev.pipelines().get(d);
 }
 
@@ -104,7 +96,7 @@ void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, cons
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
     const Bound mb = bind_span(dev, mean, r0, rc);
-    LnParams p{};
+    LnParams p;
     p.rows = uint32_t(rc);
     p.cols = cols;
     p.x_off = xb.off;  // y shares it: same first element, aligned bases
@@ -114,8 +106,10 @@ void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, cons
     p.flags = flags;
     p.eps = eps;
     auto [gx, gy] = grid_1d(dev, ceil_div(rc, rpw));
-    r.dispatch(k, {xb.range, weight ? whole(*weight) : xb.range, bias ? whole(*bias) : xb.range,
-                   bind_span(dev, y, r0 * cols, rc * cols).range, mb.range, bind_span(dev, rstd, r0, rc).range},
+    r.dispatch(k,
+               {{sh::x, xb.range}, {sh::weight, weight ? whole(*weight) : xb.range},
+                {sh::bias, bias ? whole(*bias) : xb.range}, {sh::y, bind_span(dev, y, r0 * cols, rc * cols).range},
+                {sh::mean_out, mb.range}, {sh::rstd_out, bind_span(dev, rstd, r0, rc).range}},
                p, gx, gy);
   }
 }
@@ -177,7 +171,7 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
     const uint64_t parts = groups * rpw;
     const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
     const Bound mb = bind_span(dev, mean, r0, rc);
-    LnParams p{};
+    LnParams p;
     p.rows = uint32_t(rc);
     p.cols = cols;
     p.x_off = xb.off;  // dy and dx share it
@@ -191,14 +185,19 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
     p.parts = uint32_t(parts);
     const Range parts_range = want_parts ? floats(*scratch, 0, 2 * parts * cols) : whole(*dummy);
     auto [gx, gy] = grid_1d(dev, groups);
-    r.dispatch(bk, {xb.range, weight ? whole(*weight) : xb.range, bind_span(dev, dy, r0 * cols, rc * cols).range,
-                    mb.range, bind_span(dev, rstd, r0, rc).range,
-                    dx ? bind_span(dev, *dx, r0 * cols, rc * cols).range : whole(*dummy), parts_range},
+    r.dispatch(bk,
+               {{sh::x, xb.range}, {sh::weight, weight ? whole(*weight) : xb.range},
+                {sh::dy, bind_span(dev, dy, r0 * cols, rc * cols).range}, {sh::mean_in, mb.range},
+                {sh::rstd_in, bind_span(dev, rstd, r0, rc).range},
+                {sh::dx, dx ? bind_span(dev, *dx, r0 * cols, rc * cols).range : whole(*dummy)},
+                {sh::parts, parts_range}},
                p, gx, gy);
     if (want_parts) {
-      auto [cx, cy] = grid_1d(dev, ceil_div(cols, 16));
-      r.dispatch(gk, {parts_range, dweight ? whole(*dweight) : whole(*dummy), dbias ? whole(*dbias) : whole(*dummy)}, p,
-                 cx, cy);
+      auto [cx, cy] = grid_1d(dev, ceil_div(cols, sh::COLS));
+      r.dispatch(gk,
+                 {{sh::parts_in, parts_range}, {sh::dweight, dweight ? whole(*dweight) : whole(*dummy)},
+                  {sh::dbias, dbias ? whole(*dbias) : whole(*dummy)}},
+                 p, cx, cy);
     }
   }
 }

@@ -13,13 +13,18 @@ void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const B
   KernelDesc d;
   d.shader = "linear";
   d.entry = "act_backward";
-  d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
+  namespace sh = wgsl::linear;
+  d.bindings = {sh::upstream, sh::preact, sh::result, sh::ep};
   d.constants = {{"ACT", std::to_string(uint32_t(act)) + "u"}};
   const Kernel& k = dev.pipelines().get(d);
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
-    struct { uint32_t n, cols, bias_off, pad; } p{uint32_t(count), 1, 0, 0};
-    auto [gx, gy] = grid_1d(dev, ceil_div(count, 256));
-    r.dispatch(k, {floats(dy, first, count), floats(z, first, count), floats(dz, first, count)}, p, gx, gy);
+    EwParams p;
+    p.n = uint32_t(count);
+    p.cols = 1;
+    auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
+    r.dispatch(k, {{sh::upstream, floats(dy, first, count)}, {sh::preact, floats(z, first, count)},
+                   {sh::result, floats(dz, first, count)}},
+               p, gx, gy);
   });
 }
 
@@ -30,7 +35,8 @@ void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, u
   KernelDesc d;
   d.shader = "linear";
   d.entry = "bias_grad";
-  d.bindings = {{0, Bind::ReadOnly}, {2, Bind::ReadWrite}, {6, Bind::Uniform}};
+  namespace sh = wgsl::linear;
+  d.bindings = {sh::upstream, sh::result, sh::cp};
   d.constants = {{"ACT", "0u"}};
   const Kernel& k = dev.pipelines().get(d);
   // Row blocks that fit one binding and keep each lane's loop bounded
@@ -38,8 +44,12 @@ void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, u
   const uint64_t rows_per = std::min(rows_per_piece(dev, cols), kMaxColumnSumRows);
   for (uint64_t r0 = 0; r0 < rows; r0 += rows_per) {
     const uint64_t rc = std::min<uint64_t>(rows_per, rows - r0);
-    struct { uint32_t rows, cols; float beta; uint32_t pad; } p{uint32_t(rc), cols, r0 == 0 ? beta : 1.0f, 0};
-    r.dispatch(k, {floats(dz, r0 * cols, rc * cols), whole(db)}, p, uint32_t(ceil_div(cols, 16)));  // linear.wgsl COLS
+    ColParams p;
+    p.rows = uint32_t(rc);
+    p.cols = cols;
+    p.beta = r0 == 0 ? beta : 1.0f;
+    r.dispatch(k, {{sh::upstream, floats(dz, r0 * cols, rc * cols)}, {sh::result, whole(db)}}, p,
+               uint32_t(ceil_div(cols, sh::COLS)));
   }
 }
 

@@ -40,11 +40,8 @@ void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const B
 void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols, float beta);
 
 struct AdamWConfig { float lr, beta1, beta2, eps, weight_decay; };
-// AdamW's per-dispatch uniform block (optim.wgsl AdamParams).
-struct AdamWUniform {
-  uint32_t n;
-  float beta1, beta2, eps, decay, step_size, bc2_sqrt, pad;
-};
+// AdamW's per-dispatch uniform block.
+using AdamWUniform = AdamParams;
 AdamWUniform adamw_uniform(uint32_t n, const AdamWConfig& cfg, uint64_t step);
 // One AdamW step (step >= 1) over n parameters; `clip` (if given) holds
 // [norm, coefficient] from grad_norm and scales the gradient as it is read.

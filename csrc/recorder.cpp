@@ -72,29 +72,50 @@ Range Recorder::stage(const void* data, uint64_t bytes) {
   return Range{s.chunk.buffer.get(), offset, bytes};
 }
 
-void Recorder::dispatch(const Kernel& k, const std::vector<Range>& storage, const void* params, size_t params_bytes,
-                        uint32_t gx, uint32_t gy, uint32_t gz) {
+void Recorder::record_dispatch(const Kernel& k, const std::vector<Operand>& operands, const void* params,
+                               size_t params_bytes, const char* params_type, uint32_t gx, uint32_t gy, uint32_t gz) {
   const auto& lim = dev_->limits();
   if (gx > lim.max_workgroups_per_dim || gy > lim.max_workgroups_per_dim || gz > lim.max_workgroups_per_dim)
     throw ArgumentError(k.name + ": dispatch of (" + std::to_string(gx) + ", " + std::to_string(gy) + ", " +
                         std::to_string(gz) + ") workgroups exceeds the device limit of " +
                         std::to_string(lim.max_workgroups_per_dim) + " per dimension");
+  // The contract first (these are errors in the launcher, whatever the grid).
+  if (k.uniform && (!params_type || std::strcmp(params_type, k.uniform->type) != 0))
+    throw ArgumentError(k.name + ": binding " + std::to_string(k.uniform->binding) + " (" + k.uniform->var +
+                        ") takes a " + k.uniform->type + ", the launcher passed " +
+                        (params_type ? params_type : "no uniform block"));
+  if (!k.uniform && params_type)
+    throw ArgumentError(k.name + ": the kernel has no uniform binding, the launcher passed a " + params_type);
+  for (const Operand& op : operands) {
+    const Slot* slot = nullptr;
+    for (const Slot& s : k.bindings)
+      if (s.binding == op.binding) slot = &s;
+    if (!slot || slot->kind == Bind::Uniform)
+      throw ArgumentError(k.name + ": an operand for binding " + std::to_string(op.binding) +
+                          ", which is not a storage binding of the kernel");
+  }
   if (gx == 0 || gy == 0 || gz == 0) return;
   std::vector<WGPUBindGroupEntry> entries;
-  size_t next_storage = 0;
-  for (auto& [binding, kind] : k.bindings) {
+  for (const Slot& slot : k.bindings) {
     Range r;
-    if (kind == Bind::Uniform) {
+    if (slot.kind == Bind::Uniform) {
       r = uniform_block(params, params_bytes);
     } else {
-      if (next_storage >= storage.size()) throw ArgumentError(k.name + ": too few buffers bound");
-      r = storage[next_storage++];
+      const Operand* found = nullptr;
+      for (const Operand& op : operands) {
+        if (op.binding != slot.binding) continue;
+        if (found)
+          throw ArgumentError(k.name + ": two operands for binding " + std::to_string(slot.binding) + " (" + slot.var + ")");
+        found = &op;
+      }
+      if (!found) throw ArgumentError(k.name + ": no operand for binding " + std::to_string(slot.binding) + " (" + slot.var + ")");
+      r = found->range;
       if (r.size > lim.max_storage_binding)
         throw ArgumentError(k.name + ": binding of " + std::to_string(r.size) + " bytes exceeds max_storage_buffer_binding_size " +
                             std::to_string(lim.max_storage_binding));
     }
     WGPUBindGroupEntry e = {};
-    e.binding = binding;
+    e.binding = slot.binding;
     e.buffer = r.buffer;
     e.offset = r.offset;
     e.size = r.size;
