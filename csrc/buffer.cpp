@@ -73,7 +73,11 @@ void Buffer::download(void* dst, uint64_t bytes, uint64_t offset) const {
     const uint64_t lead = (offset + done) - src_off;
     const uint64_t copy = round4(lead + chunk);
     WGPUBuffer staging = dev_->staging(copy);
-    struct Map { bool done = false; WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error; std::string msg; } m;
+    struct Map {
+      std::atomic<bool> done{false};
+      WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error;
+      std::string msg;
+    } m;
     dev_->guarded("downloading " + std::to_string(bytes) + " bytes", [&] {
       CommandEncoderHandle enc(wgpuDeviceCreateCommandEncoder(dev_->raw(), nullptr));
       wgpuCommandEncoderCopyBufferToBuffer(enc.get(), buf_.get(), offset_ + src_off, staging, 0, copy);
@@ -86,11 +90,11 @@ void Buffer::download(void* dst, uint64_t bytes, uint64_t offset) const {
         auto* m = static_cast<Map*>(u1);
         m->status = s;
         m->msg = to_string(msg);
-        m->done = true;
+        m->done.store(true, std::memory_order_release);
       };
       cb.userdata1 = &m;
       wgpuBufferMapAsync(staging, WGPUMapMode_Read, 0, copy, cb);
-      while (!m.done && !dev_->lost()) wgpuDevicePoll(dev_->raw(), true, nullptr);
+      wait_for_callback(dev_->instance(), m.done, dev_.get());
     });
     dev_->ensure_alive("downloading " + std::to_string(bytes) + " bytes");
     if (m.status != WGPUMapAsyncStatus_Success) throw GpuError("mapping the staging buffer failed: " + m.msg);

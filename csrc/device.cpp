@@ -113,16 +113,16 @@ const WGPUFeatureName kWanted[] = {
 };
 
 struct ScopeResult {
-  bool done = false;
+  std::atomic<bool> done{false};
   WGPUErrorType type = WGPUErrorType_NoError;
   std::string message;
 };
 
 void on_pop(WGPUPopErrorScopeStatus status, WGPUErrorType type, WGPUStringView msg, void* u1, void*) {
   auto* r = static_cast<ScopeResult*>(u1);
-  r->done = true;
   r->type = status == WGPUPopErrorScopeStatus_Success ? type : WGPUErrorType_NoError;
   r->message = to_string(msg);
+  r->done.store(true, std::memory_order_release);
 }
 
 }  // namespace
@@ -218,17 +218,21 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   desc.uncapturedErrorCallbackInfo.callback = &Device::on_uncaptured_error;
   desc.uncapturedErrorCallbackInfo.userdata1 = dev.get();
 
-  struct Req { bool done = false; WGPUDevice device = nullptr; std::string msg; } r;
+  struct Req {
+    std::atomic<bool> done{false};
+    WGPUDevice device = nullptr;
+    std::string msg;
+  } r;
   WGPURequestDeviceCallbackInfo cb = {};
   cb.mode = WGPUCallbackMode_AllowSpontaneous;
   cb.callback = [](WGPURequestDeviceStatus status, WGPUDevice d, WGPUStringView m, void* u1, void*) {
     auto* r = static_cast<Req*>(u1);
-    r->done = true;
     if (status == WGPURequestDeviceStatus_Success) r->device = d; else r->msg = to_string(m);
+    r->done.store(true, std::memory_order_release);
   };
   cb.userdata1 = &r;
   wgpuAdapterRequestDevice(dev->adapter_.get(), &desc, cb);
-  while (!r.done) wgpuInstanceProcessEvents(dev->instance_->get());
+  wait_for_callback(dev->instance_->get(), r.done);
   if (!r.device) throw GpuError("requesting a device from adapter '" + dev->info_.name + "' failed: " + r.msg);
   dev->device_ = DeviceHandle(r.device);
   dev->queue_ = QueueHandle(wgpuDeviceGetQueue(r.device));
@@ -257,15 +261,27 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
 }
 
 Device::~Device() {
-  // Release order: our own objects first, then queue, device, adapter, instance.
+  // Release order: our own objects first (every pooled buffer included), then
+  // queue, device, adapter, instance.
   releasing_.store(true);
   pipelines_.reset();
   uniform_pool_.clear();
+  stage_pool_.clear();
   staging_.reset();
   workspace_.reset();
+  for (auto& b : repack_) b.reset();
+  for (auto& b : placeholder_) b.reset();
   queue_.reset();
   device_.reset();
   adapter_.reset();
+}
+
+void wait_for_callback(WGPUInstance instance, const std::atomic<bool>& done, const Device* poll) {
+  if (poll) {
+    while (!done.load(std::memory_order_acquire) && !poll->lost()) wgpuDevicePoll(poll->raw(), true, nullptr);
+  } else {
+    while (!done.load(std::memory_order_acquire)) wgpuInstanceProcessEvents(instance);
+  }
 }
 
 std::string Device::lost_message() const {
@@ -293,8 +309,7 @@ void Device::guarded(const std::string& what, const std::function<void()>& body)
     cb.userdata1 = &r;
     wgpuDevicePopErrorScope(d, cb);
   }
-  for (auto& r : res)
-    while (!r.done) wgpuInstanceProcessEvents(instance_->get());
+  for (auto& r : res) wait_for_callback(instance_->get(), r.done);
   if (thrown) std::rethrow_exception(thrown);
   ensure_alive(what);
   for (auto& r : res) {

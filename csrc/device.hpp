@@ -150,4 +150,11 @@ class Device : public std::enable_shared_from_this<Device> {
 
 std::string backend_name(WGPUBackendType t);
 
+// Waits for a wgpu callback whose last act is done.store(true) (the callback
+// may run on another thread: what it wrote before is visible once `done`
+// reads true). Without `poll`, processes the instance's events (adapter and
+// device requests, error scopes); with it, polls that device, blocking until
+// submitted work advances (buffer maps), and gives up once it is lost.
+void wait_for_callback(WGPUInstance instance, const std::atomic<bool>& done, const Device* poll = nullptr);
+
 }  // namespace pwt

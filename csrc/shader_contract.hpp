@@ -83,6 +83,8 @@ template <typename P>
 struct UniformTraits;  // defined for each uniform block below
 
 // ---- Uniform blocks: F(field, WGSL type, byte offset), then the size ----
+// (Tables below are laid out by hand: clang-format would pack their rows.)
+// clang-format off
 
 #define PWT_FIELDS_GemmParams(F)                                                                                  \
   F(m, u32, 0) F(n, u32, 4) F(k, u32, 8) F(lda, u32, 12) F(ldb, u32, 16) F(ldc, u32, 20) F(a_off, u32, 24)        \
@@ -139,6 +141,8 @@ struct UniformTraits;  // defined for each uniform block below
   U(ReducePartialParams, 8) U(ReduceFinalParams, 16) U(FlatParams, 16) U(NdParams, 160) U(AxisParams, 48)         \
   U(GatherParams, 48) U(EmbBwdParams, 48)
 
+// clang-format on
+
 #define PWT_VEC4U_ARRAY(n) array<wgsl::vec4u, n>
 #define PWT_DECLARE_FIELD(field, type, offset) wgsl::type field{};
 #define PWT_CHECK_OFFSET(field, type, offset) \
@@ -163,6 +167,7 @@ struct UniformTraits;  // defined for each uniform block below
 PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
 
 // ---- Shaders: bindings and shared constants, per shaders/<stem>.wgsl ----
+// clang-format off
 // READ / WRITE (storage, read / read_write): (variable, binding, WGSL type);
 // UNIFORM: (variable, binding, uniform block); CONST: (name, u32 value).
 
@@ -248,6 +253,8 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
 #define PWT_SHADERS(S) \
   S(gemm) S(gemv) S(bmm) S(attention) S(cross_entropy) S(dropout) S(layernorm) S(linear) S(optim) S(reduce) \
   S(elementwise) S(axis) S(embedding) S(embedding_backward)
+
+// clang-format on
 
 // Each shader's names live in wgsl::<stem>: wgsl::gemm::c is the Slot of
 // gemm.wgsl's `c`, wgsl::reduce::ITEMS its constant.
