@@ -14,10 +14,10 @@ namespace pwt {
 namespace {
 
 namespace sh = wgsl::attention;
-constexpr uint32_t kBlock = sh::B;                     // rows and columns of a tile
-constexpr uint32_t kMaxHeadDim = 128;                  // DCH <= 2 (accumulators for two 64-column chunks)
-constexpr uint32_t kSharedFloats = 2 * sh::B * 64;     // workgroup memory (sm): two tiles of B rows x 64 columns
-constexpr uint64_t kMaxTrips = 32768;                  // loop iterations per thread and dispatch (tensor_ops.cpp)
+constexpr uint32_t kBlock = sh::B;                  // rows and columns of a tile
+constexpr uint32_t kMaxHeadDim = 128;               // DCH <= 2 (accumulators for two 64-column chunks)
+constexpr uint32_t kSharedFloats = 2 * sh::B * 64;  // workgroup memory (sm): two tiles of B rows x 64 columns
+constexpr uint64_t kMaxTrips = 32768;               // loop iterations per thread and dispatch (tensor_ops.cpp)
 
 // attention.wgsl VEC: q, k, v (and dO) are also read through vec4 views
 // (bindings 14-17), one 128-bit load per staged vec4, where every view's
@@ -34,15 +34,16 @@ const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d, boo
   kd.shader = "attention";
   kd.entry = entry;
   if (entry == "attn_forward")  // dout is bound to q: ld() names it, the forward never reads it
-    kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::out, sh::lse_out, sh::ap, sh::dout, sh::q4, sh::k4, sh::v4, sh::g4};
+    kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::out, sh::lse_out, sh::ap,
+                   sh::dout, sh::q4,   sh::k4,   sh::v4,  sh::g4};
   else if (entry == "attn_delta")
     kd.bindings = {sh::ap, sh::o_in, sh::dout, sh::delta_out};
   else if (entry == "attn_dkdv")
     kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in, sh::delta_in,
-                   sh::dk, sh::dv, sh::q4, sh::k4, sh::v4, sh::g4};
+                   sh::dk,   sh::dv,   sh::q4,   sh::k4, sh::v4,   sh::g4};
   else
-    kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in, sh::delta_in,
-                   sh::dq, sh::q4, sh::k4, sh::v4, sh::g4};
+    kd.bindings = {sh::q_in,     sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in,
+                   sh::delta_in, sh::dq,   sh::q4,   sh::k4, sh::v4,   sh::g4};
   kd.constants = {{"HD", std::to_string(d) + "u"}, {"VEC", vec ? "true" : "false"}};
   // Every storage access in attention.wgsl is guarded (row < T, column < HD,
   // row index < B*H*T) and bind_view / bind_rows check that the last element
@@ -78,8 +79,8 @@ Range bind_view(const Device& dev, const Buffer& buf, const AttnView& v, const S
   if (written && v.st < s.d)
     throw ArgumentError(std::string("attention: ") + what + " has a row stride of " + std::to_string(v.st) +
                         " < D = " + std::to_string(s.d) + " (its rows would overlap)");
-  const uint64_t last = v.off + uint64_t(s.batch - 1) * v.sb + uint64_t(s.heads - 1) * v.sh +
-                        uint64_t(s.t - 1) * v.st + s.d - 1;
+  const uint64_t last =
+      v.off + uint64_t(s.batch - 1) * v.sb + uint64_t(s.heads - 1) * v.sh + uint64_t(s.t - 1) * v.st + s.d - 1;
   if ((last + 1) * 4 > buf.bytes())
     throw ArgumentError(std::string("attention: ") + what + " reaches element " + std::to_string(last) +
                         ", its buffer holds " + std::to_string(buf.bytes() / 4) + " floats");
@@ -119,8 +120,8 @@ wgsl::vec4u view(const AttnView& v) {
 // kernel (counted as if no loop were unrolled) within kMaxTrips.
 uint32_t blocks_per_dispatch(const std::string& entry, uint32_t d, uint32_t max_blocks) {
   const uint64_t dch = (d + 63) / 64;
-  const uint64_t nt = 25 * dch + 1;      // S-type product: chunks x (2 stagings of 4 + 16 vec4 steps)
-  const uint64_t pn = 21 * dch + 1;      // P-type product: chunks x (staging of 4 + 16 vec4 steps)
+  const uint64_t nt = 25 * dch + 1;  // S-type product: chunks x (2 stagings of 4 + 16 vec4 steps)
+  const uint64_t pn = 21 * dch + 1;  // P-type product: chunks x (staging of 4 + 16 vec4 steps)
   uint64_t per = entry == "attn_forward" ? nt + pn + 40
                  : entry == "attn_dkdv"  ? 2 * nt + 2 * pn + 40
                                          : 2 * nt + pn + 40;
@@ -172,19 +173,27 @@ void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const B
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
       r.dispatch(kern,
-                 {{sh::q_in, rq}, {sh::k_in, rk}, {sh::v_in, rv}, {sh::out, ro}, {sh::lse_out, rl}, {sh::dout, rq},
-                  {sh::q4, q4}, {sh::k4, k4}, {sh::v4, v4}, {sh::g4, q4}},
+                 {{sh::q_in, rq},
+                  {sh::k_in, rk},
+                  {sh::v_in, rv},
+                  {sh::out, ro},
+                  {sh::lse_out, rl},
+                  {sh::dout, rq},
+                  {sh::q4, q4},
+                  {sh::k4, k4},
+                  {sh::v4, v4},
+                  {sh::g4, q4}},
                  p, nb - b0, count);
     });
   }
 }
 
 void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
-                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov,
-                        const Buffer& dout, const AttnView& gv, const Buffer& lse, const Buffer& delta,
-                        const Buffer& dq, const AttnView& dqv, const Buffer& dk, const AttnView& dkv,
-                        const Buffer& dv, const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d,
-                        float scale, float beta, uint32_t max_blocks) {
+                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov, const Buffer& dout,
+                        const AttnView& gv, const Buffer& lse, const Buffer& delta, const Buffer& dq,
+                        const AttnView& dqv, const Buffer& dk, const AttnView& dkv, const Buffer& dv,
+                        const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
+                        float beta, uint32_t max_blocks) {
   Device& dev = r.device();
   const Shape s{batch, heads, t, d};
   check_shape(dev, s);
@@ -238,8 +247,18 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
       r.dispatch(kkv,
-                 {{sh::q_in, rq}, {sh::k_in, rk}, {sh::v_in, rv}, {sh::dout, rg}, {sh::lse_in, rl}, {sh::delta_in, rd},
-                  {sh::dk, rdk}, {sh::dv, rdv}, {sh::q4, q4}, {sh::k4, k4}, {sh::v4, v4}, {sh::g4, g4}},
+                 {{sh::q_in, rq},
+                  {sh::k_in, rk},
+                  {sh::v_in, rv},
+                  {sh::dout, rg},
+                  {sh::lse_in, rl},
+                  {sh::delta_in, rd},
+                  {sh::dk, rdk},
+                  {sh::dv, rdv},
+                  {sh::q4, q4},
+                  {sh::k4, k4},
+                  {sh::v4, v4},
+                  {sh::g4, g4}},
                  p, p.blk1, count);
     });
   }
@@ -252,8 +271,17 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
       r.dispatch(kq,
-                 {{sh::q_in, rq}, {sh::k_in, rk}, {sh::v_in, rv}, {sh::dout, rg}, {sh::lse_in, rl}, {sh::delta_in, rd},
-                  {sh::dq, rdq}, {sh::q4, q4}, {sh::k4, k4}, {sh::v4, v4}, {sh::g4, g4}},
+                 {{sh::q_in, rq},
+                  {sh::k_in, rk},
+                  {sh::v_in, rv},
+                  {sh::dout, rg},
+                  {sh::lse_in, rl},
+                  {sh::delta_in, rd},
+                  {sh::dq, rdq},
+                  {sh::q4, q4},
+                  {sh::k4, k4},
+                  {sh::v4, v4},
+                  {sh::g4, g4}},
                  p, nb - b0, count);
     });
   }

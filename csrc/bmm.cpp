@@ -15,8 +15,7 @@ namespace sh = wgsl::bmm;
 
 void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t batch, uint32_t m,
                   uint32_t n, uint32_t k, bool ta, bool tb, float alpha, float beta) {
-  if (batch == 0 || m == 0 || n == 0 || k == 0)
-    throw ArgumentError("gemm_batched: batch, M, N and K must be >= 1");
+  if (batch == 0 || m == 0 || n == 0 || k == 0) throw ArgumentError("gemm_batched: batch, M, N and K must be >= 1");
   const uint64_t sa = uint64_t(m) * k, sb = uint64_t(k) * n, sc = uint64_t(m) * n;
   check_floats(a, sa * batch, "gemm_batched operand A");
   check_floats(b, sb * batch, "gemm_batched operand B");
@@ -29,8 +28,8 @@ void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c
     throw ArgumentError("gemm_batched: one matrix of " + std::to_string(largest * 4) +
                         " bytes exceeds the device's max_storage_buffer_binding_size of " +
                         std::to_string(dev.limits().max_storage_binding) + " bytes");
-  const uint64_t per_chunk = std::min<uint64_t>({(cap - slack) / largest, dev.limits().max_workgroups_per_dim,
-                                                 uint64_t(UINT32_MAX) / largest});
+  const uint64_t per_chunk = std::min<uint64_t>(
+      {(cap - slack) / largest, dev.limits().max_workgroups_per_dim, uint64_t(UINT32_MAX) / largest});
   KernelDesc d;
   d.shader = "bmm";
   d.entry = "bmm";

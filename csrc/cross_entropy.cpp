@@ -74,15 +74,20 @@ void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labe
     p.ignore_index = ignore_index;
     auto [gx, gy] = grid_1d(dev, rc);
     r.dispatch(fk,
-               {{sh::logits, floats(logits, start, inner + uint64_t(rc) * cols)}, {sh::labels, whole(labels)},
-                {sh::row_lse, whole(row_lse)}, {sh::row_loss, whole(row_loss)}, {sh::row_valid, whole(row_valid)}},
+               {{sh::logits, floats(logits, start, inner + uint64_t(rc) * cols)},
+                {sh::labels, whole(labels)},
+                {sh::row_lse, whole(row_lse)},
+                {sh::row_loss, whole(row_loss)},
+                {sh::row_valid, whole(row_valid)}},
                p, gx, gy);
   });
   XentFinalParams q;
   q.rows = rows;
   q.mean = mean ? 1u : 0u;
   r.dispatch(xent_kernel(dev, "xent_finalize"),
-             {{sh::fin_loss, whole(row_loss)}, {sh::fin_valid, whole(row_valid)}, {sh::fin_out, whole(out)},
+             {{sh::fin_loss, whole(row_loss)},
+              {sh::fin_valid, whole(row_valid)},
+              {sh::fin_out, whole(out)},
               {sh::fin_scale, whole(scale)}},
              q, 1);
 }
@@ -109,8 +114,12 @@ void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& lab
     auto [gx, gy] = grid_1d(dev, rc);
     const uint64_t count = inner + uint64_t(rc) * cols;
     r.dispatch(bk,
-               {{sh::logits, floats(logits, start, count)}, {sh::labels, whole(labels)}, {sh::lse_in, whole(row_lse)},
-                {sh::upstream, whole(upstream)}, {sh::scale_in, whole(scale)}, {sh::dlogits, floats(dlogits, start, count)}},
+               {{sh::logits, floats(logits, start, count)},
+                {sh::labels, whole(labels)},
+                {sh::lse_in, whole(row_lse)},
+                {sh::upstream, whole(upstream)},
+                {sh::scale_in, whole(scale)},
+                {sh::dlogits, floats(dlogits, start, count)}},
                p, gx, gy);
   });
 }

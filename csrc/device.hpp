@@ -91,7 +91,10 @@ class Device : public std::enable_shared_from_this<Device> {
 
   // Reused upload memory for data that belongs to one recording (a replayed
   // step's batch): storage buffers of at least kStageChunkBytes.
-  struct StageChunk { BufferHandle buffer; uint64_t bytes = 0; };
+  struct StageChunk {
+    BufferHandle buffer;
+    uint64_t bytes = 0;
+  };
   StageChunk take_stage_chunk(uint64_t min_bytes);
   void give_stage_chunk(StageChunk chunk);
   static constexpr uint64_t kStageChunkBytes = 8ull << 20;

@@ -65,8 +65,8 @@ void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, u
     prm.beta = beta;
     const uint64_t threads = ceil_div((first & 3) + count, 4);
     auto [gx, gy] = grid_1d(dev, ceil_div(threads, sh::WG));
-    r.dispatch(k, {{sh::src, floats(x, first, count)}, {sh::key, whole(key)}, {sh::dst, floats(y, first, count)}}, prm, gx,
-               gy);
+    r.dispatch(k, {{sh::src, floats(x, first, count)}, {sh::key, whole(key)}, {sh::dst, floats(y, first, count)}}, prm,
+               gx, gy);
   });
 }
 

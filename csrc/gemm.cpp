@@ -12,7 +12,8 @@ namespace pwt {
 
 void check_floats(const Buffer& b, uint64_t count, const char* what) {
   if (b.bytes() < count * 4)
-    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 4) + " floats, needs " + std::to_string(count));
+    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 4) + " floats, needs " +
+                        std::to_string(count));
 }
 
 namespace {
@@ -21,7 +22,9 @@ namespace {
 // whole rows of the workgroup's thread grid).
 // lean_loop: gemm.wgsl's LEAN_LOOP (inside workgroups run their unchecked K
 // steps as a loop of their own).
-struct TileConfig { uint32_t bm, bn, bk, tm, tn, warp_w = 0, lean_loop = 0; };
+struct TileConfig {
+  uint32_t bm, bn, bk, tm, tn, warp_w = 0, lean_loop = 0;
+};
 
 constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tiles)
 // From this K on, mid-size outputs take 64x128 tiles and split-K (each split
@@ -154,12 +157,13 @@ Range or_placeholder(Device& dev, const Range& r, bool writable) {
 std::string u32_literal(uint32_t v) { return std::to_string(v) + "u"; }
 const char* bool_literal(bool v) { return v ? "true" : "false"; }
 
-
 // gemm.wgsl's A_VEC / B_VEC: whole-vec4 tile loads where the operand's
 // contiguous direction is the tile's vec4 direction and its leading dimension
 // and offset are multiples of 4 (PYWGTRAIN_GEMM_VEC=0 turns them off for A/B
 // runs, docs/gemm_notes.md #42).
-struct VecLoads { bool a, b; };
+struct VecLoads {
+  bool a, b;
+};
 VecLoads vec_loads(bool ta, bool tb, const GemmParams& p) {
   static const bool enabled = [] {
     const char* v = std::getenv("PYWGTRAIN_GEMM_VEC");
@@ -177,12 +181,19 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v) 
   d.shader = "gemm";
   d.entry = "gemm";
   d.bindings = {sh::a, sh::b, sh::c, sh::p, sh::bias, sh::preact, sh::row_sums, sh::a4, sh::b4};
-  d.constants = {{"BM", u32_literal(t.bm)}, {"BN", u32_literal(t.bn)}, {"BK", u32_literal(t.bk)},
-                 {"TM", u32_literal(t.tm)}, {"TN", u32_literal(t.tn)}, {"TRANS_A", bool_literal(g.ta)},
-                 {"TRANS_B", bool_literal(g.tb)}, {"EPILOGUE", u32_literal(uint32_t(g.ep))},
+  d.constants = {{"BM", u32_literal(t.bm)},
+                 {"BN", u32_literal(t.bn)},
+                 {"BK", u32_literal(t.bk)},
+                 {"TM", u32_literal(t.tm)},
+                 {"TN", u32_literal(t.tn)},
+                 {"TRANS_A", bool_literal(g.ta)},
+                 {"TRANS_B", bool_literal(g.tb)},
+                 {"EPILOGUE", u32_literal(uint32_t(g.ep))},
                  {"ACT", u32_literal(uint32_t(g.ep == Epilogue::Plain ? Activation::None : g.act))},
-                 {"WARP_W", u32_literal(t.warp_w ? t.warp_w : t.bn / t.tn)}, {"LEAN_LOOP", bool_literal(lean)},
-                 {"A_VEC", bool_literal(v.a)}, {"B_VEC", bool_literal(v.b)}};
+                 {"WARP_W", u32_literal(t.warp_w ? t.warp_w : t.bn / t.tn)},
+                 {"LEAN_LOOP", bool_literal(lean)},
+                 {"A_VEC", bool_literal(v.a)},
+                 {"B_VEC", bool_literal(v.b)}};
   d.trusted = true;
   return dev.pipelines().get(d);
 }
@@ -219,7 +230,10 @@ const Kernel& gemv_kernel(Device& dev, bool tb, bool vec4, uint32_t gv_x) {
 // A window of the block [row0, row0 + rows) x [col0, col0 + cols) of a
 // row-major matrix with leading dimension ld, bound at an aligned offset;
 // `inner` is where (row0, col0) starts inside it.
-struct RowWindow { Range range; uint32_t inner; };
+struct RowWindow {
+  Range range;
+  uint32_t inner;
+};
 
 RowWindow block_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t col0,
                        uint64_t cols, uint64_t ld) {
@@ -260,10 +274,19 @@ KernelDesc elementwise_kernel(const char* entry, Epilogue ep, Activation act) {
   KernelDesc d;
   d.shader = "gemm";
   d.entry = entry;
-  d.constants = {{"BM", "64u"}, {"BN", "64u"}, {"BK", "16u"}, {"TM", "4u"}, {"TN", "4u"},
-                 {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"EPILOGUE", u32_literal(uint32_t(ep))},
-                 {"ACT", u32_literal(uint32_t(act))}, {"WARP_W", "16u"}, {"LEAN_LOOP", "false"},
-                 {"A_VEC", "false"}, {"B_VEC", "false"}};
+  d.constants = {{"BM", "64u"},
+                 {"BN", "64u"},
+                 {"BK", "16u"},
+                 {"TM", "4u"},
+                 {"TN", "4u"},
+                 {"TRANS_A", "false"},
+                 {"TRANS_B", "false"},
+                 {"EPILOGUE", u32_literal(uint32_t(ep))},
+                 {"ACT", u32_literal(uint32_t(act))},
+                 {"WARP_W", "16u"},
+                 {"LEAN_LOOP", "false"},
+                 {"A_VEC", "false"},
+                 {"B_VEC", "false"}};
   d.trusted = true;
   return d;
 }
@@ -351,7 +374,8 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
     const uint64_t nc = std::min<uint64_t>(nb, n - n0);
     for (uint64_t k0 = 0; k0 < k; k0 += kb) {
       const uint64_t kc = std::min<uint64_t>(kb, k - k0);
-      RowWindow bw = tb ? block_window(dev, *g.b, 0, n0, nc, k0, kc, ld) : block_window(dev, *g.b, 0, k0, kc, n0, nc, ld);
+      RowWindow bw =
+          tb ? block_window(dev, *g.b, 0, n0, nc, k0, kc, ld) : block_window(dev, *g.b, 0, k0, kc, n0, nc, ld);
       RowWindow xw = row_window(dev, *g.x, g.x_base, k0, kc, 1);
       RowWindow yw = row_window(dev, *g.y, g.y_base, n0, nc, 1);
       GemvParams p;
@@ -429,8 +453,10 @@ void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, c
   splits = uint32_t(ceil_div(reg.kc, k_chunk));
   const uint64_t stride = uint64_t(reg.mc) * reg.nc;
   const Range ws{dev.workspace(stride * splits * 4), 0, stride * splits * 4};
-  RowWindow aw = g.ta ? row_window(dev, *g.a, 0, reg.k0, reg.kc, g.lda) : row_window(dev, *g.a, 0, reg.m0, reg.mc, g.lda);
-  RowWindow bw = g.tb ? row_window(dev, *g.b, 0, reg.n0, reg.nc, g.ldb) : row_window(dev, *g.b, 0, reg.k0, reg.kc, g.ldb);
+  RowWindow aw =
+      g.ta ? row_window(dev, *g.a, 0, reg.k0, reg.kc, g.lda) : row_window(dev, *g.a, 0, reg.m0, reg.mc, g.lda);
+  RowWindow bw =
+      g.tb ? row_window(dev, *g.b, 0, reg.n0, reg.nc, g.ldb) : row_window(dev, *g.b, 0, reg.k0, reg.kc, g.ldb);
   GemmParams p;
   p.m = reg.mc;
   p.n = reg.nc;
@@ -521,8 +547,8 @@ bool record_ragged(Recorder& r, const GemmProblem& g, const TileConfig& t) {
     reg.kc = k;
     record_split_region(r, strips, reg, ts, choose_splits(mc, nc, k, ts), EpilogueArgs{});
   };
-  if (thin_m) strip(m_main, rm, 0, n);        // bottom rows, corner included
-  if (thin_n) strip(0, m_main, n_main, rn);   // right columns above them
+  if (thin_m) strip(m_main, rm, 0, n);       // bottom rows, corner included
+  if (thin_n) strip(0, m_main, n_main, rn);  // right columns above them
   return true;
 }
 
@@ -578,8 +604,14 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
   m_cap = std::min<uint64_t>(m_cap, uint64_t(dev.limits().max_workgroups_per_dim) * t.bm);
   uint64_t n_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bn;
   uint64_t k_cap = UINT64_MAX;
-  if (!ta) m_cap = std::min(m_cap, rows_per_binding(dev, lda, "A")); else k_cap = std::min(k_cap, rows_per_binding(dev, lda, "A"));
-  if (tb) n_cap = std::min(n_cap, rows_per_binding(dev, ldb, "B")); else k_cap = std::min(k_cap, rows_per_binding(dev, ldb, "B"));
+  if (!ta)
+    m_cap = std::min(m_cap, rows_per_binding(dev, lda, "A"));
+  else
+    k_cap = std::min(k_cap, rows_per_binding(dev, lda, "A"));
+  if (tb)
+    n_cap = std::min(n_cap, rows_per_binding(dev, ldb, "B"));
+  else
+    k_cap = std::min(k_cap, rows_per_binding(dev, ldb, "B"));
   const uint64_t mb = block_along(m, m_cap, t.bm), nb = block_along(n, n_cap, t.bn);
   // Bounded K loops (dispatch_util.hpp): a K block takes at most as many
   // kMaxKPerSplit splits as one pass may have and as fit the workspace binding
@@ -728,14 +760,17 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
     p.cols = n;
     auto [gx, gy] = grid_1d(dev, ceil_div(mc * n, ln::WG));
     r.dispatch(bk,
-               {{ln::result, floats(c, m0 * n, mc * n)}, {ln::bias, whole(*e.bias)},
+               {{ln::result, floats(c, m0 * n, mc * n)},
+                {ln::bias, whole(*e.bias)},
                 {ln::zio, floats(*e.preact, m0 * n, mc * n)}},
                p, gx, gy);
   }
 }
 
 void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k) {
-  if (m == 0 || n == 0 || k == 0) throw ArgumentError("gemm: M, N and K must be >= 1 (got " + std::to_string(m) + ", " + std::to_string(n) + ", " + std::to_string(k) + ")");
+  if (m == 0 || n == 0 || k == 0)
+    throw ArgumentError("gemm: M, N and K must be >= 1 (got " + std::to_string(m) + ", " + std::to_string(n) + ", " +
+                        std::to_string(k) + ")");
   check_floats(a, uint64_t(m) * k, "gemm operand A");
   check_floats(b, uint64_t(k) * n, "gemm operand B");
   check_floats(c, uint64_t(m) * n, "gemm output C");
@@ -743,8 +778,8 @@ void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, u
 
 }  // namespace
 
-void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
-          bool ta, bool tb, float alpha, float beta) {
+void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k, bool ta,
+          bool tb, float alpha, float beta) {
   check_gemm(a, b, c, m, n, k);
   if (m == 1 || n == 1) {
     GemvProblem g;

@@ -19,9 +19,9 @@ namespace sh = wgsl::layernorm;
 constexpr uint32_t kHasW = sh::HAS_W, kHasB = sh::HAS_B, kWantDx = sh::WANT_DX, kWantParts = sh::WANT_PARTS,
                    kWantDw = sh::WANT_DW, kWantDb = sh::WANT_DB;  // LnParams.flags
 constexpr uint32_t kGroup = sh::WG;
-constexpr uint64_t kMaxTrips = 32768;     // lavapipe leaves any loop after 65535 trips (inner trips add up)
+constexpr uint64_t kMaxTrips = 32768;      // lavapipe leaves any loop after 65535 trips (inner trips add up)
 constexpr uint64_t kMaxCols = 256 * 8192;  // the forward's three passes: 3 * 8192 trips per thread
-constexpr uint64_t kTargetParts = 1024;   // partial rows per block the column pass sums
+constexpr uint64_t kTargetParts = 1024;    // partial rows per block the column pass sums
 
 const Kernel& ln_kernel(Device& dev, const char* entry) {
   KernelDesc d;
@@ -50,7 +50,6 @@ uint32_t log2u(uint32_t v) {
   return l;
 }
 
-
 // One dispatch cannot bind a buffer read-only and writable: refuse outputs sharing one with an input.
 void check_no_alias(const std::string& fn, const Buffer& out, const char* out_name,
                     std::initializer_list<std::pair<const Buffer*, const char*>> inputs) {
@@ -61,8 +60,9 @@ void check_no_alias(const std::string& fn, const Buffer& out, const char* out_na
 }
 
 void check_dims(const Device& dev, const std::string& fn, uint32_t rows, uint32_t cols) {
-  if (rows == 0 || cols == 0) throw ArgumentError(fn + ": rows and cols must be >= 1, got " + std::to_string(rows) +
-                                                  " x " + std::to_string(cols));
+  if (rows == 0 || cols == 0)
+    throw ArgumentError(fn + ": rows and cols must be >= 1, got " + std::to_string(rows) + " x " +
+                        std::to_string(cols));
   if (cols > kMaxCols)
     throw ArgumentError(fn + ": rows of " + std::to_string(cols) + " elements exceed the supported " +
                         std::to_string(kMaxCols) + " (one workgroup per row)");
@@ -107,9 +107,12 @@ void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, cons
     p.eps = eps;
     auto [gx, gy] = grid_1d(dev, ceil_div(rc, rpw));
     r.dispatch(k,
-               {{sh::x, xb.range}, {sh::weight, weight ? whole(*weight) : xb.range},
-                {sh::bias, bias ? whole(*bias) : xb.range}, {sh::y, bind_span(dev, y, r0 * cols, rc * cols).range},
-                {sh::mean_out, mb.range}, {sh::rstd_out, bind_span(dev, rstd, r0, rc).range}},
+               {{sh::x, xb.range},
+                {sh::weight, weight ? whole(*weight) : xb.range},
+                {sh::bias, bias ? whole(*bias) : xb.range},
+                {sh::y, bind_span(dev, y, r0 * cols, rc * cols).range},
+                {sh::mean_out, mb.range},
+                {sh::rstd_out, bind_span(dev, rstd, r0, rc).range}},
                p, gx, gy);
   }
 }
@@ -120,7 +123,8 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
   Device& dev = r.device();
   const std::string fn = "layer_norm_backward";
   check_dims(dev, fn, rows, cols);
-  if (!dx && !dweight && !dbias) throw ArgumentError(fn + ": no gradient requested (dx, dweight and dbias are all None)");
+  if (!dx && !dweight && !dbias)
+    throw ArgumentError(fn + ": no gradient requested (dx, dweight and dbias are all None)");
   if (dweight && !weight) throw ArgumentError(fn + ": dweight needs the weight (the forward had none)");
   const uint64_t n = uint64_t(rows) * cols;
   check_floats(x, n, "layer_norm_backward input x");
@@ -145,7 +149,8 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
   // Partial rows per block: about kTargetParts, all [2][parts][cols] within one binding.
   const uint64_t by_binding = want_parts ? limit / (2 * uint64_t(cols)) : kTargetParts;
   const uint64_t cap = std::min(kTargetParts, by_binding);
-  if (cap < 2 * rpw) throw ArgumentError(fn + ": rows of " + std::to_string(cols) + " elements leave no room for the partial sums");
+  if (cap < 2 * rpw)
+    throw ArgumentError(fn + ": rows of " + std::to_string(cols) + " elements leave no room for the partial sums");
   const uint64_t pcap = cap / rpw * rpw - rpw;  // a block's partial rows stay <= pcap + rpw <= cap
   const uint64_t per = std::min(limit / cols, kmax * pcap);
 
@@ -159,7 +164,8 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
   // a small stand-in for whichever writable binding has no buffer.
   std::unique_ptr<Buffer> scratch, dummy;
   if (want_parts) scratch = std::make_unique<Buffer>(r.device_ptr(), 2 * max_parts * cols * 4, "pywgtrain.ln_partials");
-  if (!dx || !want_parts || !dweight || !dbias) dummy = std::make_unique<Buffer>(r.device_ptr(), 16, "pywgtrain.ln_unused");
+  if (!dx || !want_parts || !dweight || !dbias)
+    dummy = std::make_unique<Buffer>(r.device_ptr(), 16, "pywgtrain.ln_unused");
 
   uint32_t flags = (weight ? kHasW : 0) | (dx ? kWantDx : 0) | (want_parts ? kWantParts : 0) | (dweight ? kWantDw : 0) |
                    (dbias ? kWantDb : 0);
@@ -186,8 +192,10 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
     const Range parts_range = want_parts ? floats(*scratch, 0, 2 * parts * cols) : whole(*dummy);
     auto [gx, gy] = grid_1d(dev, groups);
     r.dispatch(bk,
-               {{sh::x, xb.range}, {sh::weight, weight ? whole(*weight) : xb.range},
-                {sh::dy, bind_span(dev, dy, r0 * cols, rc * cols).range}, {sh::mean_in, mb.range},
+               {{sh::x, xb.range},
+                {sh::weight, weight ? whole(*weight) : xb.range},
+                {sh::dy, bind_span(dev, dy, r0 * cols, rc * cols).range},
+                {sh::mean_in, mb.range},
                 {sh::rstd_in, bind_span(dev, rstd, r0, rc).range},
                 {sh::dx, dx ? bind_span(dev, *dx, r0 * cols, rc * cols).range : whole(*dummy)},
                 {sh::parts, parts_range}},
@@ -195,7 +203,8 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
     if (want_parts) {
       auto [cx, cy] = grid_1d(dev, ceil_div(cols, sh::COLS));
       r.dispatch(gk,
-                 {{sh::parts_in, parts_range}, {sh::dweight, dweight ? whole(*dweight) : whole(*dummy)},
+                 {{sh::parts_in, parts_range},
+                  {sh::dweight, dweight ? whole(*dweight) : whole(*dummy)},
                   {sh::dbias, dbias ? whole(*dbias) : whole(*dummy)}},
                  p, cx, cy);
     }

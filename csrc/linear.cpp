@@ -22,8 +22,10 @@ void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const B
     p.n = uint32_t(count);
     p.cols = 1;
     auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
-    r.dispatch(k, {{sh::upstream, floats(dy, first, count)}, {sh::preact, floats(z, first, count)},
-                   {sh::result, floats(dz, first, count)}},
+    r.dispatch(k,
+               {{sh::upstream, floats(dy, first, count)},
+                {sh::preact, floats(z, first, count)},
+                {sh::result, floats(dz, first, count)}},
                p, gx, gy);
   });
 }

@@ -46,7 +46,8 @@ std::vector<uint8_t> StepGraph::adamw_block(size_t i, const AdamWConfig& cfg, ui
   if (i >= dispatches_.size()) throw ArgumentError("adamw_block: dispatch index out of range");
   const auto& d = dispatches_[i];
   if (d.kernel->name.rfind("optim:adamw", 0) != 0 || d.bytes != sizeof(AdamWUniform))
-    throw ArgumentError("adamw_block: dispatch " + std::to_string(i) + " is " + d.kernel->name + ", not an AdamW update");
+    throw ArgumentError("adamw_block: dispatch " + std::to_string(i) + " is " + d.kernel->name +
+                        ", not an AdamW update");
   if (!(cfg.lr >= 0.0f) || step < 1) throw ArgumentError("adamw_block: lr must be >= 0 and step >= 1");
   uint32_t n;
   std::memcpy(&n, data_[d.chunk].data() + d.offset, 4);
@@ -95,10 +96,13 @@ void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& no
 void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
            uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip) {
   if (!(cfg.lr >= 0.0f)) throw ArgumentError("AdamW: lr must be >= 0, got " + std::to_string(cfg.lr));
-  if (!(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f)) throw ArgumentError("AdamW: beta1 must be in [0, 1), got " + std::to_string(cfg.beta1));
-  if (!(cfg.beta2 >= 0.0f && cfg.beta2 < 1.0f)) throw ArgumentError("AdamW: beta2 must be in [0, 1), got " + std::to_string(cfg.beta2));
+  if (!(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f))
+    throw ArgumentError("AdamW: beta1 must be in [0, 1), got " + std::to_string(cfg.beta1));
+  if (!(cfg.beta2 >= 0.0f && cfg.beta2 < 1.0f))
+    throw ArgumentError("AdamW: beta2 must be in [0, 1), got " + std::to_string(cfg.beta2));
   if (!(cfg.eps > 0.0f)) throw ArgumentError("AdamW: eps must be > 0, got " + std::to_string(cfg.eps));
-  if (!(cfg.weight_decay >= 0.0f)) throw ArgumentError("AdamW: weight_decay must be >= 0, got " + std::to_string(cfg.weight_decay));
+  if (!(cfg.weight_decay >= 0.0f))
+    throw ArgumentError("AdamW: weight_decay must be >= 0, got " + std::to_string(cfg.weight_decay));
   if (step < 1) throw ArgumentError("AdamW: step must be >= 1");
   for (auto* b : {&param, &grad, &exp_avg, &exp_avg_sq}) check_floats(*b, n, "AdamW operand");
   if (clip) check_floats(*clip, 2, "clip coefficient");
@@ -108,7 +112,8 @@ void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& e
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
     p.n = uint32_t(count);
     auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
-    std::vector<Operand> operands{{sh::param, floats(param, first, count)}, {sh::grad, floats(grad, first, count)},
+    std::vector<Operand> operands{{sh::param, floats(param, first, count)},
+                                  {sh::grad, floats(grad, first, count)},
                                   {sh::exp_avg, floats(exp_avg, first, count)},
                                   {sh::exp_avg_sq, floats(exp_avg_sq, first, count)}};
     if (clip) operands.push_back({sh::clip, whole(*clip)});

@@ -45,7 +45,9 @@ const Kernel& PipelineCache::get(const KernelDesc& desc) {
     bool declared = false;
     for (const Slot& s : contract->slots)
       declared = declared || (s.binding == slot.binding && s.kind == slot.kind && std::string(s.var) == slot.var);
-    if (!declared) throw GpuError(key + ": binding " + std::to_string(slot.binding) + " (" + slot.var + ") is not in the shader's interface");
+    if (!declared)
+      throw GpuError(key + ": binding " + std::to_string(slot.binding) + " (" + slot.var +
+                     ") is not in the shader's interface");
     uniforms += slot.kind == Bind::Uniform;
   }
   if (uniforms > 1) throw GpuError(key + ": more than one uniform binding");

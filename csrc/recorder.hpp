@@ -21,7 +21,9 @@ struct Range {
   uint64_t offset = 0;
   uint64_t size = 0;
 };
-inline Range whole(const Buffer& b) { return Range{b.raw(), b.offset(), std::max<uint64_t>(4, (b.bytes() + 3) & ~uint64_t(3))}; }
+inline Range whole(const Buffer& b) {
+  return Range{b.raw(), b.offset(), std::max<uint64_t>(4, (b.bytes() + 3) & ~uint64_t(3))};
+}
 
 // A storage range bound to one named binding of a kernel (a Slot of
 // wgsl::<shader>, shader_contract.hpp).
@@ -94,8 +96,8 @@ class Recorder {
   // type the kernel's uniform binding declares, is copied into per-dispatch
   // uniform memory.
   template <typename P>
-  void dispatch(const Kernel& k, const std::vector<Operand>& operands, const P& params, uint32_t gx,
-                uint32_t gy = 1, uint32_t gz = 1) {
+  void dispatch(const Kernel& k, const std::vector<Operand>& operands, const P& params, uint32_t gx, uint32_t gy = 1,
+                uint32_t gz = 1) {
     record_dispatch(k, operands, &params, sizeof(P), UniformTraits<P>::name, gx, gy, gz);
   }
   // A kernel without a uniform binding.
@@ -149,9 +151,16 @@ class Recorder {
   std::shared_ptr<Device> dev_;
   CommandEncoderHandle encoder_;
   ComputePassHandle pass_;
-  struct UniformChunk { BufferHandle buffer; std::vector<uint8_t> data; bool owned_by_graph = false; };
+  struct UniformChunk {
+    BufferHandle buffer;
+    std::vector<uint8_t> data;
+    bool owned_by_graph = false;
+  };
   std::vector<UniformChunk> uniforms_;
-  struct StageUse { Device::StageChunk chunk; uint64_t used = 0; };
+  struct StageUse {
+    Device::StageChunk chunk;
+    uint64_t used = 0;
+  };
   std::vector<StageUse> stages_;
   size_t commands_ = 0;
   bool timed_ = false;

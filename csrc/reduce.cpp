@@ -13,9 +13,12 @@ const Kernel& reduce_kernel(Device& dev, const char* entry, bool square) {
   d.entry = entry;
   namespace sh = wgsl::reduce;
   const std::string e = entry;
-  if (e == "partial_sum4") d.bindings = {sh::src4, sh::dst, sh::pp};
-  else if (e == "partial_sum") d.bindings = {sh::src, sh::dst, sh::pp};
-  else d.bindings = {sh::src, sh::dst, sh::fp};
+  if (e == "partial_sum4")
+    d.bindings = {sh::src4, sh::dst, sh::pp};
+  else if (e == "partial_sum")
+    d.bindings = {sh::src, sh::dst, sh::pp};
+  else
+    d.bindings = {sh::src, sh::dst, sh::fp};
   d.constants = {{"SQUARE", square ? "true" : "false"}};
   return dev.pipelines().get(d);
 }
@@ -24,7 +27,8 @@ const Kernel& reduce_kernel(Device& dev, const char* entry, bool square) {
 
 // Sums (or sums of squares) of consecutive pieces of `src` into scratch, from
 // scratch[offset] on; returns the new offset.
-uint64_t record_partials(Recorder& r, const Buffer& src, uint64_t n, bool square, const Buffer& scratch, uint64_t offset) {
+uint64_t record_partials(Recorder& r, const Buffer& src, uint64_t n, bool square, const Buffer& scratch,
+                         uint64_t offset) {
   Device& dev = r.device();
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
     const uint64_t groups = ceil_div(count, kReduceGroup);
@@ -35,7 +39,9 @@ uint64_t record_partials(Recorder& r, const Buffer& src, uint64_t n, bool square
     // Pieces start at aligned offsets, so whole vec4s whenever the count allows.
     const bool vec4 = count % 4 == 0;
     const Kernel& k = reduce_kernel(dev, vec4 ? "partial_sum4" : "partial_sum", square);
-    r.dispatch(k, {{vec4 ? wgsl::reduce::src4 : wgsl::reduce::src, floats(src, first, count)}, {wgsl::reduce::dst, whole(scratch)}},
+    r.dispatch(k,
+               {{vec4 ? wgsl::reduce::src4 : wgsl::reduce::src, floats(src, first, count)},
+                {wgsl::reduce::dst, whole(scratch)}},
                p, gx, gy);
     offset += groups;
   });
@@ -49,8 +55,8 @@ void record_finalize(Recorder& r, const char* entry, const Buffer& scratch, uint
   p.out_off = out_index;
   p.scale = scale;
   p.max_norm = max_norm;
-  r.dispatch(reduce_kernel(r.device(), entry, false), {{wgsl::reduce::src, whole(scratch)}, {wgsl::reduce::dst, whole(out)}},
-             p, 1);
+  r.dispatch(reduce_kernel(r.device(), entry, false),
+             {{wgsl::reduce::src, whole(scratch)}, {wgsl::reduce::dst, whole(out)}}, p, 1);
 }
 
 }  // namespace pwt

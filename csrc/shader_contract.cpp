@@ -21,7 +21,10 @@ std::vector<ContractBinding> contract_bindings() {
   for (const auto& shader : shader_interfaces())
     for (const Slot& s : shader.slots)
       out.push_back({shader.shader, s.var, s.binding,
-                     s.kind == Bind::Uniform ? "uniform" : s.kind == Bind::ReadOnly ? "read" : "read_write", s.type});
+                     s.kind == Bind::Uniform    ? "uniform"
+                     : s.kind == Bind::ReadOnly ? "read"
+                                                : "read_write",
+                     s.type});
   return out;
 }
 

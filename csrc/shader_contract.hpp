@@ -149,18 +149,18 @@ struct UniformTraits;  // defined for each uniform block below
   static_assert(offsetof(Self, field) == offset, "offset of " #field " differs from its WGSL offset");
 #define PWT_DESCRIBE_FIELD(field, type, offset) \
   UniformField{#field, wgsl::TypeName<wgsl::type>::get(), offset, uint32_t(sizeof(wgsl::type))},
-#define PWT_DECLARE_UNIFORM(S, SIZE)                                                      \
-  struct S {                                                                              \
-    PWT_FIELDS_##S(PWT_DECLARE_FIELD)                                                     \
-  };                                                                                      \
-  static_assert(sizeof(S) == SIZE, #S " differs in size from its WGSL struct");           \
-  struct S##OffsetChecks {                                                                \
-    using Self = S;                                                                       \
-    PWT_FIELDS_##S(PWT_CHECK_OFFSET)                                                      \
-  };                                                                                      \
-  template <>                                                                             \
-  struct UniformTraits<S> {                                                               \
-    static constexpr const char* name = #S;                                               \
+#define PWT_DECLARE_UNIFORM(S, SIZE)                                                           \
+  struct S {                                                                                   \
+    PWT_FIELDS_##S(PWT_DECLARE_FIELD)                                                          \
+  };                                                                                           \
+  static_assert(sizeof(S) == SIZE, #S " differs in size from its WGSL struct");                \
+  struct S##OffsetChecks {                                                                     \
+    using Self = S;                                                                            \
+    PWT_FIELDS_##S(PWT_CHECK_OFFSET)                                                           \
+  };                                                                                           \
+  template <>                                                                                  \
+  struct UniformTraits<S> {                                                                    \
+    static constexpr const char* name = #S;                                                    \
     static UniformLayout layout() { return {#S, SIZE, {PWT_FIELDS_##S(PWT_DESCRIBE_FIELD)}}; } \
   };
 
@@ -273,14 +273,14 @@ struct ShaderInterface {
   std::vector<std::pair<std::string, uint32_t>> constants;
 };
 
-#define PWT_DECLARE_SHADER(stem)                                                                              \
-  namespace wgsl::stem {                                                                                      \
-  PWT_SHADER_##stem(PWT_READ_SLOT, PWT_WRITE_SLOT, PWT_UNIFORM_SLOT, PWT_CONSTANT)                            \
-  inline ShaderInterface interface() {                                                                        \
-    return {#stem,                                                                                            \
-            {PWT_SHADER_##stem(PWT_LIST_SLOT, PWT_LIST_SLOT, PWT_LIST_SLOT, PWT_NO_CONSTANT)},                \
-            {PWT_SHADER_##stem(PWT_NO_SLOT, PWT_NO_SLOT, PWT_NO_SLOT, PWT_LIST_CONSTANT)}};                   \
-  }                                                                                                           \
+#define PWT_DECLARE_SHADER(stem)                                                                          \
+  namespace wgsl::stem {                                                                                  \
+  PWT_SHADER_##stem(PWT_READ_SLOT, PWT_WRITE_SLOT, PWT_UNIFORM_SLOT, PWT_CONSTANT) inline ShaderInterface \
+      interface() {                                                                                       \
+    return {#stem,                                                                                        \
+            {PWT_SHADER_##stem(PWT_LIST_SLOT, PWT_LIST_SLOT, PWT_LIST_SLOT, PWT_NO_CONSTANT)},            \
+            {PWT_SHADER_##stem(PWT_NO_SLOT, PWT_NO_SLOT, PWT_NO_SLOT, PWT_LIST_CONSTANT)}};               \
+  }                                                                                                       \
   }
 
 PWT_SHADERS(PWT_DECLARE_SHADER)

@@ -37,10 +37,9 @@ constexpr uint64_t kMaxBlocks = 65536;  // dispatches one N-d launch may split i
 // loop after 65535 iterations (an inner loop's trips add up over its outer
 // loop's), so longer work is split across dispatches.
 constexpr uint64_t kMaxTrips = 32768;
-constexpr uint64_t kRowThreads = ax::WG;  // threads along a row (reduce_rows, softmax)
+constexpr uint64_t kRowThreads = ax::WG;   // threads along a row (reduce_rows, softmax)
 constexpr uint64_t kColLanes = ax::LANES;  // lanes along len (reduce_cols)
 constexpr uint64_t kSoftmaxMaxCols = kRowThreads * kMaxTrips;
-
 
 void check_ints(const Buffer& b, uint64_t count, const char* what) {
   if (b.bytes() < count * 4)
@@ -84,25 +83,28 @@ void record_flat(Recorder& r, const Kernel& k, const std::vector<std::pair<Slot,
 // its own in elementwise.wgsl that keep relative precision for x << 0).
 uint32_t act_for(UnaryOp op) {
   switch (op) {
-    case UnaryOp::Relu: return uint32_t(Activation::Relu);
-    case UnaryOp::Silu: return uint32_t(Activation::Silu);
-    default: return uint32_t(Activation::None);
+    case UnaryOp::Relu:
+      return uint32_t(Activation::Relu);
+    case UnaryOp::Silu:
+      return uint32_t(Activation::Silu);
+    default:
+      return uint32_t(Activation::None);
   }
 }
 
 // elementwise.wgsl kernel: every constant the file reads is emitted (unused ones as 0).
-const Kernel& ew_kernel(Device& dev, const char* entry, std::vector<Slot> bindings, uint32_t op,
-                        uint32_t act = 0, uint32_t which = 0) {
+const Kernel& ew_kernel(Device& dev, const char* entry, std::vector<Slot> bindings, uint32_t op, uint32_t act = 0,
+                        uint32_t which = 0) {
   KernelDesc d;
   d.shader = "elementwise";
   d.entry = entry;
   d.bindings = std::move(bindings);
-  d.constants = {{"OP", std::to_string(op) + "u"}, {"ACT", std::to_string(act) + "u"}, {"WHICH", std::to_string(which) + "u"}};
+  d.constants = {
+      {"OP", std::to_string(op) + "u"}, {"ACT", std::to_string(act) + "u"}, {"WHICH", std::to_string(which) + "u"}};
   return dev.pipelines().get(d);
 }
 
-const Kernel& axis_kernel(Device& dev, const char* entry, std::vector<Slot> bindings, uint32_t op,
-                          bool log = false) {
+const Kernel& axis_kernel(Device& dev, const char* entry, std::vector<Slot> bindings, uint32_t op, bool log = false) {
   KernelDesc d;
   d.shader = "axis";
   d.entry = entry;
@@ -153,7 +155,8 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
                const std::vector<uint32_t>& shape, float beta) {
   const size_t nd = shape.size();
   if (nd > kMaxDims)
-    throw ArgumentError(fn + ": " + std::to_string(nd) + " dimensions, at most " + std::to_string(kMaxDims) + " supported");
+    throw ArgumentError(fn + ": " + std::to_string(nd) + " dimensions, at most " + std::to_string(kMaxDims) +
+                        " supported");
   for (size_t d = 0; d < nd; ++d)
     if (shape[d] == 0) throw ArgumentError(fn + ": shape has a zero dimension (dimension " + std::to_string(d) + ")");
   for (const auto& op : ops) {
@@ -164,8 +167,7 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
     uint64_t last = op.off;  // element index of the last element touched
     for (size_t d = 0; d < nd; ++d) {
       const uint64_t step = uint64_t(shape[d] - 1) * (*op.strides)[d];
-      if (step > (uint64_t(1) << 52))
-        throw ArgumentError(fn + ": " + op.what + " strides reach past any buffer");
+      if (step > (uint64_t(1) << 52)) throw ArgumentError(fn + ": " + op.what + " strides reach past any buffer");
       last += step;
     }
     check_floats(*op.buf, last + 1, (fn + " " + op.what).c_str());
@@ -281,7 +283,8 @@ void for_each_axis_block(uint64_t limit, uint64_t max_len, uint64_t outer, uint6
     const uint64_t mo = limit / slice;
     const uint64_t ml = std::min(len, max_len);
     for (uint64_t o = 0; o < outer; o += mo)
-      for (uint64_t j = 0; j < len; j += ml) fn(AxisBlock{o, std::min(mo, outer - o), j, std::min(ml, len - j), 0, inner});
+      for (uint64_t j = 0; j < len; j += ml)
+        fn(AxisBlock{o, std::min(mo, outer - o), j, std::min(ml, len - j), 0, inner});
   } else if (inner <= limit) {
     const uint64_t ml = std::min(limit / inner, max_len);
     for (uint64_t o = 0; o < outer; ++o)
@@ -337,8 +340,7 @@ void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n
   check_floats(x, n, "unary input x");
   check_floats(y, n, "unary output y");
   check_no_alias("unary", y, "y", {{&x, "x"}});
-  const Kernel& k = ew_kernel(r.device(), "unary", {ew::in0, ew::res, ew::fp},
-                              uint32_t(op), act_for(op));
+  const Kernel& k = ew_kernel(r.device(), "unary", {ew::in0, ew::res, ew::fp}, uint32_t(op), act_for(op));
   record_flat(r, k, {{ew::in0, &x}, {ew::res, &y}}, n, a, b, beta);
 }
 
@@ -363,8 +365,9 @@ void fill(Recorder& r, const Buffer& out, uint64_t n, float value) {
   record_flat(r, k, {{ew::res, &out}}, n, value, 0.0f, 0.0f);
 }
 
-void binary(Recorder& r, BinaryOp op, const Buffer& a, const Buffer& b, const Buffer& out, const std::vector<uint32_t>& shape,
-            const std::vector<uint32_t>& a_strides, const std::vector<uint32_t>& b_strides, float beta) {
+void binary(Recorder& r, BinaryOp op, const Buffer& a, const Buffer& b, const Buffer& out,
+            const std::vector<uint32_t>& shape, const std::vector<uint32_t>& a_strides,
+            const std::vector<uint32_t>& b_strides, float beta) {
   if (uint32_t(op) >= kBinaryOps) throw ArgumentError("binary: unknown op " + std::to_string(uint32_t(op)));
   const auto out_strides = contiguous_strides(shape, "binary");
   const Kernel& k = ew_kernel(r.device(), "binary", {ew::in0, ew::in1, ew::res, ew::np}, uint32_t(op));
@@ -391,9 +394,9 @@ void binary_backward(Recorder& r, BinaryOp op, uint32_t which, const Buffer& a, 
   record_nd(r, k, "binary_backward", ops, shape, beta);
 }
 
-void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, const Buffer& out, const std::vector<uint32_t>& shape,
-           const std::vector<uint32_t>& c_strides, const std::vector<uint32_t>& a_strides,
-           const std::vector<uint32_t>& b_strides, float beta) {
+void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, const Buffer& out,
+           const std::vector<uint32_t>& shape, const std::vector<uint32_t>& c_strides,
+           const std::vector<uint32_t>& a_strides, const std::vector<uint32_t>& b_strides, float beta) {
   const auto out_strides = contiguous_strides(shape, "where");
   const Kernel& k = ew_kernel(r.device(), "where_select", {ew::in0, ew::in1, ew::in2, ew::res, ew::np}, 0);
   std::array<NdOperand, 4> ops{};
@@ -439,7 +442,8 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
   if (blocks_len && op == ReduceOp::Max && (scale != 1.0f || beta != 0.0f))
     throw ArgumentError("reduce_axis: Max with len " + std::to_string(len) + " (split into blocks: " +
                         std::to_string(max_len) + " per block, or past one storage binding) needs scale 1 and beta 0");
-  const char* entry = rows ? (argmax ? "reduce_rows_arg" : "reduce_rows") : (argmax ? "reduce_cols_arg" : "reduce_cols");
+  const char* entry =
+      rows ? (argmax ? "reduce_rows_arg" : "reduce_rows") : (argmax ? "reduce_cols_arg" : "reduce_cols");
   std::vector<Slot> bindings = {ax::src, ax::res, ax::ap};
   if (argmax) bindings.push_back(ax::idx_out);
   const Kernel& k = axis_kernel(dev, entry, bindings, uint32_t(op));
@@ -481,7 +485,8 @@ void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buf
     ab.prm.beta = beta;
     auto [gx, gy] = grid_1d(dev, ceil_div(b.outer * b.len * b.inner, ax::WG));
     r.dispatch(k,
-               {{ax::src, dyb.range}, {ax::idx_in, bind_span(dev, argmax, ab.out_first, ab.out_count).range},
+               {{ax::src, dyb.range},
+                {ax::idx_in, bind_span(dev, argmax, ab.out_first, ab.out_count).range},
                 {ax::res, dxb.range}},
                ab.prm, gx, gy);
   });
@@ -517,7 +522,8 @@ void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buff
                       bool log, float beta) {
   check_nonzero(rows, "softmax_backward: rows");
   check_nonzero(cols, "softmax_backward: cols");
-  for (auto [b, what] : {std::pair{&y, "softmax_backward y"}, {&dy, "softmax_backward dy"}, {&dx, "softmax_backward dx"}})
+  for (auto [b, what] :
+       {std::pair{&y, "softmax_backward y"}, {&dy, "softmax_backward dy"}, {&dx, "softmax_backward dx"}})
     check_floats(*b, uint64_t(rows) * cols, what);
   check_no_alias("softmax_backward", dx, "dx", {{&y, "y"}, {&dy, "dy"}});
   Device& dev = r.device();
@@ -538,7 +544,8 @@ void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buff
     p.beta = beta;
     auto [gx, gy] = grid_1d(dev, rc);
     r.dispatch(k,
-               {{ax::src, yb.range}, {ax::src2, bind_span(dev, dy, r0 * cols, rc * cols).range},
+               {{ax::src, yb.range},
+                {ax::src2, bind_span(dev, dy, r0 * cols, rc * cols).range},
                 {ax::res, bind_span(dev, dx, r0 * cols, rc * cols).range}},
                p, gx, gy);
   }
@@ -706,14 +713,16 @@ void nll_pick(Recorder& r, const Buffer& x, const Buffer& labels, const Buffer& 
     p.ignore_index = ignore_index;
     auto [gx, gy] = grid_1d(dev, ceil_div(rc, emb::WG));
     r.dispatch(k,
-               {{emb::src, xb.range}, {emb::idx, lb.range}, {emb::dst, ob.range},
+               {{emb::src, xb.range},
+                {emb::idx, lb.range},
+                {emb::dst, ob.range},
                 {emb::dst2, bind_span(dev, mask, r0, rc).range}},
                p, gx, gy);
   }
 }
 
-void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, const Buffer& dx, uint32_t rows, uint32_t cols,
-                       int32_t ignore_index, float beta) {
+void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, const Buffer& dx, uint32_t rows,
+                       uint32_t cols, int32_t ignore_index, float beta) {
   check_nonzero(rows, "nll_pick_backward: rows");
   check_nonzero(cols, "nll_pick_backward: cols");
   check_floats(dy, rows, "nll_pick_backward dy");
@@ -735,7 +744,8 @@ void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, cons
     p.ignore_index = ignore_index;
     p.beta = beta;
     auto [gx, gy] = grid_1d(dev, ceil_div(rc * cols, emb::WG));
-    r.dispatch(k, {{emb::src, bind_span(dev, dy, r0, rc).range}, {emb::idx, lb.range}, {emb::dst, xb.range}}, p, gx, gy);
+    r.dispatch(k, {{emb::src, bind_span(dev, dy, r0, rc).range}, {emb::idx, lb.range}, {emb::dst, xb.range}}, p, gx,
+               gy);
   }
 }
 
