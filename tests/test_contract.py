@@ -97,7 +97,7 @@ def test_every_uniform_block_matches_its_wgsl_struct():
     host = _core.uniform_layouts()
     wgsl_structs = {}
     uniform_types = set()
-    for stem, src in _shader_files().items():
+    for src in _shader_files().values():
         for name, fields in _structs(src).items():
             assert name not in wgsl_structs or wgsl_structs[name] == fields, f"struct {name} differs between shaders"
             wgsl_structs[name] = fields
