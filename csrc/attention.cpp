@@ -13,21 +13,11 @@
 namespace pwt {
 namespace {
 
-// attention.wgsl AttnParams.
-struct AttnParams {
-  uint32_t t, heads, bh0, blocks;
-  uint32_t blk0, blk1;
-  float scale, beta;
-  uint32_t views[8][4];  // q, k, v, o, g (dO), dq, dk, dv: (off, sb, sh, st)
-};
-static_assert(sizeof(AttnParams) == 160, "AttnParams must match attention.wgsl");
-
-constexpr uint32_t kBlock = 64;             // attention.wgsl B (rows and columns of a tile)
-constexpr uint32_t kMaxHeadDim = 128;       // attention.wgsl DCH <= 2 (accumulators for two 64-column chunks)
-constexpr uint32_t kSharedFloats = 2 * 64 * 64;  // attention.wgsl sm: two 64 x 64 tiles
-constexpr uint64_t kMaxTrips = 32768;       // loop iterations per thread and dispatch (tensor_ops.cpp)
-
-enum View { VQ = 0, VK, VV, VO, VG, VDQ, VDK, VDV };
+namespace sh = wgsl::attention;
+constexpr uint32_t kBlock = sh::B;                  // rows and columns of a tile
+constexpr uint32_t kMaxHeadDim = 128;               // DCH <= 2 (accumulators for two 64-column chunks)
+constexpr uint32_t kSharedFloats = 2 * sh::B * 64;  // workgroup memory (sm): two tiles of B rows x 64 columns
+constexpr uint64_t kMaxTrips = 32768;               // loop iterations per thread and dispatch (tensor_ops.cpp)
 
 // attention.wgsl VEC: q, k, v (and dO) are also read through vec4 views
 // (bindings 14-17), one 128-bit load per staged vec4, where every view's
@@ -43,21 +33,17 @@ const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d, boo
   KernelDesc kd;
   kd.shader = "attention";
   kd.entry = entry;
-  if (entry == "attn_forward")  // binding 7 (dO) is bound to q: ld() names it, the forward never reads it
-    kd.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
-                   {4, Bind::ReadWrite}, {5, Bind::Uniform}, {7, Bind::ReadOnly}, {14, Bind::ReadOnly},
-                   {15, Bind::ReadOnly}, {16, Bind::ReadOnly}, {17, Bind::ReadOnly}};
+  if (entry == "attn_forward")  // dout is bound to q: ld() names it, the forward never reads it
+    kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::out, sh::lse_out, sh::ap,
+                   sh::dout, sh::q4,   sh::k4,   sh::v4,  sh::g4};
   else if (entry == "attn_delta")
-    kd.bindings = {{5, Bind::Uniform}, {6, Bind::ReadOnly}, {7, Bind::ReadOnly}, {9, Bind::ReadWrite}};
+    kd.bindings = {sh::ap, sh::o_in, sh::dout, sh::delta_out};
   else if (entry == "attn_dkdv")
-    kd.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {5, Bind::Uniform},
-                   {7, Bind::ReadOnly}, {8, Bind::ReadOnly}, {10, Bind::ReadOnly}, {12, Bind::ReadWrite},
-                   {13, Bind::ReadWrite}, {14, Bind::ReadOnly}, {15, Bind::ReadOnly}, {16, Bind::ReadOnly},
-                   {17, Bind::ReadOnly}};
+    kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in, sh::delta_in,
+                   sh::dk,   sh::dv,   sh::q4,   sh::k4, sh::v4,   sh::g4};
   else
-    kd.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {5, Bind::Uniform},
-                   {7, Bind::ReadOnly}, {8, Bind::ReadOnly}, {10, Bind::ReadOnly}, {11, Bind::ReadWrite},
-                   {14, Bind::ReadOnly}, {15, Bind::ReadOnly}, {16, Bind::ReadOnly}, {17, Bind::ReadOnly}};
+    kd.bindings = {sh::q_in,     sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in,
+                   sh::delta_in, sh::dq,   sh::q4,   sh::k4, sh::v4,   sh::g4};
   kd.constants = {{"HD", std::to_string(d) + "u"}, {"VEC", vec ? "true" : "false"}};
   // Every storage access in attention.wgsl is guarded (row < T, column < HD,
   // row index < B*H*T) and bind_view / bind_rows check that the last element
@@ -93,8 +79,8 @@ Range bind_view(const Device& dev, const Buffer& buf, const AttnView& v, const S
   if (written && v.st < s.d)
     throw ArgumentError(std::string("attention: ") + what + " has a row stride of " + std::to_string(v.st) +
                         " < D = " + std::to_string(s.d) + " (its rows would overlap)");
-  const uint64_t last = v.off + uint64_t(s.batch - 1) * v.sb + uint64_t(s.heads - 1) * v.sh +
-                        uint64_t(s.t - 1) * v.st + s.d - 1;
+  const uint64_t last =
+      v.off + uint64_t(s.batch - 1) * v.sb + uint64_t(s.heads - 1) * v.sh + uint64_t(s.t - 1) * v.st + s.d - 1;
   if ((last + 1) * 4 > buf.bytes())
     throw ArgumentError(std::string("attention: ") + what + " reaches element " + std::to_string(last) +
                         ", its buffer holds " + std::to_string(buf.bytes() / 4) + " floats");
@@ -120,19 +106,22 @@ void check_no_alias(const Buffer& out, const char* out_name,
                           " (a dispatch cannot read one buffer while writing it)");
 }
 
-void set_view(AttnParams& p, View which, const AttnView& v) {
-  p.views[which][0] = uint32_t(v.off);
-  p.views[which][1] = v.sb;
-  p.views[which][2] = v.sh;
-  p.views[which][3] = v.st;
+// An AttnParams view: (off, sb, sh, st).
+wgsl::vec4u view(const AttnView& v) {
+  wgsl::vec4u u;
+  u[0] = uint32_t(v.off);
+  u[1] = v.sb;
+  u[2] = v.sh;
+  u[3] = v.st;
+  return u;
 }
 
 // Inner blocks one dispatch may loop over: the per-block loop trips of each
 // kernel (counted as if no loop were unrolled) within kMaxTrips.
 uint32_t blocks_per_dispatch(const std::string& entry, uint32_t d, uint32_t max_blocks) {
   const uint64_t dch = (d + 63) / 64;
-  const uint64_t nt = 25 * dch + 1;      // S-type product: chunks x (2 stagings of 4 + 16 vec4 steps)
-  const uint64_t pn = 21 * dch + 1;      // P-type product: chunks x (staging of 4 + 16 vec4 steps)
+  const uint64_t nt = 25 * dch + 1;  // S-type product: chunks x (2 stagings of 4 + 16 vec4 steps)
+  const uint64_t pn = 21 * dch + 1;  // P-type product: chunks x (staging of 4 + 16 vec4 steps)
   uint64_t per = entry == "attn_forward" ? nt + pn + 40
                  : entry == "attn_dkdv"  ? 2 * nt + 2 * pn + 40
                                          : 2 * nt + pn + 40;
@@ -169,25 +158,42 @@ void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const B
   const Range q4 = vec ? rq : unused, k4 = vec ? rk : unused, v4 = vec ? rv : unused;
   const uint32_t nb = uint32_t(ceil_div(t, kBlock));
   const uint32_t per = blocks_per_dispatch("attn_forward", d, max_blocks);
-  AttnParams p{};
-  p.t = t; p.heads = heads; p.blocks = nb; p.scale = scale;
-  set_view(p, VQ, qv); set_view(p, VK, kv); set_view(p, VV, vv); set_view(p, VO, ov);
+  AttnParams p;
+  p.t = t;
+  p.heads = heads;
+  p.blocks = nb;
+  p.scale = scale;
+  p.q = view(qv);
+  p.k = view(kv);
+  p.v = view(vv);
+  p.o = view(ov);
   for (uint32_t b0 = 0; b0 < nb; b0 += per) {
     p.blk0 = b0;
     p.blk1 = std::min(nb, b0 + per);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
-      r.dispatch(kern, {rq, rk, rv, ro, rl, rq, q4, k4, v4, q4}, p, nb - b0, count);
+      r.dispatch(kern,
+                 {{sh::q_in, rq},
+                  {sh::k_in, rk},
+                  {sh::v_in, rv},
+                  {sh::out, ro},
+                  {sh::lse_out, rl},
+                  {sh::dout, rq},
+                  {sh::q4, q4},
+                  {sh::k4, k4},
+                  {sh::v4, v4},
+                  {sh::g4, q4}},
+                 p, nb - b0, count);
     });
   }
 }
 
 void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
-                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov,
-                        const Buffer& dout, const AttnView& gv, const Buffer& lse, const Buffer& delta,
-                        const Buffer& dq, const AttnView& dqv, const Buffer& dk, const AttnView& dkv,
-                        const Buffer& dv, const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d,
-                        float scale, float beta, uint32_t max_blocks) {
+                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov, const Buffer& dout,
+                        const AttnView& gv, const Buffer& lse, const Buffer& delta, const Buffer& dq,
+                        const AttnView& dqv, const Buffer& dk, const AttnView& dkv, const Buffer& dv,
+                        const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
+                        float beta, uint32_t max_blocks) {
   Device& dev = r.device();
   const Shape s{batch, heads, t, d};
   check_shape(dev, s);
@@ -211,16 +217,25 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
   const bool vec = vec_views(d, {&qv, &kv, &vv, &gv});
   const Range unused{dev.placeholder(), 0, 16};
   const Range q4 = vec ? rq : unused, k4 = vec ? rk : unused, v4 = vec ? rv : unused, g4 = vec ? rg : unused;
-  AttnParams p{};
-  p.t = t; p.heads = heads; p.scale = scale; p.beta = beta;
-  set_view(p, VQ, qv); set_view(p, VK, kv); set_view(p, VV, vv); set_view(p, VO, ov); set_view(p, VG, gv);
-  set_view(p, VDQ, dqv); set_view(p, VDK, dkv); set_view(p, VDV, dvv);
+  AttnParams p;
+  p.t = t;
+  p.heads = heads;
+  p.scale = scale;
+  p.beta = beta;
+  p.q = view(qv);
+  p.k = view(kv);
+  p.v = view(vv);
+  p.o = view(ov);
+  p.g = view(gv);
+  p.dq = view(dqv);
+  p.dk = view(dkv);
+  p.dv = view(dvv);
 
   // delta = rowsum(dO * O): a thread per row.
   p.bh0 = 0;
   p.blocks = uint32_t(s.bh() * t);
-  auto [gx, gy] = grid_1d(dev, ceil_div(s.bh() * t, 256));
-  r.dispatch(attn_kernel(dev, "attn_delta", d), {ro, rg, rd}, p, gx, gy);
+  auto [gx, gy] = grid_1d(dev, ceil_div(s.bh() * t, sh::DELTA_WG));
+  r.dispatch(attn_kernel(dev, "attn_delta", d), {{sh::o_in, ro}, {sh::dout, rg}, {sh::delta_out, rd}}, p, gx, gy);
 
   p.blocks = nb;
   // dK, dV: a workgroup per key block; query blocks [b0, b1) per dispatch reach key blocks < b1.
@@ -231,7 +246,20 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
     p.blk1 = std::min(nb, b0 + per_kv);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
-      r.dispatch(kkv, {rq, rk, rv, rg, rl, rd, rdk, rdv, q4, k4, v4, g4}, p, p.blk1, count);
+      r.dispatch(kkv,
+                 {{sh::q_in, rq},
+                  {sh::k_in, rk},
+                  {sh::v_in, rv},
+                  {sh::dout, rg},
+                  {sh::lse_in, rl},
+                  {sh::delta_in, rd},
+                  {sh::dk, rdk},
+                  {sh::dv, rdv},
+                  {sh::q4, q4},
+                  {sh::k4, k4},
+                  {sh::v4, v4},
+                  {sh::g4, g4}},
+                 p, p.blk1, count);
     });
   }
   // dQ: a workgroup per query block; key blocks [b0, b1) per dispatch.
@@ -242,7 +270,19 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
     p.blk1 = std::min(nb, b0 + per_q);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
-      r.dispatch(kq, {rq, rk, rv, rg, rl, rd, rdq, q4, k4, v4, g4}, p, nb - b0, count);
+      r.dispatch(kq,
+                 {{sh::q_in, rq},
+                  {sh::k_in, rk},
+                  {sh::v_in, rv},
+                  {sh::dout, rg},
+                  {sh::lse_in, rl},
+                  {sh::delta_in, rd},
+                  {sh::dq, rdq},
+                  {sh::q4, q4},
+                  {sh::k4, k4},
+                  {sh::v4, v4},
+                  {sh::g4, g4}},
+                 p, nb - b0, count);
     });
   }
 }

@@ -33,8 +33,8 @@ Buffer::Buffer(const Buffer& parent, uint64_t offset, uint64_t bytes)
     : dev_(parent.dev_), bytes_(bytes), offset_(parent.offset_ + offset) {
   const uint64_t align = std::max<uint32_t>(dev_->limits().storage_offset_alignment, 4);
   if (offset % align)
-    throw ArgumentError("buffer view offset " + std::to_string(offset) + " is not a multiple of the storage offset alignment (" +
-                        std::to_string(align) + " bytes)");
+    throw ArgumentError("buffer view offset " + std::to_string(offset) +
+                        " is not a multiple of the storage offset alignment (" + std::to_string(align) + " bytes)");
   if (offset + bytes > parent.bytes_)
     throw ArgumentError("buffer view of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
                         " overruns a buffer of " + std::to_string(parent.bytes_) + " bytes");
@@ -48,7 +48,9 @@ Buffer::Buffer(std::shared_ptr<Device> dev, WGPUBuffer scratch, uint64_t bytes) 
 }
 
 void Buffer::upload(const void* src, uint64_t bytes, uint64_t offset) {
-  if (offset + bytes > bytes_) throw ArgumentError("upload of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " overruns a buffer of " + std::to_string(bytes_) + " bytes");
+  if (offset + bytes > bytes_)
+    throw ArgumentError("upload of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+                        " overruns a buffer of " + std::to_string(bytes_) + " bytes");
   if (bytes == 0) return;
   if (offset % 4) throw ArgumentError("upload offset " + std::to_string(offset) + " is not a multiple of 4 bytes");
   const uint64_t whole = bytes & ~uint64_t(3);
@@ -63,7 +65,9 @@ void Buffer::upload(const void* src, uint64_t bytes, uint64_t offset) {
 }
 
 void Buffer::download(void* dst, uint64_t bytes, uint64_t offset) const {
-  if (offset + bytes > bytes_) throw ArgumentError("download of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " overruns a buffer of " + std::to_string(bytes_) + " bytes");
+  if (offset + bytes > bytes_)
+    throw ArgumentError("download of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+                        " overruns a buffer of " + std::to_string(bytes_) + " bytes");
   std::lock_guard<std::recursive_mutex> lk(dev_->mutex());
   auto* out = static_cast<uint8_t*>(dst);
   // Chunks through the capped, grow-only staging buffer.
@@ -73,7 +77,11 @@ void Buffer::download(void* dst, uint64_t bytes, uint64_t offset) const {
     const uint64_t lead = (offset + done) - src_off;
     const uint64_t copy = round4(lead + chunk);
     WGPUBuffer staging = dev_->staging(copy);
-    struct Map { bool done = false; WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error; std::string msg; } m;
+    struct Map {
+      std::atomic<bool> done{false};
+      WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error;
+      std::string msg;
+    } m;
     dev_->guarded("downloading " + std::to_string(bytes) + " bytes", [&] {
       CommandEncoderHandle enc(wgpuDeviceCreateCommandEncoder(dev_->raw(), nullptr));
       wgpuCommandEncoderCopyBufferToBuffer(enc.get(), buf_.get(), offset_ + src_off, staging, 0, copy);
@@ -86,11 +94,11 @@ void Buffer::download(void* dst, uint64_t bytes, uint64_t offset) const {
         auto* m = static_cast<Map*>(u1);
         m->status = s;
         m->msg = to_string(msg);
-        m->done = true;
+        m->done.store(true, std::memory_order_release);
       };
       cb.userdata1 = &m;
       wgpuBufferMapAsync(staging, WGPUMapMode_Read, 0, copy, cb);
-      while (!m.done && !dev_->lost()) wgpuDevicePoll(dev_->raw(), true, nullptr);
+      wait_for_callback(dev_->instance(), m.done, dev_.get());
     });
     dev_->ensure_alive("downloading " + std::to_string(bytes) + " bytes");
     if (m.status != WGPUMapAsyncStatus_Success) throw GpuError("mapping the staging buffer failed: " + m.msg);

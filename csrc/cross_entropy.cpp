@@ -8,19 +8,7 @@
 namespace pwt {
 namespace {
 
-// cross_entropy.wgsl XentParams / FinalParams.
-struct XentParams {
-  uint32_t rows, cols, row0, x_off;
-  int32_t ignore_index;
-  uint32_t per_row;
-  float beta;
-  uint32_t pad;
-};
-static_assert(sizeof(XentParams) == 32, "XentParams must match cross_entropy.wgsl");
-struct XentFinalParams {
-  uint32_t rows, mean;
-};
-static_assert(sizeof(XentFinalParams) == 8, "FinalParams must match cross_entropy.wgsl");
+namespace sh = wgsl::cross_entropy;
 
 const Kernel& xent_kernel(Device& dev, const char* entry) {
   KernelDesc d;
@@ -28,14 +16,11 @@ const Kernel& xent_kernel(Device& dev, const char* entry) {
   d.entry = entry;
   const std::string e = entry;
   if (e == "xent_forward")
-    d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::ReadWrite},
-                  {4, Bind::ReadWrite}, {5, Bind::Uniform}};
+    d.bindings = {sh::logits, sh::labels, sh::row_lse, sh::row_loss, sh::row_valid, sh::xp};
   else if (e == "xent_finalize")
-    d.bindings = {{10, Bind::ReadOnly}, {11, Bind::ReadOnly}, {12, Bind::ReadWrite}, {13, Bind::Uniform},
-                  {14, Bind::ReadWrite}};
+    d.bindings = {sh::fin_loss, sh::fin_valid, sh::fin_out, sh::fp, sh::fin_scale};
   else
-    d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {5, Bind::Uniform}, {6, Bind::ReadOnly},
-                  {7, Bind::ReadOnly}, {8, Bind::ReadOnly}, {9, Bind::ReadWrite}};
+    d.bindings = {sh::logits, sh::labels, sh::xp, sh::lse_in, sh::upstream, sh::scale_in, sh::dlogits};
   return dev.pipelines().get(d);
 }
 
@@ -81,13 +66,30 @@ void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labe
   check_floats(scale, 1, "cross_entropy gradient scale");
   const Kernel& fk = xent_kernel(dev, "xent_forward");
   for_each_row_block(dev, rows, cols, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
-    XentParams p{rc, cols, r0, inner, ignore_index, 0, 0.0f, 0};
+    XentParams p;
+    p.rows = rc;
+    p.cols = cols;
+    p.row0 = r0;
+    p.x_off = inner;
+    p.ignore_index = ignore_index;
     auto [gx, gy] = grid_1d(dev, rc);
-    r.dispatch(fk, {floats(logits, start, inner + uint64_t(rc) * cols), whole(labels), whole(row_lse),
-                    whole(row_loss), whole(row_valid)}, p, gx, gy);
+    r.dispatch(fk,
+               {{sh::logits, floats(logits, start, inner + uint64_t(rc) * cols)},
+                {sh::labels, whole(labels)},
+                {sh::row_lse, whole(row_lse)},
+                {sh::row_loss, whole(row_loss)},
+                {sh::row_valid, whole(row_valid)}},
+               p, gx, gy);
   });
-  XentFinalParams q{rows, mean ? 1u : 0u};
-  r.dispatch(xent_kernel(dev, "xent_finalize"), {whole(row_loss), whole(row_valid), whole(out), whole(scale)}, q, 1);
+  XentFinalParams q;
+  q.rows = rows;
+  q.mean = mean ? 1u : 0u;
+  r.dispatch(xent_kernel(dev, "xent_finalize"),
+             {{sh::fin_loss, whole(row_loss)},
+              {sh::fin_valid, whole(row_valid)},
+              {sh::fin_out, whole(out)},
+              {sh::fin_scale, whole(scale)}},
+             q, 1);
 }
 
 void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
@@ -101,11 +103,24 @@ void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& lab
   check_floats(scale, 1, "cross_entropy scale");
   const Kernel& bk = xent_kernel(dev, "xent_backward");
   for_each_row_block(dev, rows, cols, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
-    XentParams p{rc, cols, r0, inner, ignore_index, per_row ? 1u : 0u, beta, 0};
+    XentParams p;
+    p.rows = rc;
+    p.cols = cols;
+    p.row0 = r0;
+    p.x_off = inner;
+    p.ignore_index = ignore_index;
+    p.per_row = per_row ? 1u : 0u;
+    p.beta = beta;
     auto [gx, gy] = grid_1d(dev, rc);
     const uint64_t count = inner + uint64_t(rc) * cols;
-    r.dispatch(bk, {floats(logits, start, count), whole(labels), whole(row_lse), whole(upstream), whole(scale),
-                    floats(dlogits, start, count)}, p, gx, gy);
+    r.dispatch(bk,
+               {{sh::logits, floats(logits, start, count)},
+                {sh::labels, whole(labels)},
+                {sh::lse_in, whole(row_lse)},
+                {sh::upstream, whole(upstream)},
+                {sh::scale_in, whole(scale)},
+                {sh::dlogits, floats(dlogits, start, count)}},
+               p, gx, gy);
   });
 }
 

@@ -45,10 +45,14 @@ std::vector<AdapterHandle> enumerate(WGPUInstance inst) {
 
 const char* adapter_type_name(WGPUAdapterType t) {
   switch (t) {
-    case WGPUAdapterType_DiscreteGPU: return "discrete-gpu";
-    case WGPUAdapterType_IntegratedGPU: return "integrated-gpu";
-    case WGPUAdapterType_CPU: return "cpu";
-    default: return "unknown";
+    case WGPUAdapterType_DiscreteGPU:
+      return "discrete-gpu";
+    case WGPUAdapterType_IntegratedGPU:
+      return "integrated-gpu";
+    case WGPUAdapterType_CPU:
+      return "cpu";
+    default:
+      return "unknown";
   }
 }
 
@@ -85,20 +89,34 @@ std::string lower(std::string s) {
 
 std::string feature_name(WGPUFeatureName f) {
   switch (static_cast<uint32_t>(f)) {
-    case WGPUFeatureName_ShaderF16: return "shader-f16";
-    case WGPUFeatureName_Subgroups: return "subgroups";
-    case WGPUFeatureName_TimestampQuery: return "timestamp-query";
-    case WGPUFeatureName_Float32Filterable: return "float32-filterable";
-    case WGPUNativeFeature_TimestampQueryInsideEncoders: return "timestamp-query-inside-encoders";
-    case WGPUNativeFeature_TimestampQueryInsidePasses: return "timestamp-query-inside-passes";
-    case WGPUNativeFeature_Immediates: return "immediates";
-    case WGPUNativeFeature_ShaderFloat32Atomic: return "shader-float32-atomic";
-    case WGPUNativeFeature_ShaderF64: return "shader-f64";
-    case WGPUNativeFeature_ShaderInt64: return "shader-int64";
-    case WGPUNativeFeature_SubgroupBarrier: return "subgroup-barrier";
-    case WGPUNativeFeature_Subgroup: return "subgroup";
-    case WGPUNativeFeature_CooperativeMatrix: return "cooperative-matrix";
-    default: return {};
+    case WGPUFeatureName_ShaderF16:
+      return "shader-f16";
+    case WGPUFeatureName_Subgroups:
+      return "subgroups";
+    case WGPUFeatureName_TimestampQuery:
+      return "timestamp-query";
+    case WGPUFeatureName_Float32Filterable:
+      return "float32-filterable";
+    case WGPUNativeFeature_TimestampQueryInsideEncoders:
+      return "timestamp-query-inside-encoders";
+    case WGPUNativeFeature_TimestampQueryInsidePasses:
+      return "timestamp-query-inside-passes";
+    case WGPUNativeFeature_Immediates:
+      return "immediates";
+    case WGPUNativeFeature_ShaderFloat32Atomic:
+      return "shader-float32-atomic";
+    case WGPUNativeFeature_ShaderF64:
+      return "shader-f64";
+    case WGPUNativeFeature_ShaderInt64:
+      return "shader-int64";
+    case WGPUNativeFeature_SubgroupBarrier:
+      return "subgroup-barrier";
+    case WGPUNativeFeature_Subgroup:
+      return "subgroup";
+    case WGPUNativeFeature_CooperativeMatrix:
+      return "cooperative-matrix";
+    default:
+      return {};
   }
 }
 
@@ -113,30 +131,38 @@ const WGPUFeatureName kWanted[] = {
 };
 
 struct ScopeResult {
-  bool done = false;
+  std::atomic<bool> done{false};
   WGPUErrorType type = WGPUErrorType_NoError;
   std::string message;
 };
 
 void on_pop(WGPUPopErrorScopeStatus status, WGPUErrorType type, WGPUStringView msg, void* u1, void*) {
   auto* r = static_cast<ScopeResult*>(u1);
-  r->done = true;
   r->type = status == WGPUPopErrorScopeStatus_Success ? type : WGPUErrorType_NoError;
   r->message = to_string(msg);
+  r->done.store(true, std::memory_order_release);
 }
 
 }  // namespace
 
 std::string backend_name(WGPUBackendType t) {
   switch (t) {
-    case WGPUBackendType_Vulkan: return "vulkan";
-    case WGPUBackendType_Metal: return "metal";
-    case WGPUBackendType_D3D12: return "dx12";
-    case WGPUBackendType_D3D11: return "dx11";
-    case WGPUBackendType_OpenGL: return "opengl";
-    case WGPUBackendType_OpenGLES: return "opengles";
-    case WGPUBackendType_WebGPU: return "webgpu";
-    default: return "unknown";
+    case WGPUBackendType_Vulkan:
+      return "vulkan";
+    case WGPUBackendType_Metal:
+      return "metal";
+    case WGPUBackendType_D3D12:
+      return "dx12";
+    case WGPUBackendType_D3D11:
+      return "dx11";
+    case WGPUBackendType_OpenGL:
+      return "opengl";
+    case WGPUBackendType_OpenGLES:
+      return "opengles";
+    case WGPUBackendType_WebGPU:
+      return "webgpu";
+    default:
+      return "unknown";
   }
 }
 
@@ -152,7 +178,8 @@ void Device::on_device_lost(WGPUDevice const*, WGPUDeviceLostReason reason, WGPU
   auto* self = static_cast<Device*>(u1);
   if (self->releasing_.load()) return;  // our own release, not a loss
   std::lock_guard<std::mutex> lk(self->msg_mu_);
-  self->lost_message_ = (reason == WGPUDeviceLostReason_Destroyed ? "device destroyed: " : "device lost: ") + to_string(msg);
+  self->lost_message_ =
+      (reason == WGPUDeviceLostReason_Destroyed ? "device destroyed: " : "device lost: ") + to_string(msg);
   self->lost_.store(true);
 }
 
@@ -162,7 +189,8 @@ void Device::on_uncaptured_error(WGPUDevice const*, WGPUErrorType type, WGPUStri
   // handler aborting the process.
   auto* self = static_cast<Device*>(u1);
   std::lock_guard<std::mutex> lk(self->msg_mu_);
-  if (self->uncaptured_.empty()) self->uncaptured_ = (type == WGPUErrorType_OutOfMemory ? "out of memory: " : "") + to_string(msg);
+  if (self->uncaptured_.empty())
+    self->uncaptured_ = (type == WGPUErrorType_OutOfMemory ? "out of memory: " : "") + to_string(msg);
 }
 
 std::shared_ptr<Device> Device::open(const std::string& selector_in) {
@@ -174,7 +202,8 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   dev->instance_ = shared_instance();
   auto adapters = enumerate(dev->instance_->get());
   if (adapters.empty())
-    throw GpuError("no WebGPU adapter found (Vulkan/Metal/DX12); on Linux install a Vulkan driver, e.g. mesa-vulkan-drivers");
+    throw GpuError(
+        "no WebGPU adapter found (Vulkan/Metal/DX12); on Linux install a Vulkan driver, e.g. mesa-vulkan-drivers");
   std::vector<AdapterSummary> infos;
   for (uint32_t i = 0; i < adapters.size(); ++i) infos.push_back(summarize(adapters[i].get(), i));
 
@@ -187,7 +216,8 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   } else if (std::all_of(selector.begin(), selector.end(), ::isdigit)) {
     unsigned long idx = std::stoul(selector);
     if (idx >= infos.size())
-      throw ArgumentError("adapter index " + selector + " out of range: " + std::to_string(infos.size()) + " adapter(s) available");
+      throw ArgumentError("adapter index " + selector + " out of range: " + std::to_string(infos.size()) +
+                          " adapter(s) available");
     chosen = int(idx);
   } else {
     for (uint32_t i = 0; i < infos.size() && chosen < 0; ++i)
@@ -218,17 +248,24 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   desc.uncapturedErrorCallbackInfo.callback = &Device::on_uncaptured_error;
   desc.uncapturedErrorCallbackInfo.userdata1 = dev.get();
 
-  struct Req { bool done = false; WGPUDevice device = nullptr; std::string msg; } r;
+  struct Req {
+    std::atomic<bool> done{false};
+    WGPUDevice device = nullptr;
+    std::string msg;
+  } r;
   WGPURequestDeviceCallbackInfo cb = {};
   cb.mode = WGPUCallbackMode_AllowSpontaneous;
   cb.callback = [](WGPURequestDeviceStatus status, WGPUDevice d, WGPUStringView m, void* u1, void*) {
     auto* r = static_cast<Req*>(u1);
-    r->done = true;
-    if (status == WGPURequestDeviceStatus_Success) r->device = d; else r->msg = to_string(m);
+    if (status == WGPURequestDeviceStatus_Success)
+      r->device = d;
+    else
+      r->msg = to_string(m);
+    r->done.store(true, std::memory_order_release);
   };
   cb.userdata1 = &r;
   wgpuAdapterRequestDevice(dev->adapter_.get(), &desc, cb);
-  while (!r.done) wgpuInstanceProcessEvents(dev->instance_->get());
+  wait_for_callback(dev->instance_->get(), r.done);
   if (!r.device) throw GpuError("requesting a device from adapter '" + dev->info_.name + "' failed: " + r.msg);
   dev->device_ = DeviceHandle(r.device);
   dev->queue_ = QueueHandle(wgpuDeviceGetQueue(r.device));
@@ -257,15 +294,27 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
 }
 
 Device::~Device() {
-  // Release order: our own objects first, then queue, device, adapter, instance.
+  // Release order: our own objects first (every pooled buffer included), then
+  // queue, device, adapter, instance.
   releasing_.store(true);
   pipelines_.reset();
   uniform_pool_.clear();
+  stage_pool_.clear();
   staging_.reset();
   workspace_.reset();
+  for (auto& b : repack_) b.reset();
+  for (auto& b : placeholder_) b.reset();
   queue_.reset();
   device_.reset();
   adapter_.reset();
+}
+
+void wait_for_callback(WGPUInstance instance, const std::atomic<bool>& done, const Device* poll) {
+  if (poll) {
+    while (!done.load(std::memory_order_acquire) && !poll->lost()) wgpuDevicePoll(poll->raw(), true, nullptr);
+  } else {
+    while (!done.load(std::memory_order_acquire)) wgpuInstanceProcessEvents(instance);
+  }
 }
 
 std::string Device::lost_message() const {
@@ -284,7 +333,11 @@ void Device::guarded(const std::string& what, const std::function<void()>& body)
   wgpuDevicePushErrorScope(d, WGPUErrorFilter_OutOfMemory);
   wgpuDevicePushErrorScope(d, WGPUErrorFilter_Validation);
   std::exception_ptr thrown;
-  try { body(); } catch (...) { thrown = std::current_exception(); }
+  try {
+    body();
+  } catch (...) {
+    thrown = std::current_exception();
+  }
   ScopeResult res[2];
   for (auto& r : res) {
     WGPUPopErrorScopeCallbackInfo cb = {};
@@ -293,8 +346,7 @@ void Device::guarded(const std::string& what, const std::function<void()>& body)
     cb.userdata1 = &r;
     wgpuDevicePopErrorScope(d, cb);
   }
-  for (auto& r : res)
-    while (!r.done) wgpuInstanceProcessEvents(instance_->get());
+  for (auto& r : res) wait_for_callback(instance_->get(), r.done);
   if (thrown) std::rethrow_exception(thrown);
   ensure_alive(what);
   for (auto& r : res) {
@@ -323,10 +375,14 @@ std::vector<std::pair<std::string, uint64_t>> Device::resource_report() const {
   WGPUGlobalReport r = {};
   wgpuGenerateReport(instance_->get(), &r);
   const auto& h = r.hub;
-  return {{"buffers", h.buffers.numAllocated},       {"bind_groups", h.bindGroups.numAllocated},
-          {"bind_group_layouts", h.bindGroupLayouts.numAllocated}, {"compute_pipelines", h.computePipelines.numAllocated},
-          {"pipeline_layouts", h.pipelineLayouts.numAllocated}, {"shader_modules", h.shaderModules.numAllocated},
-          {"command_buffers", h.commandBuffers.numAllocated}, {"query_sets", h.querySets.numAllocated}};
+  return {{"buffers", h.buffers.numAllocated},
+          {"bind_groups", h.bindGroups.numAllocated},
+          {"bind_group_layouts", h.bindGroupLayouts.numAllocated},
+          {"compute_pipelines", h.computePipelines.numAllocated},
+          {"pipeline_layouts", h.pipelineLayouts.numAllocated},
+          {"shader_modules", h.shaderModules.numAllocated},
+          {"command_buffers", h.commandBuffers.numAllocated},
+          {"query_sets", h.querySets.numAllocated}};
 }
 
 void Device::destroy() {
@@ -380,7 +436,8 @@ Device::StageChunk Device::take_stage_chunk(uint64_t min_bytes) {
   d.label = sv("pywgtrain.stage");
   d.size = c.bytes;
   d.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopyDst | WGPUBufferUsage_CopySrc;
-  guarded("allocating upload staging memory", [&] { c.buffer = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
+  guarded("allocating upload staging memory",
+          [&] { c.buffer = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
   return c;
 }
 
@@ -390,16 +447,17 @@ void Device::give_stage_chunk(StageChunk chunk) {
   if (stage_pool_.size() < 8) stage_pool_.push_back(std::move(chunk));
 }
 
-WGPUBuffer Device::placeholder() {
+WGPUBuffer Device::placeholder(bool writable) {
   std::lock_guard<std::recursive_mutex> lk(mu_);
-  if (!placeholder_) {
+  BufferHandle& buf = placeholder_[writable ? 1 : 0];
+  if (!buf) {
     WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
-    d.label = sv("pywgtrain.placeholder");
+    d.label = sv(writable ? "pywgtrain.placeholder_rw" : "pywgtrain.placeholder");
     d.size = 16;
     d.usage = WGPUBufferUsage_Storage;
-    guarded("allocating a placeholder buffer", [&] { placeholder_ = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
+    guarded("allocating a placeholder buffer", [&] { buf = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
   }
-  return placeholder_.get();
+  return buf.get();
 }
 
 WGPUBuffer Device::grow(BufferHandle& buf, uint64_t& have, uint64_t bytes, const char* label) {
@@ -419,10 +477,13 @@ WGPUBuffer Device::grow(BufferHandle& buf, uint64_t& have, uint64_t bytes, const
   return buf.get();
 }
 
-WGPUBuffer Device::workspace(uint64_t bytes) { return grow(workspace_, workspace_bytes_, bytes, "pywgtrain.workspace"); }
+WGPUBuffer Device::workspace(uint64_t bytes) {
+  return grow(workspace_, workspace_bytes_, bytes, "pywgtrain.workspace");
+}
 
 WGPUBuffer Device::repack_space(int operand, uint64_t bytes) {
-  return grow(repack_[operand], repack_bytes_[operand], bytes, operand ? "pywgtrain.repacked_b" : "pywgtrain.repacked_a");
+  return grow(repack_[operand], repack_bytes_[operand], bytes,
+              operand ? "pywgtrain.repacked_b" : "pywgtrain.repacked_a");
 }
 
 WGPUBuffer Device::staging(uint64_t bytes) {
@@ -434,7 +495,8 @@ WGPUBuffer Device::staging(uint64_t bytes) {
     d.usage = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
     staging_.reset();
     staging_bytes_ = 0;
-    guarded("allocating the download staging buffer", [&] { staging_ = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
+    guarded("allocating the download staging buffer",
+            [&] { staging_ = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
     staging_bytes_ = size;
   }
   return staging_.get();

@@ -91,7 +91,10 @@ class Device : public std::enable_shared_from_this<Device> {
 
   // Reused upload memory for data that belongs to one recording (a replayed
   // step's batch): storage buffers of at least kStageChunkBytes.
-  struct StageChunk { BufferHandle buffer; uint64_t bytes = 0; };
+  struct StageChunk {
+    BufferHandle buffer;
+    uint64_t bytes = 0;
+  };
   StageChunk take_stage_chunk(uint64_t min_bytes);
   void give_stage_chunk(StageChunk chunk);
   static constexpr uint64_t kStageChunkBytes = 8ull << 20;
@@ -105,8 +108,10 @@ class Device : public std::enable_shared_from_this<Device> {
   WGPUBuffer repack_space(int operand, uint64_t bytes);
 
   // A 16-byte storage buffer for bindings a kernel variant declares but never
-  // reads (gemm.wgsl's vec4 views when the operand is not aligned for them).
-  WGPUBuffer placeholder();
+  // touches (gemm.wgsl's vec4 views when the operand is not aligned for them,
+  // the operands of epilogues other than its own). The writable one is
+  // another buffer: one dispatch cannot bind a buffer read-only and writable.
+  WGPUBuffer placeholder(bool writable = false);
 
   // Grow-only MAP_READ staging buffer for downloads, capped at kStagingCap.
   WGPUBuffer staging(uint64_t bytes);
@@ -135,7 +140,7 @@ class Device : public std::enable_shared_from_this<Device> {
   uint64_t workspace_bytes_ = 0;
   BufferHandle repack_[2];
   uint64_t repack_bytes_[2] = {0, 0};
-  BufferHandle placeholder_;
+  BufferHandle placeholder_[2];  // read-only, writable
 
   std::recursive_mutex mu_;
   std::atomic<uint64_t> live_bytes_{0}, peak_bytes_{0};
@@ -147,5 +152,12 @@ class Device : public std::enable_shared_from_this<Device> {
 };
 
 std::string backend_name(WGPUBackendType t);
+
+// Waits for a wgpu callback whose last act is done.store(true) (the callback
+// may run on another thread: what it wrote before is visible once `done`
+// reads true). Without `poll`, processes the instance's events (adapter and
+// device requests, error scopes); with it, polls that device, blocking until
+// submitted work advances (buffer maps), and gives up once it is lost.
+void wait_for_callback(WGPUInstance instance, const std::atomic<bool>& done, const Device* poll = nullptr);
 
 }  // namespace pwt

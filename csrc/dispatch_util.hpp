@@ -64,7 +64,9 @@ inline Range floats(const Buffer& b, uint64_t first, uint64_t count) {
   return Range{b.raw(), b.offset() + first * 4, std::max<uint64_t>(count, 1) * 4};
 }
 
-inline uint64_t align_floats(const Device& dev) { return std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4; }
+inline uint64_t align_floats(const Device& dev) {
+  return std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+}
 
 // Longest run of elements a block may bind for one operand, starting anywhere
 // (leaves room for the slack below an unaligned first element).
@@ -96,9 +98,10 @@ inline uint64_t rows_per_piece(const Device& dev, uint64_t cols) {
 
 void check_floats(const Buffer& b, uint64_t count, const char* what);
 
-constexpr uint64_t kReduceGroup = 256 * 16;  // elements per partial_sum workgroup (reduce.wgsl ITEMS)
+constexpr uint64_t kReduceGroup = wgsl::reduce::WG * wgsl::reduce::ITEMS;  // elements per partial_sum workgroup
 // Partial sums (of squares) of src's pieces into scratch from `offset`; returns the next offset.
-uint64_t record_partials(Recorder& r, const Buffer& src, uint64_t n, bool square, const Buffer& scratch, uint64_t offset);
+uint64_t record_partials(Recorder& r, const Buffer& src, uint64_t n, bool square, const Buffer& scratch,
+                         uint64_t offset);
 // One-workgroup pass over `partials` values of scratch (reduce.wgsl finalize_norm).
 void record_finalize(Recorder& r, const char* entry, const Buffer& scratch, uint64_t partials, const Buffer& out,
                      uint32_t out_index, float scale, float max_norm);

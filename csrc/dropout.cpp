@@ -10,21 +10,16 @@
 namespace pwt {
 namespace {
 
-struct DropParams {  // dropout.wgsl
-  uint32_t n, first_lo, first_hi, threshold;
-  float scale, beta;
-  uint32_t pad0, pad1;
-};
-static_assert(sizeof(DropParams) == 32, "dropout.wgsl DropParams is 32 bytes");
+namespace sh = wgsl::dropout;
 
 const Kernel& drop_kernel(Device& dev, const char* entry) {
   KernelDesc d;
   d.shader = "dropout";
   d.entry = entry;
   if (std::string(entry) == "rng_take")
-    d.bindings = {{4, Bind::ReadWrite}, {5, Bind::ReadWrite}};
+    d.bindings = {sh::state, sh::key_out};
   else
-    d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
+    d.bindings = {sh::src, sh::key, sh::dst, sh::dp};
   return dev.pipelines().get(d);
 }
 
@@ -39,9 +34,7 @@ void rng_take(Recorder& r, const Buffer& state, const Buffer& key) {
   check_words(state, "rng_take state");
   check_words(key, "rng_take key");
   if (state.raw() == key.raw()) throw ArgumentError("rng_take: key shares a GPU buffer with state");
-  // (const void*, size_t): the untemplated overload, no uniform block (a bare nullptr would pick the template)
-  r.dispatch(drop_kernel(r.device(), "rng_take"), {whole(state), whole(key)}, static_cast<const void*>(nullptr),
-             size_t(0), 1u);
+  r.dispatch(drop_kernel(r.device(), "rng_take"), {{sh::state, whole(state)}, {sh::key_out, whole(key)}}, 1);
 }
 
 uint32_t dropout_threshold(double p) {
@@ -63,7 +56,7 @@ void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, u
   const Kernel& k = drop_kernel(dev, "dropout");
   const float scale = float(1.0 / (1.0 - p));
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
-    DropParams prm{};
+    DropParams prm;
     prm.n = uint32_t(count);
     prm.first_lo = uint32_t(first);
     prm.first_hi = uint32_t(first >> 32);
@@ -71,8 +64,9 @@ void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, u
     prm.scale = scale;
     prm.beta = beta;
     const uint64_t threads = ceil_div((first & 3) + count, 4);
-    auto [gx, gy] = grid_1d(dev, ceil_div(threads, 256));
-    r.dispatch(k, {floats(x, first, count), whole(key), floats(y, first, count)}, prm, gx, gy);
+    auto [gx, gy] = grid_1d(dev, ceil_div(threads, sh::WG));
+    r.dispatch(k, {{sh::src, floats(x, first, count)}, {sh::key, whole(key)}, {sh::dst, floats(y, first, count)}}, prm,
+               gx, gy);
   });
 }
 

@@ -12,29 +12,19 @@ namespace pwt {
 
 void check_floats(const Buffer& b, uint64_t count, const char* what) {
   if (b.bytes() < count * 4)
-    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 4) + " floats, needs " + std::to_string(count));
+    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 4) + " floats, needs " +
+                        std::to_string(count));
 }
 
 namespace {
-
-struct GemmParams {
-  uint32_t m, n, k, lda, ldb, ldc, a_off, b_off, c_off;
-  float alpha, beta;
-  uint32_t bias_off;
-  uint32_t k_chunk, split_stride, splits, pad;
-};
-
-struct GemvParams {
-  uint32_t n, k, ldb, x_off, b_off, y_off;
-  float alpha, beta;
-  uint32_t k_chunk, split_stride;
-};
 
 // warp_w: width in threads of the thread block one warp covers (0: BN / TN,
 // whole rows of the workgroup's thread grid).
 // lean_loop: gemm.wgsl's LEAN_LOOP (inside workgroups run their unchecked K
 // steps as a loop of their own).
-struct TileConfig { uint32_t bm, bn, bk, tm, tn, warp_w = 0, lean_loop = 0; };
+struct TileConfig {
+  uint32_t bm, bn, bk, tm, tn, warp_w = 0, lean_loop = 0;
+};
 
 constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tiles)
 // From this K on, mid-size outputs take 64x128 tiles and split-K (each split
@@ -44,6 +34,7 @@ constexpr uint32_t kLongK = 2048;
 // separate pass (~9 us on the H100) costs more than the in-loop adds.
 constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 
+// clang-format off
 // Long K (a linear layer's dW = dY^T X: K = batch rows, 8192-16384 in GPT
 // training) on outputs of a few hundred 64x128 tiles or fewer: the output
 // alone fills one or two waves of workgroups, so wave quantization decides
@@ -121,25 +112,103 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
   if (wide >= 256 || (wide >= 64 && (k < kSplitMinK || k >= kLongK))) return {64, 128, 16, 8, 4, 8, wide >= 512};
   return {64, 64, 16, 4, 4};
 }
+// clang-format on
 
-// What happens to alpha * op(A) op(B) on its way to C (gemm.wgsl entry points).
-enum class Epilogue { Plain, BiasAct, BiasActTrain, ActGrad, RowSum };
+namespace sh = wgsl::gemm;
+
+// What happens to alpha * op(A) op(B) on its way to C (gemm.wgsl epilogue()).
+enum class Epilogue : uint32_t {
+  Plain = sh::EPILOGUE_PLAIN,
+  BiasAct = sh::EPILOGUE_BIAS_ACT,
+  BiasActTrain = sh::EPILOGUE_BIAS_ACT_TRAIN,
+  ActGrad = sh::EPILOGUE_ACT_GRAD,
+  RowSum = sh::EPILOGUE_ROWSUM,
+};
 
 bool has_bias(Epilogue ep) { return ep == Epilogue::BiasAct || ep == Epilogue::BiasActTrain; }
 bool has_preact(Epilogue ep) { return ep == Epilogue::BiasActTrain || ep == Epilogue::ActGrad; }
 
-// Bindings 4 (bias) and 5 (pre-activation) after the ones every variant has.
-void add_epilogue_bindings(KernelDesc& d, Epilogue ep) {
-  if (has_bias(ep)) d.bindings.push_back({4, Bind::ReadOnly});
-  if (has_preact(ep)) d.bindings.push_back({5, Bind::ReadWrite});
-  if (ep == Epilogue::RowSum) d.bindings.push_back({7, Bind::ReadWrite});
+// C = alpha * op(A) op(B) + beta * C with C M x N, op(A) M x K, op(B) K x N;
+// each matrix stored row-major with its leading dimension (A is K x M when
+// ta, B is N x K when tb).
+struct GemmProblem {
+  const Buffer* a = nullptr;
+  const Buffer* b = nullptr;
+  const Buffer* c = nullptr;
+  uint32_t m = 0, n = 0, k = 0;
+  bool ta = false, tb = false;
+  uint64_t lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+// The problem of the public entry points: packed operands.
+GemmProblem packed_problem(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+                           bool ta, bool tb, float alpha, float beta) {
+  GemmProblem g;
+  g.a = &a;
+  g.b = &b;
+  g.c = &c;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.ta = ta;
+  g.tb = tb;
+  g.lda = ta ? m : k;
+  g.ldb = tb ? k : n;
+  g.ldc = n;
+  g.alpha = alpha;
+  g.beta = beta;
+  return g;
 }
+
+// The block [m0, m0 + mc) x [n0, n0 + nc) of C over the K range [k0, k0 + kc).
+struct Region {
+  uint32_t m0 = 0, mc = 0, n0 = 0, nc = 0;
+  uint64_t k0 = 0;
+  uint32_t kc = 0;
+};
+
+// Optional epilogue operands, bound whole.
+struct EpilogueArgs {
+  Epilogue ep = Epilogue::Plain;
+  Activation act = Activation::None;
+  const Buffer* bias = nullptr;
+  const Buffer* preact = nullptr;
+  const Buffer* row_sums = nullptr;  // RowSum
+};
+
+// One pipeline of gemm.wgsl's tiled product.
+struct GemmVariant {
+  TileConfig t;
+  bool ta = false, tb = false;
+  Epilogue ep = Epilogue::Plain;
+  Activation act = Activation::None;
+};
+
+// What one tiled dispatch binds: windows of A, B and C, and the epilogue's
+// operands (an unset range: the epilogue never touches it, a placeholder is
+// bound). The vec4 views of A and B follow from the params.
+struct GemmRanges {
+  Range a, b, c;
+  Range bias, preact, row_sums;
+};
+
+// Every gemm.wgsl pipeline binds all of the epilogue's operands; a 16-byte
+// placeholder stands in for the ones its epilogue never touches.
+Range or_placeholder(Device& dev, const Range& r, bool writable) {
+  return r.buffer ? r : Range{dev.placeholder(writable), 0, 16};
+}
+
+std::string u32_literal(uint32_t v) { return std::to_string(v) + "u"; }
+const char* bool_literal(bool v) { return v ? "true" : "false"; }
 
 // gemm.wgsl's A_VEC / B_VEC: whole-vec4 tile loads where the operand's
 // contiguous direction is the tile's vec4 direction and its leading dimension
 // and offset are multiples of 4 (PYWGTRAIN_GEMM_VEC=0 turns them off for A/B
 // runs, docs/gemm_notes.md #42).
-struct VecLoads { bool a, b; };
+struct VecLoads {
+  bool a, b;
+};
 VecLoads vec_loads(bool ta, bool tb, const GemmParams& p) {
   static const bool enabled = [] {
     const char* v = std::getenv("PYWGTRAIN_GEMM_VEC");
@@ -148,50 +217,57 @@ VecLoads vec_loads(bool ta, bool tb, const GemmParams& p) {
   return {enabled && ta && p.lda % 4 == 0 && p.a_off % 4 == 0, enabled && !tb && p.ldb % 4 == 0 && p.b_off % 4 == 0};
 }
 
-const Kernel& gemm_kernel(Device& dev, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act,
-                          const VecLoads& v) {
-  static const char* entries[] = {"gemm", "gemm_bias_act", "gemm_bias_act_train", "gemm_act_grad", "gemm_rowsum"};
+const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v) {
+  const TileConfig& t = g.t;
   // Non-transposed B takes the separate K loop only with 128-bit loads (#44;
   // with scalar loads it cost NN 2%, #37).
-  const bool lean = t.lean_loop && (tb || v.b);
+  const bool lean = t.lean_loop && (g.tb || v.b);
   KernelDesc d;
   d.shader = "gemm";
-  d.entry = entries[int(ep)];
-  d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
-  add_epilogue_bindings(d, ep);
-  d.bindings.push_back({8, Bind::ReadOnly});
-  d.bindings.push_back({9, Bind::ReadOnly});
-  auto u = [](uint32_t v) { return std::to_string(v) + "u"; };
-  d.constants = {{"BM", u(t.bm)}, {"BN", u(t.bn)}, {"BK", u(t.bk)}, {"TM", u(t.tm)}, {"TN", u(t.tn)},
-                 {"TRANS_A", ta ? "true" : "false"}, {"TRANS_B", tb ? "true" : "false"},
-                 {"ACT", u(uint32_t(ep == Epilogue::Plain ? Activation::None : act))},
-                 {"ROWSUM", ep == Epilogue::RowSum ? "true" : "false"},
-                 {"WARP_W", u(t.warp_w ? t.warp_w : t.bn / t.tn)}, {"LEAN_LOOP", lean ? "true" : "false"},
-                 {"A_VEC", v.a ? "true" : "false"}, {"B_VEC", v.b ? "true" : "false"}};
+  d.entry = "gemm";
+  d.bindings = {sh::a, sh::b, sh::c, sh::p, sh::bias, sh::preact, sh::row_sums, sh::a4, sh::b4};
+  d.constants = {{"BM", u32_literal(t.bm)},
+                 {"BN", u32_literal(t.bn)},
+                 {"BK", u32_literal(t.bk)},
+                 {"TM", u32_literal(t.tm)},
+                 {"TN", u32_literal(t.tn)},
+                 {"TRANS_A", bool_literal(g.ta)},
+                 {"TRANS_B", bool_literal(g.tb)},
+                 {"EPILOGUE", u32_literal(uint32_t(g.ep))},
+                 {"ACT", u32_literal(uint32_t(g.ep == Epilogue::Plain ? Activation::None : g.act))},
+                 {"WARP_W", u32_literal(t.warp_w ? t.warp_w : t.bn / t.tn)},
+                 {"LEAN_LOOP", bool_literal(lean)},
+                 {"A_VEC", bool_literal(v.a)},
+                 {"B_VEC", bool_literal(v.b)}};
   d.trusted = true;
   return dev.pipelines().get(d);
 }
 
-// One GEMM dispatch with params p. `ranges` starts with A's and B's ranges and
-// holds every storage binding before 8 and 9; the vec4 views of A and B (or
-// the placeholder) follow from p, as the kernel's A_VEC / B_VEC do.
-void dispatch_gemm(Recorder& r, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act,
-                   const GemmParams& p, std::vector<Range> ranges, uint32_t gx, uint32_t gy, uint32_t gz = 1) {
+// One tiled GEMM dispatch with params p.
+void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const GemmRanges& ranges, uint32_t gx,
+                   uint32_t gy, uint32_t gz = 1) {
   Device& dev = r.device();
-  const VecLoads v = vec_loads(ta, tb, p);
-  const Range unused{dev.placeholder(), 0, 16};
-  const Range a = ranges[0], b = ranges[1];
-  ranges.push_back(v.a ? a : unused);
-  ranges.push_back(v.b ? b : unused);
-  r.dispatch(gemm_kernel(dev, t, ta, tb, ep, act, v), ranges, p, gx, gy, gz);
+  const VecLoads v = vec_loads(g.ta, g.tb, p);
+  const Range unused{dev.placeholder(false), 0, 16};
+  r.dispatch(gemm_kernel(dev, g, v),
+             {{sh::a, ranges.a},
+              {sh::b, ranges.b},
+              {sh::c, ranges.c},
+              {sh::bias, or_placeholder(dev, ranges.bias, false)},
+              {sh::preact, or_placeholder(dev, ranges.preact, true)},
+              {sh::row_sums, or_placeholder(dev, ranges.row_sums, true)},
+              {sh::a4, v.a ? ranges.a : unused},
+              {sh::b4, v.b ? ranges.b : unused}},
+             p, gx, gy, gz);
 }
 
 const Kernel& gemv_kernel(Device& dev, bool tb, bool vec4, uint32_t gv_x) {
+  namespace gv = wgsl::gemv;
   KernelDesc d;
   d.shader = "gemv";
   d.entry = vec4 ? "gemv_vec4" : "gemv";
-  d.bindings = {{0, Bind::ReadOnly}, {vec4 ? 4u : 1u, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
-  d.constants = {{"TRANS_B", tb ? "true" : "false"}, {"GV_X", std::to_string(gv_x) + "u"}};
+  d.bindings = {gv::x, vec4 ? gv::b4 : gv::b, gv::y, gv::p};
+  d.constants = {{"TRANS_B", bool_literal(tb)}, {"GV_X", u32_literal(gv_x)}};
   d.trusted = true;
   return dev.pipelines().get(d);
 }
@@ -199,7 +275,10 @@ const Kernel& gemv_kernel(Device& dev, bool tb, bool vec4, uint32_t gv_x) {
 // A window of the block [row0, row0 + rows) x [col0, col0 + cols) of a
 // row-major matrix with leading dimension ld, bound at an aligned offset;
 // `inner` is where (row0, col0) starts inside it.
-struct RowWindow { Range range; uint32_t inner; };
+struct RowWindow {
+  Range range;
+  uint32_t inner;
+};
 
 RowWindow block_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t col0,
                        uint64_t cols, uint64_t ld) {
@@ -234,52 +313,66 @@ uint64_t block_along(uint64_t extent, uint64_t limit, uint64_t tile) {
   return std::max<uint64_t>(b, 1);
 }
 
-// Optional epilogue operands, bound whole.
-struct EpilogueArgs {
-  Epilogue ep = Epilogue::Plain;
-  Activation act = Activation::None;
-  const Buffer* bias = nullptr;
-  const Buffer* preact = nullptr;
-  const Buffer* row_sums = nullptr;  // RowSum
-};
-
-// gemm.wgsl's elementwise entries (split-K reduces, repack): bindings C (2),
-// params and `partials` (6); they ignore the tile constants, so fixed values
-// keep one pipeline each.
-KernelDesc elementwise_kernel(const char* entry, Activation act) {
+// gemm.wgsl's elementwise entries (split-K reduce, repack): they ignore the
+// tile constants, so fixed values keep one pipeline each.
+KernelDesc elementwise_kernel(const char* entry, Epilogue ep, Activation act) {
   KernelDesc d;
   d.shader = "gemm";
   d.entry = entry;
-  d.bindings = {{2, Bind::ReadWrite}, {3, Bind::Uniform}, {6, Bind::ReadOnly}};
-  d.constants = {{"BM", "64u"}, {"BN", "64u"}, {"BK", "16u"}, {"TM", "4u"}, {"TN", "4u"},
-                 {"TRANS_A", "false"}, {"TRANS_B", "false"}, {"ACT", std::to_string(uint32_t(act)) + "u"},
-                 {"ROWSUM", "false"}, {"WARP_W", "16u"}, {"LEAN_LOOP", "false"}, {"A_VEC", "false"}, {"B_VEC", "false"}};
+  d.constants = {{"BM", "64u"},
+                 {"BN", "64u"},
+                 {"BK", "16u"},
+                 {"TM", "4u"},
+                 {"TN", "4u"},
+                 {"TRANS_A", "false"},
+                 {"TRANS_B", "false"},
+                 {"EPILOGUE", u32_literal(uint32_t(ep))},
+                 {"ACT", u32_literal(uint32_t(act))},
+                 {"WARP_W", "16u"},
+                 {"LEAN_LOOP", "false"},
+                 {"A_VEC", "false"},
+                 {"B_VEC", "false"}};
   d.trusted = true;
   return d;
 }
 
-// C[m, n] (at c_off, leading dimension ldc) = epilogue(alpha * sum of `splits`
-// partial products spaced `stride` floats apart in ws); the plain epilogue adds
-// beta * C. The bias is read from bias_off on; the pre-activation (bound as
-// preact_range) has C's element indices.
-void record_split_reduce(Recorder& r, const Range& ws, uint32_t m, uint32_t n, uint32_t ldc, uint32_t c_off,
-                         uint32_t splits, uint32_t stride, float alpha, float beta, Range c_range, const EpilogueArgs& e,
-                         uint32_t bias_off = 0, const Range* preact_range = nullptr) {
-  static const char* entries[] = {"splitk_reduce", "splitk_bias_act", "splitk_bias_act_train", "splitk_act_grad"};
+// What a split-K reduce binds: the partial products, C, and the
+// pre-activation at C's indices (epilogues that have one).
+struct SplitRanges {
+  Range partials, c, preact;
+};
+
+// C[m, n] (at q.c_off, leading dimension q.ldc) = epilogue(q.alpha * the sum
+// of q.splits partial products spaced q.split_stride floats apart); the
+// plain epilogue adds q.beta * C, the bias is read from q.bias_off on.
+void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ranges, const EpilogueArgs& e) {
   Device& dev = r.device();
-  KernelDesc d = elementwise_kernel(entries[int(e.ep)], e.act);
-  add_epilogue_bindings(d, e.ep);
-  GemmParams q{m, n, 0, 0, 0, ldc, 0, 0, c_off, alpha, beta, bias_off, 0, stride, splits, 0};
-  std::vector<Range> ranges{c_range, ws};
-  if (has_bias(e.ep)) ranges.push_back(whole(*e.bias));
-  if (has_preact(e.ep)) ranges.push_back(preact_range ? *preact_range : whole(*e.preact));
-  auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(m) * n, 256));
-  r.dispatch(dev.pipelines().get(d), ranges, q, gx, gy);
+  KernelDesc d = elementwise_kernel("splitk_reduce", e.ep, e.act);
+  d.bindings = {sh::c, sh::p, sh::partials, sh::bias, sh::preact};
+  std::vector<Operand> operands{{sh::c, ranges.c}, {sh::partials, ranges.partials}};
+  operands.push_back({sh::bias, or_placeholder(dev, has_bias(e.ep) ? whole(*e.bias) : Range{}, false)});
+  operands.push_back({sh::preact, or_placeholder(dev, has_preact(e.ep) ? ranges.preact : Range{}, true)});
+  auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(q.m) * q.n, sh::EW_WG));
+  r.dispatch(dev.pipelines().get(d), operands, q, gx, gy);
 }
 
-void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b, const Buffer& y, uint64_t y_base,
-                 uint32_t n, uint32_t k, bool tb, float alpha, float beta) {
+// y[y_base..] = alpha * x[x_base..] op(B) + beta * y: one row times a matrix
+// (B stored K x N, or N x K when tb).
+struct GemvProblem {
+  const Buffer* x = nullptr;
+  uint64_t x_base = 0;
+  const Buffer* b = nullptr;
+  const Buffer* y = nullptr;
+  uint64_t y_base = 0;
+  uint32_t n = 0, k = 0;
+  bool tb = false;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+void record_gemv(Recorder& r, const GemvProblem& g) {
   Device& dev = r.device();
+  const uint32_t n = g.n, k = g.k;
+  const bool tb = g.tb;
   // B is stored (tb ? N x K : K x N).
   const uint64_t ld = tb ? k : n;
   // Column form with n a multiple of 4: 128-bit loads of column quads
@@ -298,7 +391,9 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
     gv_x = 4;
     while (gv_x < 32 && n / (4 * gv_x) >= 384) gv_x *= 2;
   }
+  namespace gv = wgsl::gemv;
   const Kernel& kern = gemv_kernel(dev, tb, vec4, gv_x);
+  const Slot& b_slot = vec4 ? gv::b4 : gv::b;
   const uint64_t per_group = tb ? 8 : vec4 ? 4 * gv_x : 32;
   const uint64_t n_limit = uint64_t(dev.limits().max_workgroups_per_dim) * per_group;
   // Pieces of B that each fit one binding: whole rows where a row fits, else
@@ -324,11 +419,20 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
     const uint64_t nc = std::min<uint64_t>(nb, n - n0);
     for (uint64_t k0 = 0; k0 < k; k0 += kb) {
       const uint64_t kc = std::min<uint64_t>(kb, k - k0);
-      RowWindow bw = tb ? block_window(dev, b, 0, n0, nc, k0, kc, ld) : block_window(dev, b, 0, k0, kc, n0, nc, ld);
-      RowWindow xw = row_window(dev, x, x_base, k0, kc, 1);
-      RowWindow yw = row_window(dev, y, y_base, n0, nc, 1);
-      GemvParams p{uint32_t(nc), uint32_t(kc), uint32_t(ld), xw.inner, bw.inner, yw.inner,
-                   alpha, k0 == 0 ? beta : 1.0f, uint32_t(kc), 0};
+      RowWindow bw =
+          tb ? block_window(dev, *g.b, 0, n0, nc, k0, kc, ld) : block_window(dev, *g.b, 0, k0, kc, n0, nc, ld);
+      RowWindow xw = row_window(dev, *g.x, g.x_base, k0, kc, 1);
+      RowWindow yw = row_window(dev, *g.y, g.y_base, n0, nc, 1);
+      GemvParams p;
+      p.n = uint32_t(nc);
+      p.k = uint32_t(kc);
+      p.ldb = uint32_t(ld);
+      p.x_off = xw.inner;
+      p.b_off = bw.inner;
+      p.y_off = yw.inner;
+      p.alpha = g.alpha;
+      p.beta = k0 == 0 ? g.beta : 1.0f;
+      p.k_chunk = uint32_t(kc);
       const uint64_t groups = ceil_div(nc, per_group);
       // Split K over workgroups (partials + reduce): always past kMaxKPerSplit
       // (bounded loops), and in the column-parallel form with few columns so
@@ -346,16 +450,28 @@ void record_gemv(Recorder& r, const Buffer& x, uint64_t x_base, const Buffer& b,
         q.beta = 0.0f;
         q.k_chunk = k_chunk;
         q.split_stride = uint32_t(nc);
-        r.dispatch(kern, {xw.range, bw.range, ws}, q, uint32_t(groups), uint32_t(splits));
-        record_split_reduce(r, ws, 1, uint32_t(nc), uint32_t(nc), yw.inner, uint32_t(splits), uint32_t(nc), alpha,
-                            k0 == 0 ? beta : 1.0f, yw.range, EpilogueArgs{});
+        r.dispatch(kern, {{gv::x, xw.range}, {b_slot, bw.range}, {gv::y, ws}}, q, uint32_t(groups), uint32_t(splits));
+        GemmParams s;
+        s.m = 1;
+        s.n = uint32_t(nc);
+        s.ldc = uint32_t(nc);
+        s.c_off = yw.inner;
+        s.alpha = g.alpha;
+        s.beta = k0 == 0 ? g.beta : 1.0f;
+        s.split_stride = uint32_t(nc);
+        s.splits = uint32_t(splits);
+        SplitRanges sr;
+        sr.partials = ws;
+        sr.c = yw.range;
+        record_split_reduce(r, s, sr, EpilogueArgs{});
         continue;
       }
-      r.dispatch(kern, {xw.range, bw.range, yw.range}, p, uint32_t(groups));
+      r.dispatch(kern, {{gv::x, xw.range}, {b_slot, bw.range}, {gv::y, yw.range}}, p, uint32_t(groups));
     }
   }
 }
 
+// clang-format off
 // Split K across workgroups when the output has too few tiles to keep
 // several workgroups on every multiprocessor (measured on the H100: one
 // 256-thread workgroup per SM runs latency-bound, ~4 TFLOP/s at 1024^3) and K
@@ -373,62 +489,120 @@ uint32_t choose_splits(uint32_t m, uint32_t n, uint64_t k, const TileConfig& t) 
   const uint64_t splits = std::min<uint64_t>({ceil_div(512, tiles), k / 128, 16});
   return uint32_t(std::max<uint64_t>({splits, bounded, 1}));
 }
+// clang-format on
 
-// Split-K over the region [m0, m0 + mc) x [n0, n0 + nc) of C and the K range
-// [k0, k0 + kc): each split writes its partial product (compact, nc wide) to
-// the device workspace, the reduce pass sums them into C with the epilogue
-// (bias from column n0 on, the pre-activation at C's indices).
-void record_split_region(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m0, uint32_t mc,
-                         uint32_t n0, uint32_t nc, uint64_t k0, uint32_t kc, bool ta, bool tb, uint64_t lda,
-                         uint64_t ldb, uint64_t ldc, const TileConfig& t, uint32_t splits, float alpha, float beta,
+// Split-K over region `reg` of g's C: each split writes its partial product
+// (compact, nc wide) to the device workspace, the reduce pass sums them into
+// C with the epilogue (bias from column n0 on, the pre-activation at C's
+// indices).
+void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, const TileConfig& t, uint32_t splits,
                          const EpilogueArgs& e) {
   Device& dev = r.device();
   // The partials bind as one range: at most a binding's worth of them (never
   // below the splits the bounded K loops need, which the callers' K blocks
   // keep within it).
-  const uint64_t stride_cap = dev.limits().max_storage_binding / 4 / (uint64_t(mc) * nc);
-  splits = uint32_t(std::clamp<uint64_t>(splits, 1, std::max<uint64_t>(stride_cap, ceil_div(kc, kMaxKPerSplit))));
-  const uint32_t k_chunk = uint32_t(ceil_div(ceil_div(kc, splits), t.bk) * t.bk);  // whole K tiles per split
-  splits = uint32_t(ceil_div(kc, k_chunk));
-  const uint64_t stride = uint64_t(mc) * nc;
+  const uint64_t stride_cap = dev.limits().max_storage_binding / 4 / (uint64_t(reg.mc) * reg.nc);
+  splits = uint32_t(std::clamp<uint64_t>(splits, 1, std::max<uint64_t>(stride_cap, ceil_div(reg.kc, kMaxKPerSplit))));
+  const uint32_t k_chunk = uint32_t(ceil_div(ceil_div(reg.kc, splits), t.bk) * t.bk);  // whole K tiles per split
+  splits = uint32_t(ceil_div(reg.kc, k_chunk));
+  const uint64_t stride = uint64_t(reg.mc) * reg.nc;
   const Range ws{dev.workspace(stride * splits * 4), 0, stride * splits * 4};
-  RowWindow aw = ta ? row_window(dev, a, 0, k0, kc, lda) : row_window(dev, a, 0, m0, mc, lda);
-  RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ldb) : row_window(dev, b, 0, k0, kc, ldb);
-  GemmParams p{mc, nc, kc, uint32_t(lda), uint32_t(ldb), nc, aw.inner + uint32_t(ta ? m0 : k0),
-               bw.inner + uint32_t(tb ? k0 : n0), 0, 1.0f, 0.0f, 0, k_chunk, uint32_t(stride), splits, 0};
-  dispatch_gemm(r, t, ta, tb, Epilogue::Plain, Activation::None, p, {aw.range, bw.range, ws},
-                uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)), splits);
-  RowWindow cw = row_window(dev, c, 0, m0, mc, ldc);
-  Range preact;
-  if (has_preact(e.ep)) preact = row_window(dev, *e.preact, 0, m0, mc, ldc).range;
-  record_split_reduce(r, ws, mc, nc, uint32_t(ldc), cw.inner + n0, splits, uint32_t(stride), alpha, beta, cw.range, e,
-                      n0, has_preact(e.ep) ? &preact : nullptr);
+  RowWindow aw =
+      g.ta ? row_window(dev, *g.a, 0, reg.k0, reg.kc, g.lda) : row_window(dev, *g.a, 0, reg.m0, reg.mc, g.lda);
+  RowWindow bw =
+      g.tb ? row_window(dev, *g.b, 0, reg.n0, reg.nc, g.ldb) : row_window(dev, *g.b, 0, reg.k0, reg.kc, g.ldb);
+  GemmParams p;
+  p.m = reg.mc;
+  p.n = reg.nc;
+  p.k = reg.kc;
+  p.lda = uint32_t(g.lda);
+  p.ldb = uint32_t(g.ldb);
+  p.ldc = reg.nc;
+  p.a_off = aw.inner + uint32_t(g.ta ? reg.m0 : reg.k0);
+  p.b_off = bw.inner + uint32_t(g.tb ? reg.k0 : reg.n0);
+  p.alpha = 1.0f;
+  p.beta = 0.0f;
+  p.k_chunk = k_chunk;
+  p.split_stride = uint32_t(stride);
+  p.splits = splits;
+  GemmVariant plain;
+  plain.t = t;
+  plain.ta = g.ta;
+  plain.tb = g.tb;
+  GemmRanges ranges;
+  ranges.a = aw.range;
+  ranges.b = bw.range;
+  ranges.c = ws;
+  dispatch_gemm(r, plain, p, ranges, uint32_t(ceil_div(reg.nc, t.bn)), uint32_t(ceil_div(reg.mc, t.bm)), splits);
+  RowWindow cw = row_window(dev, *g.c, 0, reg.m0, reg.mc, g.ldc);
+  GemmParams q;
+  q.m = reg.mc;
+  q.n = reg.nc;
+  q.ldc = uint32_t(g.ldc);
+  q.c_off = cw.inner + reg.n0;
+  q.alpha = g.alpha;
+  q.beta = g.beta;
+  q.bias_off = reg.n0;
+  q.split_stride = uint32_t(stride);
+  q.splits = splits;
+  SplitRanges sr;
+  sr.partials = ws;
+  sr.c = cw.range;
+  if (has_preact(e.ep)) sr.preact = row_window(dev, *e.preact, 0, reg.m0, reg.mc, g.ldc).range;
+  record_split_reduce(r, q, sr, e);
 }
 
 // Ragged large products (e.g. 4097^3): a last tile row or column holding a
 // few rows would cost a whole extra wave of full-K workgroups. The aligned
 // part runs as usual; each thin strip runs as its own split-K product on
-// small tiles. Plain epilogue, everything bindable at once.
-bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
-                   bool ta, bool tb, uint64_t lda, uint64_t ldb, const TileConfig& t, float alpha, float beta) {
+// small tiles. Plain epilogue, everything bindable at once, C packed.
+bool record_ragged(Recorder& r, const GemmProblem& g, const TileConfig& t) {
+  const uint32_t m = g.m, n = g.n, k = g.k;
   const uint32_t rm = m % t.bm, rn = n % t.bn;
   const bool thin_m = rm && rm <= t.bm / 8 && m / t.bm >= 8, thin_n = rn && rn <= t.bn / 8 && n / t.bn >= 8;
   if (!(thin_m || thin_n) || k < kSplitMinK) return false;
   Device& dev = r.device();
   const uint32_t m_main = m - (thin_m ? rm : 0), n_main = n - (thin_n ? rn : 0);
-  RowWindow aw = ta ? row_window(dev, a, 0, 0, k, lda) : row_window(dev, a, 0, 0, m_main, lda);
-  RowWindow bw = tb ? row_window(dev, b, 0, 0, n_main, ldb) : row_window(dev, b, 0, 0, k, ldb);
-  RowWindow cw = row_window(dev, c, 0, 0, m_main, n);
-  GemmParams p{m_main, n_main, k, uint32_t(lda), uint32_t(ldb), n, aw.inner, bw.inner, cw.inner, alpha, beta, 0, k, 0, 1, 0};
-  dispatch_gemm(r, t, ta, tb, Epilogue::Plain, Activation::None, p, {aw.range, bw.range, cw.range},
-                uint32_t(ceil_div(n_main, t.bn)), uint32_t(ceil_div(m_main, t.bm)));
+  RowWindow aw = g.ta ? row_window(dev, *g.a, 0, 0, k, g.lda) : row_window(dev, *g.a, 0, 0, m_main, g.lda);
+  RowWindow bw = g.tb ? row_window(dev, *g.b, 0, 0, n_main, g.ldb) : row_window(dev, *g.b, 0, 0, k, g.ldb);
+  RowWindow cw = row_window(dev, *g.c, 0, 0, m_main, n);
+  GemmParams p;
+  p.m = m_main;
+  p.n = n_main;
+  p.k = k;
+  p.lda = uint32_t(g.lda);
+  p.ldb = uint32_t(g.ldb);
+  p.ldc = n;
+  p.a_off = aw.inner;
+  p.b_off = bw.inner;
+  p.c_off = cw.inner;
+  p.alpha = g.alpha;
+  p.beta = g.beta;
+  p.k_chunk = k;
+  p.splits = 1;
+  GemmVariant plain;
+  plain.t = t;
+  plain.ta = g.ta;
+  plain.tb = g.tb;
+  GemmRanges ranges;
+  ranges.a = aw.range;
+  ranges.b = bw.range;
+  ranges.c = cw.range;
+  dispatch_gemm(r, plain, p, ranges, uint32_t(ceil_div(n_main, t.bn)), uint32_t(ceil_div(m_main, t.bm)));
+  GemmProblem strips = g;
+  strips.ldc = n;
   auto strip = [&](uint32_t m0, uint32_t mc, uint32_t n0, uint32_t nc) {
     const TileConfig ts = choose_tiles(mc, nc, k);
-    record_split_region(r, a, b, c, m0, mc, n0, nc, 0, k, ta, tb, lda, ldb, n, ts,
-                        choose_splits(mc, nc, k, ts), alpha, beta, EpilogueArgs{});
+    Region reg;
+    reg.m0 = m0;
+    reg.mc = mc;
+    reg.n0 = n0;
+    reg.nc = nc;
+    reg.kc = k;
+    record_split_region(r, strips, reg, ts, choose_splits(mc, nc, k, ts), EpilogueArgs{});
   };
-  if (thin_m) strip(m_main, rm, 0, n);        // bottom rows, corner included
-  if (thin_n) strip(0, m_main, n_main, rn);   // right columns above them
+  if (thin_m) strip(m_main, rm, 0, n);       // bottom rows, corner included
+  if (thin_n) strip(0, m_main, n_main, rn);  // right columns above them
   return true;
 }
 
@@ -436,27 +610,46 @@ bool record_ragged(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
 // leading dimension ld.
 void record_repack(Recorder& r, const Buffer& src, const Buffer& dst, uint32_t rows, uint32_t cols, uint32_t ld) {
   Device& dev = r.device();
-  GemmParams q{rows, cols, 0, cols, 0, ld, 0, 0, 0, 1.0f, 0.0f, 0, 0, 0, 0, 0};
-  auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(rows) * cols, 256));
-  r.dispatch(dev.pipelines().get(elementwise_kernel("repack", Activation::None)),
-             {floats(dst, 0, uint64_t(rows) * ld), floats(src, 0, uint64_t(rows) * cols)}, q, gx, gy);
+  GemmParams q;
+  q.m = rows;
+  q.n = cols;
+  q.lda = cols;
+  q.ldc = ld;
+  q.alpha = 1.0f;
+  KernelDesc d = elementwise_kernel("repack", Epilogue::Plain, Activation::None);
+  d.bindings = {sh::c, sh::p, sh::partials};
+  auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(rows) * cols, sh::EW_WG));
+  r.dispatch(dev.pipelines().get(d),
+             {{sh::c, floats(dst, 0, uint64_t(rows) * ld)}, {sh::partials, floats(src, 0, uint64_t(rows) * cols)}}, q,
+             gx, gy);
 }
 
-// lda, ldb: leading dimensions of the stored A and B (0: packed, i.e. M or K,
-// K or N).
-void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
-                 bool ta, bool tb, float alpha, float beta, EpilogueArgs e, uint64_t lda = 0, uint64_t ldb = 0) {
+void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
   Device& dev = r.device();
+  const uint32_t m = g.m, n = g.n, k = g.k;
+  const bool ta = g.ta, tb = g.tb;
+  const uint64_t lda = g.lda, ldb = g.ldb, ldc = g.ldc;
+  const Buffer &a = *g.a, &b = *g.b, &c = *g.c;
   const TileConfig t = choose_tiles(m, n, k);
-  if (!lda) lda = ta ? m : k;
-  if (!ldb) ldb = tb ? k : n;
-  const uint64_t ldc = n;
   const uint64_t cap_floats = dev.limits().max_storage_binding / 4;
   const uint64_t slack = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
   if (e.ep == Epilogue::Plain && !ta && lda + slack > cap_floats && ldb == (tb ? k : n)) {
     // One row of A (K floats) exceeds a binding: each row of C is a GEMV of
     // that row of A with op(B), which binds both in pieces along K.
-    for (uint64_t m0 = 0; m0 < m; ++m0) record_gemv(r, a, m0 * lda, b, c, m0 * ldc, n, k, tb, alpha, beta);
+    for (uint64_t m0 = 0; m0 < m; ++m0) {
+      GemvProblem row;
+      row.x = &a;
+      row.x_base = m0 * lda;
+      row.b = &b;
+      row.y = &c;
+      row.y_base = m0 * ldc;
+      row.n = n;
+      row.k = k;
+      row.tb = tb;
+      row.alpha = g.alpha;
+      row.beta = g.beta;
+      record_gemv(r, row);
+    }
     return;
   }
   // Rows of each stored matrix are one of M, N, K; bound each block size by
@@ -465,8 +658,14 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
   m_cap = std::min<uint64_t>(m_cap, uint64_t(dev.limits().max_workgroups_per_dim) * t.bm);
   uint64_t n_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bn;
   uint64_t k_cap = UINT64_MAX;
-  if (!ta) m_cap = std::min(m_cap, rows_per_binding(dev, lda, "A")); else k_cap = std::min(k_cap, rows_per_binding(dev, lda, "A"));
-  if (tb) n_cap = std::min(n_cap, rows_per_binding(dev, ldb, "B")); else k_cap = std::min(k_cap, rows_per_binding(dev, ldb, "B"));
+  if (!ta)
+    m_cap = std::min(m_cap, rows_per_binding(dev, lda, "A"));
+  else
+    k_cap = std::min(k_cap, rows_per_binding(dev, lda, "A"));
+  if (tb)
+    n_cap = std::min(n_cap, rows_per_binding(dev, ldb, "B"));
+  else
+    k_cap = std::min(k_cap, rows_per_binding(dev, ldb, "B"));
   const uint64_t mb = block_along(m, m_cap, t.bm), nb = block_along(n, n_cap, t.bn);
   // Bounded K loops (dispatch_util.hpp): a K block takes at most as many
   // kMaxKPerSplit splits as one pass may have and as fit the workspace binding
@@ -479,8 +678,8 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
     // The in-kernel row sums need the whole K in one workgroup and one grid,
     // and they slow the main loop by ~8% (H100, 4096x512x4096): large
     // products take a plain GEMM and a separate column-sum pass (A is K x M).
-    record_gemm(r, a, b, c, m, n, k, ta, tb, alpha, beta, EpilogueArgs{});
-    return bias_grad(r, a, *e.row_sums, k, m, beta);
+    record_gemm(r, g, EpilogueArgs{});
+    return bias_grad(r, a, *e.row_sums, k, m, g.beta);
   }
   // Large products whose m-major A or n-major B has a leading dimension that
   // is not a multiple of 4 (4095^3, 4097^3) cannot load it as vec4s: they
@@ -494,20 +693,31 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
   if (pad_a || pad_b) {
     const uint64_t lda4 = pad_a ? (lda + 3) & ~uint64_t(3) : lda, ldb4 = pad_b ? (ldb + 3) & ~uint64_t(3) : ldb;
     std::unique_ptr<Buffer> a_padded, b_padded;
+    GemmProblem padded = g;
     if (pad_a) {
       a_padded = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(0, k * lda4 * 4), k * lda4 * 4);
       record_repack(r, a, *a_padded, k, uint32_t(lda), uint32_t(lda4));
+      padded.a = a_padded.get();
+      padded.lda = lda4;
     }
     if (pad_b) {
       b_padded = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(1, k * ldb4 * 4), k * ldb4 * 4);
       record_repack(r, b, *b_padded, k, uint32_t(ldb), uint32_t(ldb4));
+      padded.b = b_padded.get();
+      padded.ldb = ldb4;
     }
-    return record_gemm(r, pad_a ? *a_padded : a, pad_b ? *b_padded : b, c, m, n, k, ta, tb, alpha, beta, e, lda4, ldb4);
+    return record_gemm(r, padded, e);
   }
   if (kb == k && mb == m && nb == n) {
     const uint32_t splits = choose_splits(m, n, k, t);
-    if (splits > 1) return record_split_region(r, a, b, c, 0, m, 0, n, 0, k, ta, tb, lda, ldb, ldc, t, splits, alpha, beta, e);
-    if (e.ep == Epilogue::Plain && record_ragged(r, a, b, c, m, n, k, ta, tb, lda, ldb, t, alpha, beta)) return;
+    if (splits > 1) {
+      Region whole_c;
+      whole_c.mc = m;
+      whole_c.nc = n;
+      whole_c.kc = k;
+      return record_split_region(r, g, whole_c, t, splits, e);
+    }
+    if (e.ep == Epilogue::Plain && ldc == n && record_ragged(r, g, t)) return;
   }
   // Operands past the binding limit along K, or K past one pass of splits:
   // the blocks accumulate into C (beta = 1 after the first), so a fused
@@ -527,55 +737,94 @@ void record_gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c,
     target = e.ep == Epilogue::BiasActTrain ? e.preact : scratch.get();
   }
   const Epilogue in_kernel = k_blocks ? Epilogue::Plain : e.ep;
+  GemmVariant variant;
+  variant.t = t;
+  variant.ta = ta;
+  variant.tb = tb;
+  variant.ep = in_kernel;
+  variant.act = e.act;
   for (uint64_t m0 = 0; m0 < m; m0 += mb) {
     const uint64_t mc = std::min(mb, m - m0);
     for (uint64_t n0 = 0; n0 < n; n0 += nb) {
       const uint64_t nc = std::min(nb, n - n0);
       for (uint64_t k0 = 0; k0 < k; k0 += kb) {
         const uint64_t kc = std::min(kb, k - k0);
+        const float beta = k0 == 0 ? g.beta : 1.0f;
         const uint32_t splits = choose_splits(uint32_t(mc), uint32_t(nc), kc, t);
         if (splits > 1) {
           EpilogueArgs pe = e;
           pe.ep = in_kernel;
-          record_split_region(r, a, b, *target, uint32_t(m0), uint32_t(mc), uint32_t(n0), uint32_t(nc), k0,
-                              uint32_t(kc), ta, tb, lda, ldb, ldc, t, splits, alpha, k0 == 0 ? beta : 1.0f, pe);
+          GemmProblem block = g;
+          block.c = target;
+          block.beta = beta;
+          Region reg;
+          reg.m0 = uint32_t(m0);
+          reg.mc = uint32_t(mc);
+          reg.n0 = uint32_t(n0);
+          reg.nc = uint32_t(nc);
+          reg.k0 = k0;
+          reg.kc = uint32_t(kc);
+          record_split_region(r, block, reg, t, splits, pe);
           continue;
         }
         RowWindow aw = ta ? row_window(dev, a, 0, k0, kc, lda) : row_window(dev, a, 0, m0, mc, lda);
         RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ldb) : row_window(dev, b, 0, k0, kc, ldb);
         RowWindow cw = row_window(dev, *target, 0, m0, mc, ldc);
-        GemmParams p{uint32_t(mc), uint32_t(nc), uint32_t(kc), uint32_t(lda), uint32_t(ldb), uint32_t(ldc),
-                     aw.inner + uint32_t(ta ? m0 : k0), bw.inner + uint32_t(tb ? k0 : n0), cw.inner + uint32_t(n0),
-                     alpha, k0 == 0 ? beta : 1.0f, uint32_t(n0), uint32_t(kc), 0, 1, 0};
-        std::vector<Range> ranges{aw.range, bw.range, cw.range};
-        if (has_bias(in_kernel)) ranges.push_back(whole(*e.bias));
-        if (has_preact(in_kernel)) ranges.push_back(row_window(dev, *e.preact, 0, m0, mc, ldc).range);
-        if (in_kernel == Epilogue::RowSum) ranges.push_back(whole(*e.row_sums));
-        dispatch_gemm(r, t, ta, tb, in_kernel, e.act, p, std::move(ranges), uint32_t(ceil_div(nc, t.bn)),
-                      uint32_t(ceil_div(mc, t.bm)));
+        GemmParams p;
+        p.m = uint32_t(mc);
+        p.n = uint32_t(nc);
+        p.k = uint32_t(kc);
+        p.lda = uint32_t(lda);
+        p.ldb = uint32_t(ldb);
+        p.ldc = uint32_t(ldc);
+        p.a_off = aw.inner + uint32_t(ta ? m0 : k0);
+        p.b_off = bw.inner + uint32_t(tb ? k0 : n0);
+        p.c_off = cw.inner + uint32_t(n0);
+        p.alpha = g.alpha;
+        p.beta = beta;
+        p.bias_off = uint32_t(n0);
+        p.k_chunk = uint32_t(kc);
+        p.splits = 1;
+        GemmRanges ranges;
+        ranges.a = aw.range;
+        ranges.b = bw.range;
+        ranges.c = cw.range;
+        if (has_bias(in_kernel)) ranges.bias = whole(*e.bias);
+        if (has_preact(in_kernel)) ranges.preact = row_window(dev, *e.preact, 0, m0, mc, ldc).range;
+        if (in_kernel == Epilogue::RowSum) ranges.row_sums = whole(*e.row_sums);
+        dispatch_gemm(r, variant, p, ranges, uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)));
       }
     }
   }
   if (!k_blocks || e.ep == Epilogue::Plain) return;
   if (e.ep == Epilogue::ActGrad) return activation_backward(r, *scratch, *e.preact, c, uint64_t(m) * n, e.act);
   // preact holds op(A) op(B); add the bias in place and write act() to C.
+  namespace ln = wgsl::linear;
   KernelDesc d;
   d.shader = "linear";
   d.entry = "bias_act";
-  d.bindings = {{2, Bind::ReadWrite}, {3, Bind::Uniform}, {4, Bind::ReadOnly}, {5, Bind::ReadWrite}};
-  d.constants = {{"ACT", std::to_string(uint32_t(e.act)) + "u"}};
+  d.bindings = {ln::result, ln::ep, ln::bias, ln::zio};
+  d.constants = {{"ACT", u32_literal(uint32_t(e.act))}};
   const Kernel& bk = dev.pipelines().get(d);
   const uint64_t rows_per = rows_per_piece(dev, n);
   for (uint64_t m0 = 0; m0 < m; m0 += rows_per) {
     const uint64_t mc = std::min(rows_per, m - m0);
-    struct { uint32_t n, cols, bias_off, pad; } p{uint32_t(mc * n), n, 0, 0};
-    auto [gx, gy] = grid_1d(dev, ceil_div(mc * n, 256));
-    r.dispatch(bk, {floats(c, m0 * n, mc * n), whole(*e.bias), floats(*e.preact, m0 * n, mc * n)}, p, gx, gy);
+    EwParams p;
+    p.n = uint32_t(mc * n);
+    p.cols = n;
+    auto [gx, gy] = grid_1d(dev, ceil_div(mc * n, ln::WG));
+    r.dispatch(bk,
+               {{ln::result, floats(c, m0 * n, mc * n)},
+                {ln::bias, whole(*e.bias)},
+                {ln::zio, floats(*e.preact, m0 * n, mc * n)}},
+               p, gx, gy);
   }
 }
 
 void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k) {
-  if (m == 0 || n == 0 || k == 0) throw ArgumentError("gemm: M, N and K must be >= 1 (got " + std::to_string(m) + ", " + std::to_string(n) + ", " + std::to_string(k) + ")");
+  if (m == 0 || n == 0 || k == 0)
+    throw ArgumentError("gemm: M, N and K must be >= 1 (got " + std::to_string(m) + ", " + std::to_string(n) + ", " +
+                        std::to_string(k) + ")");
   check_floats(a, uint64_t(m) * k, "gemm operand A");
   check_floats(b, uint64_t(k) * n, "gemm operand B");
   check_floats(c, uint64_t(m) * n, "gemm output C");
@@ -583,18 +832,32 @@ void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, u
 
 }  // namespace
 
-void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
-          bool ta, bool tb, float alpha, float beta) {
+void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k, bool ta,
+          bool tb, float alpha, float beta) {
   check_gemm(a, b, c, m, n, k);
-  if (m == 1) {
-    // op(A) is one row whichever way A is stored.
-    record_gemv(r, a, 0, b, c, 0, n, k, tb, alpha, beta);
-  } else if (n == 1) {
-    // C^T = op(B)^T op(A)^T: the single column of op(B) is the vector and
-    // op(A)^T is the matrix, stored N x K style exactly when A is not transposed.
-    record_gemv(r, b, 0, a, c, 0, m, k, !ta, alpha, beta);
+  if (m == 1 || n == 1) {
+    GemvProblem g;
+    g.y = &c;
+    g.alpha = alpha;
+    g.beta = beta;
+    g.k = k;
+    if (m == 1) {
+      // op(A) is one row whichever way A is stored.
+      g.x = &a;
+      g.b = &b;
+      g.n = n;
+      g.tb = tb;
+    } else {
+      // C^T = op(B)^T op(A)^T: the single column of op(B) is the vector and
+      // op(A)^T is the matrix, stored N x K style exactly when A is not transposed.
+      g.x = &b;
+      g.b = &a;
+      g.n = m;
+      g.tb = !ta;
+    }
+    record_gemv(r, g);
   } else {
-    record_gemm(r, a, b, c, m, n, k, ta, tb, alpha, beta, EpilogueArgs{});
+    record_gemm(r, packed_problem(a, b, c, m, n, k, ta, tb, alpha, beta), EpilogueArgs{});
   }
 }
 
@@ -603,23 +866,33 @@ void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
   check_gemm(a, b, y, m, n, k);
   check_floats(bias, n, "bias");
   if (preact) check_floats(*preact, uint64_t(m) * n, "pre-activation output");
-  record_gemm(r, a, b, y, m, n, k, ta, tb, 1.0f, 0.0f,
-              EpilogueArgs{preact ? Epilogue::BiasActTrain : Epilogue::BiasAct, act, &bias, preact});
+  EpilogueArgs e;
+  e.ep = preact ? Epilogue::BiasActTrain : Epilogue::BiasAct;
+  e.act = act;
+  e.bias = &bias;
+  e.preact = preact;
+  record_gemm(r, packed_problem(a, b, y, m, n, k, ta, tb, 1.0f, 0.0f), e);
 }
 
 void linear_weight_grads(Recorder& r, const Buffer& dz, const Buffer& x, const Buffer& dw, const Buffer& db,
                          uint32_t rows, uint32_t out_features, uint32_t in_features, float beta) {
   check_gemm(dz, x, dw, out_features, in_features, rows);
   check_floats(db, out_features, "bias gradient");
-  record_gemm(r, dz, x, dw, out_features, in_features, rows, true, false, 1.0f, beta,
-              EpilogueArgs{Epilogue::RowSum, Activation::None, nullptr, nullptr, &db});
+  EpilogueArgs e;
+  e.ep = Epilogue::RowSum;
+  e.row_sums = &db;
+  record_gemm(r, packed_problem(dz, x, dw, out_features, in_features, rows, true, false, 1.0f, beta), e);
 }
 
 void gemm_act_grad(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& preact, const Buffer& c, uint32_t m,
                    uint32_t n, uint32_t k, bool ta, bool tb, Activation act) {
   check_gemm(a, b, c, m, n, k);
   check_floats(preact, uint64_t(m) * n, "pre-activation");
-  record_gemm(r, a, b, c, m, n, k, ta, tb, 1.0f, 0.0f, EpilogueArgs{Epilogue::ActGrad, act, nullptr, &preact});
+  EpilogueArgs e;
+  e.ep = Epilogue::ActGrad;
+  e.act = act;
+  e.preact = &preact;
+  record_gemm(r, packed_problem(a, b, c, m, n, k, ta, tb, 1.0f, 0.0f), e);
 }
 
 }  // namespace pwt

@@ -17,11 +17,16 @@ class Handle {
   Handle& operator=(const Handle&) = delete;
   Handle(Handle&& o) noexcept : raw_(std::exchange(o.raw_, nullptr)) {}
   Handle& operator=(Handle&& o) noexcept {
-    if (this != &o) { reset(); raw_ = std::exchange(o.raw_, nullptr); }
+    if (this != &o) {
+      reset();
+      raw_ = std::exchange(o.raw_, nullptr);
+    }
     return *this;
   }
   ~Handle() { reset(); }
-  void reset() { if (raw_) Release(std::exchange(raw_, nullptr)); }
+  void reset() {
+    if (raw_) Release(std::exchange(raw_, nullptr));
+  }
   T get() const { return raw_; }
   explicit operator bool() const { return raw_ != nullptr; }
 

@@ -15,19 +15,13 @@
 namespace pwt {
 namespace {
 
-struct LnParams {  // layernorm.wgsl
-  uint32_t rows, cols, x_off, s_off, tpr, seg_rows, flags;
-  float eps, beta, beta_w, beta_b;
-  uint32_t parts;
-};
-static_assert(sizeof(LnParams) == 48, "layernorm.wgsl LnParams is 48 bytes");
-
-enum : uint32_t { kHasW = 1, kHasB = 2, kWantDx = 4, kWantParts = 8, kWantDw = 16, kWantDb = 32 };
-
-constexpr uint32_t kGroup = 256;          // threads per workgroup (layernorm.wgsl WG)
-constexpr uint64_t kMaxTrips = 32768;     // lavapipe leaves any loop after 65535 trips (inner trips add up)
+namespace sh = wgsl::layernorm;
+constexpr uint32_t kHasW = sh::HAS_W, kHasB = sh::HAS_B, kWantDx = sh::WANT_DX, kWantParts = sh::WANT_PARTS,
+                   kWantDw = sh::WANT_DW, kWantDb = sh::WANT_DB;  // LnParams.flags
+constexpr uint32_t kGroup = sh::WG;
+constexpr uint64_t kMaxTrips = 32768;      // lavapipe leaves any loop after 65535 trips (inner trips add up)
 constexpr uint64_t kMaxCols = 256 * 8192;  // the forward's three passes: 3 * 8192 trips per thread
-constexpr uint64_t kTargetParts = 1024;   // partial rows per block the column pass sums
+constexpr uint64_t kTargetParts = 1024;    // partial rows per block the column pass sums
 
 const Kernel& ln_kernel(Device& dev, const char* entry) {
   KernelDesc d;
@@ -35,13 +29,11 @@ const Kernel& ln_kernel(Device& dev, const char* entry) {
   d.entry = entry;
   const std::string e = entry;
   if (e == "ln_forward")
-    d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
-                  {4, Bind::ReadWrite}, {5, Bind::ReadWrite}, {6, Bind::Uniform}};
+    d.bindings = {sh::x, sh::weight, sh::bias, sh::y, sh::mean_out, sh::rstd_out, sh::lp};
   else if (e == "ln_backward")
-    d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {6, Bind::Uniform}, {7, Bind::ReadOnly},
-                  {8, Bind::ReadOnly}, {9, Bind::ReadOnly}, {10, Bind::ReadWrite}, {11, Bind::ReadWrite}};
+    d.bindings = {sh::x, sh::weight, sh::lp, sh::dy, sh::mean_in, sh::rstd_in, sh::dx, sh::parts};
   else
-    d.bindings = {{6, Bind::Uniform}, {12, Bind::ReadOnly}, {13, Bind::ReadWrite}, {14, Bind::ReadWrite}};
+    d.bindings = {sh::lp, sh::parts_in, sh::dweight, sh::dbias};
   return dev.pipelines().get(d);
 }
 
@@ -63,7 +55,6 @@ uint32_t log2u(uint32_t v) {
   return l;
 }
 
-
 // One dispatch cannot bind a buffer read-only and writable: refuse outputs sharing one with an input.
 void check_no_alias(const std::string& fn, const Buffer& out, const char* out_name,
                     std::initializer_list<std::pair<const Buffer*, const char*>> inputs) {
@@ -74,8 +65,9 @@ void check_no_alias(const std::string& fn, const Buffer& out, const char* out_na
 }
 
 void check_dims(const Device& dev, const std::string& fn, uint32_t rows, uint32_t cols) {
-  if (rows == 0 || cols == 0) throw ArgumentError(fn + ": rows and cols must be >= 1, got " + std::to_string(rows) +
-                                                  " x " + std::to_string(cols));
+  if (rows == 0 || cols == 0)
+    throw ArgumentError(fn + ": rows and cols must be >= 1, got " + std::to_string(rows) + " x " +
+                        std::to_string(cols));
   if (cols > kMaxCols)
     throw ArgumentError(fn + ": rows of " + std::to_string(cols) + " elements exceed the supported " +
                         std::to_string(kMaxCols) + " (one workgroup per row)");
@@ -109,7 +101,7 @@ void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, cons
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
     const Bound mb = bind_span(dev, mean, r0, rc);
-    LnParams p{};
+    LnParams p;
     p.rows = uint32_t(rc);
     p.cols = cols;
     p.x_off = xb.off;  // y shares it: same first element, aligned bases
@@ -119,8 +111,13 @@ void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, cons
     p.flags = flags;
     p.eps = eps;
     auto [gx, gy] = grid_1d(dev, ceil_div(rc, rpw));
-    r.dispatch(k, {xb.range, weight ? whole(*weight) : xb.range, bias ? whole(*bias) : xb.range,
-                   bind_span(dev, y, r0 * cols, rc * cols).range, mb.range, bind_span(dev, rstd, r0, rc).range},
+    r.dispatch(k,
+               {{sh::x, xb.range},
+                {sh::weight, weight ? whole(*weight) : xb.range},
+                {sh::bias, bias ? whole(*bias) : xb.range},
+                {sh::y, bind_span(dev, y, r0 * cols, rc * cols).range},
+                {sh::mean_out, mb.range},
+                {sh::rstd_out, bind_span(dev, rstd, r0, rc).range}},
                p, gx, gy);
   }
 }
@@ -131,7 +128,8 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
   Device& dev = r.device();
   const std::string fn = "layer_norm_backward";
   check_dims(dev, fn, rows, cols);
-  if (!dx && !dweight && !dbias) throw ArgumentError(fn + ": no gradient requested (dx, dweight and dbias are all None)");
+  if (!dx && !dweight && !dbias)
+    throw ArgumentError(fn + ": no gradient requested (dx, dweight and dbias are all None)");
   if (dweight && !weight) throw ArgumentError(fn + ": dweight needs the weight (the forward had none)");
   const uint64_t n = uint64_t(rows) * cols;
   check_floats(x, n, "layer_norm_backward input x");
@@ -156,7 +154,8 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
   // Partial rows per block: about kTargetParts, all [2][parts][cols] within one binding.
   const uint64_t by_binding = want_parts ? limit / (2 * uint64_t(cols)) : kTargetParts;
   const uint64_t cap = std::min(kTargetParts, by_binding);
-  if (cap < 2 * rpw) throw ArgumentError(fn + ": rows of " + std::to_string(cols) + " elements leave no room for the partial sums");
+  if (cap < 2 * rpw)
+    throw ArgumentError(fn + ": rows of " + std::to_string(cols) + " elements leave no room for the partial sums");
   const uint64_t pcap = cap / rpw * rpw - rpw;  // a block's partial rows stay <= pcap + rpw <= cap
   const uint64_t per = std::min(limit / cols, kmax * pcap);
 
@@ -170,7 +169,8 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
   // a small stand-in for whichever writable binding has no buffer.
   std::unique_ptr<Buffer> scratch, dummy;
   if (want_parts) scratch = std::make_unique<Buffer>(r.device_ptr(), 2 * max_parts * cols * 4, "pywgtrain.ln_partials");
-  if (!dx || !want_parts || !dweight || !dbias) dummy = std::make_unique<Buffer>(r.device_ptr(), 16, "pywgtrain.ln_unused");
+  if (!dx || !want_parts || !dweight || !dbias)
+    dummy = std::make_unique<Buffer>(r.device_ptr(), 16, "pywgtrain.ln_unused");
 
   uint32_t flags = (weight ? kHasW : 0) | (dx ? kWantDx : 0) | (want_parts ? kWantParts : 0) | (dweight ? kWantDw : 0) |
                    (dbias ? kWantDb : 0);
@@ -182,7 +182,7 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
     const uint64_t parts = groups * rpw;
     const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
     const Bound mb = bind_span(dev, mean, r0, rc);
-    LnParams p{};
+    LnParams p;
     p.rows = uint32_t(rc);
     p.cols = cols;
     p.x_off = xb.off;  // dy and dx share it
@@ -196,14 +196,22 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
     p.parts = uint32_t(parts);
     const Range parts_range = want_parts ? floats(*scratch, 0, 2 * parts * cols) : whole(*dummy);
     auto [gx, gy] = grid_1d(dev, groups);
-    r.dispatch(bk, {xb.range, weight ? whole(*weight) : xb.range, bind_span(dev, dy, r0 * cols, rc * cols).range,
-                    mb.range, bind_span(dev, rstd, r0, rc).range,
-                    dx ? bind_span(dev, *dx, r0 * cols, rc * cols).range : whole(*dummy), parts_range},
+    r.dispatch(bk,
+               {{sh::x, xb.range},
+                {sh::weight, weight ? whole(*weight) : xb.range},
+                {sh::dy, bind_span(dev, dy, r0 * cols, rc * cols).range},
+                {sh::mean_in, mb.range},
+                {sh::rstd_in, bind_span(dev, rstd, r0, rc).range},
+                {sh::dx, dx ? bind_span(dev, *dx, r0 * cols, rc * cols).range : whole(*dummy)},
+                {sh::parts, parts_range}},
                p, gx, gy);
     if (want_parts) {
-      auto [cx, cy] = grid_1d(dev, ceil_div(cols, 16));
-      r.dispatch(gk, {parts_range, dweight ? whole(*dweight) : whole(*dummy), dbias ? whole(*dbias) : whole(*dummy)}, p,
-                 cx, cy);
+      auto [cx, cy] = grid_1d(dev, ceil_div(cols, sh::COLS));
+      r.dispatch(gk,
+                 {{sh::parts_in, parts_range},
+                  {sh::dweight, dweight ? whole(*dweight) : whole(*dummy)},
+                  {sh::dbias, dbias ? whole(*dbias) : whole(*dummy)}},
+                 p, cx, cy);
     }
   }
 }

@@ -15,13 +15,20 @@ void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const B
   KernelDesc d;
   d.shader = "linear";
   d.entry = "act_backward";
-  d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::Uniform}};
+  namespace sh = wgsl::linear;
+  d.bindings = {sh::upstream, sh::preact, sh::result, sh::ep};
   d.constants = {{"ACT", std::to_string(uint32_t(act)) + "u"}};
   const Kernel& k = dev.pipelines().get(d);
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
-    struct { uint32_t n, cols, bias_off, pad; } p{uint32_t(count), 1, 0, 0};
-    auto [gx, gy] = grid_1d(dev, ceil_div(count, 256));
-    r.dispatch(k, {floats(dy, first, count), floats(z, first, count), floats(dz, first, count)}, p, gx, gy);
+    EwParams p;
+    p.n = uint32_t(count);
+    p.cols = 1;
+    auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
+    r.dispatch(k,
+               {{sh::upstream, floats(dy, first, count)},
+                {sh::preact, floats(z, first, count)},
+                {sh::result, floats(dz, first, count)}},
+               p, gx, gy);
   });
 }
 
@@ -29,19 +36,19 @@ void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, u
   check_floats(dz, uint64_t(rows) * cols, "bias_grad input");
   check_floats(db, cols, "bias gradient");
   Device& dev = r.device();
-  auto kernel = [&](const char* entry, std::vector<std::pair<uint32_t, Bind>> bindings) -> const Kernel& {
+  namespace sh = wgsl::linear;
+  auto kernel = [&](const char* entry) -> const Kernel& {
     KernelDesc d;
     d.shader = "linear";
     d.entry = entry;
-    d.bindings = std::move(bindings);
+    d.bindings = {sh::upstream, sh::result, sh::cp};
     d.constants = {{"ACT", "0u"}};
     return dev.pipelines().get(d);
   };
-  const Kernel& sum_k = kernel("bias_grad", {{0, Bind::ReadOnly}, {2, Bind::ReadWrite}, {6, Bind::Uniform}});
-  const Kernel& part_k = kernel("colsum_partial", {{0, Bind::ReadOnly}, {2, Bind::ReadWrite}, {6, Bind::Uniform}});
-  struct ColParams { uint32_t rows, cols; float beta; uint32_t block_rows; };  // linear.wgsl ColParams
-  const uint64_t col_groups = ceil_div(cols, 16);  // linear.wgsl COLS
-  const uint64_t part_col_groups = ceil_div(cols, 64);  // linear.wgsl PART_COLS
+  const Kernel& sum_k = kernel("bias_grad");
+  const Kernel& part_k = kernel("colsum_partial");
+  const uint32_t col_groups = uint32_t(ceil_div(cols, sh::COLS));
+  const uint32_t part_col_groups = uint32_t(ceil_div(cols, sh::PART_COLS));
   // Row blocks that fit one binding and keep each lane's loop bounded
   // (kMaxColumnSumRows, dispatch_util.hpp); later blocks accumulate.
   const uint64_t rows_per = std::min(rows_per_piece(dev, cols), kMaxColumnSumRows);
@@ -54,14 +61,24 @@ void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, u
     if (blocks >= 4 && blocks * cols <= dev.limits().max_storage_binding / 4) {
       const uint64_t block_rows = ceil_div(rc, blocks), used = ceil_div(rc, block_rows);
       const Range parts{dev.workspace(used * cols * 4), 0, used * cols * 4};
-      ColParams p{uint32_t(rc), cols, 0.0f, uint32_t(block_rows)};
-      r.dispatch(part_k, {floats(dz, r0 * cols, rc * cols), parts}, p, uint32_t(part_col_groups), uint32_t(used));
-      ColParams q{uint32_t(used), cols, b, 0};
-      r.dispatch(sum_k, {parts, whole(db)}, q, uint32_t(col_groups));
+      ColParams p;
+      p.rows = uint32_t(rc);
+      p.cols = cols;
+      p.block_rows = uint32_t(block_rows);
+      r.dispatch(part_k, {{sh::upstream, floats(dz, r0 * cols, rc * cols)}, {sh::result, parts}}, p, part_col_groups,
+                 uint32_t(used));
+      ColParams q;
+      q.rows = uint32_t(used);
+      q.cols = cols;
+      q.beta = b;
+      r.dispatch(sum_k, {{sh::upstream, parts}, {sh::result, whole(db)}}, q, col_groups);
       continue;
     }
-    ColParams p{uint32_t(rc), cols, b, 0};
-    r.dispatch(sum_k, {floats(dz, r0 * cols, rc * cols), whole(db)}, p, uint32_t(col_groups));
+    ColParams p;
+    p.rows = uint32_t(rc);
+    p.cols = cols;
+    p.beta = b;
+    r.dispatch(sum_k, {{sh::upstream, floats(dz, r0 * cols, rc * cols)}, {sh::result, whole(db)}}, p, col_groups);
   }
 }
 

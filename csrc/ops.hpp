@@ -39,12 +39,11 @@ void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const B
 // db[cols] = column sums of dZ[rows, cols] (+ beta * db).
 void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols, float beta);
 
-struct AdamWConfig { float lr, beta1, beta2, eps, weight_decay; };
-// AdamW's per-dispatch uniform block (optim.wgsl AdamParams).
-struct AdamWUniform {
-  uint32_t n;
-  float beta1, beta2, eps, decay, step_size, bc2_sqrt, pad;
+struct AdamWConfig {
+  float lr, beta1, beta2, eps, weight_decay;
 };
+// AdamW's per-dispatch uniform block.
+using AdamWUniform = AdamParams;
 AdamWUniform adamw_uniform(uint32_t n, const AdamWConfig& cfg, uint64_t step);
 // One AdamW step (step >= 1) over n parameters; `clip` (if given) holds
 // [norm, coefficient] from grad_norm and scales the gradient as it is read.
@@ -90,11 +89,11 @@ void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const B
 // lse; `delta` is scratch of B*H*T floats. dq, dk, dv may share one buffer
 // when their elements do not overlap; no output may share a buffer with an input.
 void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
-                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov,
-                        const Buffer& dout, const AttnView& gv, const Buffer& lse, const Buffer& delta,
-                        const Buffer& dq, const AttnView& dqv, const Buffer& dk, const AttnView& dkv,
-                        const Buffer& dv, const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d,
-                        float scale, float beta, uint32_t max_blocks);
+                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov, const Buffer& dout,
+                        const AttnView& gv, const Buffer& lse, const Buffer& delta, const Buffer& dq,
+                        const AttnView& dqv, const Buffer& dk, const AttnView& dkv, const Buffer& dv,
+                        const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
+                        float beta, uint32_t max_blocks);
 // Fused LayerNorm over the rows of x [rows, cols] (layernorm.cpp). Forward: y = (x - mean) * rstd
 // * weight + bias (weight / bias may be null: 1 / 0), mean and rstd = 1 / sqrt(var + eps) (biased
 // variance, as torch) saved per row for the backward. Rows past one binding run in row blocks.

@@ -9,16 +9,18 @@
 namespace pwt {
 namespace {
 
+namespace sh = wgsl::optim;
+
 const Kernel& optim_kernel(Device& dev, const char* entry) {
   KernelDesc d;
   d.shader = "optim";
   d.entry = entry;
   const std::string e = entry;
   if (e == "scale_by_clip") {
-    d.bindings = {{5, Bind::ReadOnly}, {6, Bind::ReadWrite}, {7, Bind::Uniform}};
+    d.bindings = {sh::clip, sh::grads, sh::sp};
   } else {
-    d.bindings = {{0, Bind::ReadWrite}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::ReadWrite}, {4, Bind::Uniform}};
-    if (e == "adamw_clipped") d.bindings.push_back({5, Bind::ReadOnly});
+    d.bindings = {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap};
+    if (e == "adamw_clipped") d.bindings.push_back(sh::clip);
   }
   return dev.pipelines().get(d);
 }
@@ -29,15 +31,23 @@ AdamWUniform adamw_uniform(uint32_t n, const AdamWConfig& cfg, uint64_t step) {
   // Bias corrections in double on the host, as torch computes them in Python floats.
   const double bc1 = 1.0 - std::pow(double(cfg.beta1), double(step));
   const double bc2 = 1.0 - std::pow(double(cfg.beta2), double(step));
-  return {n, cfg.beta1, cfg.beta2, cfg.eps, float(1.0 - double(cfg.lr) * cfg.weight_decay), float(cfg.lr / bc1),
-          float(std::sqrt(bc2)), 0.0f};
+  AdamParams p;
+  p.n = n;
+  p.beta1 = cfg.beta1;
+  p.beta2 = cfg.beta2;
+  p.eps = cfg.eps;
+  p.decay = float(1.0 - double(cfg.lr) * cfg.weight_decay);
+  p.step_size = float(cfg.lr / bc1);
+  p.bc2_sqrt = float(std::sqrt(bc2));
+  return p;
 }
 
 std::vector<uint8_t> StepGraph::adamw_block(size_t i, const AdamWConfig& cfg, uint64_t step) const {
   if (i >= dispatches_.size()) throw ArgumentError("adamw_block: dispatch index out of range");
   const auto& d = dispatches_[i];
   if (d.kernel->name.rfind("optim:adamw", 0) != 0 || d.bytes != sizeof(AdamWUniform))
-    throw ArgumentError("adamw_block: dispatch " + std::to_string(i) + " is " + d.kernel->name + ", not an AdamW update");
+    throw ArgumentError("adamw_block: dispatch " + std::to_string(i) + " is " + d.kernel->name +
+                        ", not an AdamW update");
   if (!(cfg.lr >= 0.0f) || step < 1) throw ArgumentError("adamw_block: lr must be >= 0 and step >= 1");
   uint32_t n;
   std::memcpy(&n, data_[d.chunk].data() + d.offset, 4);
@@ -76,19 +86,23 @@ void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& no
   Device& dev = r.device();
   const Kernel& k = optim_kernel(dev, "scale_by_clip");
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
-    struct { uint32_t n; } p{uint32_t(count)};
-    auto [gx, gy] = grid_1d(dev, ceil_div(count, 256));
-    r.dispatch(k, {whole(norm_out), floats(grad, first, count)}, p, gx, gy);
+    ScaleParams p;
+    p.n = uint32_t(count);
+    auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
+    r.dispatch(k, {{sh::clip, whole(norm_out)}, {sh::grads, floats(grad, first, count)}}, p, gx, gy);
   });
 }
 
 void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
            uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip) {
   if (!(cfg.lr >= 0.0f)) throw ArgumentError("AdamW: lr must be >= 0, got " + std::to_string(cfg.lr));
-  if (!(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f)) throw ArgumentError("AdamW: beta1 must be in [0, 1), got " + std::to_string(cfg.beta1));
-  if (!(cfg.beta2 >= 0.0f && cfg.beta2 < 1.0f)) throw ArgumentError("AdamW: beta2 must be in [0, 1), got " + std::to_string(cfg.beta2));
+  if (!(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f))
+    throw ArgumentError("AdamW: beta1 must be in [0, 1), got " + std::to_string(cfg.beta1));
+  if (!(cfg.beta2 >= 0.0f && cfg.beta2 < 1.0f))
+    throw ArgumentError("AdamW: beta2 must be in [0, 1), got " + std::to_string(cfg.beta2));
   if (!(cfg.eps > 0.0f)) throw ArgumentError("AdamW: eps must be > 0, got " + std::to_string(cfg.eps));
-  if (!(cfg.weight_decay >= 0.0f)) throw ArgumentError("AdamW: weight_decay must be >= 0, got " + std::to_string(cfg.weight_decay));
+  if (!(cfg.weight_decay >= 0.0f))
+    throw ArgumentError("AdamW: weight_decay must be >= 0, got " + std::to_string(cfg.weight_decay));
   if (step < 1) throw ArgumentError("AdamW: step must be >= 1");
   for (auto* b : {&param, &grad, &exp_avg, &exp_avg_sq}) check_floats(*b, n, "AdamW operand");
   if (clip) check_floats(*clip, 2, "clip coefficient");
@@ -97,11 +111,13 @@ void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& e
   AdamWUniform p = adamw_uniform(0, cfg, step);
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
     p.n = uint32_t(count);
-    auto [gx, gy] = grid_1d(dev, ceil_div(count, 256));
-    std::vector<Range> ranges{floats(param, first, count), floats(grad, first, count), floats(exp_avg, first, count),
-                              floats(exp_avg_sq, first, count)};
-    if (clip) ranges.push_back(whole(*clip));
-    r.dispatch(k, ranges, p, gx, gy);
+    auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
+    std::vector<Operand> operands{{sh::param, floats(param, first, count)},
+                                  {sh::grad, floats(grad, first, count)},
+                                  {sh::exp_avg, floats(exp_avg, first, count)},
+                                  {sh::exp_avg_sq, floats(exp_avg_sq, first, count)}};
+    if (clip) operands.push_back({sh::clip, whole(*clip)});
+    r.dispatch(k, operands, p, gx, gy);
   });
 }
 

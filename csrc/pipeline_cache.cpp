@@ -36,13 +36,31 @@ const Kernel& PipelineCache::get(const KernelDesc& desc) {
       body += line + "\n";
     }
   }
+  // Every binding must be one the shader declares (shader_contract.hpp), at
+  // most one of them the uniform block.
+  const ShaderInterface* contract = shader_interface(desc.shader);
+  if (!contract) throw GpuError("shader '" + desc.shader + "' has no interface in shader_contract.hpp");
+  size_t uniforms = 0;
+  for (const Slot& slot : desc.bindings) {
+    bool declared = false;
+    for (const Slot& s : contract->slots)
+      declared = declared || (s.binding == slot.binding && s.kind == slot.kind && std::string(s.var) == slot.var);
+    if (!declared)
+      throw GpuError(key + ": binding " + std::to_string(slot.binding) + " (" + slot.var +
+                     ") is not in the shader's interface");
+    uniforms += slot.kind == Bind::Uniform;
+  }
+  if (uniforms > 1) throw GpuError(key + ": more than one uniform binding");
   std::string code = enables;
+  for (auto& [name, value] : contract->constants) code += "const " + name + ": u32 = " + std::to_string(value) + "u;\n";
   for (auto& [name, value] : desc.constants) code += "const " + name + " = " + value + ";\n";
   code += body;
 
   auto k = std::make_unique<Kernel>();
   k->name = key;
   k->bindings = desc.bindings;
+  for (const Slot& slot : k->bindings)
+    if (slot.kind == Bind::Uniform) k->uniform = &slot;
   WGPUDevice d = dev_.raw();
   dev_.guarded("compiling kernel " + key, [&] {
     WGPUShaderSourceWGSL wgsl = {};
@@ -55,13 +73,13 @@ const Kernel& PipelineCache::get(const KernelDesc& desc) {
                                            : wgpuDeviceCreateShaderModule(d, &smd));
 
     std::vector<WGPUBindGroupLayoutEntry> entries;
-    for (auto& [binding, kind] : desc.bindings) {
+    for (const Slot& slot : desc.bindings) {
       WGPUBindGroupLayoutEntry e = {};
-      e.binding = binding;
+      e.binding = slot.binding;
       e.visibility = WGPUShaderStage_Compute;
-      e.buffer.type = kind == Bind::Uniform ? WGPUBufferBindingType_Uniform
-                      : kind == Bind::ReadOnly ? WGPUBufferBindingType_ReadOnlyStorage
-                                                : WGPUBufferBindingType_Storage;
+      e.buffer.type = slot.kind == Bind::Uniform    ? WGPUBufferBindingType_Uniform
+                      : slot.kind == Bind::ReadOnly ? WGPUBufferBindingType_ReadOnlyStorage
+                                                    : WGPUBufferBindingType_Storage;
       entries.push_back(e);
     }
     WGPUBindGroupLayoutDescriptor bgld = {};

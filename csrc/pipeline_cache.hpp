@@ -1,7 +1,8 @@
 // Compute pipelines compiled once per device and looked up by key afterwards.
 // A kernel is (shader file, entry point, specialization constants, binding
 // layout); constants are emitted as WGSL `const` declarations ahead of the
-// shader text, so one .wgsl file serves every tile configuration.
+// shader text, so one .wgsl file serves every tile configuration. The
+// shader's shared constants (shader_contract.hpp) are emitted the same way.
 #pragma once
 #include <map>
 #include <memory>
@@ -10,17 +11,16 @@
 #include <vector>
 
 #include "handle.hpp"
+#include "shader_contract.hpp"
 
 namespace pwt {
 
 class Device;
 
-enum class Bind { ReadOnly, ReadWrite, Uniform };
-
 struct KernelDesc {
   std::string shader;  // file stem under shaders/
   std::string entry;
-  std::vector<std::pair<uint32_t, Bind>> bindings;  // (binding index, kind)
+  std::vector<Slot> bindings;  // the entry point's bindings, from wgsl::<shader> (shader_contract.hpp)
   std::vector<std::pair<std::string, std::string>> constants;  // (name, WGSL literal)
   // Skip wgpu's injected bounds checks: only for kernels whose every access is
   // bounds-checked in the shader itself (the checks cost registers and
@@ -31,7 +31,8 @@ struct KernelDesc {
 
 struct Kernel {
   std::string name;
-  std::vector<std::pair<uint32_t, Bind>> bindings;
+  std::vector<Slot> bindings;
+  const Slot* uniform = nullptr;  // the uniform binding in `bindings`, if any
   BindGroupLayoutHandle layout;
   ComputePipelineHandle pipeline;
 };

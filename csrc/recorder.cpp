@@ -12,9 +12,8 @@ Recorder::~Recorder() { discard(); }
 
 void Recorder::ensure_encoder() {
   if (encoder_) return;
-  recording_step("creating a command encoder", [&] {
-    encoder_ = CommandEncoderHandle(wgpuDeviceCreateCommandEncoder(dev_->raw(), nullptr));
-  });
+  recording_step("creating a command encoder",
+                 [&] { encoder_ = CommandEncoderHandle(wgpuDeviceCreateCommandEncoder(dev_->raw(), nullptr)); });
 }
 
 void Recorder::ensure_pass() {
@@ -57,7 +56,8 @@ Range Recorder::uniform_block(const void* params, size_t bytes) {
 }
 
 Range Recorder::stage(const void* data, uint64_t bytes) {
-  if (bytes == 0 || bytes % 4) throw ArgumentError("stage: size must be a positive multiple of 4 bytes, got " + std::to_string(bytes));
+  if (bytes == 0 || bytes % 4)
+    throw ArgumentError("stage: size must be a positive multiple of 4 bytes, got " + std::to_string(bytes));
   if (bytes > dev_->limits().max_storage_binding)
     throw ArgumentError("stage: " + std::to_string(bytes) + " bytes exceed max_storage_buffer_binding_size " +
                         std::to_string(dev_->limits().max_storage_binding));
@@ -72,29 +72,54 @@ Range Recorder::stage(const void* data, uint64_t bytes) {
   return Range{s.chunk.buffer.get(), offset, bytes};
 }
 
-void Recorder::dispatch(const Kernel& k, const std::vector<Range>& storage, const void* params, size_t params_bytes,
-                        uint32_t gx, uint32_t gy, uint32_t gz) {
+void Recorder::record_dispatch(const Kernel& k, const std::vector<Operand>& operands, const void* params,
+                               size_t params_bytes, const char* params_type, uint32_t gx, uint32_t gy, uint32_t gz) {
   const auto& lim = dev_->limits();
   if (gx > lim.max_workgroups_per_dim || gy > lim.max_workgroups_per_dim || gz > lim.max_workgroups_per_dim)
     throw ArgumentError(k.name + ": dispatch of (" + std::to_string(gx) + ", " + std::to_string(gy) + ", " +
                         std::to_string(gz) + ") workgroups exceeds the device limit of " +
                         std::to_string(lim.max_workgroups_per_dim) + " per dimension");
+  // The contract first (these are errors in the launcher, whatever the grid).
+  if (k.uniform && (!params_type || std::strcmp(params_type, k.uniform->type) != 0))
+    throw ArgumentError(k.name + ": binding " + std::to_string(k.uniform->binding) + " (" + k.uniform->var +
+                        ") takes a " + k.uniform->type + ", the launcher passed " +
+                        (params_type ? params_type : "no uniform block"));
+  if (!k.uniform && params_type)
+    throw ArgumentError(k.name + ": the kernel has no uniform binding, the launcher passed a " + params_type);
+  for (const Operand& op : operands) {
+    const Slot* slot = nullptr;
+    for (const Slot& s : k.bindings)
+      if (s.binding == op.binding) slot = &s;
+    if (!slot || slot->kind == Bind::Uniform)
+      throw ArgumentError(k.name + ": an operand for binding " + std::to_string(op.binding) +
+                          ", which is not a storage binding of the kernel");
+  }
   if (gx == 0 || gy == 0 || gz == 0) return;
   std::vector<WGPUBindGroupEntry> entries;
-  size_t next_storage = 0;
-  for (auto& [binding, kind] : k.bindings) {
+  for (const Slot& slot : k.bindings) {
     Range r;
-    if (kind == Bind::Uniform) {
+    if (slot.kind == Bind::Uniform) {
       r = uniform_block(params, params_bytes);
     } else {
-      if (next_storage >= storage.size()) throw ArgumentError(k.name + ": too few buffers bound");
-      r = storage[next_storage++];
+      const Operand* found = nullptr;
+      for (const Operand& op : operands) {
+        if (op.binding != slot.binding) continue;
+        if (found)
+          throw ArgumentError(k.name + ": two operands for binding " + std::to_string(slot.binding) + " (" + slot.var +
+                              ")");
+        found = &op;
+      }
+      if (!found)
+        throw ArgumentError(k.name + ": no operand for binding " + std::to_string(slot.binding) + " (" + slot.var +
+                            ")");
+      r = found->range;
       if (r.size > lim.max_storage_binding)
-        throw ArgumentError(k.name + ": binding of " + std::to_string(r.size) + " bytes exceeds max_storage_buffer_binding_size " +
+        throw ArgumentError(k.name + ": binding of " + std::to_string(r.size) +
+                            " bytes exceeds max_storage_buffer_binding_size " +
                             std::to_string(lim.max_storage_binding));
     }
     WGPUBindGroupEntry e = {};
-    e.binding = binding;
+    e.binding = slot.binding;
     e.buffer = r.buffer;
     e.offset = r.offset;
     e.size = r.size;
@@ -122,8 +147,8 @@ void Recorder::dispatch(const Kernel& k, const std::vector<Range>& storage, cons
       }
       const bool has_uniform = !uniforms_.empty() && params_bytes;
       graph_->dispatches_.push_back({&k, std::move(group), entries, has_uniform ? uniforms_.size() - 1 : 0,
-                                     has_uniform ? uniform_offset_ : 0, uint32_t(has_uniform ? params_bytes : 0),
-                                     gx, gy, gz});
+                                     has_uniform ? uniform_offset_ : 0, uint32_t(has_uniform ? params_bytes : 0), gx,
+                                     gy, gz});
     }
   });
   ++commands_;
@@ -136,8 +161,10 @@ void Recorder::copy(const Buffer& src, uint64_t so, const Buffer& dst, uint64_t 
   check_range(dst, doff, bytes, "copy destination");
   end_pass();
   ensure_encoder();
-  recording_step("recording a copy of " + std::to_string(bytes) + " bytes",
-                 [&] { wgpuCommandEncoderCopyBufferToBuffer(encoder_.get(), src.raw(), src.offset() + so, dst.raw(), dst.offset() + doff, bytes); });
+  recording_step("recording a copy of " + std::to_string(bytes) + " bytes", [&] {
+    wgpuCommandEncoderCopyBufferToBuffer(encoder_.get(), src.raw(), src.offset() + so, dst.raw(), dst.offset() + doff,
+                                         bytes);
+  });
   ++commands_;
 }
 
@@ -155,7 +182,8 @@ void Recorder::fill_zero(const Buffer& dst, uint64_t offset, uint64_t bytes) {
 void Recorder::resolve_queries(WGPUQuerySet set, uint32_t count, const Buffer& dst) {
   end_pass();
   ensure_encoder();
-  recording_step("resolving timestamp queries", [&] { wgpuCommandEncoderResolveQuerySet(encoder_.get(), set, 0, count, dst.raw(), dst.offset()); });
+  recording_step("resolving timestamp queries",
+                 [&] { wgpuCommandEncoderResolveQuerySet(encoder_.get(), set, 0, count, dst.raw(), dst.offset()); });
   ++commands_;
 }
 
@@ -189,7 +217,9 @@ std::vector<std::string> StepGraph::kernel_names() const {
 Range StepGraph::uniform_range(size_t i) const {
   if (i >= dispatches_.size()) throw ArgumentError("uniform_range: dispatch index out of range");
   const auto& d = dispatches_[i];
-  if (!d.bytes) throw ArgumentError("uniform_range: dispatch " + std::to_string(i) + " (" + d.kernel->name + ") has no uniform block");
+  if (!d.bytes)
+    throw ArgumentError("uniform_range: dispatch " + std::to_string(i) + " (" + d.kernel->name +
+                        ") has no uniform block");
   return Range{chunks_[d.chunk].get(), d.offset, (uint64_t(d.bytes) + 15) & ~uint64_t(15)};
 }
 
@@ -221,7 +251,8 @@ void Recorder::replay(StepGraph& g, const std::vector<Rebind>& rebinds, PassTime
         bool changed = false;
         for (auto& e : entries) {
           for (auto& rb : rebinds) {
-            if (e.buffer != rb.from.buffer || e.offset + e.size <= rb.from.offset || e.offset >= rb.from.offset + rb.from.size)
+            if (e.buffer != rb.from.buffer || e.offset + e.size <= rb.from.offset ||
+                e.offset >= rb.from.offset + rb.from.size)
               continue;
             if (e.offset < rb.from.offset || e.offset + e.size > rb.from.offset + rb.from.size)
               throw ArgumentError("replay: " + d.kernel->name + " binds a range that straddles a rebound one");
@@ -274,8 +305,8 @@ void Recorder::recording_step(const std::string& what, const std::function<void(
 void Recorder::check_range(const Buffer& b, uint64_t offset, uint64_t bytes, const char* what) const {
   // Checked here: wgpu-native validates copies only at submit, where an error is fatal.
   if (offset % 4 || bytes % 4)
-    throw ValidationError(std::string(what) + ": offset " + std::to_string(offset) + " and size " + std::to_string(bytes) +
-                          " must be multiples of 4 bytes");
+    throw ValidationError(std::string(what) + ": offset " + std::to_string(offset) + " and size " +
+                          std::to_string(bytes) + " must be multiples of 4 bytes");
   const uint64_t extent = (b.bytes() + 3) & ~uint64_t(3);
   if (offset + bytes > extent)
     throw ValidationError(std::string(what) + ": copy of " + std::to_string(bytes) + " bytes at offset " +
@@ -298,7 +329,8 @@ uint64_t Recorder::submit() {
     // Finish in its own scope: an invalid command buffer must never reach
     // wgpuQueueSubmit, whose errors wgpu-native treats as fatal.
     CommandBufferHandle cmd;
-    dev_->guarded("finishing recorded GPU work", [&] { cmd = CommandBufferHandle(wgpuCommandEncoderFinish(encoder.get(), nullptr)); });
+    dev_->guarded("finishing recorded GPU work",
+                  [&] { cmd = CommandBufferHandle(wgpuCommandEncoderFinish(encoder.get(), nullptr)); });
     dev_->guarded("submitting recorded GPU work", [&] {
       for (auto& c : chunks)
         if (!c.data.empty()) wgpuQueueWriteBuffer(dev_->queue(), c.buffer.get(), 0, c.data.data(), c.data.size());

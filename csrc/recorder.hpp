@@ -17,11 +17,21 @@ class PassTimer;
 
 // A byte range of a buffer bound to one shader binding.
 struct Range {
-  WGPUBuffer buffer;
-  uint64_t offset;
-  uint64_t size;
+  WGPUBuffer buffer = nullptr;
+  uint64_t offset = 0;
+  uint64_t size = 0;
 };
-inline Range whole(const Buffer& b) { return Range{b.raw(), b.offset(), std::max<uint64_t>(4, (b.bytes() + 3) & ~uint64_t(3))}; }
+inline Range whole(const Buffer& b) {
+  return Range{b.raw(), b.offset(), std::max<uint64_t>(4, (b.bytes() + 3) & ~uint64_t(3))};
+}
+
+// A storage range bound to one named binding of a kernel (a Slot of
+// wgsl::<shader>, shader_contract.hpp).
+struct Operand {
+  Operand(const Slot& slot, const Range& r) : binding(slot.binding), range(r) {}
+  uint32_t binding;
+  Range range;
+};
 
 // One binding range of a captured graph pointed elsewhere for one replay
 // (`to` has the size of `from`; bindings inside `from` keep their offset in it).
@@ -80,13 +90,19 @@ class Recorder {
   Device& device() { return *dev_; }
   const std::shared_ptr<Device>& device_ptr() const { return dev_; }
 
-  // Storage ranges go to the kernel's non-uniform bindings in order; `params`
-  // (if the kernel has a uniform binding) is copied into per-dispatch uniform memory.
-  void dispatch(const Kernel& k, const std::vector<Range>& storage, const void* params, size_t params_bytes,
-                uint32_t groups_x, uint32_t groups_y = 1, uint32_t groups_z = 1);
+  // Each storage binding of the kernel gets the one operand naming it (an
+  // operand for a binding the kernel lacks, a binding without one or with two
+  // is an error); `params`, a uniform block of shader_contract.hpp of the
+  // type the kernel's uniform binding declares, is copied into per-dispatch
+  // uniform memory.
   template <typename P>
-  void dispatch(const Kernel& k, const std::vector<Range>& storage, const P& params, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
-    dispatch(k, storage, &params, sizeof(P), gx, gy, gz);
+  void dispatch(const Kernel& k, const std::vector<Operand>& operands, const P& params, uint32_t gx, uint32_t gy = 1,
+                uint32_t gz = 1) {
+    record_dispatch(k, operands, &params, sizeof(P), UniformTraits<P>::name, gx, gy, gz);
+  }
+  // A kernel without a uniform binding.
+  void dispatch(const Kernel& k, const std::vector<Operand>& operands, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
+    record_dispatch(k, operands, nullptr, 0, nullptr, gx, gy, gz);
   }
   void copy(const Buffer& src, uint64_t src_offset, const Buffer& dst, uint64_t dst_offset, uint64_t bytes);
   void fill_zero(const Buffer& dst, uint64_t offset, uint64_t bytes);
@@ -123,6 +139,8 @@ class Recorder {
   Range uniform_block(const void* params, size_t bytes);
 
  private:
+  void record_dispatch(const Kernel& k, const std::vector<Operand>& operands, const void* params, size_t params_bytes,
+                       const char* params_type, uint32_t gx, uint32_t gy, uint32_t gz);
   void ensure_encoder();
   // Runs one recording call inside error scopes; on error discards the whole
   // recording (see recorder.cpp) and rethrows.
@@ -133,9 +151,16 @@ class Recorder {
   std::shared_ptr<Device> dev_;
   CommandEncoderHandle encoder_;
   ComputePassHandle pass_;
-  struct UniformChunk { BufferHandle buffer; std::vector<uint8_t> data; bool owned_by_graph = false; };
+  struct UniformChunk {
+    BufferHandle buffer;
+    std::vector<uint8_t> data;
+    bool owned_by_graph = false;
+  };
   std::vector<UniformChunk> uniforms_;
-  struct StageUse { Device::StageChunk chunk; uint64_t used = 0; };
+  struct StageUse {
+    Device::StageChunk chunk;
+    uint64_t used = 0;
+  };
   std::vector<StageUse> stages_;
   size_t commands_ = 0;
   bool timed_ = false;

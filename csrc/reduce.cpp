@@ -11,10 +11,14 @@ const Kernel& reduce_kernel(Device& dev, const char* entry, bool square) {
   KernelDesc d;
   d.shader = "reduce";
   d.entry = entry;
+  namespace sh = wgsl::reduce;
   const std::string e = entry;
-  if (e == "partial_sum4") d.bindings = {{4, Bind::ReadOnly}, {1, Bind::ReadWrite}, {2, Bind::Uniform}};
-  else if (e == "partial_sum") d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadWrite}, {2, Bind::Uniform}};
-  else d.bindings = {{0, Bind::ReadOnly}, {1, Bind::ReadWrite}, {3, Bind::Uniform}};
+  if (e == "partial_sum4")
+    d.bindings = {sh::src4, sh::dst, sh::pp};
+  else if (e == "partial_sum")
+    d.bindings = {sh::src, sh::dst, sh::pp};
+  else
+    d.bindings = {sh::src, sh::dst, sh::fp};
   d.constants = {{"SQUARE", square ? "true" : "false"}};
   return dev.pipelines().get(d);
 }
@@ -23,15 +27,22 @@ const Kernel& reduce_kernel(Device& dev, const char* entry, bool square) {
 
 // Sums (or sums of squares) of consecutive pieces of `src` into scratch, from
 // scratch[offset] on; returns the new offset.
-uint64_t record_partials(Recorder& r, const Buffer& src, uint64_t n, bool square, const Buffer& scratch, uint64_t offset) {
+uint64_t record_partials(Recorder& r, const Buffer& src, uint64_t n, bool square, const Buffer& scratch,
+                         uint64_t offset) {
   Device& dev = r.device();
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
     const uint64_t groups = ceil_div(count, kReduceGroup);
-    struct { uint32_t n, out_off; } p{uint32_t(count), uint32_t(offset)};
+    ReducePartialParams p;
+    p.n = uint32_t(count);
+    p.out_off = uint32_t(offset);
     auto [gx, gy] = grid_1d(dev, groups);
     // Pieces start at aligned offsets, so whole vec4s whenever the count allows.
-    const Kernel& k = reduce_kernel(dev, count % 4 ? "partial_sum" : "partial_sum4", square);
-    r.dispatch(k, {floats(src, first, count), whole(scratch)}, p, gx, gy);
+    const bool vec4 = count % 4 == 0;
+    const Kernel& k = reduce_kernel(dev, vec4 ? "partial_sum4" : "partial_sum", square);
+    r.dispatch(k,
+               {{vec4 ? wgsl::reduce::src4 : wgsl::reduce::src, floats(src, first, count)},
+                {wgsl::reduce::dst, whole(scratch)}},
+               p, gx, gy);
     offset += groups;
   });
   return offset;
@@ -39,8 +50,13 @@ uint64_t record_partials(Recorder& r, const Buffer& src, uint64_t n, bool square
 
 void record_finalize(Recorder& r, const char* entry, const Buffer& scratch, uint64_t partials, const Buffer& out,
                      uint32_t out_index, float scale, float max_norm) {
-  struct { uint32_t count, out_off; float scale, max_norm; } p{uint32_t(partials), out_index, scale, max_norm};
-  r.dispatch(reduce_kernel(r.device(), entry, false), {whole(scratch), whole(out)}, p, 1);
+  ReduceFinalParams p;
+  p.count = uint32_t(partials);
+  p.out_off = out_index;
+  p.scale = scale;
+  p.max_norm = max_norm;
+  r.dispatch(reduce_kernel(r.device(), entry, false),
+             {{wgsl::reduce::src, whole(scratch)}, {wgsl::reduce::dst, whole(out)}}, p, 1);
 }
 
 }  // namespace pwt

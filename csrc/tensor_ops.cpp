@@ -17,49 +17,13 @@
 namespace pwt {
 namespace {
 
-// Uniform blocks, field for field as in the shaders.
-struct FlatParams {  // elementwise.wgsl
-  uint32_t n;
-  float a, b, beta;
-};
-static_assert(sizeof(FlatParams) == 16, "elementwise.wgsl FlatParams is 16 bytes");
+namespace ew = wgsl::elementwise;
+namespace ax = wgsl::axis;
+namespace emb = wgsl::embedding;
+namespace embb = wgsl::embedding_backward;
+static_assert(emb::CB == embb::CB, "both embedding backward forms cover CB columns per workgroup");
 
-struct NdParams {  // elementwise.wgsl
-  uint32_t n, ndim;
-  float beta;
-  uint32_t pad;
-  uint32_t offs[4];
-  uint32_t shape[8];
-  uint32_t strides[kMaxDims][4];  // [dim][operand slot]
-};
-static_assert(sizeof(NdParams) == 160, "elementwise.wgsl NdParams is 160 bytes");
-
-struct AxisParams {  // axis.wgsl
-  uint32_t outer, len, inner, x_row, x_col, out_row, x_off, out_off, j0, combine;
-  float scale, beta;
-};
-static_assert(sizeof(AxisParams) == 48, "axis.wgsl AxisParams is 48 bytes");
-
-struct GatherParams {  // embedding.wgsl
-  uint32_t rows, cols, vocab, v0, vcount, src_off, idx_off, dst_off;
-  int32_t ignore_index;
-  uint32_t first;
-  float beta;
-  uint32_t pad;
-};
-static_assert(sizeof(GatherParams) == 48, "embedding.wgsl GatherParams is 48 bytes");
-
-struct EmbBwdParams {  // embedding_backward.wgsl
-  uint32_t rows, cols, v0, vcount, src_off, idx_off, dst_off, seg, segs, pad0;
-  float beta;
-  uint32_t pad;
-};
-static_assert(sizeof(EmbBwdParams) == 48, "embedding_backward.wgsl EmbBwdParams is 48 bytes");
-
-constexpr uint32_t kGroup = 256;        // threads per workgroup of the flat kernels
-constexpr uint32_t kEmbMaxRows = 128;   // embedding_backward.wgsl VB at most (rows per workgroup)
-constexpr uint32_t kEmbCols = 64;       // embedding_backward.wgsl and embedding.wgsl CB
-constexpr uint32_t kEmbScanRows = 128;  // embedding.wgsl VB (the scan for large tables)
+constexpr uint32_t kEmbMaxRows = 128;  // rows per emb_bwd_segments workgroup at most (its VB is emitted per kernel)
 // embedding_backward: ids per segment aimed at (enough workgroups to fill a GPU
 // for small tables), the partial sums' scratch budget (floats), and the most
 // segments one combine pass adds (its loop's trips).
@@ -73,10 +37,9 @@ constexpr uint64_t kMaxBlocks = 65536;  // dispatches one N-d launch may split i
 // loop after 65535 iterations (an inner loop's trips add up over its outer
 // loop's), so longer work is split across dispatches.
 constexpr uint64_t kMaxTrips = 32768;
-constexpr uint64_t kRowThreads = 256;   // axis.wgsl: threads along a row (reduce_rows, softmax)
-constexpr uint64_t kColLanes = 16;      // axis.wgsl: lanes along len (reduce_cols)
+constexpr uint64_t kRowThreads = ax::WG;   // threads along a row (reduce_rows, softmax)
+constexpr uint64_t kColLanes = ax::LANES;  // lanes along len (reduce_cols)
 constexpr uint64_t kSoftmaxMaxCols = kRowThreads * kMaxTrips;
-
 
 void check_ints(const Buffer& b, uint64_t count, const char* what) {
   if (b.bytes() < count * 4)
@@ -99,19 +62,20 @@ void check_nonzero(uint64_t v, const std::string& what) {
   if (v == 0) throw ArgumentError(what + " must be >= 1");
 }
 
-void record_flat(Recorder& r, const Kernel& k, const std::vector<const Buffer*>& bufs, uint64_t n, float a, float b,
-                 float beta) {
+// One element-wise kernel over n elements of the buffers bound to `operands`.
+void record_flat(Recorder& r, const Kernel& k, const std::vector<std::pair<Slot, const Buffer*>>& operands, uint64_t n,
+                 float a, float b, float beta) {
   Device& dev = r.device();
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
-    FlatParams p{};
+    FlatParams p;
     p.n = uint32_t(count);
     p.a = a;
     p.b = b;
     p.beta = beta;
-    std::vector<Range> ranges;
-    for (auto* buf : bufs) ranges.push_back(floats(*buf, first, count));
-    auto [gx, gy] = grid_1d(dev, ceil_div(count, kGroup));
-    r.dispatch(k, ranges, p, gx, gy);
+    std::vector<Operand> bound;
+    for (auto& [slot, buf] : operands) bound.push_back({slot, floats(*buf, first, count)});
+    auto [gx, gy] = grid_1d(dev, ceil_div(count, ew::WG));
+    r.dispatch(k, bound, p, gx, gy);
   });
 }
 
@@ -119,25 +83,28 @@ void record_flat(Recorder& r, const Kernel& k, const std::vector<const Buffer*>&
 // its own in elementwise.wgsl that keep relative precision for x << 0).
 uint32_t act_for(UnaryOp op) {
   switch (op) {
-    case UnaryOp::Relu: return uint32_t(Activation::Relu);
-    case UnaryOp::Silu: return uint32_t(Activation::Silu);
-    default: return uint32_t(Activation::None);
+    case UnaryOp::Relu:
+      return uint32_t(Activation::Relu);
+    case UnaryOp::Silu:
+      return uint32_t(Activation::Silu);
+    default:
+      return uint32_t(Activation::None);
   }
 }
 
 // elementwise.wgsl kernel: every constant the file reads is emitted (unused ones as 0).
-const Kernel& ew_kernel(Device& dev, const char* entry, std::vector<std::pair<uint32_t, Bind>> bindings, uint32_t op,
-                        uint32_t act = 0, uint32_t which = 0) {
+const Kernel& ew_kernel(Device& dev, const char* entry, std::vector<Slot> bindings, uint32_t op, uint32_t act = 0,
+                        uint32_t which = 0) {
   KernelDesc d;
   d.shader = "elementwise";
   d.entry = entry;
   d.bindings = std::move(bindings);
-  d.constants = {{"OP", std::to_string(op) + "u"}, {"ACT", std::to_string(act) + "u"}, {"WHICH", std::to_string(which) + "u"}};
+  d.constants = {
+      {"OP", std::to_string(op) + "u"}, {"ACT", std::to_string(act) + "u"}, {"WHICH", std::to_string(which) + "u"}};
   return dev.pipelines().get(d);
 }
 
-const Kernel& axis_kernel(Device& dev, const char* entry, std::vector<std::pair<uint32_t, Bind>> bindings, uint32_t op,
-                          bool log = false) {
+const Kernel& axis_kernel(Device& dev, const char* entry, std::vector<Slot> bindings, uint32_t op, bool log = false) {
   KernelDesc d;
   d.shader = "axis";
   d.entry = entry;
@@ -146,7 +113,7 @@ const Kernel& axis_kernel(Device& dev, const char* entry, std::vector<std::pair<
   return dev.pipelines().get(d);
 }
 
-const Kernel& gather_kernel(Device& dev, const char* entry, std::vector<std::pair<uint32_t, Bind>> bindings) {
+const Kernel& gather_kernel(Device& dev, const char* entry, std::vector<Slot> bindings) {
   KernelDesc d;
   d.shader = "embedding";
   d.entry = entry;
@@ -163,6 +130,10 @@ struct NdOperand {
   const char* what = "";
 };
 
+// The bindings of NdParams' operand slots 0..3.
+constexpr Slot kNdSlots[4] = {ew::in0, ew::in1, ew::in2, ew::res};
+static_assert(sizeof(NdParams::strides) / sizeof(NdParams::strides[0]) == kMaxDims, "NdParams holds kMaxDims strides");
+
 std::vector<uint32_t> contiguous_strides(const std::vector<uint32_t>& shape, const std::string& fn) {
   std::vector<uint32_t> s(shape.size());
   uint64_t step = 1;
@@ -176,7 +147,7 @@ std::vector<uint32_t> contiguous_strides(const std::vector<uint32_t>& shape, con
 }
 
 // Records kernel k over the index space `shape` with operands in binding
-// slots 0..3 (slot 3 written). Size-1 dimensions are dropped and dimensions
+// slots 0..3 (in0, in1, in2, res: slot 3 written). Size-1 dimensions are dropped and dimensions
 // every operand walks contiguously are merged; when an operand's span exceeds
 // one binding, the space is cut into blocks: outer dimensions one coordinate
 // at a time, the first dimension whose inner span fits in runs as long as fit.
@@ -184,7 +155,8 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
                const std::vector<uint32_t>& shape, float beta) {
   const size_t nd = shape.size();
   if (nd > kMaxDims)
-    throw ArgumentError(fn + ": " + std::to_string(nd) + " dimensions, at most " + std::to_string(kMaxDims) + " supported");
+    throw ArgumentError(fn + ": " + std::to_string(nd) + " dimensions, at most " + std::to_string(kMaxDims) +
+                        " supported");
   for (size_t d = 0; d < nd; ++d)
     if (shape[d] == 0) throw ArgumentError(fn + ": shape has a zero dimension (dimension " + std::to_string(d) + ")");
   for (const auto& op : ops) {
@@ -195,8 +167,7 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
     uint64_t last = op.off;  // element index of the last element touched
     for (size_t d = 0; d < nd; ++d) {
       const uint64_t step = uint64_t(shape[d] - 1) * (*op.strides)[d];
-      if (step > (uint64_t(1) << 52))
-        throw ArgumentError(fn + ": " + op.what + " strides reach past any buffer");
+      if (step > (uint64_t(1) << 52)) throw ArgumentError(fn + ": " + op.what + " strides reach past any buffer");
       last += step;
     }
     check_floats(*op.buf, last + 1, (fn + " " + op.what).c_str());
@@ -267,25 +238,25 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
   for (;;) {
     for (uint64_t c = 0; c < sh[p]; c += run) {
       const uint64_t len = std::min(run, sh[p] - c);
-      NdParams prm{};
+      NdParams prm;
       prm.n = uint32_t(len * per_run);
       prm.ndim = uint32_t(n - p);
       prm.beta = beta;
-      prm.shape[0] = uint32_t(len);
-      for (size_t d = split; d < n; ++d) prm.shape[d - p] = uint32_t(sh[d]);
+      prm.shape[0][0] = uint32_t(len);
+      for (size_t d = split; d < n; ++d) prm.shape[(d - p) / 4][(d - p) % 4] = uint32_t(sh[d]);
       for (size_t d = p; d < n; ++d)
         for (size_t i = 0; i < 4; ++i) prm.strides[d - p][i] = uint32_t(st[d][i]);
-      std::vector<Range> ranges;
+      std::vector<Operand> operands;
       for (size_t i = 0; i < 4; ++i) {
         if (!ops[i].buf) continue;
         uint64_t first = ops[i].off + c * st[p][i];
         for (size_t d = 0; d < p; ++d) first += coord[d] * st[d][i];
         const Bound b = bind_span(dev, *ops[i].buf, first, (len - 1) * st[p][i] + tail(i, split));
-        ranges.push_back(b.range);
+        operands.push_back({kNdSlots[i], b.range});
         prm.offs[i] = b.off;
       }
-      auto [gx, gy] = grid_1d(dev, ceil_div(prm.n, kGroup));
-      r.dispatch(k, ranges, prm, gx, gy);
+      auto [gx, gy] = grid_1d(dev, ceil_div(prm.n, ew::WG));
+      r.dispatch(k, operands, prm, gx, gy);
     }
     size_t d = p;
     for (; d > 0; --d) {
@@ -312,7 +283,8 @@ void for_each_axis_block(uint64_t limit, uint64_t max_len, uint64_t outer, uint6
     const uint64_t mo = limit / slice;
     const uint64_t ml = std::min(len, max_len);
     for (uint64_t o = 0; o < outer; o += mo)
-      for (uint64_t j = 0; j < len; j += ml) fn(AxisBlock{o, std::min(mo, outer - o), j, std::min(ml, len - j), 0, inner});
+      for (uint64_t j = 0; j < len; j += ml)
+        fn(AxisBlock{o, std::min(mo, outer - o), j, std::min(ml, len - j), 0, inner});
   } else if (inner <= limit) {
     const uint64_t ml = std::min(limit / inner, max_len);
     for (uint64_t o = 0; o < outer; ++o)
@@ -368,9 +340,8 @@ void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n
   check_floats(x, n, "unary input x");
   check_floats(y, n, "unary output y");
   check_no_alias("unary", y, "y", {{&x, "x"}});
-  const Kernel& k = ew_kernel(r.device(), "unary", {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}},
-                              uint32_t(op), act_for(op));
-  record_flat(r, k, {&x, &y}, n, a, b, beta);
+  const Kernel& k = ew_kernel(r.device(), "unary", {ew::in0, ew::res, ew::fp}, uint32_t(op), act_for(op));
+  record_flat(r, k, {{ew::in0, &x}, {ew::res, &y}}, n, a, b, beta);
 }
 
 void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, const Buffer& dy, const Buffer& dx,
@@ -382,27 +353,24 @@ void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, c
   check_floats(dy, n, "unary_backward dy");
   check_floats(dx, n, "unary_backward dx");
   check_no_alias("unary_backward", dx, "dx", {{&x, "x"}, {&y, "y"}, {&dy, "dy"}});
-  const Kernel& k = ew_kernel(r.device(), "unary_backward",
-                              {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
-                               {5, Bind::Uniform}},
-                              uint32_t(op), act_for(op));
-  record_flat(r, k, {&x, &y, &dy, &dx}, n, a, b, beta);
+  const Kernel& k =
+      ew_kernel(r.device(), "unary_backward", {ew::in0, ew::in1, ew::in2, ew::res, ew::fp}, uint32_t(op), act_for(op));
+  record_flat(r, k, {{ew::in0, &x}, {ew::in1, &y}, {ew::in2, &dy}, {ew::res, &dx}}, n, a, b, beta);
 }
 
 void fill(Recorder& r, const Buffer& out, uint64_t n, float value) {
   check_nonzero(n, "fill: n");
   check_floats(out, n, "fill output");
-  const Kernel& k = ew_kernel(r.device(), "fill", {{3, Bind::ReadWrite}, {5, Bind::Uniform}}, 0);
-  record_flat(r, k, {&out}, n, value, 0.0f, 0.0f);
+  const Kernel& k = ew_kernel(r.device(), "fill", {ew::res, ew::fp}, 0);
+  record_flat(r, k, {{ew::res, &out}}, n, value, 0.0f, 0.0f);
 }
 
-void binary(Recorder& r, BinaryOp op, const Buffer& a, const Buffer& b, const Buffer& out, const std::vector<uint32_t>& shape,
-            const std::vector<uint32_t>& a_strides, const std::vector<uint32_t>& b_strides, float beta) {
+void binary(Recorder& r, BinaryOp op, const Buffer& a, const Buffer& b, const Buffer& out,
+            const std::vector<uint32_t>& shape, const std::vector<uint32_t>& a_strides,
+            const std::vector<uint32_t>& b_strides, float beta) {
   if (uint32_t(op) >= kBinaryOps) throw ArgumentError("binary: unknown op " + std::to_string(uint32_t(op)));
   const auto out_strides = contiguous_strides(shape, "binary");
-  const Kernel& k = ew_kernel(r.device(), "binary",
-                              {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {3, Bind::ReadWrite}, {4, Bind::Uniform}},
-                              uint32_t(op));
+  const Kernel& k = ew_kernel(r.device(), "binary", {ew::in0, ew::in1, ew::res, ew::np}, uint32_t(op));
   std::array<NdOperand, 4> ops{};
   ops[0] = {&a, 0, &a_strides, "operand a"};
   ops[1] = {&b, 0, &b_strides, "operand b"};
@@ -416,10 +384,8 @@ void binary_backward(Recorder& r, BinaryOp op, uint32_t which, const Buffer& a, 
   if (uint32_t(op) >= kBinaryOps) throw ArgumentError("binary_backward: unknown op " + std::to_string(uint32_t(op)));
   if (which > 1) throw ArgumentError("binary_backward: which must be 0 (a) or 1 (b), got " + std::to_string(which));
   const auto out_strides = contiguous_strides(shape, "binary_backward");
-  const Kernel& k = ew_kernel(r.device(), "binary_backward",
-                              {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
-                               {4, Bind::Uniform}},
-                              uint32_t(op), 0, which);
+  const Kernel& k =
+      ew_kernel(r.device(), "binary_backward", {ew::in0, ew::in1, ew::in2, ew::res, ew::np}, uint32_t(op), 0, which);
   std::array<NdOperand, 4> ops{};
   ops[0] = {&a, 0, &a_strides, "operand a"};
   ops[1] = {&b, 0, &b_strides, "operand b"};
@@ -428,14 +394,11 @@ void binary_backward(Recorder& r, BinaryOp op, uint32_t which, const Buffer& a, 
   record_nd(r, k, "binary_backward", ops, shape, beta);
 }
 
-void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, const Buffer& out, const std::vector<uint32_t>& shape,
-           const std::vector<uint32_t>& c_strides, const std::vector<uint32_t>& a_strides,
-           const std::vector<uint32_t>& b_strides, float beta) {
+void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, const Buffer& out,
+           const std::vector<uint32_t>& shape, const std::vector<uint32_t>& c_strides,
+           const std::vector<uint32_t>& a_strides, const std::vector<uint32_t>& b_strides, float beta) {
   const auto out_strides = contiguous_strides(shape, "where");
-  const Kernel& k = ew_kernel(r.device(), "where_select",
-                              {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite},
-                               {4, Bind::Uniform}},
-                              0);
+  const Kernel& k = ew_kernel(r.device(), "where_select", {ew::in0, ew::in1, ew::in2, ew::res, ew::np}, 0);
   std::array<NdOperand, 4> ops{};
   ops[0] = {&a, 0, &a_strides, "operand a"};
   ops[1] = {&b, 0, &b_strides, "operand b"};
@@ -447,7 +410,7 @@ void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, co
 void strided_copy(Recorder& r, const Buffer& src, uint64_t src_off, const std::vector<uint32_t>& src_strides,
                   const Buffer& dst, uint64_t dst_off, const std::vector<uint32_t>& dst_strides,
                   const std::vector<uint32_t>& shape, float beta) {
-  const Kernel& k = ew_kernel(r.device(), "strided_copy", {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}, {4, Bind::Uniform}}, 0);
+  const Kernel& k = ew_kernel(r.device(), "strided_copy", {ew::in0, ew::res, ew::np}, 0);
   std::array<NdOperand, 4> ops{};
   ops[0] = {&src, src_off, &src_strides, "src"};
   ops[3] = {&dst, dst_off, &dst_strides, "dst"};
@@ -479,10 +442,10 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
   if (blocks_len && op == ReduceOp::Max && (scale != 1.0f || beta != 0.0f))
     throw ArgumentError("reduce_axis: Max with len " + std::to_string(len) + " (split into blocks: " +
                         std::to_string(max_len) + " per block, or past one storage binding) needs scale 1 and beta 0");
-  const char* entry = rows ? (argmax ? "reduce_rows_arg" : "reduce_rows") : (argmax ? "reduce_cols_arg" : "reduce_cols");
-  std::vector<std::pair<uint32_t, Bind>> bindings = {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}};
-  if (argmax) bindings.push_back({4, Bind::ReadWrite});
-  bindings.push_back({5, Bind::Uniform});
+  const char* entry =
+      rows ? (argmax ? "reduce_rows_arg" : "reduce_rows") : (argmax ? "reduce_cols_arg" : "reduce_cols");
+  std::vector<Slot> bindings = {ax::src, ax::res, ax::ap};
+  if (argmax) bindings.push_back(ax::idx_out);
   const Kernel& k = axis_kernel(dev, entry, bindings, uint32_t(op));
   for_each_axis_block(limit, max_len, outer, len, inner, [&](const AxisBlock& b) {
     AxisBinding ab = axis_binding(b, len, inner);
@@ -493,11 +456,11 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
     ab.prm.combine = b.j0 > 0 && op == ReduceOp::Max;
     ab.prm.scale = scale;
     ab.prm.beta = b.j0 > 0 ? 1.0f : beta;  // Sum: later len blocks add to the earlier ones
-    std::vector<Range> ranges = {xb.range, ob.range};
-    if (argmax) ranges.push_back(bind_span(dev, *argmax, ab.out_first, ab.out_count).range);
-    const uint64_t groups = rows ? b.outer : b.outer * ceil_div(b.inner, 16);  // axis.wgsl: 16 columns per workgroup
+    std::vector<Operand> operands = {{ax::src, xb.range}, {ax::res, ob.range}};
+    if (argmax) operands.push_back({ax::idx_out, bind_span(dev, *argmax, ab.out_first, ab.out_count).range});
+    const uint64_t groups = rows ? b.outer : b.outer * ceil_div(b.inner, ax::COLS);
     auto [gx, gy] = grid_1d(dev, groups);
-    r.dispatch(k, ranges, ab.prm, gx, gy);
+    r.dispatch(k, operands, ab.prm, gx, gy);
   });
 }
 
@@ -511,9 +474,7 @@ void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buf
   check_floats(dx, uint64_t(outer) * len * inner, "max_backward dx");
   check_no_alias("max_backward", dx, "dx", {{&dy, "dy"}, {&argmax, "argmax"}});
   Device& dev = r.device();
-  const Kernel& k = axis_kernel(dev, "max_backward",
-                                {{0, Bind::ReadOnly}, {2, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}},
-                                uint32_t(ReduceOp::Max));
+  const Kernel& k = axis_kernel(dev, "max_backward", {ax::src, ax::idx_in, ax::res, ax::ap}, uint32_t(ReduceOp::Max));
   for_each_axis_block(span_limit(dev), UINT64_MAX, outer, len, inner, [&](const AxisBlock& b) {
     AxisBinding ab = axis_binding(b, len, inner);
     const Bound dyb = bind_span(dev, dy, ab.out_first, ab.out_count);
@@ -522,8 +483,12 @@ void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buf
     ab.prm.out_off = dyb.off;
     ab.prm.scale = 1.0f;
     ab.prm.beta = beta;
-    auto [gx, gy] = grid_1d(dev, ceil_div(b.outer * b.len * b.inner, kGroup));
-    r.dispatch(k, {dyb.range, bind_span(dev, argmax, ab.out_first, ab.out_count).range, dxb.range}, ab.prm, gx, gy);
+    auto [gx, gy] = grid_1d(dev, ceil_div(b.outer * b.len * b.inner, ax::WG));
+    r.dispatch(k,
+               {{ax::src, dyb.range},
+                {ax::idx_in, bind_span(dev, argmax, ab.out_first, ab.out_count).range},
+                {ax::res, dxb.range}},
+               ab.prm, gx, gy);
   });
 }
 
@@ -535,11 +500,11 @@ void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint3
   check_no_alias("softmax", y, "y", {{&x, "x"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "softmax", kSoftmaxMaxCols);
-  const Kernel& k = axis_kernel(dev, "softmax", {{0, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}}, 0, log);
+  const Kernel& k = axis_kernel(dev, "softmax", {ax::src, ax::res, ax::ap}, 0, log);
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
-    AxisParams p{};
+    AxisParams p;
     p.outer = uint32_t(rc);
     p.len = cols;
     p.inner = 1;
@@ -549,7 +514,7 @@ void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint3
     p.x_off = xb.off;  // y shares it: same first element, aligned bases
     p.scale = 1.0f;
     auto [gx, gy] = grid_1d(dev, rc);
-    r.dispatch(k, {xb.range, bind_span(dev, y, r0 * cols, rc * cols).range}, p, gx, gy);
+    r.dispatch(k, {{ax::src, xb.range}, {ax::res, bind_span(dev, y, r0 * cols, rc * cols).range}}, p, gx, gy);
   }
 }
 
@@ -557,17 +522,17 @@ void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buff
                       bool log, float beta) {
   check_nonzero(rows, "softmax_backward: rows");
   check_nonzero(cols, "softmax_backward: cols");
-  for (auto [b, what] : {std::pair{&y, "softmax_backward y"}, {&dy, "softmax_backward dy"}, {&dx, "softmax_backward dx"}})
+  for (auto [b, what] :
+       {std::pair{&y, "softmax_backward y"}, {&dy, "softmax_backward dy"}, {&dx, "softmax_backward dx"}})
     check_floats(*b, uint64_t(rows) * cols, what);
   check_no_alias("softmax_backward", dx, "dx", {{&y, "y"}, {&dy, "dy"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "softmax_backward", kSoftmaxMaxCols);
-  const Kernel& k = axis_kernel(dev, "softmax_backward",
-                                {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {3, Bind::ReadWrite}, {5, Bind::Uniform}}, 0, log);
+  const Kernel& k = axis_kernel(dev, "softmax_backward", {ax::src, ax::src2, ax::res, ax::ap}, 0, log);
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const Bound yb = bind_span(dev, y, r0 * cols, rc * cols);
-    AxisParams p{};
+    AxisParams p;
     p.outer = uint32_t(rc);
     p.len = cols;
     p.inner = 1;
@@ -578,7 +543,10 @@ void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buff
     p.scale = 1.0f;
     p.beta = beta;
     auto [gx, gy] = grid_1d(dev, rc);
-    r.dispatch(k, {yb.range, bind_span(dev, dy, r0 * cols, rc * cols).range, bind_span(dev, dx, r0 * cols, rc * cols).range},
+    r.dispatch(k,
+               {{ax::src, yb.range},
+                {ax::src2, bind_span(dev, dy, r0 * cols, rc * cols).range},
+                {ax::res, bind_span(dev, dx, r0 * cols, rc * cols).range}},
                p, gx, gy);
   }
 }
@@ -596,8 +564,7 @@ void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffe
   check_no_alias("embedding", out, "out", {{&weight, "weight"}, {&ids, "ids"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, dim, "embedding");
-  const Kernel& k = gather_kernel(dev, "embedding",
-                                  {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {4, Bind::Uniform}});
+  const Kernel& k = gather_kernel(dev, "embedding", {emb::src, emb::idx, emb::dst, emb::gp});
   // Weight rows in blocks (ids of other blocks are skipped), ids / output rows in blocks.
   for (uint64_t v0 = 0; v0 < vocab; v0 += per) {
     const uint64_t vc = std::min<uint64_t>(per, vocab - v0);
@@ -606,7 +573,7 @@ void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffe
       const uint64_t ic = std::min<uint64_t>(per, n_ids - i0);
       const Bound ib = bind_span(dev, ids, i0, ic);
       const Bound ob = bind_span(dev, out, i0 * dim, ic * dim);
-      GatherParams p{};
+      GatherParams p;
       p.rows = uint32_t(ic);
       p.cols = dim;
       p.vocab = vocab;
@@ -616,8 +583,8 @@ void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffe
       p.idx_off = ib.off;
       p.dst_off = ob.off;
       p.first = v0 == 0;
-      auto [gx, gy] = grid_1d(dev, ceil_div(ic * dim, kGroup));
-      r.dispatch(k, {wb.range, ib.range, ob.range}, p, gx, gy);
+      auto [gx, gy] = grid_1d(dev, ceil_div(ic * dim, emb::WG));
+      r.dispatch(k, {{emb::src, wb.range}, {emb::idx, ib.range}, {emb::dst, ob.range}}, p, gx, gy);
     }
   }
 }
@@ -635,14 +602,16 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
   const uint64_t per = rows_per_block(dev, dim, "embedding_backward");
   // Rows per workgroup: as many as workgroup memory holds (VB * CB floats plus a 64-id tile), up to 128.
   const uint64_t wg_bytes = dev.limits().max_workgroup_storage;
-  const uint64_t vb = std::min<uint64_t>(kEmbMaxRows, wg_bytes > 256 ? (wg_bytes - 256) / (4 * kEmbCols) : 0);
+  const uint64_t vb = std::min<uint64_t>(kEmbMaxRows, wg_bytes > 256 ? (wg_bytes - 256) / (4 * embb::CB) : 0);
   if (vb == 0) throw ArgumentError("embedding_backward: the device offers too little workgroup memory");
-  const Kernel& seg_k = dev.pipelines().get(KernelDesc{
-      "embedding_backward", "emb_bwd_segments",
-      {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {4, Bind::Uniform}},
-      {{"VB", std::to_string(vb) + "u"}}});
+  KernelDesc seg_desc;
+  seg_desc.shader = "embedding_backward";
+  seg_desc.entry = "emb_bwd_segments";
+  seg_desc.bindings = {embb::src, embb::idx, embb::dst, embb::ep};
+  seg_desc.constants = {{"VB", std::to_string(vb) + "u"}};
+  const Kernel& seg_k = dev.pipelines().get(seg_desc);
   const uint64_t table = uint64_t(vocab) * dim;
-  const uint64_t cblocks = ceil_div(dim, kEmbCols);
+  const uint64_t cblocks = ceil_div(dim, embb::CB);
   // Segments: the ids split into S runs summed by different workgroups into partial tables
   // (S * vocab * dim floats of scratch, one binding), which a second pass adds in segment order.
   const uint64_t budget = std::min(kEmbScratchFloats, span_limit(dev));
@@ -653,8 +622,7 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
     // embedding.wgsl's scan, which adds matching dy rows straight into dweight (H100, GPT-2's
     // 50304 x 768 table and 8192 ids: 3.1 ms with the position table, against 29 ms for
     // emb_bwd_segments with one segment). Id blocks in increasing order, later ones accumulating.
-    const Kernel& k = gather_kernel(dev, "embedding_backward",
-                                    {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {4, Bind::Uniform}});
+    const Kernel& k = gather_kernel(dev, "embedding_backward", {emb::src, emb::idx, emb::dst, emb::gp});
     const uint64_t id_rows = std::min<uint64_t>(per, kMaxTrips);  // one inner-loop trip per id
     for (uint64_t v0 = 0; v0 < vocab; v0 += per) {
       const uint64_t vc = std::min<uint64_t>(per, vocab - v0);
@@ -663,7 +631,7 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
         const uint64_t ic = std::min<uint64_t>(id_rows, n_ids - i0);
         const Bound db = bind_span(dev, dy, i0 * dim, ic * dim);
         const Bound ib = bind_span(dev, ids, i0, ic);
-        GatherParams p{};
+        GatherParams p;
         p.rows = uint32_t(ic);
         p.cols = dim;
         p.vocab = vocab;
@@ -673,8 +641,8 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
         p.idx_off = ib.off;
         p.dst_off = wb.off;
         p.beta = i0 == 0 ? beta : 1.0f;
-        auto [gx, gy] = grid_1d(dev, ceil_div(vc, kEmbScanRows) * ceil_div(dim, kEmbCols));
-        r.dispatch(k, {db.range, ib.range, wb.range}, p, gx, gy);
+        auto [gx, gy] = grid_1d(dev, ceil_div(vc, emb::VB) * ceil_div(dim, emb::CB));
+        r.dispatch(k, {{emb::src, db.range}, {emb::idx, ib.range}, {emb::dst, wb.range}}, p, gx, gy);
       }
     }
     return;
@@ -682,9 +650,10 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
 
   // The whole table fits one binding here (table <= budget / 2). Rounds of up to segs_max segments of at
   // most kEmbMaxSegLen ids (and dy rows within one binding), later rounds accumulating (beta = 1).
-  const Kernel& comb_k = dev.pipelines().get(
-      KernelDesc{"embedding_backward", "emb_bwd_combine", {{0, Bind::ReadOnly}, {2, Bind::ReadWrite}, {4, Bind::Uniform}},
-                 {{"VB", std::to_string(vb) + "u"}}});
+  KernelDesc comb_desc = seg_desc;
+  comb_desc.entry = "emb_bwd_combine";
+  comb_desc.bindings = {embb::src, embb::dst, embb::ep};
+  const Kernel& comb_k = dev.pipelines().get(comb_desc);
   const uint64_t round_ids = std::min(segs_max * kEmbMaxSegLen, per);
   // Scratch for the partial tables (wgpu keeps it alive for the encoder; a captured graph references it).
   auto scratch = std::make_unique<Buffer>(r.device_ptr(), segs_max * table * 4, "pywgtrain.emb_partials");
@@ -696,7 +665,7 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
     const Bound db = bind_span(dev, dy, i0 * dim, ic * dim);
     const Bound ib = bind_span(dev, ids, i0, ic);
     const Range parts = floats(*scratch, 0, segs * table);
-    EmbBwdParams p{};
+    EmbBwdParams p;
     p.rows = uint32_t(ic);
     p.cols = dim;
     p.v0 = 0;
@@ -707,13 +676,13 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
     p.seg = uint32_t(seg);
     p.segs = uint32_t(segs);
     auto [gx, gy] = grid_1d(dev, segs * ceil_div(vocab, vb) * cblocks);
-    r.dispatch(seg_k, {db.range, ib.range, parts}, p, gx, gy);
+    r.dispatch(seg_k, {{embb::src, db.range}, {embb::idx, ib.range}, {embb::dst, parts}}, p, gx, gy);
     EmbBwdParams q = p;
     q.src_off = 0;
     q.dst_off = wb.off;
     q.beta = i0 == 0 ? beta : 1.0f;
-    auto [cx, cy] = grid_1d(dev, ceil_div(table, kGroup));
-    r.dispatch(comb_k, {parts, wb.range}, q, cx, cy);
+    auto [cx, cy] = grid_1d(dev, ceil_div(table, embb::WG));
+    r.dispatch(comb_k, {{embb::src, parts}, {embb::dst, wb.range}}, q, cx, cy);
   }
 }
 
@@ -729,28 +698,31 @@ void nll_pick(Recorder& r, const Buffer& x, const Buffer& labels, const Buffer& 
   check_no_alias("nll_pick", mask, "mask", {{&x, "x"}, {&labels, "labels"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "nll_pick");
-  const Kernel& k = gather_kernel(dev, "nll_pick",
-                                  {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {3, Bind::ReadWrite},
-                                   {4, Bind::Uniform}});
+  const Kernel& k = gather_kernel(dev, "nll_pick", {emb::src, emb::idx, emb::dst, emb::dst2, emb::gp});
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
     const Bound lb = bind_span(dev, labels, r0, rc);
     const Bound ob = bind_span(dev, out, r0, rc);
-    GatherParams p{};
+    GatherParams p;
     p.rows = uint32_t(rc);
     p.cols = cols;
     p.src_off = xb.off;
     p.idx_off = lb.off;
     p.dst_off = ob.off;  // mask shares it
     p.ignore_index = ignore_index;
-    auto [gx, gy] = grid_1d(dev, ceil_div(rc, kGroup));
-    r.dispatch(k, {xb.range, lb.range, ob.range, bind_span(dev, mask, r0, rc).range}, p, gx, gy);
+    auto [gx, gy] = grid_1d(dev, ceil_div(rc, emb::WG));
+    r.dispatch(k,
+               {{emb::src, xb.range},
+                {emb::idx, lb.range},
+                {emb::dst, ob.range},
+                {emb::dst2, bind_span(dev, mask, r0, rc).range}},
+               p, gx, gy);
   }
 }
 
-void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, const Buffer& dx, uint32_t rows, uint32_t cols,
-                       int32_t ignore_index, float beta) {
+void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, const Buffer& dx, uint32_t rows,
+                       uint32_t cols, int32_t ignore_index, float beta) {
   check_nonzero(rows, "nll_pick_backward: rows");
   check_nonzero(cols, "nll_pick_backward: cols");
   check_floats(dy, rows, "nll_pick_backward dy");
@@ -759,21 +731,21 @@ void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, cons
   check_no_alias("nll_pick_backward", dx, "dx", {{&dy, "dy"}, {&labels, "labels"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "nll_pick_backward");
-  const Kernel& k = gather_kernel(dev, "nll_pick_backward",
-                                  {{0, Bind::ReadOnly}, {1, Bind::ReadOnly}, {2, Bind::ReadWrite}, {4, Bind::Uniform}});
+  const Kernel& k = gather_kernel(dev, "nll_pick_backward", {emb::src, emb::idx, emb::dst, emb::gp});
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const Bound lb = bind_span(dev, labels, r0, rc);
     const Bound xb = bind_span(dev, dx, r0 * cols, rc * cols);
-    GatherParams p{};
+    GatherParams p;
     p.rows = uint32_t(rc);
     p.cols = cols;
     p.idx_off = lb.off;  // dy shares it
     p.dst_off = xb.off;
     p.ignore_index = ignore_index;
     p.beta = beta;
-    auto [gx, gy] = grid_1d(dev, ceil_div(rc * cols, kGroup));
-    r.dispatch(k, {bind_span(dev, dy, r0, rc).range, lb.range, xb.range}, p, gx, gy);
+    auto [gx, gy] = grid_1d(dev, ceil_div(rc * cols, emb::WG));
+    r.dispatch(k, {{emb::src, bind_span(dev, dy, r0, rc).range}, {emb::idx, lb.range}, {emb::dst, xb.range}}, p, gx,
+               gy);
   }
 }
 

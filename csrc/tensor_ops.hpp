@@ -24,9 +24,25 @@
 namespace pwt {
 
 enum class UnaryOp : uint32_t {
-  Copy = 0, Neg = 1, Abs = 2, Exp = 3, Log = 4, Sqrt = 5, Rsqrt = 6, Tanh = 7, Sigmoid = 8,
-  Relu = 9, GeluErf = 10, GeluTanh = 11, Silu = 12, PowScalar = 13 /* x^a */, Clamp = 14 /* clamp(x, a, b) */,
-  AddScalar = 15 /* x + a */, MulScalar = 16 /* x * a */, RsubScalar = 17 /* a - x */, RdivScalar = 18 /* a / x */
+  Copy = 0,
+  Neg = 1,
+  Abs = 2,
+  Exp = 3,
+  Log = 4,
+  Sqrt = 5,
+  Rsqrt = 6,
+  Tanh = 7,
+  Sigmoid = 8,
+  Relu = 9,
+  GeluErf = 10,
+  GeluTanh = 11,
+  Silu = 12,
+  PowScalar = 13 /* x^a */,
+  Clamp = 14 /* clamp(x, a, b) */,
+  AddScalar = 15 /* x + a */,
+  MulScalar = 16 /* x * a */,
+  RsubScalar = 17 /* a - x */,
+  RdivScalar = 18 /* a / x */
 };
 constexpr uint32_t kUnaryOps = 19;
 
@@ -38,8 +54,19 @@ void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, c
                     uint64_t n, float a, float b, float beta);
 
 enum class BinaryOp : uint32_t {
-  Add = 0, Sub = 1, Mul = 2, Div = 3, Maximum = 4, Minimum = 5, Pow = 6,
-  Gt = 7, Lt = 8, Ge = 9, Le = 10, Eq = 11, Ne = 12 /* comparisons give 1.0 / 0.0 */
+  Add = 0,
+  Sub = 1,
+  Mul = 2,
+  Div = 3,
+  Maximum = 4,
+  Minimum = 5,
+  Pow = 6,
+  Gt = 7,
+  Lt = 8,
+  Ge = 9,
+  Le = 10,
+  Eq = 11,
+  Ne = 12 /* comparisons give 1.0 / 0.0 */
 };
 constexpr uint32_t kBinaryOps = 13;
 constexpr uint32_t kMaxDims = 6;
@@ -47,8 +74,9 @@ constexpr uint32_t kMaxDims = 6;
 // Broadcast element-wise: out (contiguous, shape `shape`, ndim <= kMaxDims)[i] =
 // op(a[idx_a(i)], b[idx_b(i)]) + beta * out[i], idx_x(i) = sum_d coord_d(i) * x_strides[d]
 // (strides in elements, 0 for broadcast dims).
-void binary(Recorder& r, BinaryOp op, const Buffer& a, const Buffer& b, const Buffer& out, const std::vector<uint32_t>& shape,
-            const std::vector<uint32_t>& a_strides, const std::vector<uint32_t>& b_strides, float beta);
+void binary(Recorder& r, BinaryOp op, const Buffer& a, const Buffer& b, const Buffer& out,
+            const std::vector<uint32_t>& shape, const std::vector<uint32_t>& a_strides,
+            const std::vector<uint32_t>& b_strides, float beta);
 // g[i] = dy[i] * d op(a, b) / d operand + beta * g[i] for operand `which` (0: a, 1: b), at the output
 // shape (the caller reduces broadcast dims). Maximum/Minimum: the gradient goes to a where a >= b (max) /
 // a <= b (min), else to b. Pow: d/da = b * a^(b-1) (0 where b == 0), d/db = a^b * log(a) (0 where a == 0
@@ -57,9 +85,9 @@ void binary_backward(Recorder& r, BinaryOp op, uint32_t which, const Buffer& a, 
                      const Buffer& g, const std::vector<uint32_t>& shape, const std::vector<uint32_t>& a_strides,
                      const std::vector<uint32_t>& b_strides, float beta);
 // out[i] = cond[idx_c(i)] != 0 ? a[idx_a(i)] : b[idx_b(i)] (+ beta * out[i]); cond is f32, out contiguous.
-void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, const Buffer& out, const std::vector<uint32_t>& shape,
-           const std::vector<uint32_t>& c_strides, const std::vector<uint32_t>& a_strides,
-           const std::vector<uint32_t>& b_strides, float beta);
+void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, const Buffer& out,
+           const std::vector<uint32_t>& shape, const std::vector<uint32_t>& c_strides,
+           const std::vector<uint32_t>& a_strides, const std::vector<uint32_t>& b_strides, float beta);
 // Over the index space `shape`: dst[dst_off + sum coord_d * dst_strides[d]] =
 // src[src_off + sum coord_d * src_strides[d]] (+ beta * dst[...]). dst positions must not overlap
 // (a 0 dst stride over a dimension longer than 1 is refused).
@@ -105,7 +133,7 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
 void nll_pick(Recorder& r, const Buffer& x, const Buffer& labels, const Buffer& out, const Buffer& mask, uint32_t rows,
               uint32_t cols, int32_t ignore_index);
 // dx[i, j] = (j == labels[i] && labels[i] != ignore_index ? -dy[i] : 0) + beta * dx[i, j]
-void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, const Buffer& dx, uint32_t rows, uint32_t cols,
-                       int32_t ignore_index, float beta);
+void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, const Buffer& dx, uint32_t rows,
+                       uint32_t cols, int32_t ignore_index, float beta);
 
 }  // namespace pwt

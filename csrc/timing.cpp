@@ -8,8 +8,10 @@ PassTimer::PassTimer(std::shared_ptr<Device> dev, uint32_t max_passes) : dev_(st
   WGPUQuerySetDescriptor d = {};
   d.type = WGPUQueryType_Timestamp;
   d.count = 2 * max_passes;
-  dev_->guarded("creating a timestamp query set", [&] { set_ = QuerySetHandle(wgpuDeviceCreateQuerySet(dev_->raw(), &d)); });
-  resolved_ = std::make_unique<Buffer>(dev_, uint64_t(16) * max_passes, "pywgtrain.timestamps", WGPUBufferUsage_QueryResolve);
+  dev_->guarded("creating a timestamp query set",
+                [&] { set_ = QuerySetHandle(wgpuDeviceCreateQuerySet(dev_->raw(), &d)); });
+  resolved_ =
+      std::make_unique<Buffer>(dev_, uint64_t(16) * max_passes, "pywgtrain.timestamps", WGPUBufferUsage_QueryResolve);
 }
 
 void PassTimer::time_next_pass(Recorder& r, uint32_t index) {

@@ -522,3 +522,27 @@ def dropout(_Recorder r not None, _Buffer x not None, _Buffer key not None, _Buf
 def dropout_threshold(double p):
     """round(p * 2^32), capped at 2^32 - 1: random words below it drop their element."""
     return c.dropout_threshold(p)
+
+
+# ---- the host <-> shader contract (csrc/shader_contract.hpp), for tests/test_contract.py ----
+
+def uniform_layouts():
+    """{WGSL struct name: (size, [(field, WGSL type, offset, size), ...])} of every uniform block the host fills."""
+    return {_s(u.name): (u.size, [(_s(f.name), _s(f.type), f.offset, f.size) for f in u.fields])
+            for u in c.uniform_layouts()}
+
+
+def shader_bindings():
+    """{shader stem: [(binding, variable, access, WGSL type), ...]}: every binding the host knows of."""
+    out = {}
+    for b in c.contract_bindings():
+        out.setdefault(_s(b.shader), []).append((b.binding, _s(b.var), _s(b.access), _s(b.type)))
+    return out
+
+
+def shader_constants():
+    """{shader stem: {name: value}}: the u32 constants the pipeline cache emits ahead of each shader."""
+    out = {}
+    for k in c.contract_constants():
+        out.setdefault(_s(k.shader), {})[_s(k.name)] = k.value
+    return out

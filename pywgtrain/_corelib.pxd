@@ -199,3 +199,26 @@ cdef extern from "tensor_ops.hpp" namespace "pwt" nogil:
                   uint32_t rows, uint32_t cols, int32_t ignore_index) except +raise_py_error
     void nll_pick_backward(Recorder& r, const Buffer& dy, const Buffer& labels, const Buffer& dx, uint32_t rows,
                            uint32_t cols, int32_t ignore_index, float beta) except +raise_py_error
+
+
+cdef extern from "shader_contract.hpp" namespace "pwt" nogil:
+    cdef cppclass UniformField:
+        string name, type
+        uint32_t offset, size
+
+    cdef cppclass UniformLayout:
+        string name
+        uint32_t size
+        vector[UniformField] fields
+
+    cdef cppclass ContractBinding:
+        string shader, var, access, type
+        uint32_t binding
+
+    cdef cppclass ContractConstant:
+        string shader, name
+        uint32_t value
+
+    vector[UniformLayout] uniform_layouts() except +raise_py_error
+    vector[ContractBinding] contract_bindings() except +raise_py_error
+    vector[ContractConstant] contract_constants() except +raise_py_error

@@ -66,8 +66,8 @@ struct AttnParams {
 @group(0) @binding(16) var<storage, read> v4: array<vec4<f32>>;
 @group(0) @binding(17) var<storage, read> g4: array<vec4<f32>>;
 
-const B: u32 = 64u;                // rows and columns of a tile
-const WG: u32 = 256u;
+// From csrc/shader_contract.hpp (emitted ahead of this file): B (rows and columns of a tile),
+// DELTA_WG (threads of attn_delta).
 const NV: u32 = 16u;               // vec4s per tile row (64 columns)
 const DCH: u32 = (HD + 63u) / 64u; // 64-column chunks of a head row (1 or 2)
 const R0: u32 = 0u;                // tile region 0: [64 rows][NV vec4], rows swizzled
@@ -361,10 +361,10 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
 }
 
 // delta[bh, t] = sum_d dO * O: a thread per row (ap.blocks = rows B*H*T of this dispatch, from bh0 * T).
-@compute @workgroup_size(256)
+@compute @workgroup_size(DELTA_WG)
 fn attn_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) li: u32) {
-  let e = (wid.y * nwg.x + wid.x) * 256u + li;
+  let e = (wid.y * nwg.x + wid.x) * DELTA_WG + li;
   if (e >= ap.blocks) { return; }
   let row = ap.bh0 * ap.t + e;
   let bh = row / ap.t;

@@ -28,8 +28,9 @@ struct AxisParams {
 
 const EMPTY: u32 = 0xffffffffu;  // index of an accumulator that has seen nothing
 
-var<workgroup> sval: array<f32, 256>;
-var<workgroup> sidx: array<u32, 256>;
+// WG, COLS and LANES (reduce_cols) come from csrc/shader_contract.hpp.
+var<workgroup> sval: array<f32, WG>;
+var<workgroup> sidx: array<u32, WG>;
 
 struct Acc { v: f32, i: u32, }
 
@@ -96,11 +97,11 @@ fn store(o: u32, a: Acc) -> bool {
 fn row_result(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> Acc {
   let row = wid.y * nwg.x + wid.x;
   var a = Acc(0.0, EMPTY);
-  if (row < ap.outer) { a = scan(OP == 1u, ap.x_off + row * ap.x_row, lid, 256u); }
-  return tree(OP == 1u, lid, 0u, 1u, 256u, a);
+  if (row < ap.outer) { a = scan(OP == 1u, ap.x_off + row * ap.x_row, lid, WG); }
+  return tree(OP == 1u, lid, 0u, 1u, WG, a);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn reduce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
   let a = row_result(wid, nwg, lid);
@@ -108,7 +109,7 @@ fn reduce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   if (lid == 0u && row < ap.outer) { _ = store(ap.out_off + row * ap.out_row, a); }
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn reduce_rows_arg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
   let a = row_result(wid, nwg, lid);
@@ -121,24 +122,24 @@ fn reduce_rows_arg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 // covers row g / column_blocks, columns 16 * (g % column_blocks) + 0..15.
 fn col_result(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> Acc {
   let g = wid.y * nwg.x + wid.x;
-  let blocks = (ap.inner + 15u) / 16u;
+  let blocks = (ap.inner + COLS - 1u) / COLS;
   let row = g / blocks;
-  let i = (g % blocks) * 16u + lid.x;
+  let i = (g % blocks) * COLS + lid.x;
   var a = Acc(0.0, EMPTY);
-  if (row < ap.outer && i < ap.inner) { a = scan(OP == 1u, ap.x_off + row * ap.x_row + i, lid.y, 16u); }
-  return tree(OP == 1u, lid.y, lid.x, 16u, 16u, a);
+  if (row < ap.outer && i < ap.inner) { a = scan(OP == 1u, ap.x_off + row * ap.x_row + i, lid.y, LANES); }
+  return tree(OP == 1u, lid.y, lid.x, COLS, LANES, a);
 }
 
 fn col_out(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
   let g = wid.y * nwg.x + wid.x;
-  let blocks = (ap.inner + 15u) / 16u;
+  let blocks = (ap.inner + COLS - 1u) / COLS;
   let row = g / blocks;
-  let i = (g % blocks) * 16u + lid.x;
+  let i = (g % blocks) * COLS + lid.x;
   if (lid.y != 0u || row >= ap.outer || i >= ap.inner) { return EMPTY; }
   return ap.out_off + row * ap.out_row + i;
 }
 
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size(COLS, LANES)
 fn reduce_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_id) lid: vec3<u32>) {
   let a = col_result(wid, nwg, lid);
@@ -146,7 +147,7 @@ fn reduce_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   if (o != EMPTY) { _ = store(o, a); }
 }
 
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size(COLS, LANES)
 fn reduce_cols_arg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_id) lid: vec3<u32>) {
   let a = col_result(wid, nwg, lid);
@@ -155,10 +156,10 @@ fn reduce_cols_arg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 }
 
 // dx[o, j, i] = (argmax[o, i] == j0 + j ? dy[o, i] : 0) (+ beta * dx); a thread per dx element.
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn max_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
-  let e = (wid.y * nwg.x + wid.x) * 256u + lid;
+  let e = (wid.y * nwg.x + wid.x) * WG + lid;
   if (e >= ap.outer * ap.len * ap.inner) { return; }
   let i = e % ap.inner;
   let t = e / ap.inner;
@@ -172,31 +173,31 @@ fn max_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 }
 
 // Row sums of f(j) for softmax: a workgroup per row of `cols` = ap.len.
-fn row_sum(lid: u32, v: f32) -> f32 { return tree(false, lid, 0u, 1u, 256u, Acc(v, 0u)).v; }
+fn row_sum(lid: u32, v: f32) -> f32 { return tree(false, lid, 0u, 1u, WG, Acc(v, 0u)).v; }
 
 // y = softmax(x) or log_softmax(x) along rows; a workgroup per row.
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
   let row = wid.y * nwg.x + wid.x;
   let valid = row < ap.outer;  // uniform per workgroup
   let base = ap.x_off + row * ap.x_row;
   var m = Acc(0.0, EMPTY);
-  if (valid) { m = scan(true, base, lid, 256u); }
-  let mx = tree(true, lid, 0u, 1u, 256u, m).v;
+  if (valid) { m = scan(true, base, lid, WG); }
+  let mx = tree(true, lid, 0u, 1u, WG, m).v;
   var s = 0.0;
-  if (valid) { for (var j = lid; j < ap.len; j += 256u) { s += exp(src[base + j] - mx); } }
+  if (valid) { for (var j = lid; j < ap.len; j += WG) { s += exp(src[base + j] - mx); } }
   s = row_sum(lid, s);
   if (!valid) { return; }
   let ls = log(s);
-  for (var j = lid; j < ap.len; j += 256u) {
+  for (var j = lid; j < ap.len; j += WG) {
     let z = src[base + j] - mx;
     if (LOG) { res[base + j] = z - ls; } else { res[base + j] = exp(z) / s; }
   }
 }
 
 // softmax: dx = y * (dy - sum dy * y); log_softmax: dx = dy - exp(y) * sum dy (+ beta * dx).
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_index) lid: u32) {
   let row = wid.y * nwg.x + wid.x;
@@ -204,13 +205,13 @@ fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
   let base = ap.x_off + row * ap.x_row;
   var s = 0.0;
   if (valid) {
-    for (var j = lid; j < ap.len; j += 256u) {
+    for (var j = lid; j < ap.len; j += WG) {
       if (LOG) { s += src2[base + j]; } else { s += src2[base + j] * src[base + j]; }
     }
   }
   s = row_sum(lid, s);
   if (!valid) { return; }
-  for (var j = lid; j < ap.len; j += 256u) {
+  for (var j = lid; j < ap.len; j += WG) {
     let y = src[base + j];
     let dy = src2[base + j];
     var v = 0.0;

@@ -17,7 +17,7 @@ struct BmmParams {
 @group(0) @binding(2) var<storage, read_write> c: array<f32>;
 @group(0) @binding(3) var<uniform> p: BmmParams;
 
-const TILE: u32 = 64u;
+// From csrc/shader_contract.hpp (emitted ahead of this file): TILE (rows and columns of C per workgroup).
 const BK: u32 = 16u;
 var<workgroup> as_: array<array<f32, 65>, 16>;  // [k][m], padded against bank conflicts
 var<workgroup> bs: array<array<f32, 65>, 16>;   // [k][n]

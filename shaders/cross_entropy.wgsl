@@ -21,12 +21,12 @@ struct XentParams {
 @group(0) @binding(8) var<storage, read> scale_in: array<f32>;         // backward: the forward's gradient scale
 @group(0) @binding(9) var<storage, read_write> dlogits: array<f32>;
 // finalize
-struct FinalParams { rows: u32, mean: u32, }
+struct XentFinalParams { rows: u32, mean: u32, }
 @group(0) @binding(10) var<storage, read> fin_loss: array<f32>;
 @group(0) @binding(11) var<storage, read> fin_valid: array<f32>;
 @group(0) @binding(12) var<storage, read_write> fin_out: array<f32>;   // the loss
 @group(0) @binding(14) var<storage, read_write> fin_scale: array<f32>; // the gradient scale
-@group(0) @binding(13) var<uniform> fp: FinalParams;
+@group(0) @binding(13) var<uniform> fp: XentFinalParams;
 
 const WG: u32 = 256u;
 var<workgroup> red: array<f32, WG>;

@@ -71,10 +71,11 @@ fn philox(ctr_in: vec4<u32>, key_in: vec2<u32>) -> vec4<u32> {
 
 // One thread per group of 4 consecutive tensor elements (one Philox block); a piece that
 // starts inside a group leaves that group's earlier elements to the previous piece.
-@compute @workgroup_size(256)
+// WG: csrc/shader_contract.hpp.
+@compute @workgroup_size(WG)
 fn dropout(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
-  let t = (wid.y * nwg.x + wid.x) * 256u + lid;
+  let t = (wid.y * nwg.x + wid.x) * WG + lid;
   let lead = dp.first_lo & 3u;
   if (t * 4u >= lead + dp.n) { return; }
   // 64-bit group index (first / 4) + t

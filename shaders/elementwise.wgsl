@@ -31,7 +31,7 @@ struct NdParams {
 @group(0) @binding(5) var<uniform> fp: FlatParams;
 
 fn thread_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-  return (wid.y * nwg.x + wid.x) * 256u + lid;
+  return (wid.y * nwg.x + wid.x) * WG + lid;  // WG: csrc/shader_contract.hpp
 }
 
 fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
@@ -136,7 +136,7 @@ fn unary_grad(x: f32, y: f32) -> f32 {
 }
 
 // y = f(x) (+ beta * y)
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
   let i = thread_index(wid, nwg, lid);
@@ -147,7 +147,7 @@ fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
 }
 
 // dx = dy * f'(x) (+ beta * dx)
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn unary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
   let i = thread_index(wid, nwg, lid);
@@ -158,7 +158,7 @@ fn unary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 }
 
 // out = a (the value in fp.a)
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn fill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   let i = thread_index(wid, nwg, lid);
@@ -216,7 +216,7 @@ fn binary_grad(a: f32, b: f32) -> f32 {
 }
 
 // out = op(a, b) (+ beta * out)
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
   let i = thread_index(wid, nwg, lid);
@@ -228,7 +228,7 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 }
 
 // g = dy * d op / d operand (+ beta * g)
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn binary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
   let i = thread_index(wid, nwg, lid);
@@ -240,7 +240,7 @@ fn binary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 }
 
 // out = cond != 0 ? a : b (+ beta * out)
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn where_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
   let i = thread_index(wid, nwg, lid);
@@ -252,7 +252,7 @@ fn where_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 }
 
 // dst = src (+ beta * dst), both strided
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn strided_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
   let i = thread_index(wid, nwg, lid);

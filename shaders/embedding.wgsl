@@ -25,14 +25,14 @@ struct GatherParams {
 @group(0) @binding(3) var<storage, read_write> dst2: array<f32>;
 @group(0) @binding(4) var<uniform> gp: GatherParams;
 
-const VB: u32 = 128u;  // dweight rows per embedding_backward workgroup
-const CB: u32 = 64u;   // columns per embedding_backward workgroup (one per thread)
+// VB (dweight rows per embedding_backward workgroup), CB (its columns, one per
+// thread) and WG come from csrc/shader_contract.hpp.
 var<workgroup> tile: array<i32, 64>;
 
 fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
 
 fn linear_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-  return (wid.y * nwg.x + wid.x) * 256u + lid;
+  return (wid.y * nwg.x + wid.x) * WG + lid;
 }
 
 // Whether id lies in [lo, lo + count) (no wrap for negative ids).
@@ -42,7 +42,7 @@ fn in_block(id: i32, lo: u32, count: u32) -> bool {
 
 // out[r, c] = weight[ids[r], c] for ids in this weight block; ids outside
 // [0, vocab) give NaN (written in the first weight block only).
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn embedding(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
   let e = linear_index(wid, nwg, lid);
@@ -95,7 +95,7 @@ fn embedding_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
 
 // out[r] = labels[r] == ignore_index ? 0 : -x[r, labels[r]] (NaN for a label outside [0, cols));
 // mask[r] = labels[r] == ignore_index ? 0 : 1.
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn nll_pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
   let r = linear_index(wid, nwg, lid);
@@ -110,7 +110,7 @@ fn nll_pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 }
 
 // dx[r, c] = (c == labels[r] != ignore_index ? -dy[r] : 0) (+ beta * dx); dy is indexed like labels.
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn nll_pick_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
   let e = linear_index(wid, nwg, lid);

@@ -32,7 +32,7 @@ struct EmbBwdParams {
 
 // VB (u32): dweight rows per workgroup, set by the launcher from the device's
 // workgroup memory (VB * CB floats of accumulators plus the id tile).
-const CB: u32 = 64u;  // columns per workgroup, one per thread
+// CB (columns per workgroup, one per thread) and WG: csrc/shader_contract.hpp.
 const IT: u32 = 64u;  // ids staged in workgroup memory at a time
 
 var<workgroup> acc: array<f32, VB * CB>;  // [row][column]
@@ -74,10 +74,10 @@ fn emb_bwd_segments(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
   for (var v = 0u; v < vn; v++) { dst[base + v * ep.cols] = acc[v * CB + lid]; }
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn emb_bwd_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-  let e = (wid.y * nwg.x + wid.x) * 256u + lid;
+  let e = (wid.y * nwg.x + wid.x) * WG + lid;
   let n = ep.vcount * ep.cols;
   if (e >= n) { return; }
   var a = src[ep.src_off + e];

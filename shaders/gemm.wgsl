@@ -4,16 +4,18 @@
 //
 // Specialization constants (emitted by the pipeline cache):
 //   BM, BN, BK: workgroup tile; TM, TN: per-thread tile (multiples of 4);
-//   TRANS_A, TRANS_B: bool; ACT: activation of the fused entry points;
-//   ROWSUM: bool, row sums of op(A) for gemm_rowsum; WARP_W: thread_xy below;
+//   TRANS_A, TRANS_B: bool; EPILOGUE: one of the EPILOGUE_* values (below);
+//   ACT: activation of the fused epilogues; WARP_W: thread_xy below;
 //   LEAN_LOOP: bool, the K loop shape of tile_product;
 //   A_VEC, B_VEC: bool, whole-vec4 unchecked tile loads (below).
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
+// From csrc/shader_contract.hpp: EW_WG (threads of the elementwise entries)
+// and the EPILOGUE_* values.
 //!include activations
 
-struct Params {
+struct GemmParams {
   m: u32, n: u32, k: u32,
   lda: u32, ldb: u32, ldc: u32,
   a_off: u32, b_off: u32, c_off: u32,  // element offsets inside the bound ranges
@@ -22,12 +24,13 @@ struct Params {
   // Split-K: workgroup z sums k in [z * k_chunk, (z + 1) * k_chunk) and writes
   // its partial product split_stride elements further on (plain entry only).
   k_chunk: u32, split_stride: u32, splits: u32,
+  _pad: u32,
 }
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> c: array<f32>;
-@group(0) @binding(3) var<uniform> p: Params;
+@group(0) @binding(3) var<uniform> p: GemmParams;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> preact: array<f32>;
 @group(0) @binding(6) var<storage, read> partials: array<f32>;
@@ -38,6 +41,7 @@ struct Params {
 
 // ROWSUM: tile_product also sums op(A) over k for the thread's rows (the bias
 // gradient comes with the weight gradient: db = dZ^T 1 next to dW = dZ^T X).
+const ROWSUM: bool = EPILOGUE == EPILOGUE_ROWSUM;
 var<private> row_sum: array<vec4<f32>, VM>;
 
 const WG_X: u32 = BN / TN;
@@ -254,6 +258,36 @@ fn tile_product(wid: vec3<u32>, tid: u32) -> array<vec4<f32>, TM * VN> {
 fn out_row(wid: vec3<u32>, xy: vec2<u32>, i: u32, r: u32) -> u32 { return wid.y * BM + i * 4u * WG_Y + xy.y * 4u + r; }
 fn out_col(wid: vec3<u32>, xy: vec2<u32>, j: u32, q: u32) -> u32 { return wid.x * BN + j * 4u * WG_X + xy.x * 4u + q; }
 
+// What happens to v = alpha * (op(A) op(B))[m, n] on its way to C[idx]
+// (EPILOGUE is a constant: each pipeline keeps one branch):
+//   PLAIN, ROWSUM: C = v + beta * C (beta == 0 never reads C, so garbage, even
+//     NaN, there is ignored);
+//   BIAS_ACT: C = act(v + bias[bias_off + n]); BIAS_ACT_TRAIN also keeps the
+//     pre-activation in `preact` (at C's indices) for backward;
+//   ACT_GRAD: backward through the activation of the layer below,
+//     C = v * act'(Z), Z read from `preact` at C's indices.
+// Every pipeline binds all of them (the host binds placeholders for the ones
+// its epilogue never touches).
+fn epilogue(idx: u32, n: u32, v: f32) {
+  if (EPILOGUE == EPILOGUE_BIAS_ACT) {
+    c[idx] = activate(v + bias[p.bias_off + n]);
+  } else if (EPILOGUE == EPILOGUE_BIAS_ACT_TRAIN) {
+    let z = v + bias[p.bias_off + n];
+    preact[idx] = z;
+    c[idx] = activate(z);
+  } else if (EPILOGUE == EPILOGUE_ACT_GRAD) {
+    c[idx] = v * activate_grad(preact[idx]);
+  } else if (EPILOGUE == EPILOGUE_PLAIN || EPILOGUE == EPILOGUE_ROWSUM) {
+    var s = v;
+    if (p.beta != 0.0) { s = fma(p.beta, c[idx], s); }
+    c[idx] = s;
+  }
+}
+
+// The tiled product. Split-K (plain epilogue): workgroup z writes its partial
+// product split_stride elements further on. ROWSUM: row_sums[bias_off + m] =
+// sum_k op(A)[m, k] + beta * row_sums[...], written by the first column of
+// workgroups, one thread per row group (unsplit K only: the sums must be complete).
 @compute @workgroup_size(WG_X, WG_Y)
 fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
   let acc = tile_product(wid, li);
@@ -262,33 +296,7 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var r = 0u; r < 4u; r++) {
       let m = out_row(wid, xy, i, r);
       if (m >= p.m) { continue; }
-      for (var j = 0u; j < VN; j++) {
-        for (var q = 0u; q < 4u; q++) {
-          let n = out_col(wid, xy, j, q);
-          if (n >= p.n) { continue; }
-          let idx = p.c_off + wid.z * p.split_stride + m * p.ldc + n;
-          var v = p.alpha * acc[(i * 4u + r) * VN + j][q];
-          // beta == 0 never reads C, so garbage (even NaN) there is ignored.
-          if (p.beta != 0.0) { v = fma(p.beta, c[idx], v); }
-          c[idx] = v;
-        }
-      }
-    }
-  }
-}
-
-// C = alpha * op(A) op(B) + beta * C, and row_sums[bias_off + m] = sum_k op(A)[m, k]
-// + beta * row_sums[...]: written by the first column of workgroups, one
-// thread per row group. Only for unsplit K (the sums must be complete).
-@compute @workgroup_size(WG_X, WG_Y)
-fn gemm_rowsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-  let acc = tile_product(wid, li);
-  let xy = thread_xy(li);
-  for (var i = 0u; i < VM; i++) {
-    for (var r = 0u; r < 4u; r++) {
-      let m = out_row(wid, xy, i, r);
-      if (m >= p.m) { continue; }
-      if (wid.x == 0u && xy.x == 0u) {
+      if (ROWSUM && wid.x == 0u && xy.x == 0u) {
         var s = row_sum[i][r];
         if (p.beta != 0.0) { s = fma(p.beta, row_sums[p.bias_off + m], s); }
         row_sums[p.bias_off + m] = s;
@@ -297,135 +305,32 @@ fn gemm_rowsum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         for (var q = 0u; q < 4u; q++) {
           let n = out_col(wid, xy, j, q);
           if (n >= p.n) { continue; }
-          let idx = p.c_off + m * p.ldc + n;
-          var v = p.alpha * acc[(i * 4u + r) * VN + j][q];
-          if (p.beta != 0.0) { v = fma(p.beta, c[idx], v); }
-          c[idx] = v;
+          epilogue(p.c_off + wid.z * p.split_stride + m * p.ldc + n, n, p.alpha * acc[(i * 4u + r) * VN + j][q]);
         }
       }
     }
   }
 }
 
-// y = act(alpha * op(A) op(B) + bias[n]); the pre-activation is kept for backward.
-@compute @workgroup_size(WG_X, WG_Y)
-fn gemm_bias_act_train(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-  let acc = tile_product(wid, li);
-  let xy = thread_xy(li);
-  for (var i = 0u; i < VM; i++) {
-    for (var r = 0u; r < 4u; r++) {
-      let m = out_row(wid, xy, i, r);
-      if (m >= p.m) { continue; }
-      for (var j = 0u; j < VN; j++) {
-        for (var q = 0u; q < 4u; q++) {
-          let n = out_col(wid, xy, j, q);
-          if (n >= p.n) { continue; }
-          let idx = p.c_off + m * p.ldc + n;
-          let z = p.alpha * acc[(i * 4u + r) * VN + j][q] + bias[p.bias_off + n];
-          preact[idx] = z;
-          c[idx] = activate(z);
-        }
-      }
-    }
-  }
-}
+// Split-K second pass: sums the partial products of element e, then applies
+// the epilogue the one-pass product applies.
+fn split_element(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 { return (wid.y * nwg.x + wid.x) * EW_WG + lid; }
 
-// Inference form: no pre-activation output.
-@compute @workgroup_size(WG_X, WG_Y)
-fn gemm_bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-  let acc = tile_product(wid, li);
-  let xy = thread_xy(li);
-  for (var i = 0u; i < VM; i++) {
-    for (var r = 0u; r < 4u; r++) {
-      let m = out_row(wid, xy, i, r);
-      if (m >= p.m) { continue; }
-      for (var j = 0u; j < VN; j++) {
-        for (var q = 0u; q < 4u; q++) {
-          let n = out_col(wid, xy, j, q);
-          if (n >= p.n) { continue; }
-          c[p.c_off + m * p.ldc + n] = activate(p.alpha * acc[(i * 4u + r) * VN + j][q] + bias[p.bias_off + n]);
-        }
-      }
-    }
-  }
-}
-
-// Backward through the activation of the layer below: dZ = (alpha * op(A) op(B)) * act'(Z),
-// Z read from `preact` at C's indices.
-@compute @workgroup_size(WG_X, WG_Y)
-fn gemm_act_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-  let acc = tile_product(wid, li);
-  let xy = thread_xy(li);
-  for (var i = 0u; i < VM; i++) {
-    for (var r = 0u; r < 4u; r++) {
-      let m = out_row(wid, xy, i, r);
-      if (m >= p.m) { continue; }
-      for (var j = 0u; j < VN; j++) {
-        for (var q = 0u; q < 4u; q++) {
-          let n = out_col(wid, xy, j, q);
-          if (n >= p.n) { continue; }
-          let idx = p.c_off + m * p.ldc + n;
-          c[idx] = p.alpha * acc[(i * 4u + r) * VN + j][q] * activate_grad(preact[idx]);
-        }
-      }
-    }
-  }
-}
-
-// Split-K second passes: sum the partial products of element e, then apply
-// the epilogue the one-pass kernels apply (plain: alpha, beta; the fused ones
-// as above).
-fn split_element(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 { return (wid.y * nwg.x + wid.x) * 256u + lid; }
-fn split_sum(e: u32) -> f32 {
-  var s = 0.0;
-  for (var z = 0u; z < p.splits; z++) { s += partials[z * p.split_stride + e]; }
-  return p.alpha * s;
-}
-
-@compute @workgroup_size(256)
+@compute @workgroup_size(EW_WG)
 fn splitk_reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
   let e = split_element(wid, nwg, lid);
   if (e >= p.m * p.n) { return; }
-  let idx = p.c_off + (e / p.n) * p.ldc + e % p.n;
-  var v = split_sum(e);
-  if (p.beta != 0.0) { v = fma(p.beta, c[idx], v); }
-  c[idx] = v;
-}
-
-@compute @workgroup_size(256)
-fn splitk_bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_index) lid: u32) {
-  let e = split_element(wid, nwg, lid);
-  if (e >= p.m * p.n) { return; }
-  c[p.c_off + (e / p.n) * p.ldc + e % p.n] = activate(split_sum(e) + bias[p.bias_off + e % p.n]);
-}
-
-@compute @workgroup_size(256)
-fn splitk_bias_act_train(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                         @builtin(local_invocation_index) lid: u32) {
-  let e = split_element(wid, nwg, lid);
-  if (e >= p.m * p.n) { return; }
-  let idx = p.c_off + (e / p.n) * p.ldc + e % p.n;
-  let z = split_sum(e) + bias[p.bias_off + e % p.n];
-  preact[idx] = z;
-  c[idx] = activate(z);
-}
-
-@compute @workgroup_size(256)
-fn splitk_act_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_index) lid: u32) {
-  let e = split_element(wid, nwg, lid);
-  if (e >= p.m * p.n) { return; }
-  let idx = p.c_off + (e / p.n) * p.ldc + e % p.n;
-  c[idx] = split_sum(e) * activate_grad(preact[idx]);
+  var s = 0.0;
+  for (var z = 0u; z < p.splits; z++) { s += partials[z * p.split_stride + e]; }
+  epilogue(p.c_off + (e / p.n) * p.ldc + e % p.n, e % p.n, p.alpha * s);
 }
 
 // Copies a rows x cols matrix (m x n in the params) from leading dimension
 // lda at a_off in `partials` to leading dimension ldc at c_off in C: operands
 // whose leading dimension is not a multiple of 4 get a padded copy, so the
 // GEMM can read them with 128-bit loads (A_VEC / B_VEC).
-@compute @workgroup_size(256)
+@compute @workgroup_size(EW_WG)
 fn repack(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
   let e = split_element(wid, nwg, lid);

@@ -8,7 +8,7 @@
 // chunk at most 32768 long, so no lane loops over an unbounded K (lavapipe
 // silently ends loops after 65535 iterations; dispatch_util.hpp).
 
-struct Params {
+struct GemvParams {
   n: u32, k: u32, ldb: u32,
   x_off: u32, b_off: u32, y_off: u32,
   alpha: f32, beta: f32,
@@ -20,7 +20,7 @@ struct Params {
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> p: Params;
+@group(0) @binding(3) var<uniform> p: GemvParams;
 // b again as vec4s (gemv_vec4: ldb, b_off and n multiples of 4).
 @group(0) @binding(4) var<storage, read> b4: array<vec4<f32>>;
 

@@ -27,12 +27,8 @@ struct LnParams {
   parts: u32,     // partial rows of this block (backward writes, ln_param_grads reads)
 }
 
-const HAS_W: u32 = 1u;
-const HAS_B: u32 = 2u;
-const WANT_DX: u32 = 4u;
-const WANT_PARTS: u32 = 8u;
-const WANT_DW: u32 = 16u;
-const WANT_DB: u32 = 32u;
+// The flags (HAS_W, ...), WG (threads per row workgroup) and COLS (columns per
+// ln_param_grads workgroup) come from csrc/shader_contract.hpp.
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> weight: array<f32>;          // [cols] (x when absent, not read)
@@ -50,7 +46,6 @@ const WANT_DB: u32 = 32u;
 @group(0) @binding(13) var<storage, read_write> dweight: array<f32>;
 @group(0) @binding(14) var<storage, read_write> dbias: array<f32>;
 
-const WG: u32 = 256u;
 var<workgroup> red: array<vec4<f32>, WG>;
 
 // Sums v over the tpr threads of each row slot (threads slot * tpr ..); every thread gets its slot's sum.
@@ -180,11 +175,11 @@ fn ln_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
 
 // dweight[j] = sum over partial rows p of parts[p][j] (+ beta_w * dweight), dbias likewise from
 // the dy rows: 16 columns x 16 lanes per workgroup, lanes striding the partial rows, then a tree.
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size(COLS, 16)
 fn ln_param_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_id) lid: vec3<u32>) {
   let n = lp.cols;
-  let j = (wid.y * nwg.x + wid.x) * 16u + lid.x;
+  let j = (wid.y * nwg.x + wid.x) * COLS + lid.x;
   let ok = j < n;
   var s = vec2<f32>(0.0);
   if (ok) {

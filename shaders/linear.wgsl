@@ -14,11 +14,11 @@ struct ColParams { rows: u32, cols: u32, beta: f32, block_rows: u32, }
 @group(0) @binding(6) var<uniform> cp: ColParams;
 
 fn linear_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-  return (wid.y * nwg.x + wid.x) * 256u + lid;
+  return (wid.y * nwg.x + wid.x) * WG + lid;
 }
 
 // dZ = dY * act'(Z)
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn act_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
   let i = linear_index(wid, nwg, lid);
@@ -26,7 +26,7 @@ fn act_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 }
 
 // Z += bias (per column); Y = act(Z).
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
   let i = linear_index(wid, nwg, lid);
@@ -37,9 +37,8 @@ fn bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
   }
 }
 
-const COLS: u32 = 16u;   // columns per workgroup
-const LANES: u32 = 16u;  // row lanes per column
-var<workgroup> colsum: array<f32, 256>;
+// COLS (columns per workgroup), LANES (row lanes per column) and WG: csrc/shader_contract.hpp.
+var<workgroup> colsum: array<f32, COLS * LANES>;
 
 // db[j] = sum_i dZ[i, j] (+ beta * db[j]). Narrow column blocks give many
 // workgroups even for a few hundred columns (64-column blocks left most of
@@ -77,9 +76,7 @@ fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
   }
 }
 
-const PART_COLS: u32 = 64u;  // columns per colsum_partial workgroup
-const PART_LANES: u32 = 4u;  // row lanes per column
-var<workgroup> partsum: array<f32, 256>;
+var<workgroup> partsum: array<f32, PART_COLS * PART_LANES>;
 
 // First pass of a column sum over many rows: partial[b, j] = sum of dZ[i, j]
 // over the rows of block b (block_rows each), one workgroup per 64 columns of
@@ -105,7 +102,8 @@ fn colsum_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
   partsum[lid.y * PART_COLS + lid.x] = s;
   workgroupBarrier();
   if (lid.y == 0u && j < cp.cols) {
-    result[wid.y * cp.cols + j] = (partsum[lid.x] + partsum[PART_COLS + lid.x]) +
-                                  (partsum[2u * PART_COLS + lid.x] + partsum[3u * PART_COLS + lid.x]);
+    var t = 0.0;
+    for (var l = 0u; l < PART_LANES; l++) { t += partsum[l * PART_COLS + lid.x]; }
+    result[wid.y * cp.cols + j] = t;
   }
 }

@@ -27,7 +27,7 @@ struct ScaleParams { n: u32, }
 @group(0) @binding(7) var<uniform> sp: ScaleParams;
 
 fn linear_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-  return (wid.y * nwg.x + wid.x) * 256u + lid;
+  return (wid.y * nwg.x + wid.x) * WG + lid;  // WG: csrc/shader_contract.hpp
 }
 
 // torch scales by min(coef, 1); NaN coefficients (non-finite norms) propagate.
@@ -45,7 +45,7 @@ fn adamw_update(i: u32, g: f32) {
   param[i] = param[i] * ap.decay - ap.step_size * (m / denom);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
   let i = linear_index(wid, nwg, lid);
@@ -54,7 +54,7 @@ fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
 
 // Gradient clipping fused into the update: the clip scale is applied to the
 // gradient as it is read, so gradients are read once and never rewritten.
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn adamw_clipped(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
   let i = linear_index(wid, nwg, lid);
@@ -65,7 +65,7 @@ fn adamw_clipped(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 // max_norm or is NaN (torch then makes every gradient NaN). `!(s == 1.0)`, not
 // `s != 1.0`: the latter evaluated false for a NaN scale on lavapipe, leaving
 // the gradients unscaled.
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn scale_by_clip(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
   let i = linear_index(wid, nwg, lid);
