@@ -37,15 +37,17 @@ const Kernel& ln_kernel(Device& dev, const char* entry) {
   return dev.pipelines().get(d);
 }
 
-// Threads per row: the smallest power of two >= cols / kColsPerThread, at
-// most a workgroup. Several rows per workgroup with ~16 elements per thread:
-// a whole 256-thread workgroup per 384- or 768-wide row (1-3 elements per
-// thread) spent its time in the 8-level tree reductions' barriers (H100:
-// 82 us per 16384 x 384 forward, ~0.6 TB/s).
-constexpr uint32_t kColsPerThread = 16;
-uint32_t threads_per_row(uint32_t cols) {
+// Threads per row: the smallest power of two >= cols / cols_per_thread, at
+// most a workgroup. The forward takes several rows per workgroup with ~16
+// elements per thread: a whole 256-thread workgroup per 384-wide row spent
+// its time in the tree reductions' barriers (H100, 16384 x 384: 82 -> 40 us).
+// The backward keeps one element per thread (cols_per_thread 1): its partial
+// rows are per row slot, so more slots per workgroup meant fewer workgroups
+// for the same partial rows (the same change made it 85 -> 258 us).
+constexpr uint32_t kForwardColsPerThread = 16;
+uint32_t threads_per_row(uint32_t cols, uint32_t cols_per_thread) {
   uint32_t t = 1;
-  while (uint64_t(t) * kColsPerThread < cols && t < kGroup) t <<= 1;
+  while (uint64_t(t) * cols_per_thread < cols && t < kGroup) t <<= 1;
   return t;
 }
 
@@ -92,7 +94,7 @@ void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, cons
   if (bias) check_floats(*bias, cols, "layer_norm bias");
   for (auto [out, name] : {std::pair{&y, "y"}, {&mean, "mean"}, {&rstd, "rstd"}})
     check_no_alias(fn, *out, name, {{&x, "x"}, {weight, "weight"}, {bias, "bias"}});
-  const uint32_t t = threads_per_row(cols);
+  const uint32_t t = threads_per_row(cols, kForwardColsPerThread);
   const uint32_t rpw = kGroup / t;
   const uint32_t flags = (weight ? kHasW : 0) | (bias ? kHasB : 0);
   const Kernel& k = ln_kernel(dev, "ln_forward");
@@ -144,7 +146,7 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
   if (dweight) check_floats(*dweight, cols, "layer_norm_backward dweight");
   if (dbias) check_floats(*dbias, cols, "layer_norm_backward dbias");
 
-  const uint32_t t = threads_per_row(cols);
+  const uint32_t t = threads_per_row(cols, 1);
   const uint64_t rpw = kGroup / t;
   const bool want_parts = dweight || dbias;
   const uint64_t limit = span_limit(dev);

@@ -30,9 +30,18 @@ fn linear_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
   return (wid.y * nwg.x + wid.x) * WG + lid;  // WG: csrc/shader_contract.hpp
 }
 
+// NaN by its bits: the NVIDIA driver compiles float comparisons as if no value
+// were NaN (with a NaN coefficient `select(coef, 1.0, coef >= 1.0)` followed by
+// `!(s == 1.0)` left the gradients unscaled on the H100), and lavapipe got
+// `s != 1.0` wrong for NaN; integer tests are exact everywhere.
+fn is_nan(x: f32) -> bool {
+  return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
 // torch scales by min(coef, 1); NaN coefficients (non-finite norms) propagate.
 fn clip_scale() -> f32 {
   let coef = clip[1];
+  if (is_nan(coef)) { return bitcast<f32>(0x7fc00000u); }
   return select(coef, 1.0, coef >= 1.0);
 }
 
@@ -62,13 +71,17 @@ fn adamw_clipped(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 }
 
 // In-place clipping for clip_grad_norm_: only writes when the norm exceeds
-// max_norm or is NaN (torch then makes every gradient NaN). `!(s == 1.0)`, not
-// `s != 1.0`: the latter evaluated false for a NaN scale on lavapipe, leaving
-// the gradients unscaled.
+// max_norm or is NaN (torch then makes every gradient NaN; the NaN test on
+// bits, see is_nan).
 @compute @workgroup_size(WG)
 fn scale_by_clip(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
   let i = linear_index(wid, nwg, lid);
   let s = clip_scale();
-  if (i < sp.n && !(s == 1.0)) { grads[i] = grads[i] * s; }
+  if (i >= sp.n) { return; }
+  if (is_nan(s)) {
+    grads[i] = s;  // torch's g * NaN, stored as is: no float arithmetic on a NaN to fold away
+  } else if (s < 1.0) {
+    grads[i] = grads[i] * s;
+  }
 }
