@@ -238,6 +238,20 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
   r.dispatch(attn_kernel(dev, "attn_delta", d), {{sh::o_in, ro}, {sh::dout, rg}, {sh::delta_out, rd}}, p, gx, gy);
 
   p.blocks = nb;
+  // The operands both gradient passes read, plus the outputs of one.
+  auto with_inputs = [&](std::vector<Operand> outputs) {
+    outputs.insert(outputs.end(), {{sh::q_in, rq},
+                                   {sh::k_in, rk},
+                                   {sh::v_in, rv},
+                                   {sh::dout, rg},
+                                   {sh::lse_in, rl},
+                                   {sh::delta_in, rd},
+                                   {sh::q4, q4},
+                                   {sh::k4, k4},
+                                   {sh::v4, v4},
+                                   {sh::g4, g4}});
+    return outputs;
+  };
   // dK, dV: a workgroup per key block; query blocks [b0, b1) per dispatch reach key blocks < b1.
   const Kernel& kkv = attn_kernel(dev, "attn_dkdv", d, vec);
   const uint32_t per_kv = blocks_per_dispatch("attn_dkdv", d, max_blocks);
@@ -246,20 +260,7 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
     p.blk1 = std::min(nb, b0 + per_kv);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
-      r.dispatch(kkv,
-                 {{sh::q_in, rq},
-                  {sh::k_in, rk},
-                  {sh::v_in, rv},
-                  {sh::dout, rg},
-                  {sh::lse_in, rl},
-                  {sh::delta_in, rd},
-                  {sh::dk, rdk},
-                  {sh::dv, rdv},
-                  {sh::q4, q4},
-                  {sh::k4, k4},
-                  {sh::v4, v4},
-                  {sh::g4, g4}},
-                 p, p.blk1, count);
+      r.dispatch(kkv, with_inputs({{sh::dk, rdk}, {sh::dv, rdv}}), p, p.blk1, count);
     });
   }
   // dQ: a workgroup per query block; key blocks [b0, b1) per dispatch.
@@ -270,19 +271,7 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
     p.blk1 = std::min(nb, b0 + per_q);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
-      r.dispatch(kq,
-                 {{sh::q_in, rq},
-                  {sh::k_in, rk},
-                  {sh::v_in, rv},
-                  {sh::dout, rg},
-                  {sh::lse_in, rl},
-                  {sh::delta_in, rd},
-                  {sh::dq, rdq},
-                  {sh::q4, q4},
-                  {sh::k4, k4},
-                  {sh::v4, v4},
-                  {sh::g4, g4}},
-                 p, nb - b0, count);
+      r.dispatch(kq, with_inputs({{sh::dq, rdq}}), p, nb - b0, count);
     });
   }
 }

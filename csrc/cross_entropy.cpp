@@ -11,17 +11,11 @@ namespace {
 namespace sh = wgsl::cross_entropy;
 
 const Kernel& xent_kernel(Device& dev, const char* entry) {
-  KernelDesc d;
-  d.shader = "cross_entropy";
-  d.entry = entry;
-  const std::string e = entry;
-  if (e == "xent_forward")
-    d.bindings = {sh::logits, sh::labels, sh::row_lse, sh::row_loss, sh::row_valid, sh::xp};
-  else if (e == "xent_finalize")
-    d.bindings = {sh::fin_loss, sh::fin_valid, sh::fin_out, sh::fp, sh::fin_scale};
-  else
-    d.bindings = {sh::logits, sh::labels, sh::xp, sh::lse_in, sh::upstream, sh::scale_in, sh::dlogits};
-  return dev.pipelines().get(d);
+  static const PipelineCache::EntryBindings table = {
+      {"xent_forward", {sh::logits, sh::labels, sh::row_lse, sh::row_loss, sh::row_valid, sh::xp}},
+      {"xent_finalize", {sh::fin_loss, sh::fin_valid, sh::fin_out, sh::fp, sh::fin_scale}},
+      {"xent_backward", {sh::logits, sh::labels, sh::xp, sh::lse_in, sh::upstream, sh::scale_in, sh::dlogits}}};
+  return dev.pipelines().get("cross_entropy", entry, table);
 }
 
 // Each thread loops over cols / 256 classes two or three times per row; lavapipe cuts
@@ -54,6 +48,17 @@ void for_each_row_block(const Device& dev, uint32_t rows, uint32_t cols, Fn fn) 
   }
 }
 
+// The params of one row block [r0, r0 + rc) whose first logit is at `inner` of its binding.
+XentParams block_params(uint32_t r0, uint32_t rc, uint32_t cols, uint32_t inner, int32_t ignore_index) {
+  XentParams p;
+  p.rows = rc;
+  p.cols = cols;
+  p.row0 = r0;
+  p.x_off = inner;
+  p.ignore_index = ignore_index;
+  return p;
+}
+
 }  // namespace
 
 void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
@@ -66,12 +71,7 @@ void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labe
   check_floats(scale, 1, "cross_entropy gradient scale");
   const Kernel& fk = xent_kernel(dev, "xent_forward");
   for_each_row_block(dev, rows, cols, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
-    XentParams p;
-    p.rows = rc;
-    p.cols = cols;
-    p.row0 = r0;
-    p.x_off = inner;
-    p.ignore_index = ignore_index;
+    XentParams p = block_params(r0, rc, cols, inner, ignore_index);
     auto [gx, gy] = grid_1d(dev, rc);
     r.dispatch(fk,
                {{sh::logits, floats(logits, start, inner + uint64_t(rc) * cols)},
@@ -103,12 +103,7 @@ void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& lab
   check_floats(scale, 1, "cross_entropy scale");
   const Kernel& bk = xent_kernel(dev, "xent_backward");
   for_each_row_block(dev, rows, cols, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
-    XentParams p;
-    p.rows = rc;
-    p.cols = cols;
-    p.row0 = r0;
-    p.x_off = inner;
-    p.ignore_index = ignore_index;
+    XentParams p = block_params(r0, rc, cols, inner, ignore_index);
     p.per_row = per_row ? 1u : 0u;
     p.beta = beta;
     auto [gx, gy] = grid_1d(dev, rc);

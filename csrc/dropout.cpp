@@ -13,14 +13,9 @@ namespace {
 namespace sh = wgsl::dropout;
 
 const Kernel& drop_kernel(Device& dev, const char* entry) {
-  KernelDesc d;
-  d.shader = "dropout";
-  d.entry = entry;
-  if (std::string(entry) == "rng_take")
-    d.bindings = {sh::state, sh::key_out};
-  else
-    d.bindings = {sh::src, sh::key, sh::dst, sh::dp};
-  return dev.pipelines().get(d);
+  static const PipelineCache::EntryBindings table = {{"rng_take", {sh::state, sh::key_out}},
+                                                     {"dropout", {sh::src, sh::key, sh::dst, sh::dp}}};
+  return dev.pipelines().get("dropout", entry, table);
 }
 
 void check_words(const Buffer& b, const char* what) {

@@ -52,7 +52,7 @@ constexpr uint64_t kReduceCostK = 55;     // the reduce dispatch
 constexpr uint64_t kMaxModelSplits = 32;
 constexpr uint64_t kMinKPerSplit = 256;
 // Concurrent 64x128 workgroups: 2 per SM x 132 SMs on the H100 (measured: the
-// time steps up between 264 and 270 workgroups). WebGPU does not report the
+// time steps up between 216 and 270 workgroups). WebGPU does not report the
 // multiprocessor count; PYWGTRAIN_GEMM_SLOTS sets it for other GPUs.
 uint64_t wave_slots() {
   static const uint64_t slots = [] {
@@ -491,6 +491,48 @@ uint32_t choose_splits(uint32_t m, uint32_t n, uint64_t k, const TileConfig& t) 
 }
 // clang-format on
 
+// A region's windows of A and B and the params every dispatch over it shares:
+// its shape, the leading dimensions, the operand offsets inside the windows,
+// alpha and beta, all of the region's K in one split. Callers add C's side.
+struct RegionBinding {
+  RowWindow a, b;
+  GemmParams p;
+};
+RegionBinding bind_region(const Device& dev, const GemmProblem& g, const Region& reg) {
+  RegionBinding rb;
+  rb.a = g.ta ? row_window(dev, *g.a, 0, reg.k0, reg.kc, g.lda) : row_window(dev, *g.a, 0, reg.m0, reg.mc, g.lda);
+  rb.b = g.tb ? row_window(dev, *g.b, 0, reg.n0, reg.nc, g.ldb) : row_window(dev, *g.b, 0, reg.k0, reg.kc, g.ldb);
+  GemmParams& p = rb.p;
+  p.m = reg.mc;
+  p.n = reg.nc;
+  p.k = reg.kc;
+  p.lda = uint32_t(g.lda);
+  p.ldb = uint32_t(g.ldb);
+  p.a_off = rb.a.inner + uint32_t(g.ta ? reg.m0 : reg.k0);
+  p.b_off = rb.b.inner + uint32_t(g.tb ? reg.k0 : reg.n0);
+  p.alpha = g.alpha;
+  p.beta = g.beta;
+  p.k_chunk = reg.kc;
+  p.splits = 1;
+  return rb;
+}
+
+// The plain-epilogue variant of g on tiles t, and a dispatch's A, B and C ranges.
+GemmVariant plain_variant(const TileConfig& t, const GemmProblem& g) {
+  GemmVariant v;
+  v.t = t;
+  v.ta = g.ta;
+  v.tb = g.tb;
+  return v;
+}
+GemmRanges abc_ranges(const RegionBinding& rb, const Range& c) {
+  GemmRanges ranges;
+  ranges.a = rb.a.range;
+  ranges.b = rb.b.range;
+  ranges.c = c;
+  return ranges;
+}
+
 // Split-K over region `reg` of g's C: each split writes its partial product
 // (compact, nc wide) to the device workspace, the reduce pass sums them into
 // C with the epilogue (bias from column n0 on, the pre-activation at C's
@@ -507,33 +549,17 @@ void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, c
   splits = uint32_t(ceil_div(reg.kc, k_chunk));
   const uint64_t stride = uint64_t(reg.mc) * reg.nc;
   const Range ws{dev.workspace(stride * splits * 4), 0, stride * splits * 4};
-  RowWindow aw =
-      g.ta ? row_window(dev, *g.a, 0, reg.k0, reg.kc, g.lda) : row_window(dev, *g.a, 0, reg.m0, reg.mc, g.lda);
-  RowWindow bw =
-      g.tb ? row_window(dev, *g.b, 0, reg.n0, reg.nc, g.ldb) : row_window(dev, *g.b, 0, reg.k0, reg.kc, g.ldb);
-  GemmParams p;
-  p.m = reg.mc;
-  p.n = reg.nc;
-  p.k = reg.kc;
-  p.lda = uint32_t(g.lda);
-  p.ldb = uint32_t(g.ldb);
+  // Partials: compact (nc wide), unscaled; alpha, beta and the epilogue come in the reduce.
+  RegionBinding rb = bind_region(dev, g, reg);
+  GemmParams& p = rb.p;
   p.ldc = reg.nc;
-  p.a_off = aw.inner + uint32_t(g.ta ? reg.m0 : reg.k0);
-  p.b_off = bw.inner + uint32_t(g.tb ? reg.k0 : reg.n0);
   p.alpha = 1.0f;
   p.beta = 0.0f;
   p.k_chunk = k_chunk;
   p.split_stride = uint32_t(stride);
   p.splits = splits;
-  GemmVariant plain;
-  plain.t = t;
-  plain.ta = g.ta;
-  plain.tb = g.tb;
-  GemmRanges ranges;
-  ranges.a = aw.range;
-  ranges.b = bw.range;
-  ranges.c = ws;
-  dispatch_gemm(r, plain, p, ranges, uint32_t(ceil_div(reg.nc, t.bn)), uint32_t(ceil_div(reg.mc, t.bm)), splits);
+  dispatch_gemm(r, plain_variant(t, g), p, abc_ranges(rb, ws), uint32_t(ceil_div(reg.nc, t.bn)),
+                uint32_t(ceil_div(reg.mc, t.bm)), splits);
   RowWindow cw = row_window(dev, *g.c, 0, reg.m0, reg.mc, g.ldc);
   GemmParams q;
   q.m = reg.mc;
@@ -563,32 +589,16 @@ bool record_ragged(Recorder& r, const GemmProblem& g, const TileConfig& t) {
   if (!(thin_m || thin_n) || k < kSplitMinK) return false;
   Device& dev = r.device();
   const uint32_t m_main = m - (thin_m ? rm : 0), n_main = n - (thin_n ? rn : 0);
-  RowWindow aw = g.ta ? row_window(dev, *g.a, 0, 0, k, g.lda) : row_window(dev, *g.a, 0, 0, m_main, g.lda);
-  RowWindow bw = g.tb ? row_window(dev, *g.b, 0, 0, n_main, g.ldb) : row_window(dev, *g.b, 0, 0, k, g.ldb);
+  Region main_part;
+  main_part.mc = m_main;
+  main_part.nc = n_main;
+  main_part.kc = k;
+  RegionBinding rb = bind_region(dev, g, main_part);
   RowWindow cw = row_window(dev, *g.c, 0, 0, m_main, n);
-  GemmParams p;
-  p.m = m_main;
-  p.n = n_main;
-  p.k = k;
-  p.lda = uint32_t(g.lda);
-  p.ldb = uint32_t(g.ldb);
-  p.ldc = n;
-  p.a_off = aw.inner;
-  p.b_off = bw.inner;
-  p.c_off = cw.inner;
-  p.alpha = g.alpha;
-  p.beta = g.beta;
-  p.k_chunk = k;
-  p.splits = 1;
-  GemmVariant plain;
-  plain.t = t;
-  plain.ta = g.ta;
-  plain.tb = g.tb;
-  GemmRanges ranges;
-  ranges.a = aw.range;
-  ranges.b = bw.range;
-  ranges.c = cw.range;
-  dispatch_gemm(r, plain, p, ranges, uint32_t(ceil_div(n_main, t.bn)), uint32_t(ceil_div(m_main, t.bm)));
+  rb.p.ldc = n;
+  rb.p.c_off = cw.inner;
+  dispatch_gemm(r, plain_variant(t, g), rb.p, abc_ranges(rb, cw.range), uint32_t(ceil_div(n_main, t.bn)),
+                uint32_t(ceil_div(m_main, t.bm)));
   GemmProblem strips = g;
   strips.ldc = n;
   auto strip = [&](uint32_t m0, uint32_t mc, uint32_t n0, uint32_t nc) {
@@ -751,44 +761,29 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
         const uint64_t kc = std::min(kb, k - k0);
         const float beta = k0 == 0 ? g.beta : 1.0f;
         const uint32_t splits = choose_splits(uint32_t(mc), uint32_t(nc), kc, t);
+        GemmProblem block = g;
+        block.c = target;
+        block.beta = beta;
+        Region reg;
+        reg.m0 = uint32_t(m0);
+        reg.mc = uint32_t(mc);
+        reg.n0 = uint32_t(n0);
+        reg.nc = uint32_t(nc);
+        reg.k0 = k0;
+        reg.kc = uint32_t(kc);
         if (splits > 1) {
           EpilogueArgs pe = e;
           pe.ep = in_kernel;
-          GemmProblem block = g;
-          block.c = target;
-          block.beta = beta;
-          Region reg;
-          reg.m0 = uint32_t(m0);
-          reg.mc = uint32_t(mc);
-          reg.n0 = uint32_t(n0);
-          reg.nc = uint32_t(nc);
-          reg.k0 = k0;
-          reg.kc = uint32_t(kc);
           record_split_region(r, block, reg, t, splits, pe);
           continue;
         }
-        RowWindow aw = ta ? row_window(dev, a, 0, k0, kc, lda) : row_window(dev, a, 0, m0, mc, lda);
-        RowWindow bw = tb ? row_window(dev, b, 0, n0, nc, ldb) : row_window(dev, b, 0, k0, kc, ldb);
+        RegionBinding rb = bind_region(dev, block, reg);
         RowWindow cw = row_window(dev, *target, 0, m0, mc, ldc);
-        GemmParams p;
-        p.m = uint32_t(mc);
-        p.n = uint32_t(nc);
-        p.k = uint32_t(kc);
-        p.lda = uint32_t(lda);
-        p.ldb = uint32_t(ldb);
+        GemmParams& p = rb.p;
         p.ldc = uint32_t(ldc);
-        p.a_off = aw.inner + uint32_t(ta ? m0 : k0);
-        p.b_off = bw.inner + uint32_t(tb ? k0 : n0);
         p.c_off = cw.inner + uint32_t(n0);
-        p.alpha = g.alpha;
-        p.beta = beta;
         p.bias_off = uint32_t(n0);
-        p.k_chunk = uint32_t(kc);
-        p.splits = 1;
-        GemmRanges ranges;
-        ranges.a = aw.range;
-        ranges.b = bw.range;
-        ranges.c = cw.range;
+        GemmRanges ranges = abc_ranges(rb, cw.range);
         if (has_bias(in_kernel)) ranges.bias = whole(*e.bias);
         if (has_preact(in_kernel)) ranges.preact = row_window(dev, *e.preact, 0, m0, mc, ldc).range;
         if (in_kernel == Epilogue::RowSum) ranges.row_sums = whole(*e.row_sums);

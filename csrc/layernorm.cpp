@@ -24,17 +24,11 @@ constexpr uint64_t kMaxCols = 256 * 8192;  // the forward's three passes: 3 * 81
 constexpr uint64_t kTargetParts = 1024;    // partial rows per block the column pass sums
 
 const Kernel& ln_kernel(Device& dev, const char* entry) {
-  KernelDesc d;
-  d.shader = "layernorm";
-  d.entry = entry;
-  const std::string e = entry;
-  if (e == "ln_forward")
-    d.bindings = {sh::x, sh::weight, sh::bias, sh::y, sh::mean_out, sh::rstd_out, sh::lp};
-  else if (e == "ln_backward")
-    d.bindings = {sh::x, sh::weight, sh::lp, sh::dy, sh::mean_in, sh::rstd_in, sh::dx, sh::parts};
-  else
-    d.bindings = {sh::lp, sh::parts_in, sh::dweight, sh::dbias};
-  return dev.pipelines().get(d);
+  static const PipelineCache::EntryBindings table = {
+      {"ln_forward", {sh::x, sh::weight, sh::bias, sh::y, sh::mean_out, sh::rstd_out, sh::lp}},
+      {"ln_backward", {sh::x, sh::weight, sh::lp, sh::dy, sh::mean_in, sh::rstd_in, sh::dx, sh::parts}},
+      {"ln_param_grads", {sh::lp, sh::parts_in, sh::dweight, sh::dbias}}};
+  return dev.pipelines().get("layernorm", entry, table);
 }
 
 // Threads per row: the smallest power of two >= cols / cols_per_thread, at
@@ -77,6 +71,17 @@ void check_dims(const Device& dev, const std::string& fn, uint32_t rows, uint32_
     throw ArgumentError(fn + ": a row of " + std::to_string(cols) + " elements exceeds one storage binding");
 }
 
+// Each operand present holds at least its count of floats ("<fn> <what> holds ...").
+struct Sized {
+  const Buffer* buffer;
+  uint64_t count;
+  const char* what;
+};
+void check_sizes(const std::string& fn, std::initializer_list<Sized> operands) {
+  for (const Sized& o : operands)
+    if (o.buffer) check_floats(*o.buffer, o.count, (fn + " " + o.what).c_str());
+}
+
 }  // namespace
 
 void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer* bias, const Buffer& y,
@@ -86,12 +91,12 @@ void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, cons
   check_dims(dev, fn, rows, cols);
   if (!(eps >= 0.0f) || eps > 3.4e38f) throw ArgumentError(fn + ": eps must be finite and >= 0");
   const uint64_t n = uint64_t(rows) * cols;
-  check_floats(x, n, "layer_norm input x");
-  check_floats(y, n, "layer_norm output y");
-  check_floats(mean, rows, "layer_norm mean");
-  check_floats(rstd, rows, "layer_norm rstd");
-  if (weight) check_floats(*weight, cols, "layer_norm weight");
-  if (bias) check_floats(*bias, cols, "layer_norm bias");
+  check_sizes("layer_norm", {{&x, n, "input x"},
+                             {&y, n, "output y"},
+                             {&mean, rows, "mean"},
+                             {&rstd, rows, "rstd"},
+                             {weight, cols, "weight"},
+                             {bias, cols, "bias"}});
   for (auto [out, name] : {std::pair{&y, "y"}, {&mean, "mean"}, {&rstd, "rstd"}})
     check_no_alias(fn, *out, name, {{&x, "x"}, {weight, "weight"}, {bias, "bias"}});
   const uint32_t t = threads_per_row(cols, kForwardColsPerThread);
@@ -134,11 +139,8 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
     throw ArgumentError(fn + ": no gradient requested (dx, dweight and dbias are all None)");
   if (dweight && !weight) throw ArgumentError(fn + ": dweight needs the weight (the forward had none)");
   const uint64_t n = uint64_t(rows) * cols;
-  check_floats(x, n, "layer_norm_backward input x");
-  check_floats(dy, n, "layer_norm_backward dy");
-  check_floats(mean, rows, "layer_norm_backward mean");
-  check_floats(rstd, rows, "layer_norm_backward rstd");
-  if (weight) check_floats(*weight, cols, "layer_norm_backward weight");
+  check_sizes(
+      fn, {{&x, n, "input x"}, {&dy, n, "dy"}, {&mean, rows, "mean"}, {&rstd, rows, "rstd"}, {weight, cols, "weight"}});
   if (dx) {
     check_floats(*dx, n, "layer_norm_backward dx");
     check_no_alias(fn, *dx, "dx", {{&x, "x"}, {&dy, "dy"}, {weight, "weight"}, {&mean, "mean"}, {&rstd, "rstd"}});

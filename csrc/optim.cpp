@@ -12,17 +12,11 @@ namespace {
 namespace sh = wgsl::optim;
 
 const Kernel& optim_kernel(Device& dev, const char* entry) {
-  KernelDesc d;
-  d.shader = "optim";
-  d.entry = entry;
-  const std::string e = entry;
-  if (e == "scale_by_clip") {
-    d.bindings = {sh::clip, sh::grads, sh::sp};
-  } else {
-    d.bindings = {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap};
-    if (e == "adamw_clipped") d.bindings.push_back(sh::clip);
-  }
-  return dev.pipelines().get(d);
+  static const PipelineCache::EntryBindings table = {
+      {"scale_by_clip", {sh::clip, sh::grads, sh::sp}},
+      {"adamw", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap}},
+      {"adamw_clipped", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap, sh::clip}}};
+  return dev.pipelines().get("optim", entry, table);
 }
 
 }  // namespace

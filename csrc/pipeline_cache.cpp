@@ -14,6 +14,18 @@ std::string KernelDesc::key() const {
   return k;
 }
 
+const Kernel& PipelineCache::get(const std::string& shader, const std::string& entry, const EntryBindings& table,
+                                 std::vector<std::pair<std::string, std::string>> constants) {
+  const auto it = table.find(entry);
+  if (it == table.end()) throw std::logic_error("no bindings listed for " + shader + ":" + entry);
+  KernelDesc d;
+  d.shader = shader;
+  d.entry = entry;
+  d.bindings = it->second;
+  d.constants = std::move(constants);
+  return get(d);
+}
+
 const Kernel& PipelineCache::get(const KernelDesc& desc) {
   std::lock_guard<std::recursive_mutex> lk(dev_.mutex());
   const std::string key = desc.key();

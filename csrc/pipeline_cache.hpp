@@ -41,6 +41,11 @@ class PipelineCache {
  public:
   explicit PipelineCache(Device& dev) : dev_(dev) {}
   const Kernel& get(const KernelDesc& desc);
+  // The kernel of one entry of a family: its bindings looked up by entry
+  // point in the family's table (unknown entries are a programming error).
+  using EntryBindings = std::map<std::string, std::vector<Slot>>;
+  const Kernel& get(const std::string& shader, const std::string& entry, const EntryBindings& table,
+                    std::vector<std::pair<std::string, std::string>> constants = {});
   size_t size() const { return kernels_.size(); }
 
  private:

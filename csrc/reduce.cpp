@@ -8,19 +8,11 @@ namespace pwt {
 namespace {
 
 const Kernel& reduce_kernel(Device& dev, const char* entry, bool square) {
-  KernelDesc d;
-  d.shader = "reduce";
-  d.entry = entry;
   namespace sh = wgsl::reduce;
-  const std::string e = entry;
-  if (e == "partial_sum4")
-    d.bindings = {sh::src4, sh::dst, sh::pp};
-  else if (e == "partial_sum")
-    d.bindings = {sh::src, sh::dst, sh::pp};
-  else
-    d.bindings = {sh::src, sh::dst, sh::fp};
-  d.constants = {{"SQUARE", square ? "true" : "false"}};
-  return dev.pipelines().get(d);
+  static const PipelineCache::EntryBindings table = {{"partial_sum4", {sh::src4, sh::dst, sh::pp}},
+                                                     {"partial_sum", {sh::src, sh::dst, sh::pp}},
+                                                     {"finalize_norm", {sh::src, sh::dst, sh::fp}}};
+  return dev.pipelines().get("reduce", entry, table, {{"SQUARE", square ? "true" : "false"}});
 }
 
 }  // namespace

@@ -330,6 +330,49 @@ uint64_t rows_per_block(const Device& dev, uint64_t cols, const std::string& fn,
   return limit / cols;
 }
 
+// axis.wgsl's params for softmax over `rows` contiguous rows of `cols`, the
+// first element at `x_off` of every operand's binding.
+AxisParams softmax_rows(uint32_t rows, uint32_t cols, uint32_t x_off) {
+  AxisParams p;
+  p.outer = rows;
+  p.len = cols;
+  p.inner = 1;
+  p.x_row = cols;
+  p.x_col = 1;
+  p.out_row = 1;
+  p.x_off = x_off;
+  p.scale = 1.0f;
+  return p;
+}
+
+// Sizes and aliasing of an embedding call: `table` [vocab, dim], `ids` [n_ids]
+// (int32), `rows` [n_ids, dim]; the output (rows for the gather, the table for
+// the backward) must not alias the inputs.
+void check_embedding(const char* fn, bool table_out, const Buffer& table, const char* table_name, const Buffer& rows,
+                     const char* rows_name, const Buffer& ids, uint32_t n_ids, uint32_t vocab, uint32_t dim) {
+  const std::string f = fn;
+  check_nonzero(n_ids, (f + ": n_ids").c_str());
+  check_nonzero(vocab, (f + ": vocab").c_str());
+  check_nonzero(dim, (f + ": dim").c_str());
+  check_floats(table, uint64_t(vocab) * dim, (f + " " + table_name).c_str());
+  check_ints(ids, n_ids, (f + " ids").c_str());
+  check_floats(rows, uint64_t(n_ids) * dim, (f + " " + rows_name).c_str());
+  const Buffer& out = table_out ? table : rows;
+  check_no_alias(fn, out, table_out ? table_name : rows_name,
+                 {{table_out ? &rows : &table, table_out ? rows_name : table_name}, {&ids, "ids"}});
+}
+
+// A gather block: `ids` ids (dy / output rows) against table rows [v0, v0 + vc).
+GatherParams gather_block(uint64_t ids, uint32_t dim, uint32_t vocab, uint64_t v0, uint64_t vc) {
+  GatherParams p;
+  p.rows = uint32_t(ids);
+  p.cols = dim;
+  p.vocab = vocab;
+  p.v0 = uint32_t(v0);
+  p.vcount = uint32_t(vc);
+  return p;
+}
+
 }  // namespace
 
 // ---- element-wise ----
@@ -504,15 +547,7 @@ void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint3
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
-    AxisParams p;
-    p.outer = uint32_t(rc);
-    p.len = cols;
-    p.inner = 1;
-    p.x_row = cols;
-    p.x_col = 1;
-    p.out_row = 1;
-    p.x_off = xb.off;  // y shares it: same first element, aligned bases
-    p.scale = 1.0f;
+    const AxisParams p = softmax_rows(uint32_t(rc), cols, xb.off);  // y shares the offset: aligned bases
     auto [gx, gy] = grid_1d(dev, rc);
     r.dispatch(k, {{ax::src, xb.range}, {ax::res, bind_span(dev, y, r0 * cols, rc * cols).range}}, p, gx, gy);
   }
@@ -532,15 +567,7 @@ void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buff
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const Bound yb = bind_span(dev, y, r0 * cols, rc * cols);
-    AxisParams p;
-    p.outer = uint32_t(rc);
-    p.len = cols;
-    p.inner = 1;
-    p.x_row = cols;
-    p.x_col = 1;
-    p.out_row = 1;
-    p.x_off = yb.off;  // dy and dx share it
-    p.scale = 1.0f;
+    AxisParams p = softmax_rows(uint32_t(rc), cols, yb.off);  // dy and dx share the offset
     p.beta = beta;
     auto [gx, gy] = grid_1d(dev, rc);
     r.dispatch(k,
@@ -555,13 +582,7 @@ void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buff
 
 void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffer& out, uint32_t n_ids, uint32_t vocab,
                uint32_t dim) {
-  check_nonzero(n_ids, "embedding: n_ids");
-  check_nonzero(vocab, "embedding: vocab");
-  check_nonzero(dim, "embedding: dim");
-  check_floats(weight, uint64_t(vocab) * dim, "embedding weight");
-  check_ints(ids, n_ids, "embedding ids");
-  check_floats(out, uint64_t(n_ids) * dim, "embedding output");
-  check_no_alias("embedding", out, "out", {{&weight, "weight"}, {&ids, "ids"}});
+  check_embedding("embedding", false, weight, "weight", out, "out", ids, n_ids, vocab, dim);
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, dim, "embedding");
   const Kernel& k = gather_kernel(dev, "embedding", {emb::src, emb::idx, emb::dst, emb::gp});
@@ -573,12 +594,7 @@ void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffe
       const uint64_t ic = std::min<uint64_t>(per, n_ids - i0);
       const Bound ib = bind_span(dev, ids, i0, ic);
       const Bound ob = bind_span(dev, out, i0 * dim, ic * dim);
-      GatherParams p;
-      p.rows = uint32_t(ic);
-      p.cols = dim;
-      p.vocab = vocab;
-      p.v0 = uint32_t(v0);
-      p.vcount = uint32_t(vc);
+      GatherParams p = gather_block(ic, dim, vocab, v0, vc);
       p.src_off = wb.off;
       p.idx_off = ib.off;
       p.dst_off = ob.off;
@@ -591,13 +607,7 @@ void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffe
 
 void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const Buffer& dweight, uint32_t n_ids,
                         uint32_t vocab, uint32_t dim, float beta) {
-  check_nonzero(n_ids, "embedding_backward: n_ids");
-  check_nonzero(vocab, "embedding_backward: vocab");
-  check_nonzero(dim, "embedding_backward: dim");
-  check_floats(dy, uint64_t(n_ids) * dim, "embedding_backward dy");
-  check_ints(ids, n_ids, "embedding_backward ids");
-  check_floats(dweight, uint64_t(vocab) * dim, "embedding_backward dweight");
-  check_no_alias("embedding_backward", dweight, "dweight", {{&dy, "dy"}, {&ids, "ids"}});
+  check_embedding("embedding_backward", true, dweight, "dweight", dy, "dy", ids, n_ids, vocab, dim);
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, dim, "embedding_backward");
   // Rows per workgroup: as many as workgroup memory holds (VB * CB floats plus a 64-id tile), up to 128.
@@ -631,12 +641,7 @@ void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const 
         const uint64_t ic = std::min<uint64_t>(id_rows, n_ids - i0);
         const Bound db = bind_span(dev, dy, i0 * dim, ic * dim);
         const Bound ib = bind_span(dev, ids, i0, ic);
-        GatherParams p;
-        p.rows = uint32_t(ic);
-        p.cols = dim;
-        p.vocab = vocab;
-        p.v0 = uint32_t(v0);
-        p.vcount = uint32_t(vc);
+        GatherParams p = gather_block(ic, dim, vocab, v0, vc);
         p.src_off = db.off;
         p.idx_off = ib.off;
         p.dst_off = wb.off;

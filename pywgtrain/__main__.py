@@ -148,34 +148,28 @@ class _UsageError(ValueError):
     """A bad combination of arguments found after parsing (exit 2)."""
 
 
-def positive_int(text):
+def _number(text, kind, expected, ok, must, shown):
+    """``text`` as ``kind``, or an ArgumentTypeError naming what was expected."""
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {must}, got {shown(text, value)}")
     return value
+
+
+def positive_int(text):
+    return _number(text, int, "an integer >= 1", lambda v: v >= 1, "an integer >= 1", lambda t, v: v)
 
 
 def non_negative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
-    return value
+    return _number(text, int, "an integer >= 0", lambda v: v >= 0, "an integer >= 0", lambda t, v: v)
 
 
 def non_negative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0.0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+    return _number(text, float, "a number", lambda v: math.isfinite(v) and v >= 0.0, "a finite number >= 0",
+                   lambda t, v: t)
 
 
 def gemm_shapes(text):
