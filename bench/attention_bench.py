@@ -7,6 +7,7 @@ when PyTorch with CUDA is importable. --profile: GPU time per kernel
 of its own, medians of 5) of one captured forward + backward at the GPT-2
 small (B*H = 96, T = 1024) and nanoGPT-char (B*H = 384, T = 256) shapes.
 Usage: python bench/attention_bench.py [--quick | --profile]"""
+
 import sys
 import time
 
@@ -15,8 +16,14 @@ import numpy as np
 import pywgtrain as pw
 import pywgtrain.nn.functional as F
 
-SHAPES = [(16, 12, 256, 64), (8, 12, 1024, 64), (4, 16, 2048, 64), (2, 16, 4096, 128), (4, 8, 2048, 128),
-          (8, 12, 1024, 32)]
+SHAPES = [
+    (16, 12, 256, 64),
+    (8, 12, 1024, 64),
+    (4, 16, 2048, 64),
+    (2, 16, 4096, 128),
+    (4, 8, 2048, 128),
+    (8, 12, 1024, 32),
+]
 QUICK = [(1, 2, 256, 64)]
 
 
@@ -33,6 +40,7 @@ def timed(fn, dev, reps):
 def torch_times(b, h, t, d, reps):
     try:
         import torch
+
         if not torch.cuda.is_available():
             return None
     except ImportError:
@@ -66,6 +74,7 @@ PROFILE_SHAPES = [(8, 12, 1024, 64), (64, 6, 256, 64)]
 def profile_kernels():
     from pywgtrain import _core
     from pywgtrain.bench import profile_step
+
     dev = pw.default_device()
     print(f"adapter: {dev.name}")
     rng = np.random.default_rng(0)
@@ -77,11 +86,36 @@ def profile_kernels():
         scale = 1 / np.sqrt(d)
         rec = _core._Recorder(dev._dev)
         rec.begin_capture()
-        _core.attention_forward(rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d,
-                                scale)
-        _core.attention_backward(rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, g._buf, view,
-                                 lse._buf, delta._buf, dq._buf, view, dk._buf, view, dv._buf, view, b, h, t, d,
-                                 scale, 0.0)
+        _core.attention_forward(
+            rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d, scale
+        )
+        _core.attention_backward(
+            rec,
+            q._buf,
+            view,
+            k._buf,
+            view,
+            v._buf,
+            view,
+            out._buf,
+            view,
+            g._buf,
+            view,
+            lse._buf,
+            delta._buf,
+            dq._buf,
+            view,
+            dk._buf,
+            view,
+            dv._buf,
+            view,
+            b,
+            h,
+            t,
+            d,
+            scale,
+            0.0,
+        )
         graph = rec.end_capture()
         rec.submit()
         for _ in range(3):  # warm-up: clocks up
@@ -94,9 +128,13 @@ def profile_kernels():
         fwd = per.get("attn_forward", 0.0)
         bwd = sum(per.get(n, 0.0) for n in ("attn_delta", "attn_dkdv", "attn_dq"))
         flop = 2 * 2 * b * h * t * t * d / 2
-        print(f"B={b} H={h} T={t} D={d}: " + ", ".join(f"{n} {ms:.3f} ms" for n, ms in per.items()) +
-              f" | forward {fwd:.3f} ms ({flop / fwd / 1e9:.1f} TFLOP/s), backward {bwd:.3f} ms "
-              f"({2.5 * flop / bwd / 1e9:.1f} TFLOP/s), whole pass {prof['gpu_us'] / 1e3:.3f} ms", flush=True)
+        print(
+            f"B={b} H={h} T={t} D={d}: "
+            + ", ".join(f"{n} {ms:.3f} ms" for n, ms in per.items())
+            + f" | forward {fwd:.3f} ms ({flop / fwd / 1e9:.1f} TFLOP/s), backward {bwd:.3f} ms "
+            f"({2.5 * flop / bwd / 1e9:.1f} TFLOP/s), whole pass {prof['gpu_us'] / 1e3:.3f} ms",
+            flush=True,
+        )
 
 
 def main():
@@ -108,8 +146,9 @@ def main():
     rng = np.random.default_rng(0)
     for b, h, t, d in QUICK if quick else SHAPES:
         reps = 3 if quick else 10
-        q, k, v, g = (pw.tensor(rng.standard_normal((b, h, t, d), dtype=np.float32), dev, requires_grad=True)
-                      for _ in range(4))
+        q, k, v, g = (
+            pw.tensor(rng.standard_normal((b, h, t, d), dtype=np.float32), dev, requires_grad=True) for _ in range(4)
+        )
         g.requires_grad = False
 
         def fwd():
@@ -123,8 +162,10 @@ def main():
 
         tf, tfb = timed(fwd, dev, reps), timed(fwd_bwd, dev, reps)
         flop = 2 * 2 * b * h * t * t * d / 2  # forward: Q K^T and P V, causal half
-        line = (f"B={b} H={h} T={t} D={d}: forward {tf * 1e3:.3f} ms ({flop / tf / 1e12:.2f} TFLOP/s), "
-                f"forward+backward {tfb * 1e3:.3f} ms ({3.5 * flop / tfb / 1e12:.2f} TFLOP/s)")
+        line = (
+            f"B={b} H={h} T={t} D={d}: forward {tf * 1e3:.3f} ms ({flop / tf / 1e12:.2f} TFLOP/s), "
+            f"forward+backward {tfb * 1e3:.3f} ms ({3.5 * flop / tfb / 1e12:.2f} TFLOP/s)"
+        )
         ref = None if quick else torch_times(b, h, t, d, reps)
         if ref:
             line += f" | torch fp32: forward {ref[0] * 1e3:.3f} ms, forward+backward {ref[1] * 1e3:.3f} ms"

@@ -5,6 +5,7 @@ beside cuBLAS (one call per event pair, and 20 between one pair) and PyTorch's
 
     source .gpu/prelude.sh && python3 bench/gemv_probe.py
 """
+
 import statistics
 
 import numpy as np
@@ -22,8 +23,14 @@ def pywgtrain_batched(dev, k, n, reps=10, one_output=False):
     (as in training); otherwise four outputs rotate and neighbours may overlap."""
     rng = np.random.default_rng(1)
     y0 = zeros((1, n), device=dev)
-    sets = [(tensor(rng.standard_normal((1, k), np.float32), dev), tensor(rng.standard_normal((k, n), np.float32), dev),
-             y0 if one_output else zeros((1, n), device=dev)) for _ in range(4)]
+    sets = [
+        (
+            tensor(rng.standard_normal((1, k), np.float32), dev),
+            tensor(rng.standard_normal((k, n), np.float32), dev),
+            y0 if one_output else zeros((1, n), device=dev),
+        )
+        for _ in range(4)
+    ]
     timer = _core._PassTimer(dev._dev, reps)
     rec = _core._Recorder(dev._dev)
     for i in range(reps):
@@ -35,8 +42,10 @@ def pywgtrain_batched(dev, k, n, reps=10, one_output=False):
 
 
 def torch_batched(torch, k, n, reps=10):
-    sets = [(torch.randn(1, k, device="cuda"), torch.randn(k, n, device="cuda"), torch.empty(1, n, device="cuda"))
-            for _ in range(4)]
+    sets = [
+        (torch.randn(1, k, device="cuda"), torch.randn(k, n, device="cuda"), torch.empty(1, n, device="cuda"))
+        for _ in range(4)
+    ]
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -70,20 +79,26 @@ def main():
     warm_up(dev, torch)
     for k, n in ((4, 4), (1024, 4096), (4096, 4096), (8192, 8192)):
         mb = 4 * k * n / 2**20
-        line = (f"1x{k}x{n} ({mb:.1f} MB): pywgtrain per pass {time_pywgtrain_gemm(dev, 1, k, n, False, False, 50):7.1f} us, "
-                f"{BATCH} in one pass {pywgtrain_batched(dev, k, n):7.1f} us each "
-                f"({pywgtrain_batched(dev, k, n, one_output=True):.1f} into one output)")
+        line = (
+            f"1x{k}x{n} ({mb:.1f} MB): pywgtrain per pass {time_pywgtrain_gemm(dev, 1, k, n, False, False, 50):7.1f} us, "
+            f"{BATCH} in one pass {pywgtrain_batched(dev, k, n):7.1f} us each "
+            f"({pywgtrain_batched(dev, k, n, one_output=True):.1f} into one output)"
+        )
         if torch is not None:
-            line += (f" | cuBLAS per call {time_torch_gemm(torch, 1, k, n, False, False, 50):7.1f} us, "
-                     f"{BATCH} between events {torch_batched(torch, k, n):7.1f} us each")
+            line += (
+                f" | cuBLAS per call {time_torch_gemm(torch, 1, k, n, False, False, 50):7.1f} us, "
+                f"{BATCH} between events {torch_batched(torch, k, n):7.1f} us each"
+            )
         print(line, flush=True)
     if torch is not None:
         src = torch.randn(1 << 24, device="cuda")
         dst = torch.empty_like(src)
         read_us = torch_event_us(torch, lambda: src.sum())
         copy_us = torch_event_us(torch, lambda: dst.copy_(src))
-        print(f"PyTorch 64 MB: sum {read_us:.1f} us ({64 * 2**20 / read_us / 1e6:.2f} TB/s read), "
-              f"copy {copy_us:.1f} us ({2 * 64 * 2**20 / copy_us / 1e6:.2f} TB/s read+write)")
+        print(
+            f"PyTorch 64 MB: sum {read_us:.1f} us ({64 * 2**20 / read_us / 1e6:.2f} TB/s read), "
+            f"copy {copy_us:.1f} us ({2 * 64 * 2**20 / copy_us / 1e6:.2f} TB/s read+write)"
+        )
 
 
 if __name__ == "__main__":

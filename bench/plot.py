@@ -3,6 +3,7 @@ print the markdown tables of docs/performance.md with --tables.
 
     python bench/plot.py bench/results/h100_bench.json docs/gemm_h100.png [--tables]
 """
+
 import json
 import sys
 
@@ -20,12 +21,23 @@ def main(src, dst):
     pow2 = [r for r in square if r["m"] & (r["m"] - 1) == 0]
     ragged = [r for r in square if r["m"] & (r["m"] - 1)]
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    ax.plot([r["m"] for r in pow2], [r["pywgtrain_tflops"] for r in pow2], "o-", color="C0",
-            label="pywgtrain (WGSL via wgpu-native/Vulkan)")
-    ax.plot([r["m"] for r in ragged], [r["pywgtrain_tflops"] for r in ragged], "x", color="C0", label="pywgtrain, 4095/4097")
+    ax.plot(
+        [r["m"] for r in pow2],
+        [r["pywgtrain_tflops"] for r in pow2],
+        "o-",
+        color="C0",
+        label="pywgtrain (WGSL via wgpu-native/Vulkan)",
+    )
+    ax.plot(
+        [r["m"] for r in ragged], [r["pywgtrain_tflops"] for r in ragged], "x", color="C0", label="pywgtrain, 4095/4097"
+    )
     if "cublas_tflops" in square[0]:
-        ax.plot([r["m"] for r in pow2], [r["cublas_tflops"] for r in pow2], "s-", color="C1", label="cuBLAS fp32 (TF32 off)")
-        ax.plot([r["m"] for r in ragged], [r["cublas_tflops"] for r in ragged], "+", color="C1", label="cuBLAS, 4095/4097")
+        ax.plot(
+            [r["m"] for r in pow2], [r["cublas_tflops"] for r in pow2], "s-", color="C1", label="cuBLAS fp32 (TF32 off)"
+        )
+        ax.plot(
+            [r["m"] for r in ragged], [r["cublas_tflops"] for r in ragged], "+", color="C1", label="cuBLAS, 4095/4097"
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M = N = K")
     ax.set_ylabel("TFLOP/s")
@@ -53,18 +65,25 @@ def markdown_tables(res):
         out.append(f"| {shape} | {ours} | {theirs} | {ratio} |")
     out += ["", "| AdamW | pywgtrain | PyTorch fused AdamW | ratio |", "|---|---|---|---|"]
     for r in res.get("adamw", []):
-        out.append(f"| {r['params']} params | {r['pywgtrain_us']:.1f} µs ({r['pywgtrain_GBps']:.0f} GB/s) | "
-                   f"{r.get('torch_fused_us', float('nan')):.1f} µs | {r.get('time_ratio', float('nan')):.2f}× |")
-    out += ["", "| one training step (fwd, CE, bwd, clip 1.0, AdamW) | pywgtrain, one submission per step "
-            "| pywgtrain, grouped steps | of which GPU | PyTorch eager | PyTorch + CUDA graph |",
-            "|---|---|---|---|---|---|"]
+        out.append(
+            f"| {r['params']} params | {r['pywgtrain_us']:.1f} µs ({r['pywgtrain_GBps']:.0f} GB/s) | "
+            f"{r.get('torch_fused_us', float('nan')):.1f} µs | {r.get('time_ratio', float('nan')):.2f}× |"
+        )
+    out += [
+        "",
+        "| one training step (fwd, CE, bwd, clip 1.0, AdamW) | pywgtrain, one submission per step "
+        "| pywgtrain, grouped steps | of which GPU | PyTorch eager | PyTorch + CUDA graph |",
+        "|---|---|---|---|---|---|",
+    ]
     nan = float("nan")
     for r in res.get("train", []):
         gpu = r.get("profile", {})
-        out.append(f"| {r['config']} | {r['pywgtrain_us']:.0f} µs | {r.get('pywgtrain_grouped_us', nan):.0f} µs "
-                   f"({r.get('steps_per_submit', '?')} per submission) | {gpu.get('gpu_us', nan):.0f} µs, "
-                   f"{gpu.get('dispatches', '?')} dispatches | {r.get('torch_eager_us', nan):.0f} µs | "
-                   f"{r.get('torch_graph_us', nan):.0f} µs |")
+        out.append(
+            f"| {r['config']} | {r['pywgtrain_us']:.0f} µs | {r.get('pywgtrain_grouped_us', nan):.0f} µs "
+            f"({r.get('steps_per_submit', '?')} per submission) | {gpu.get('gpu_us', nan):.0f} µs, "
+            f"{gpu.get('dispatches', '?')} dispatches | {r.get('torch_eager_us', nan):.0f} µs | "
+            f"{r.get('torch_graph_us', nan):.0f} µs |"
+        )
     return "\n".join(out)
 
 

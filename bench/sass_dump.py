@@ -17,6 +17,7 @@ then here, with zstd installed and that nvdisasm on PATH:
 writes one pipelineN.sass per compiled pipeline and prints each one's highest
 register and its counts of FFMA, LDS, LDG, STS, MOV and BAR.
 """
+
 import glob
 import os
 import re
@@ -32,7 +33,7 @@ EXIT = b"\x4d\x79"  # low bytes of the SM90 EXIT encoding
 def frames(blob):
     starts = [m.start() for m in re.finditer(re.escape(ZSTD_MAGIC), blob)]
     for i, s in enumerate(starts):
-        yield blob[s: starts[i + 1] if i + 1 < len(starts) else len(blob)]
+        yield blob[s : starts[i + 1] if i + 1 < len(starts) else len(blob)]
 
 
 def decompress(frame):
@@ -43,6 +44,7 @@ def decompress(frame):
 def nvdisasm():
     try:
         import triton
+
         hits = glob.glob(os.path.join(os.path.dirname(triton.__file__), "**", "nvdisasm"), recursive=True)
         if hits:
             return hits[0]
@@ -60,12 +62,12 @@ def main(cache, out):
     for path in sorted(glob.glob(os.path.join(cache, "**", "*.bin"), recursive=True)):
         for frame in frames(open(path, "rb").read()):
             raw = decompress(frame)
-            exits = [i for i in range(CODE_START, len(raw) - 1, 16) if raw[i:i + 2] == EXIT]
+            exits = [i for i in range(CODE_START, len(raw) - 1, 16) if raw[i : i + 2] == EXIT]
             if not raw.startswith(b"NVDA") or not exits:
                 continue
             code = os.path.join(out, f"pipeline{n}.bin")
             with open(code, "wb") as f:
-                f.write(raw[CODE_START: exits[-1] + 16])
+                f.write(raw[CODE_START : exits[-1] + 16])
             sass = subprocess.run([tool, "-b", "SM90", code], capture_output=True, text=True).stdout
             os.remove(code)
             with open(os.path.join(out, f"pipeline{n}.sass"), "w") as f:

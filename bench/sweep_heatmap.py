@@ -4,6 +4,7 @@ layers down, batch rows across.
 
     python bench/sweep_heatmap.py bench/results/h100_gemm_sweep.json docs/gemm_sweep_h100.png
 """
+
 import json
 import statistics
 import sys

@@ -23,27 +23,13 @@
 
 namespace pwt {
 
+// clang-format off: the op codes read as a table
 enum class UnaryOp : uint32_t {
-  Copy = 0,
-  Neg = 1,
-  Abs = 2,
-  Exp = 3,
-  Log = 4,
-  Sqrt = 5,
-  Rsqrt = 6,
-  Tanh = 7,
-  Sigmoid = 8,
-  Relu = 9,
-  GeluErf = 10,
-  GeluTanh = 11,
-  Silu = 12,
-  PowScalar = 13 /* x^a */,
-  Clamp = 14 /* clamp(x, a, b) */,
-  AddScalar = 15 /* x + a */,
-  MulScalar = 16 /* x * a */,
-  RsubScalar = 17 /* a - x */,
-  RdivScalar = 18 /* a / x */
+  Copy = 0, Neg = 1, Abs = 2, Exp = 3, Log = 4, Sqrt = 5, Rsqrt = 6, Tanh = 7, Sigmoid = 8,
+  Relu = 9, GeluErf = 10, GeluTanh = 11, Silu = 12, PowScalar = 13 /* x^a */, Clamp = 14 /* clamp(x, a, b) */,
+  AddScalar = 15 /* x + a */, MulScalar = 16 /* x * a */, RsubScalar = 17 /* a - x */, RdivScalar = 18 /* a / x */
 };
+// clang-format on
 constexpr uint32_t kUnaryOps = 19;
 
 // y[i] = f(x[i]; a, b) + beta * y[i], i < n (beta 0 or 1: 1 accumulates into y).
@@ -53,21 +39,12 @@ void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n
 void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, const Buffer& dy, const Buffer& dx,
                     uint64_t n, float a, float b, float beta);
 
+// clang-format off
 enum class BinaryOp : uint32_t {
-  Add = 0,
-  Sub = 1,
-  Mul = 2,
-  Div = 3,
-  Maximum = 4,
-  Minimum = 5,
-  Pow = 6,
-  Gt = 7,
-  Lt = 8,
-  Ge = 9,
-  Le = 10,
-  Eq = 11,
-  Ne = 12 /* comparisons give 1.0 / 0.0 */
+  Add = 0, Sub = 1, Mul = 2, Div = 3, Maximum = 4, Minimum = 5, Pow = 6,
+  Gt = 7, Lt = 8, Ge = 9, Le = 10, Eq = 11, Ne = 12 /* comparisons give 1.0 / 0.0 */
 };
+// clang-format on
 constexpr uint32_t kBinaryOps = 13;
 constexpr uint32_t kMaxDims = 6;
 

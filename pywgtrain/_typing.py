@@ -1,4 +1,5 @@
 """Type aliases for the public API's annotations (no runtime behaviour)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence, Union

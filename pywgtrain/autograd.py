@@ -19,6 +19,7 @@ finished tensor. Nodes are released after their backward ran, so a step's
 graph, and the device memory it holds, is freed once ``backward()``
 returns.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -110,7 +111,7 @@ class _Slot:
         self.tensor = tensor
         self.shape = tensor.shape
         self.leaf = tensor._node is None
-        self.value = None   # intermediate: the gradient so far
+        self.value = None  # intermediate: the gradient so far
         self.owned = False  # whether `value` may be written in place
         self.preact = False  # value is the gradient of the producer's pre-activation (fused Linear)
         self.uses = uses
@@ -192,6 +193,7 @@ class Sink:
 
 def _empty_like(t):
     from .tensor import empty
+
     return empty(t.shape, np.float32, t.device)
 
 
@@ -212,6 +214,7 @@ def _one(device):
     cache = device._cache
     if cache.one is None:
         from .tensor import tensor
+
         cache.one = tensor(np.ones(1, np.float32), device)
     return cache.one
 
@@ -231,7 +234,8 @@ def _topo_nodes(root_node):
         if node.released:
             raise RuntimeError(
                 "Trying to backward through the graph a second time: the graph of this result was freed by the "
-                "first backward() (compute the result again for a second backward)")
+                "first backward() (compute the result again for a second backward)"
+            )
         stack.append((node, True))
         for t in node.inputs:
             if t is not None and t._node is not None and id(t._node) not in seen:
@@ -245,12 +249,16 @@ def backward(root, gradient=None):
     from .tensor import Tensor, tensor
 
     if not root.requires_grad:
-        raise RuntimeError("backward(): the tensor does not require grad and has no grad_fn (no input of the ops "
-                           "that made it has requires_grad=True, or it was computed under no_grad())")
+        raise RuntimeError(
+            "backward(): the tensor does not require grad and has no grad_fn (no input of the ops "
+            "that made it has requires_grad=True, or it was computed under no_grad())"
+        )
     if gradient is None:
         if root.size != 1:
-            raise RuntimeError(f"backward(): grad can be implicitly created only for scalar outputs; this tensor has "
-                               f"shape {root.shape}: pass gradient= of that shape")
+            raise RuntimeError(
+                f"backward(): grad can be implicitly created only for scalar outputs; this tensor has "
+                f"shape {root.shape}: pass gradient= of that shape"
+            )
         gradient = _one(root.device).reshape(root.shape)
     else:
         if not isinstance(gradient, Tensor):

@@ -12,6 +12,7 @@ repetitions and warm-up are scaled down there (no clock warm-up at all:
 CPUs have no idle GPU clocks to leave). Every shape or configuration prints
 its name before it runs and its result when done.
 """
+
 import json
 import statistics
 import time
@@ -82,8 +83,14 @@ def time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps, warmup=3, rotate_bytes=ROTAT
     a_shape = (k, m) if ta else (m, k)
     b_shape = (n, k) if tb else (k, n)
     nsets = _sets(4 * (m * k + k * n + m * n), rotate_bytes)
-    sets = [(tensor(rng.standard_normal(a_shape, np.float32), dev), tensor(rng.standard_normal(b_shape, np.float32), dev),
-             zeros((m, n), device=dev)) for _ in range(nsets)]
+    sets = [
+        (
+            tensor(rng.standard_normal(a_shape, np.float32), dev),
+            tensor(rng.standard_normal(b_shape, np.float32), dev),
+            zeros((m, n), device=dev),
+        )
+        for _ in range(nsets)
+    ]
     timer = _core._PassTimer(dev._dev, reps)
     rec = _core._Recorder(dev._dev)
     for i in range(warmup):
@@ -139,8 +146,10 @@ def parse_shapes(text):
         try:
             m, k, n = (int(v) for v in dims.lower().split("x"))
         except ValueError:
-            raise ValueError(f"bad GEMM shape {item!r}: expected MxKxN[:NN|NT|TN|TT] with integer sizes, "
-                             "e.g. 64x1024x1024 or 4096x4096x4096:NT") from None
+            raise ValueError(
+                f"bad GEMM shape {item!r}: expected MxKxN[:NN|NT|TN|TT] with integer sizes, "
+                "e.g. 64x1024x1024 or 4096x4096x4096:NT"
+            ) from None
         if min(m, k, n) < 1:
             raise ValueError(f"bad GEMM shape {item!r}: every dimension must be >= 1")
         if max(m, k, n) > MAX_DIM:
@@ -185,8 +194,16 @@ def warm_up(dev, torch, seconds=1.0):
 # Linear layers of common models (in_features, out_features) and batch rows M:
 # the GEMM issue's grid. A layer y = x W^T runs three GEMMs: forward x[M, in] @
 # W[out, in]^T (NT), dX = dY[M, out] @ W (NN), dW = dY^T @ x (TN).
-SWEEP_LAYERS = [(768, 768), (768, 2304), (768, 3072), (3072, 768), (1024, 4096), (4096, 1024), (4096, 4096),
-                (768, 50304)]
+SWEEP_LAYERS = [
+    (768, 768),
+    (768, 2304),
+    (768, 3072),
+    (3072, 768),
+    (1024, 4096),
+    (4096, 1024),
+    (4096, 4096),
+    (768, 50304),
+]
 SWEEP_ROWS = [1, 64, 256, 777, 1024, 4096, 8192]
 CPU_SWEEP_LAYERS = [(64, 96), (96, 64)]
 CPU_SWEEP_ROWS = [1, 7, 64]
@@ -195,12 +212,12 @@ CPU_SWEEP_ROWS = [1, 7, 64]
 def sweep_shapes(cpu):
     """(m, k, n, trans_a, trans_b, layer, mode) for every row count, layer and mode."""
     out = []
-    for fin, fout in (CPU_SWEEP_LAYERS if cpu else SWEEP_LAYERS):
-        for rows in (CPU_SWEEP_ROWS if cpu else SWEEP_ROWS):
-            out.append((rows, fin, fout, False, True, (fin, fout), "forward NT"))   # x @ W^T
-            out.append((rows, fout, fin, False, False, (fin, fout), "dX NN"))       # dY @ W
+    for fin, fout in CPU_SWEEP_LAYERS if cpu else SWEEP_LAYERS:
+        for rows in CPU_SWEEP_ROWS if cpu else SWEEP_ROWS:
+            out.append((rows, fin, fout, False, True, (fin, fout), "forward NT"))  # x @ W^T
+            out.append((rows, fout, fin, False, False, (fin, fout), "dX NN"))  # dY @ W
             if rows > 1:
-                out.append((fout, rows, fin, True, False, (fin, fout), "dW TN"))    # dY^T @ x
+                out.append((fout, rows, fin, True, False, (fin, fout), "dW TN"))  # dY^T @ x
     return out
 
 
@@ -214,8 +231,11 @@ def bench_gemm_sweep(dev, quick, torch):
         row.update(layer=list(layer), mode=mode)
     ratios = sorted(r["time_ratio"] for r in rows if "time_ratio" in r)
     if ratios:
-        print(f"sweep: {len(ratios)} shapes, time ratio to cuBLAS median {statistics.median(ratios):.2f}, "
-              f"worst {ratios[-1]:.2f}, above 1.25: {sum(r > 1.25 for r in ratios)}", flush=True)
+        print(
+            f"sweep: {len(ratios)} shapes, time ratio to cuBLAS median {statistics.median(ratios):.2f}, "
+            f"worst {ratios[-1]:.2f}, above 1.25: {sum(r > 1.25 for r in ratios)}",
+            flush=True,
+        )
     return rows
 
 
@@ -245,15 +265,25 @@ def bench_gemm(dev, quick, torch, shapes=None):
             warm_up(dev, torch, 0.1 if quick else 0.25)
             reps = 5 if quick else max(10, min(200, int(2e12 / flops * 4)))
             us = time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps)
-        row = {"m": m, "k": k, "n": n, "trans_a": ta, "trans_b": tb, "pywgtrain_us": us,
-               "pywgtrain_tflops": flops / us / 1e6, "reps": reps}
+        row = {
+            "m": m,
+            "k": k,
+            "n": n,
+            "trans_a": ta,
+            "trans_b": tb,
+            "pywgtrain_us": us,
+            "pywgtrain_tflops": flops / us / 1e6,
+            "reps": reps,
+        }
         if torch is not None:
             tus = time_torch_gemm(torch, m, k, n, ta, tb, reps)
             row.update(cublas_us=tus, cublas_tflops=flops / tus / 1e6, time_ratio=us / tus)
         rows.append(row)
         line = f"pywgtrain {us:9.1f} us {fmt_flops(flops / us)}"
         if torch is not None:
-            line += f" | cuBLAS {row['cublas_us']:9.1f} us {fmt_flops(flops / tus)} | time ratio {row['time_ratio']:.2f}x"
+            line += (
+                f" | cuBLAS {row['cublas_us']:9.1f} us {fmt_flops(flops / tus)} | time ratio {row['time_ratio']:.2f}x"
+            )
         print(line, flush=True)
     return rows
 
@@ -290,7 +320,12 @@ def bench_adamw(dev, quick, torch):
 
 TRAIN_CONFIGS = [
     {"name": "MLP 784-1024-1024-10, batch 256 (GELU)", "sizes": [784, 1024, 1024, 10], "batch": 256, "act": "gelu"},
-    {"name": "MLP 1024-4096-4096-1024, batch 512 (GELU)", "sizes": [1024, 4096, 4096, 1024], "batch": 512, "act": "gelu"},
+    {
+        "name": "MLP 1024-4096-4096-1024, batch 512 (GELU)",
+        "sizes": [1024, 4096, 4096, 1024],
+        "batch": 512,
+        "act": "gelu",
+    },
 ]
 CPU_TRAIN_CONFIGS = [  # the digits demo's model, and one with a wider output
     {"name": "MLP 64-256-256-10, batch 64 (GELU)", "sizes": [64, 256, 256, 10], "batch": 64, "act": "gelu"},
@@ -340,18 +375,27 @@ def bench_train(dev, quick, torch):
             key = "pywgtrain" if group == 1 else "pywgtrain_grouped"
             row.update({f"{key}_us": us, f"{key}_host_us": host_us})
         row["steps_per_submit"] = GROUP
-        line = (f"pywgtrain {row['pywgtrain_us']:.0f} us/step (host {row['pywgtrain_host_us']:.0f}), "
-                f"{GROUP} steps per submission {row['pywgtrain_grouped_us']:.0f} us/step "
-                f"(host {row['pywgtrain_grouped_host_us']:.0f})")
+        line = (
+            f"pywgtrain {row['pywgtrain_us']:.0f} us/step (host {row['pywgtrain_host_us']:.0f}), "
+            f"{GROUP} steps per submission {row['pywgtrain_grouped_us']:.0f} us/step "
+            f"(host {row['pywgtrain_grouped_host_us']:.0f})"
+        )
         trainer.steps_per_submit = 1
         if trainer._graph is not None and "timestamp-query" in dev.features:
             row["profile"] = profile_step(dev, trainer._graph["graph"], reps=3 if quick else 5)
-            row["profile"]["host_us"] = profile_host(dev, trainer, dx[2], dy[2], xs[2], ys[2],  # not the captured inputs (dx[1])
-                                                     steps=steps)
+            row["profile"]["host_us"] = profile_host(
+                dev,
+                trainer,
+                dx[2],
+                dy[2],
+                xs[2],
+                ys[2],  # not the captured inputs (dx[1])
+                steps=steps,
+            )
             prof = row["profile"]
-            line += (f" | GPU {prof['gpu_us']:.0f} us in {prof['dispatches']} dispatches"
-                     " | host/wall: " + ", ".join(f"{k} {v['host_us']:.0f}/{v['wall_us']:.0f}"
-                                                  for k, v in prof["host_us"].items()))
+            line += f" | GPU {prof['gpu_us']:.0f} us in {prof['dispatches']} dispatches | host/wall: " + ", ".join(
+                f"{k} {v['host_us']:.0f}/{v['wall_us']:.0f}" for k, v in prof["host_us"].items()
+            )
         if torch is not None:
             row.update(_torch_train_times(torch, cfg, xs, ys, steps))
             line += f" | torch eager {row['torch_eager_us']:.0f} us | torch CUDA graph {row['torch_graph_us']:.0f} us"
@@ -381,8 +425,12 @@ def profile_step(dev, graph, reps=5):
         n, t = by_kernel.get(name, (0, 0.0))
         by_kernel[name] = (n + 1, t + float(us))
     top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])
-    return {"gpu_us": float(np.median(whole)), "dispatches": len(names), "sum_of_dispatches_us": float(per_dispatch.sum()),
-            "kernels": [{"kernel": k, "count": n, "us": t} for k, (n, t) in top]}
+    return {
+        "gpu_us": float(np.median(whole)),
+        "dispatches": len(names),
+        "sum_of_dispatches_us": float(per_dispatch.sum()),
+        "kernels": [{"kernel": k, "count": n, "us": t} for k, (n, t) in top],
+    }
 
 
 def profile_host(dev, trainer, x, y, x_host, y_host, steps=50):
@@ -396,9 +444,12 @@ def profile_host(dev, trainer, x, y, x_host, y_host, steps=50):
         rec.replay(graph)
         rec.submit()
 
-    variants = {"replay+submit": (bare, 1), "Trainer.step": (lambda: trainer.step(x, y), 1),
-                f"Trainer.step, {GROUP} per submission": (lambda: trainer.step(x, y), GROUP),
-                f"Trainer.step, NumPy batch, {GROUP} per submission": (lambda: trainer.step(x_host, y_host), GROUP)}
+    variants = {
+        "replay+submit": (bare, 1),
+        "Trainer.step": (lambda: trainer.step(x, y), 1),
+        f"Trainer.step, {GROUP} per submission": (lambda: trainer.step(x, y), GROUP),
+        f"Trainer.step, NumPy batch, {GROUP} per submission": (lambda: trainer.step(x_host, y_host), GROUP),
+    }
     out = {}
     for name, (body, group) in variants.items():
         trainer.steps_per_submit = group
@@ -468,17 +519,28 @@ def main(args):
         shapes = parse_shapes(shapes)
     if args.json:
         from .demo import check_output_path
+
         check_output_path(args.json, "--json")
     dev = Device(args.adapter)
     torch = None if args.no_baseline else _torch_cuda()
-    header = {"adapter": dev.name, "backend": dev.backend, "driver": dev.info["driver"],
-              "adapter_type": dev.info.get("adapter_type"),
-              "torch_cuda": None if torch is None else torch.cuda.get_device_name(0)}
-    print(f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']}); "
-          f"baseline: {header['torch_cuda'] or 'none (PyTorch with CUDA not importable)'}", flush=True)
+    header = {
+        "adapter": dev.name,
+        "backend": dev.backend,
+        "driver": dev.info["driver"],
+        "adapter_type": dev.info.get("adapter_type"),
+        "torch_cuda": None if torch is None else torch.cuda.get_device_name(0),
+    }
+    print(
+        f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']}); "
+        f"baseline: {header['torch_cuda'] or 'none (PyTorch with CUDA not importable)'}",
+        flush=True,
+    )
     if is_cpu_adapter(dev):
-        print("CPU adapter: problem sizes, repetitions and warm-up scaled down "
-              "(the GPU-sized runs would take hours here)", flush=True)
+        print(
+            "CPU adapter: problem sizes, repetitions and warm-up scaled down "
+            "(the GPU-sized runs would take hours here)",
+            flush=True,
+        )
     results = {"meta": header}
     kinds = ["gemm", "adamw", "train", "gpt"] if args.what == "all" else [args.what]
     for kind in kinds:
@@ -490,8 +552,10 @@ def main(args):
             results[kind] = bench_gemm(dev, args.quick, torch, shapes)
         else:
             from .bench_gpt import bench_gpt
-            results[kind] = {"gemm": bench_gemm, "adamw": bench_adamw, "train": bench_train,
-                             "gpt": bench_gpt}[kind](dev, args.quick, torch)
+
+            results[kind] = {"gemm": bench_gemm, "adamw": bench_adamw, "train": bench_train, "gpt": bench_gpt}[kind](
+                dev, args.quick, torch
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

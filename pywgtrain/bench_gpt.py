@@ -3,6 +3,7 @@ backward, clip 1.0, AdamW) in pywgtrain beside the same model in PyTorch,
 fp32 with TF32 off, fused AdamW, in one process: ms/step, tokens/s, a
 per-kernel profile of ours, and the PyTorch variants (attention written
 out, scaled_dot_product_attention, torch.compile)."""
+
 import math
 import time
 
@@ -13,19 +14,32 @@ from .models.gpt import GPT, GPTConfig
 from .train import Trainer
 
 CONFIGS = [
-    ("nanoGPT char: 6 layers, d 384, 6 heads, T 256, batch 64, vocab 65",
-     GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384), 64),
-    ("GPT-2 small: 12 layers, d 768, 12 heads, T 1024, batch 8, vocab 50304, untied head",
-     GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768), 8),
+    (
+        "nanoGPT char: 6 layers, d 384, 6 heads, T 256, batch 64, vocab 65",
+        GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384),
+        64,
+    ),
+    (
+        "GPT-2 small: 12 layers, d 768, 12 heads, T 1024, batch 8, vocab 50304, untied head",
+        GPTConfig(vocab_size=50304, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+        8,
+    ),
 ]
-CPU_CONFIGS = [("tiny: 2 layers, d 64, 4 heads, T 64, batch 8, vocab 256",
-                GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64), 8)]
+CPU_CONFIGS = [
+    (
+        "tiny: 2 layers, d 64, 4 heads, T 64, batch 8, vocab 256",
+        GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=4, n_embd=64),
+        8,
+    )
+]
 
 
 def _groups(named, wd=0.1):
     named = list(named)
-    return [{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": wd},
-            {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0}]
+    return [
+        {"params": [p for _, p in named if p.dim() >= 2], "weight_decay": wd},
+        {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
+    ]
 
 
 def _batches(cfg, batch, n=4, seed=0):
@@ -37,6 +51,7 @@ def _batches(cfg, batch, n=4, seed=0):
 def time_ours(dev, cfg, batch, steps, profile=True):
     from .bench import profile_step
     from .tensor import tensor
+
     dev.synchronize()
     dev.memory_stats(reset_peak=True)
     model = GPT(cfg, device=dev, seed=0)
@@ -52,8 +67,13 @@ def time_ours(dev, cfg, batch, steps, profile=True):
     loss.item()
     dev.synchronize()
     ms = (time.perf_counter() - t0) / steps * 1e3
-    row = {"ms": ms, "tokens_per_s": batch * cfg.block_size / ms * 1e3, "loss": loss.item(),
-           "params": model.num_parameters(), "memory_mb": dev.memory_stats()["peak_bytes"] / 2**20}
+    row = {
+        "ms": ms,
+        "tokens_per_s": batch * cfg.block_size / ms * 1e3,
+        "loss": loss.item(),
+        "params": model.num_parameters(),
+        "memory_mb": dev.memory_stats()["peak_bytes"] / 2**20,
+    }
     if profile and "timestamp-query" in dev.features:
         row["profile"] = profile_step(dev, trainer._graph["graph"], reps=2)
     return row
@@ -130,8 +150,11 @@ def time_torch(torch, cfg, batch, steps, attention, compile_model=False):
     loss.item()
     torch.cuda.synchronize()
     ms = (time.perf_counter() - t0) / steps * 1e3
-    out = {"ms": ms, "tokens_per_s": batch * cfg.block_size / ms * 1e3,
-           "memory_mb": torch.cuda.max_memory_allocated() / 2**20}
+    out = {
+        "ms": ms,
+        "tokens_per_s": batch * cfg.block_size / ms * 1e3,
+        "memory_mb": torch.cuda.max_memory_allocated() / 2**20,
+    }
     del data  # model and opt go with this frame (step() closes over them)
     torch.cuda.empty_cache()
     return out
@@ -139,13 +162,17 @@ def time_torch(torch, cfg, batch, steps, attention, compile_model=False):
 
 def bench_gpt(dev, quick, torch, compile_model=True):
     from .bench import is_cpu_adapter
+
     cpu = is_cpu_adapter(dev)
     steps = 3 if cpu else (5 if quick else 20)
     rows = []
-    for name, cfg, batch in (CPU_CONFIGS if cpu else CONFIGS):
+    for name, cfg, batch in CPU_CONFIGS if cpu else CONFIGS:
         print(f"{name}:", flush=True)
-        row = {"config": name, "batch": batch, **{k: getattr(cfg, k) for k in ("n_layer", "n_embd", "n_head",
-                                                                              "block_size", "vocab_size")}}
+        row = {
+            "config": name,
+            "batch": batch,
+            **{k: getattr(cfg, k) for k in ("n_layer", "n_embd", "n_head", "block_size", "vocab_size")},
+        }
         ours = time_ours(dev, cfg, batch, steps)
         row["pywgtrain"] = ours
         line = f"  pywgtrain: {ours['ms']:.1f} ms/step, {ours['tokens_per_s']:,.0f} tok/s"
@@ -168,7 +195,9 @@ def bench_gpt(dev, quick, torch, compile_model=True):
                     print(f"  {key}: failed ({type(e).__name__}: {str(e)[:120]})", flush=True)
                     continue
                 row[key] = r
-                print(f"  {key}: {r['ms']:.1f} ms/step, {r['tokens_per_s']:,.0f} tok/s, peak {r['memory_mb']:,.0f} MiB",
-                      flush=True)
+                print(
+                    f"  {key}: {r['ms']:.1f} ms/step, {r['tokens_per_s']:,.0f} tok/s, peak {r['memory_mb']:,.0f} MiB",
+                    flush=True,
+                )
         rows.append(row)
     return rows

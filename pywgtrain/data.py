@@ -1,6 +1,7 @@
 """Text data for language models: a corpus every machine has (the Python
 standard library's own source files), a byte-level tokenizer, a
 train/validation split and random batches read from a memory-mapped file."""
+
 import hashlib
 import os
 import sys
@@ -27,16 +28,19 @@ def stdlib_sources(root=None):
     root = root or sysconfig.get_paths()["stdlib"]
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "test", "tests",
-                                                             "idle_test", "__pycache__"))
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if d not in ("site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__")
+        )
         files += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
     return files
 
 
 def _cache_dir():
-    base = os.environ.get("PYWGTRAIN_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
-                                                             os.path.join(os.path.expanduser("~"), ".cache"),
-                                                             "pywgtrain")
+    base = os.environ.get("PYWGTRAIN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "pywgtrain"
+    )
     try:
         os.makedirs(base, exist_ok=True)
         return base
@@ -64,7 +68,7 @@ def stdlib_corpus_file(max_bytes=None):
             except OSError:
                 continue
             if max_bytes is not None:
-                data = data[:max_bytes - written]
+                data = data[: max_bytes - written]
             out.write(data)
             written += len(data)
             if max_bytes is not None and written >= max_bytes:
@@ -94,5 +98,5 @@ class TokenDataset:
         if len(data) <= block_size + 1:
             raise ValueError(f"the {split} split has {len(data)} tokens, too few for block_size {block_size}")
         starts = rng.integers(0, len(data) - block_size - 1, batch_size)
-        rows = np.stack([data[s:s + block_size + 1] for s in starts]).astype(np.int32)
+        rows = np.stack([data[s : s + block_size + 1] for s in starts]).astype(np.int32)
         return rows[:, :-1].copy(), rows[:, 1:].copy()

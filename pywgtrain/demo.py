@@ -6,6 +6,7 @@ is saved every ``save_every`` steps, at the end, and on Ctrl-C; ``resume=``
 runs only the steps the checkpoint has not done yet, on the same data order
 an uninterrupted run would have used.
 """
+
 import os
 import signal
 import sys
@@ -25,8 +26,10 @@ READ_EVERY = 20  # losses are read back (a GPU wait) at least this often
 def predict(model, x, batch_size=1024):
     model.eval()
     try:
-        out = [model(tensor(np.ascontiguousarray(x[i:i + batch_size]), model.device)).numpy()
-               for i in range(0, len(x), batch_size)]
+        out = [
+            model(tensor(np.ascontiguousarray(x[i : i + batch_size]), model.device)).numpy()
+            for i in range(0, len(x), batch_size)
+        ]
     finally:
         model.train()
     return np.concatenate(out)
@@ -74,8 +77,10 @@ def check_plot_path(plot):
 
         supported = FigureCanvasAgg.get_supported_filetypes()
         if ext not in supported:
-            raise ValueError(f"--plot {plot!r}: matplotlib cannot write .{ext} files; "
-                             f"use one of {', '.join('.' + e for e in sorted(supported))}")
+            raise ValueError(
+                f"--plot {plot!r}: matplotlib cannot write .{ext} files; "
+                f"use one of {', '.join('.' + e for e in sorted(supported))}"
+            )
 
 
 def _check_count(value, name, allow_none=False):
@@ -115,9 +120,25 @@ class _StopOnInterrupt:
         return False
 
 
-def run_demo(hidden=(256, 256), batch_size=64, epochs=30, steps=None, lr=1e-3, weight_decay=1e-2, seed=0,
-             adapter=None, activation="gelu", max_grad_norm=1.0, log_every=None, plot="loss_curve.png",
-             checkpoint=None, resume=None, steps_per_submit=8, save_every=None, progress=None):
+def run_demo(
+    hidden=(256, 256),
+    batch_size=64,
+    epochs=30,
+    steps=None,
+    lr=1e-3,
+    weight_decay=1e-2,
+    seed=0,
+    adapter=None,
+    activation="gelu",
+    max_grad_norm=1.0,
+    log_every=None,
+    plot="loss_curve.png",
+    checkpoint=None,
+    resume=None,
+    steps_per_submit=8,
+    save_every=None,
+    progress=None,
+):
     """Train and evaluate; returns a dict with ``accuracy`` (None when
     interrupted), ``losses`` [(step, loss)], ``ms_per_step``, ``interrupted``,
     ``step`` (steps done, counting those of a resumed checkpoint) and ``total``.
@@ -161,12 +182,16 @@ def run_demo(hidden=(256, 256), batch_size=64, epochs=30, steps=None, lr=1e-3, w
         trainer.load(resume)
         start = trainer.step_count
     print(f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']})")
-    print(f"model: MLP {sizes} ({activation}), {sum(p.size for p in model.parameters())} parameters; "
-          f"data: digits {len(xtr)} train / {len(xte)} held out; {total} steps of batch {batch_size}")
+    print(
+        f"model: MLP {sizes} ({activation}), {sum(p.size for p in model.parameters())} parameters; "
+        f"data: digits {len(xtr)} train / {len(xte)} held out; {total} steps of batch {batch_size}"
+    )
     if resume:
         left = max(total - start, 0)
-        print(f"resumed from {resume} at step {start}: {left} of {total} steps left"
-              + ("" if left else " (nothing to train)"))
+        print(
+            f"resumed from {resume} at step {start}: {left} of {total} steps left"
+            + ("" if left else " (nothing to train)")
+        )
     sys.stdout.flush()
 
     # The data order of an uninterrupted run: one permutation per epoch from
@@ -191,7 +216,7 @@ def run_demo(hidden=(256, 256), batch_size=64, epochs=30, steps=None, lr=1e-3, w
             while order_epoch < epoch:
                 order, order_epoch = rng.permutation(len(xtr)), order_epoch + 1
             i = s % per_epoch
-            b = order[i * batch_size:(i + 1) * batch_size]
+            b = order[i * batch_size : (i + 1) * batch_size]
             first = s == start
             if first:
                 print("compiling kernels (first step)...", end=" ", flush=True)
@@ -217,8 +242,9 @@ def run_demo(hidden=(256, 256), batch_size=64, epochs=30, steps=None, lr=1e-3, w
                 rate = ""
                 if s > timed_from:
                     rate = f", {(time.perf_counter() - t0) / (s - timed_from) * 1e3:.2f} ms/step"
-                print(f"step {s}/{total} (epoch {(s - 1) // per_epoch + 1}): loss {losses[-1][1]:.4f}{rate}",
-                      flush=True)
+                print(
+                    f"step {s}/{total} (epoch {(s - 1) // per_epoch + 1}): loss {losses[-1][1]:.4f}{rate}", flush=True
+                )
             if checkpoint and s % save_every == 0 and s < total and not stop.requested:
                 trainer.save(checkpoint)
         read_losses()
@@ -227,8 +253,14 @@ def run_demo(hidden=(256, 256), batch_size=64, epochs=30, steps=None, lr=1e-3, w
             bar.close()
         interrupted = stop.requested and s < total
         ms_per_step = elapsed / (s - timed_from) * 1e3 if s > timed_from else None
-        result = {"accuracy": None, "losses": losses, "ms_per_step": ms_per_step, "interrupted": interrupted,
-                  "step": s, "total": total}
+        result = {
+            "accuracy": None,
+            "losses": losses,
+            "ms_per_step": ms_per_step,
+            "interrupted": interrupted,
+            "step": s,
+            "total": total,
+        }
         if interrupted:
             print(f"interrupted at step {s} of {total}", flush=True)
         # Saved while a first Ctrl-C is still only a request: never half a step, never half a file.
@@ -244,8 +276,10 @@ def run_demo(hidden=(256, 256), batch_size=64, epochs=30, steps=None, lr=1e-3, w
     if losses:
         summary = f"final loss {losses[-1][1]:.4f}; " + summary
     if ms_per_step is not None:
-        summary += (f"; {ms_per_step:.2f} ms/step over {s - timed_from} steps "
-                    "(not counting the first, which compiled the kernels)")
+        summary += (
+            f"; {ms_per_step:.2f} ms/step over {s - timed_from} steps "
+            "(not counting the first, which compiled the kernels)"
+        )
     print(summary)
     if plot and losses:
         _plot(plot, losses, dev, acc)
@@ -256,6 +290,7 @@ def run_demo(hidden=(256, 256), batch_size=64, epochs=30, steps=None, lr=1e-3, w
 
 def _plot(path, losses, dev, acc):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

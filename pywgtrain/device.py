@@ -1,4 +1,5 @@
 """Devices and batched recording."""
+
 from __future__ import annotations
 
 import contextlib
@@ -165,8 +166,10 @@ class Device:
             rec.submit()
         except BaseException as e:
             token = self._local.batch_token
-            token.reason = (f"this tensor was produced inside a Device.batch() block that was discarded by "
-                            f"{type(e).__name__}: {e}; the work that would have written it never ran")
+            token.reason = (
+                f"this tensor was produced inside a Device.batch() block that was discarded by "
+                f"{type(e).__name__}: {e}; the work that would have written it never ran"
+            )
             token.discarded = True
             raise
         finally:

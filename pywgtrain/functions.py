@@ -8,12 +8,13 @@ where, strided copies, fill), axis.wgsl (reductions, softmax), embedding.wgsl
 linear), layernorm.wgsl (fused LayerNorm), dropout.wgsl (dropout from the GPU
 random state of pywgtrain.random). The names and semantics follow PyTorch; ``docs/ops.md`` lists them.
 """
+
 from __future__ import annotations
 
 import builtins
 import math
 import numbers
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -33,6 +34,7 @@ def _device_of(*xs):
         if isinstance(x, Tensor):
             return x.device
     from .device import default_device
+
     return default_device()
 
 
@@ -111,12 +113,22 @@ def _reduce_raw(x, shape, axis, op="sum", scale=1.0, out=None, beta=0.0, argmax=
     """Reduce x (of `shape`) along `axis` keeping the dimension; returns the result."""
     outer = math.prod(shape[:axis])
     length = shape[axis]
-    inner = math.prod(shape[axis + 1:])
+    inner = math.prod(shape[axis + 1 :])
     if out is None:
-        out = empty(tuple(shape[:axis]) + (1,) + tuple(shape[axis + 1:]), np.float32, x.device)
+        out = empty(tuple(shape[:axis]) + (1,) + tuple(shape[axis + 1 :]), np.float32, x.device)
     with _rec(x.device) as rec:
-        _core.reduce_axis(rec, REDUCE[op], x._buf, out._buf, None if argmax is None else argmax._buf,
-                          outer, length, inner, float(scale), float(beta))
+        _core.reduce_axis(
+            rec,
+            REDUCE[op],
+            x._buf,
+            out._buf,
+            None if argmax is None else argmax._buf,
+            outer,
+            length,
+            inner,
+            float(scale),
+            float(beta),
+        )
     return out
 
 
@@ -169,48 +181,32 @@ def _unary(name, x, a=0.0, b=0.0):
             dst, beta = sinks[0].target()
             with _rec(g.device) as rec:
                 _core.unary_backward(rec, code, xb, yb, g._buf, dst._buf, n, float(a), float(b), float(beta))
+
         attach(out, name, [x], backward)
     return out
 
 
-def neg(x: TensorLike) -> Tensor:
-    return _unary("neg", x)
+def _elementwise(name: str) -> Callable[[TensorLike], Tensor]:
+    """The public one-argument op ``name`` (torch's name), differentiable."""
+
+    def op(x: TensorLike) -> Tensor:
+        return _unary(name, x)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"Element-wise ``{name}`` of a float32 tensor (``torch.{name}``); differentiable."
+    return op
 
 
-def abs(x: TensorLike) -> Tensor:  # noqa: A001 - torch's name
-    return _unary("abs", x)
-
-
-def exp(x: TensorLike) -> Tensor:
-    return _unary("exp", x)
-
-
-def log(x: TensorLike) -> Tensor:
-    return _unary("log", x)
-
-
-def sqrt(x: TensorLike) -> Tensor:
-    return _unary("sqrt", x)
-
-
-def rsqrt(x: TensorLike) -> Tensor:
-    return _unary("rsqrt", x)
-
-
-def tanh(x: TensorLike) -> Tensor:
-    return _unary("tanh", x)
-
-
-def sigmoid(x: TensorLike) -> Tensor:
-    return _unary("sigmoid", x)
-
-
-def relu(x: TensorLike) -> Tensor:
-    return _unary("relu", x)
-
-
-def silu(x: TensorLike) -> Tensor:
-    return _unary("silu", x)
+neg = _elementwise("neg")
+abs = _elementwise("abs")  # noqa: A001 - torch's name
+exp = _elementwise("exp")
+log = _elementwise("log")
+sqrt = _elementwise("sqrt")
+rsqrt = _elementwise("rsqrt")
+tanh = _elementwise("tanh")
+sigmoid = _elementwise("sigmoid")
+relu = _elementwise("relu")
+silu = _elementwise("silu")
 
 
 def gelu(x: TensorLike, approximate: str = "none") -> Tensor:
@@ -223,8 +219,11 @@ def square(x: TensorLike) -> Tensor:
     return _unary("pow_scalar", x, 2.0)
 
 
-def clamp(x: TensorLike, min: Optional[float] = None,  # noqa: A002 - torch's names
-          max: Optional[float] = None) -> Tensor:
+def clamp(
+    x: TensorLike,
+    min: Optional[float] = None,  # noqa: A002 - torch's names
+    max: Optional[float] = None,
+) -> Tensor:
     if min is None and max is None:
         raise ValueError("clamp: at least one of min and max must be given")
     for name, v in (("min", min), ("max", max)):
@@ -320,6 +319,7 @@ def _binary(name, a, b):
                     _core.binary_backward(rec, code, which, abuf, bbuf, g._buf, dst._buf, kshape, sa, sb, float(beta))
             if not full_shape:
                 _sum_to_sink(dst, sink, owned=True)
+
     return attach(out, name, [ta, tb], backward)
 
 
@@ -335,20 +335,21 @@ def sub(a: Operand, b: Operand, alpha: float = 1) -> Tensor:
     return _binary("sub", a, b)
 
 
-def mul(a: Operand, b: Operand) -> Tensor:
-    return _binary("mul", a, b)
+def _elementwise2(name: str) -> Callable[[Operand, Operand], Tensor]:
+    """The public two-operand op ``name`` (torch's name; broadcasting, scalars allowed)."""
+
+    def op(a: Operand, b: Operand) -> Tensor:
+        return _binary(name, a, b)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"Element-wise ``{name}`` with broadcasting (``torch.{name}``)."
+    return op
 
 
-def div(a: Operand, b: Operand) -> Tensor:
-    return _binary("div", a, b)
-
-
-def maximum(a: Operand, b: Operand) -> Tensor:
-    return _binary("maximum", a, b)
-
-
-def minimum(a: Operand, b: Operand) -> Tensor:
-    return _binary("minimum", a, b)
+mul = _elementwise2("mul")
+div = _elementwise2("div")
+maximum = _elementwise2("maximum")
+minimum = _elementwise2("minimum")
 
 
 def pow(a: Operand, b: Operand) -> Tensor:  # noqa: A001 - torch's name
@@ -357,28 +358,12 @@ def pow(a: Operand, b: Operand) -> Tensor:  # noqa: A001 - torch's name
     return _binary("pow", a, b)
 
 
-def gt(a: Operand, b: Operand) -> Tensor:
-    return _binary("gt", a, b)
-
-
-def lt(a: Operand, b: Operand) -> Tensor:
-    return _binary("lt", a, b)
-
-
-def ge(a: Operand, b: Operand) -> Tensor:
-    return _binary("ge", a, b)
-
-
-def le(a: Operand, b: Operand) -> Tensor:
-    return _binary("le", a, b)
-
-
-def eq(a: Operand, b: Operand) -> Tensor:
-    return _binary("eq", a, b)
-
-
-def ne(a: Operand, b: Operand) -> Tensor:
-    return _binary("ne", a, b)
+gt = _elementwise2("gt")
+lt = _elementwise2("lt")
+ge = _elementwise2("ge")
+le = _elementwise2("le")
+eq = _elementwise2("eq")
+ne = _elementwise2("ne")
 
 
 def where(condition: Operand, input: Operand, other: Operand) -> Tensor:  # noqa: A002 - torch's names
@@ -412,6 +397,7 @@ def where(condition: Operand, input: Operand, other: Operand) -> Tensor:  # noqa
                 _core.where(rec, cbuf, pick._buf, rest._buf, dst._buf, kshape, sc, ps, rs, float(beta))
             if not full_shape:
                 _sum_to_sink(dst, sink, owned=True)
+
     return attach(out, "where", [None, ta, tb], backward)
 
 
@@ -471,6 +457,7 @@ def _sum_mean(x, dim, keepdim, mean, op):
                 _unary_into(UNARY["mul_scalar"], tmp, dst, scale, 0.0, beta)
             else:
                 _expand_into(g.reshape(kept) if kept else g, kept, dst, beta)
+
         attach(out, "mean" if mean else "sum", [x], backward)
     return out
 
@@ -495,8 +482,11 @@ class _MaxResult(tuple):
         return self[1]
 
 
-def max(x: TensorLike, dim: Optional[int] = None,  # noqa: A001 - torch's name
-        keepdim: bool = False) -> Union[Tensor, _MaxResult]:
+def max(
+    x: TensorLike,
+    dim: Optional[int] = None,  # noqa: A001 - torch's name
+    keepdim: bool = False,
+) -> Union[Tensor, _MaxResult]:
     """``max()``: the largest element (0-d); ``max(dim)``: (values, indices) along dim.
     Ties give the first index, and the gradient goes there, as in PyTorch."""
     x = _check_float(x, "max")
@@ -509,23 +499,31 @@ def max(x: TensorLike, dim: Optional[int] = None,  # noqa: A001 - torch's name
     indices = empty(_reduced_shape(shape, [d], keepdim), np.int32, x.device)
     _reduce_raw(x, shape, d, "max", out=values, argmax=indices)
     if needs_grad(x):
-        outer, length, inner = math.prod(shape[:d]), shape[d], math.prod(shape[d + 1:])
+        outer, length, inner = math.prod(shape[:d]), shape[d], math.prod(shape[d + 1 :])
         ibuf = indices._buf
 
         def backward(g, sinks, _):
             dst, beta = sinks[0].target()
             with _rec(x.device) as rec:
                 _core.max_backward(rec, g._buf, ibuf, dst._buf, outer, length, inner, float(beta))
+
         attach(values, "max", [x], backward)
     return _MaxResult((values, indices))
 
 
-def var(x: TensorLike, dim: Dims = None, unbiased: Optional[bool] = None, keepdim: bool = False,
-        correction: Optional[int] = None) -> Tensor:
+def var(
+    x: TensorLike,
+    dim: Dims = None,
+    unbiased: Optional[bool] = None,
+    keepdim: bool = False,
+    correction: Optional[int] = None,
+) -> Tensor:
     """Variance with Bessel's correction by default (``correction=1``), as torch.var."""
     if unbiased is not None and correction is not None:
         raise ValueError("var: give unbiased or correction, not both")
-    corr = 1 if unbiased is None and correction is None else (int(bool(unbiased)) if unbiased is not None else correction)
+    corr = (
+        1 if unbiased is None and correction is None else (int(bool(unbiased)) if unbiased is not None else correction)
+    )
     x = _check_float(x, "var")
     dims = _dims_arg(dim, x.ndim, "var")
     n = x.size if dims is None else math.prod(x.shape[d] for d in dims)
@@ -535,8 +533,13 @@ def var(x: TensorLike, dim: Dims = None, unbiased: Optional[bool] = None, keepdi
     return total * (1.0 / denom) if denom > 0 else total * math.nan
 
 
-def std(x: TensorLike, dim: Dims = None, unbiased: Optional[bool] = None, keepdim: bool = False,
-        correction: Optional[int] = None) -> Tensor:
+def std(
+    x: TensorLike,
+    dim: Dims = None,
+    unbiased: Optional[bool] = None,
+    keepdim: bool = False,
+    correction: Optional[int] = None,
+) -> Tensor:
     return sqrt(var(x, dim, unbiased, keepdim, correction))
 
 
@@ -558,6 +561,7 @@ def _softmax(x, dim, log):
             dst, beta = sinks[0].target()
             with _rec(x.device) as rec:
                 _core.softmax_backward(rec, yb, g._buf, dst._buf, rows, cols, log, float(beta))
+
         attach(out, op, [x], backward)
     return out
 
@@ -593,6 +597,7 @@ def reshape(x: Tensor, *shape: ShapeLike) -> Tensor:
 
         def backward(g, sinks, _):
             sinks[0].put(g.detach().reshape(in_shape), owned=False)
+
         attach(out, "reshape", [x], backward)
     return out
 
@@ -601,7 +606,7 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if not x.shape:
         return reshape(x, 1)
     s, e = _dim(start_dim, x.ndim, "flatten"), _dim(end_dim, x.ndim, "flatten")
-    return reshape(x, x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
+    return reshape(x, x.shape[:s] + (math.prod(x.shape[s : e + 1]),) + x.shape[e + 1 :])
 
 
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
@@ -613,7 +618,7 @@ def squeeze(x: Tensor, dim: Optional[int] = None) -> Tensor:
     if dim is None:
         return reshape(x, tuple(s for s in x.shape if s != 1))
     d = _dim(dim, x.ndim, "squeeze")
-    return reshape(x, x.shape[:d] + x.shape[d + 1:]) if x.shape[d] == 1 else x
+    return reshape(x, x.shape[:d] + x.shape[d + 1 :]) if x.shape[d] == 1 else x
 
 
 def _strided_gather(x, out_shape, src_off, src_strides, name, backward_fn):
@@ -642,8 +647,10 @@ def permute(x: Tensor, *dims: Union[int, Sequence[int]]) -> Tensor:
         gst = _strides(g.shape)
         ks = _kshape(x.shape)
         with _rec(x.device) as rec:
-            _core.strided_copy(rec, g._buf, 0, [gst[i] for i in inverse] or [0], dst._buf, 0, list(_strides(ks)), ks,
-                               float(beta))
+            _core.strided_copy(
+                rec, g._buf, 0, [gst[i] for i in inverse] or [0], dst._buf, 0, list(_strides(ks)), ks, float(beta)
+            )
+
     if perm == list(range(x.ndim)):
         return x
     return _strided_gather(x, out_shape, 0, [st[p] for p in perm], "permute", backward)
@@ -672,6 +679,7 @@ def expand(x: Tensor, *shape: ShapeLike) -> Tensor:
 
     def backward(g, sinks, _):
         _sum_to_sink(g, sinks[0], owned=False)
+
     return _strided_gather(x, shape, 0, _bstrides(x.shape, shape), "expand", backward)
 
 
@@ -688,6 +696,7 @@ def _slice_region(x, starts, steps, out_shape, name):
         ks = _kshape(out_shape)
         with _rec(x.device) as rec:
             _core.strided_copy(rec, g._buf, 0, list(_strides(ks)), dst._buf, off, src_strides or [0], ks, 1.0)
+
     return _strided_gather(x, out_shape, off, src_strides, name, backward)
 
 
@@ -737,7 +746,9 @@ def getitem(x: Tensor, index: object) -> Tensor:
                 raise ValueError(f"index: slice steps must be positive, got {i.step}")
             n = len(range(start, stop, step))
             if n == 0:
-                raise IndexError(f"index: slice {i} of dimension {d} (size {size}) is empty; empty tensors are not supported")
+                raise IndexError(
+                    f"index: slice {i} of dimension {d} (size {size}) is empty; empty tensors are not supported"
+                )
             starts.append(start)
             steps.append(step)
             region.append(n)
@@ -817,8 +828,10 @@ def cat(tensors: Sequence[TensorLike], dim: int = 0) -> Tensor:
                     continue
                 dst, beta = sink.target()
                 with _rec(dev) as rec:
-                    _core.strided_copy(rec, g._buf, o * ost[d], list(ost), dst._buf, 0, list(_strides(s)), list(s),
-                                       float(beta))
+                    _core.strided_copy(
+                        rec, g._buf, o * ost[d], list(ost), dst._buf, 0, list(_strides(s)), list(s), float(beta)
+                    )
+
         attach(out, "cat", ts, backward)
     return out
 
@@ -852,7 +865,9 @@ def embedding(ids: Labels, weight: Tensor) -> Tensor:
     [*ids.shape, dim]. Ids outside [0, vocab) in a device tensor give NaN rows.
     The backward sums rows per id in a fixed order (deterministic)."""
     if not isinstance(weight, Tensor) or weight.ndim != 2:
-        raise ValueError(f"embedding: weight must be a 2-D Tensor, got {getattr(weight, 'shape', type(weight).__name__)}")
+        raise ValueError(
+            f"embedding: weight must be a 2-D Tensor, got {getattr(weight, 'shape', type(weight).__name__)}"
+        )
     weight = _check_float(weight, "embedding")
     vocab, dim = weight.shape
     tids = _ids_tensor(ids, weight.device, "embedding", vocab)
@@ -867,6 +882,7 @@ def embedding(ids: Labels, weight: Tensor) -> Tensor:
             dst, beta = sinks[0].target()
             with _rec(weight.device) as rec:
                 _core.embedding_backward(rec, g._buf, ibuf, dst._buf, n, vocab, dim, float(beta))
+
         attach(out, "embedding", [weight], backward)
     return out
 
@@ -893,8 +909,9 @@ def matmul(a: TensorLike, b: TensorLike) -> Tensor:
     if tb.ndim == 1:
         return squeeze(matmul(ta, unsqueeze(tb, -1)), -1)
     if ta.shape[-1] != tb.shape[-2]:
-        raise ValueError(f"matmul: shapes {ta.shape} and {tb.shape}: inner dimensions {ta.shape[-1]} and "
-                         f"{tb.shape[-2]} differ")
+        raise ValueError(
+            f"matmul: shapes {ta.shape} and {tb.shape}: inner dimensions {ta.shape[-1]} and {tb.shape[-2]} differ"
+        )
     if ta.ndim == 2 and tb.ndim == 2:
         return _bmm(ta, tb, False, False, 1)
     batch = _broadcast(ta.shape[:-2], tb.shape[:-2], "matmul")
@@ -918,8 +935,9 @@ def bmm(a: TensorLike, b: TensorLike, trans_a: bool = False, trans_b: bool = Fal
     ka = ta.shape[1] if trans_a else ta.shape[2]
     kb = tb.shape[2] if trans_b else tb.shape[1]
     if ka != kb:
-        raise ValueError(f"bmm: inner dimensions differ: {ta.shape} (trans_a={trans_a}) and {tb.shape} "
-                         f"(trans_b={trans_b})")
+        raise ValueError(
+            f"bmm: inner dimensions differ: {ta.shape} (trans_a={trans_a}) and {tb.shape} (trans_b={trans_b})"
+        )
     return _bmm(ta, tb, bool(trans_a), bool(trans_b), ta.shape[0])
 
 
@@ -959,6 +977,7 @@ def _bmm(a, b, ta, tb, batch):
                         _gemm_raw(rec, g._buf, abuf, dst._buf, batch, n, k, m, True, ta, 1.0, beta)
                     else:
                         _gemm_raw(rec, abuf, g._buf, dst._buf, batch, k, n, m, not ta, False, 1.0, beta)
+
         attach(out, "matmul", [a, b], backward)
     return out
 
@@ -984,15 +1003,17 @@ def linear(x: TensorLike, weight: Tensor, bias: Optional[Tensor] = None, activat
         raise ValueError(f"linear: weight must be 2-D [out, in], got shape {tw.shape}")
     out_f, in_f = tw.shape
     if tx.ndim == 0 or tx.shape[-1] != in_f:
-        raise ValueError(f"linear: input has {tx.shape[-1] if tx.ndim else 0} features (shape {tx.shape}), weight "
-                         f"expects {in_f}")
+        raise ValueError(
+            f"linear: input has {tx.shape[-1] if tx.ndim else 0} features (shape {tx.shape}), weight expects {in_f}"
+        )
     if tb is not None and tb.shape != (out_f,):
         raise ValueError(f"linear: bias has shape {tb.shape}, expected ({out_f},)")
     try:
         act = ACTIVATIONS[activation]
     except (KeyError, TypeError):
-        raise ValueError(f"linear: activation must be one of {sorted(k for k in ACTIVATIONS if k)}, "
-                         f"got {activation!r}") from None
+        raise ValueError(
+            f"linear: activation must be one of {sorted(k for k in ACTIVATIONS if k)}, got {activation!r}"
+        ) from None
     rows = tx.size // in_f
     shape = tx.shape[:-1] + (out_f,)
     y = empty(shape, np.float32, dev)
@@ -1000,8 +1021,20 @@ def linear(x: TensorLike, weight: Tensor, bias: Optional[Tensor] = None, activat
     preact = empty(shape, np.float32, dev) if grad and act else None
     with _rec(dev) as rec:
         if tb is not None:
-            _core.gemm_bias_act(rec, tx._buf, tw._buf, tb._buf, y._buf, None if preact is None else preact._buf,
-                                rows, out_f, in_f, False, True, act)
+            _core.gemm_bias_act(
+                rec,
+                tx._buf,
+                tw._buf,
+                tb._buf,
+                y._buf,
+                None if preact is None else preact._buf,
+                rows,
+                out_f,
+                in_f,
+                False,
+                True,
+                act,
+            )
         elif act:
             z = preact if preact is not None else empty(shape, np.float32, dev)
             _core.gemm(rec, tx._buf, tw._buf, z._buf, rows, out_f, in_f, False, True, 1.0, 0.0)
@@ -1039,12 +1072,14 @@ def linear(x: TensorLike, weight: Tensor, bias: Optional[Tensor] = None, activat
                 saved = below.saved if below is not None else None
                 if sx.uses == 1 and isinstance(saved, _LinearSaved) and saved.act and saved.preact is not None:
                     dx = empty(tx.shape, np.float32, dev)
-                    _core.gemm_act_grad(rec, dz._buf, wbuf, saved.preact, dx._buf, rows, in_f, out_f, False, False,
-                                        saved.act)
+                    _core.gemm_act_grad(
+                        rec, dz._buf, wbuf, saved.preact, dx._buf, rows, in_f, out_f, False, False, saved.act
+                    )
                     sx.put(dx, owned=True, preact=True)
                 else:
                     dx, bx = sx.target()
                     _core.gemm(rec, dz._buf, wbuf, dx._buf, rows, in_f, out_f, False, False, 1.0, bx)
+
     return attach(y, "linear", [tx, tw, tb], backward, _LinearSaved(act, pbuf))
 
 
@@ -1068,8 +1103,10 @@ def _labels(target, rows, cols, ignore_index, dev, op):
             raise TypeError(f"{op}: target must hold integer class indices, got dtype {arr.dtype.name}")
         bad = (arr != ignore_index) & ((arr < 0) | (arr >= cols))
         if bad.any():
-            raise ValueError(f"{op}: target must lie in [0, {cols}) or equal ignore_index={ignore_index}; got "
-                             f"{arr[bad].reshape(-1)[0]}")
+            raise ValueError(
+                f"{op}: target must lie in [0, {cols}) or equal ignore_index={ignore_index}; got "
+                f"{arr[bad].reshape(-1)[0]}"
+            )
     labels = _ids_tensor(target, dev, op)
     if labels.shape != (rows,):
         raise ValueError(f"{op}: target has shape {labels.shape}, expected ({rows},) for input of {rows} rows")
@@ -1083,8 +1120,12 @@ def _class_input(input, op):  # noqa: A002 - torch's name
     return x
 
 
-def nll_loss(input: TensorLike, target: Labels,  # noqa: A002 - torch's names
-             ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+def nll_loss(
+    input: TensorLike,
+    target: Labels,  # noqa: A002 - torch's names
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
     """Negative log-likelihood of log-probabilities ``input`` [N, C] at int ``target`` [N]."""
     _check_reduction(reduction, "nll_loss")
     x = _class_input(input, "nll_loss")
@@ -1102,6 +1143,7 @@ def nll_loss(input: TensorLike, target: Labels,  # noqa: A002 - torch's names
             dst, beta = sinks[0].target()
             with _rec(dev) as rec:
                 _core.nll_pick_backward(rec, g._buf, lbuf, dst._buf, rows, cols, int(ignore_index), float(beta))
+
         attach(picked, "nll_loss", [x], backward)
     if reduction == "none":
         return picked
@@ -1109,8 +1151,12 @@ def nll_loss(input: TensorLike, target: Labels,  # noqa: A002 - torch's names
     return total / sum(mask) if reduction == "mean" else total
 
 
-def cross_entropy(input: TensorLike, target: Labels,  # noqa: A002 - torch's names
-                  ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+def cross_entropy(
+    input: TensorLike,
+    target: Labels,  # noqa: A002 - torch's names
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
     """Softmax cross-entropy of logits [N, C] against int class indices [N]
     (torch.nn.functional.cross_entropy); the mean skips ``ignore_index`` rows.
     One fused kernel pass forward (keeping a log-sum-exp per row, not the
@@ -1123,8 +1169,20 @@ def cross_entropy(input: TensorLike, target: Labels,  # noqa: A002 - torch's nam
     lse, per_row, valid = (empty((rows,), np.float32, dev) for _ in range(3))
     out, scale = empty((), np.float32, dev), empty((), np.float32, dev)
     with _rec(dev) as rec:
-        _core.cross_entropy_forward(rec, x._buf, labels._buf, lse._buf, per_row._buf, valid._buf, out._buf,
-                                    scale._buf, rows, cols, int(ignore_index), reduction == "mean")
+        _core.cross_entropy_forward(
+            rec,
+            x._buf,
+            labels._buf,
+            lse._buf,
+            per_row._buf,
+            valid._buf,
+            out._buf,
+            scale._buf,
+            rows,
+            cols,
+            int(ignore_index),
+            reduction == "mean",
+        )
     result = per_row if reduction == "none" else out
     if needs_grad(x):
         xbuf, lbuf, lsebuf, obuf = x._buf, labels._buf, lse._buf, scale._buf
@@ -1133,8 +1191,10 @@ def cross_entropy(input: TensorLike, target: Labels,  # noqa: A002 - torch's nam
         def backward(g, sinks, _):
             dst, beta = sinks[0].target()
             with _rec(dev) as rec:
-                _core.cross_entropy_backward(rec, xbuf, lbuf, lsebuf, g._buf, obuf, dst._buf, rows, cols,
-                                             int(ignore_index), each, float(beta))
+                _core.cross_entropy_backward(
+                    rec, xbuf, lbuf, lsebuf, g._buf, obuf, dst._buf, rows, cols, int(ignore_index), each, float(beta)
+                )
+
         attach(result, "cross_entropy", [x], backward)
     return result
 
@@ -1176,13 +1236,44 @@ def _attn_backward_into(dev, q, qv, k, kv, v, vv, out, ov, g, gv, lse, shape, sc
     delta = empty((b * h * t,), np.float32, dev)
     (dq, dqv), (dk, dkv), (dv, dvv) = grads
     with _rec(dev) as rec:
-        _core.attention_backward(rec, q, qv, k, kv, v, vv, out, ov, g._buf, gv, lse, delta._buf, dq._buf, dqv,
-                                 dk._buf, dkv, dv._buf, dvv, b, h, t, d, float(scale), float(beta))
+        _core.attention_backward(
+            rec,
+            q,
+            qv,
+            k,
+            kv,
+            v,
+            vv,
+            out,
+            ov,
+            g._buf,
+            gv,
+            lse,
+            delta._buf,
+            dq._buf,
+            dqv,
+            dk._buf,
+            dkv,
+            dv._buf,
+            dvv,
+            b,
+            h,
+            t,
+            d,
+            float(scale),
+            float(beta),
+        )
 
 
-def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: None = None,
-                                 dropout_p: float = 0.0, is_causal: bool = True,
-                                 scale: Optional[float] = None) -> Tensor:
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = True,
+    scale: Optional[float] = None,
+) -> Tensor:
     """Causal multi-head self-attention ``softmax(q k^T * scale + causal mask) v`` over
     [B, H, T, D] float32 tensors (torch.nn.functional.scaled_dot_product_attention with
     is_causal=True; ``scale`` defaults to 1/sqrt(D)). One fused kernel (FlashAttention-2
@@ -1215,8 +1306,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     out = empty(q.shape, np.float32, dev)
     lse = empty((b * h * t,), np.float32, dev)
     with _rec(dev) as rec:
-        _core.attention_forward(rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d,
-                                sc)
+        _core.attention_forward(rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d, sc)
     if not needs_grad(q, k, v):
         return out
     bufs = (q._buf, k._buf, v._buf)
@@ -1235,12 +1325,14 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         else:  # an input passed twice: separate results, summed by the sinks
             grads = [(empty(q.shape, np.float32, dev), view) for _ in range(3)]
             beta = 0.0
-        _attn_backward_into(dev, bufs[0], view, bufs[1], view, bufs[2], view, obuf, view, g, view, lbuf,
-                            (b, h, t, d), sc, grads, beta)
+        _attn_backward_into(
+            dev, bufs[0], view, bufs[1], view, bufs[2], view, obuf, view, g, view, lbuf, (b, h, t, d), sc, grads, beta
+        )
         if not distinct:
             for sink, (gt, _) in zip(sinks, grads):
                 if sink is not None:
                     sink.put(gt, owned=True)
+
     return attach(out, op, [q, k, v], backward)
 
 
@@ -1279,13 +1371,37 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
 
         def backward(g, sinks, _):
             dst, beta = sinks[0].target()
-            _attn_backward_into(dev, xbuf, qv, xbuf, kv, xbuf, vv, obuf, ov, g, ov, lbuf, (b, h, t, d), sc,
-                                ((dst, qv), (dst, kv), (dst, vv)), beta)
+            _attn_backward_into(
+                dev,
+                xbuf,
+                qv,
+                xbuf,
+                kv,
+                xbuf,
+                vv,
+                obuf,
+                ov,
+                g,
+                ov,
+                lbuf,
+                (b, h, t, d),
+                sc,
+                ((dst, qv), (dst, kv), (dst, vv)),
+                beta,
+            )
+
         attach(out, op, [x], backward)
     return out
+
+
 # -- normalization and dropout -----------------------------------------------------------------------
-def layer_norm(input: TensorLike, normalized_shape: ShapeLike, weight: Optional[Tensor] = None,
-               bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:  # noqa: A002 - torch's names
+def layer_norm(
+    input: TensorLike,
+    normalized_shape: ShapeLike,
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    eps: float = 1e-5,
+) -> Tensor:  # noqa: A002 - torch's names
     """Layer normalization over the last dimension (torch.nn.functional.layer_norm with
     ``normalized_shape`` = ``(input.shape[-1],)``): ``(x - mean) / sqrt(var + eps) * weight + bias``,
     biased variance, ``weight`` / ``bias`` of shape ``normalized_shape`` or None. One fused kernel
@@ -1295,12 +1411,15 @@ def layer_norm(input: TensorLike, normalized_shape: ShapeLike, weight: Optional[
     x = _float_tensor(input, dev, "layer_norm", "input")
     ns = _shape_arg(normalized_shape, "layer_norm: normalized_shape")
     if len(ns) != 1:
-        raise ValueError(f"layer_norm: only normalization over the last dimension is supported: normalized_shape must "
-                         f"be one int (the input's last dimension), got {ns}; reshape the input to merge the "
-                         f"normalized dimensions first")
+        raise ValueError(
+            f"layer_norm: only normalization over the last dimension is supported: normalized_shape must "
+            f"be one int (the input's last dimension), got {ns}; reshape the input to merge the "
+            f"normalized dimensions first"
+        )
     if x.ndim == 0 or x.shape[-1] != ns[0]:
-        raise ValueError(f"layer_norm: normalized_shape={list(ns)} expects an input of shape [*, {ns[0]}], got shape "
-                         f"{list(x.shape)}")
+        raise ValueError(
+            f"layer_norm: normalized_shape={list(ns)} expects an input of shape [*, {ns[0]}], got shape {list(x.shape)}"
+        )
     tw = None if weight is None else _float_tensor(weight, dev, "layer_norm", "weight")
     tb = None if bias is None else _float_tensor(bias, dev, "layer_norm", "bias")
     for t, name in ((tw, "weight"), (tb, "bias")):
@@ -1314,8 +1433,9 @@ def layer_norm(input: TensorLike, normalized_shape: ShapeLike, weight: Optional[
     mean_, rstd = empty((rows,), np.float32, dev), empty((rows,), np.float32, dev)
     wbuf = None if tw is None else tw._buf
     with _rec(dev) as rec:
-        _core.layer_norm_forward(rec, x._buf, wbuf, None if tb is None else tb._buf, y._buf, mean_._buf, rstd._buf,
-                                 rows, cols, float(eps))
+        _core.layer_norm_forward(
+            rec, x._buf, wbuf, None if tb is None else tb._buf, y._buf, mean_._buf, rstd._buf, rows, cols, float(eps)
+        )
     if needs_grad(x, tw, tb):
         xbuf, mbuf, sbuf = x._buf, mean_._buf, rstd._buf
 
@@ -1323,15 +1443,33 @@ def layer_norm(input: TensorLike, normalized_shape: ShapeLike, weight: Optional[
             outs = [(None, 0.0) if s is None else s.target() for s in sinks]
             (dx, bx), (dw, bw), (db, bb) = outs
             with _rec(dev) as rec:
-                _core.layer_norm_backward(rec, xbuf, wbuf, mbuf, sbuf, g._buf, None if dx is None else dx._buf,
-                                          None if dw is None else dw._buf, None if db is None else db._buf,
-                                          rows, cols, float(bx), float(bw), float(bb))
+                _core.layer_norm_backward(
+                    rec,
+                    xbuf,
+                    wbuf,
+                    mbuf,
+                    sbuf,
+                    g._buf,
+                    None if dx is None else dx._buf,
+                    None if dw is None else dw._buf,
+                    None if db is None else db._buf,
+                    rows,
+                    cols,
+                    float(bx),
+                    float(bw),
+                    float(bb),
+                )
+
         attach(y, "layer_norm", [x, tw, tb], backward)
     return y
 
 
-def dropout(input: TensorLike, p: float = 0.5,  # noqa: A002 - torch's names
-            training: bool = True, inplace: bool = False) -> Tensor:
+def dropout(
+    input: TensorLike,
+    p: float = 0.5,  # noqa: A002 - torch's names
+    training: bool = True,
+    inplace: bool = False,
+) -> Tensor:
     """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``
     (torch.nn.functional.dropout); the identity when not ``training`` or ``p == 0``,
     zeros when ``p == 1``. The mask comes from the device's GPU random state
@@ -1344,8 +1482,9 @@ def dropout(input: TensorLike, p: float = 0.5,  # noqa: A002 - torch's names
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if inplace:
-        raise ValueError("dropout: inplace=True is not supported (kernels cannot read and write one buffer); "
-                         "use the returned tensor")
+        raise ValueError(
+            "dropout: inplace=True is not supported (kernels cannot read and write one buffer); use the returned tensor"
+        )
     x = _check_float(input, "dropout")
     if not training or p == 0.0:
         return x
@@ -1358,8 +1497,10 @@ def dropout(input: TensorLike, p: float = 0.5,  # noqa: A002 - torch's names
             dst, beta = sinks[0].target()
             if beta == 0.0:
                 _zero(dst)
+
         return attach(out, "dropout", [x], backward_zero)
     from .random import default_generator
+
     state = default_generator(dev).state
     key = _core._Buffer(dev._dev, 16, "pywgtrain.rng_key")
     with _rec(dev) as rec:
@@ -1372,5 +1513,6 @@ def dropout(input: TensorLike, p: float = 0.5,  # noqa: A002 - torch's names
             dst, beta = sinks[0].target()
             with _rec(dev) as rec:
                 _core.dropout(rec, g._buf, key, dst._buf, n, p, float(beta))
+
         attach(out, "dropout", [x], backward)
     return out

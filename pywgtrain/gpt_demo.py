@@ -8,6 +8,7 @@ Batches come from a memory-mapped file; batch ``s`` is drawn from a
 generator seeded with ``(seed, s)``, so a resumed run sees exactly the
 batches an uninterrupted one would (its next step is bit-identical).
 """
+
 import sys
 import time
 from dataclasses import asdict, replace
@@ -36,6 +37,7 @@ def _count(value, name, allow_none=False):
 def evaluate(model, data, split, batch_size, block_size, iters, seed):
     """Mean loss over ``iters`` fixed batches of ``split`` (no graph recorded)."""
     from .autograd import no_grad
+
     rng = np.random.default_rng([seed, 7919])
     model.eval()
     total = 0.0
@@ -49,10 +51,30 @@ def evaluate(model, data, split, batch_size, block_size, iters, seed):
     return total / iters
 
 
-def run_gpt(config="tiny", steps=None, batch_size=None, block_size=None, lr=None, weight_decay=0.1, seed=0,
-            adapter=None, eval_every=None, eval_iters=10, max_bytes=None, plot="gpt_loss_curve.png",
-            checkpoint=None, resume=None, sample_tokens=300, attention="fused", steps_per_submit=8,
-            max_grad_norm=1.0, warmup=None, log_every=None, progress=None, prompt="def "):
+def run_gpt(
+    config="tiny",
+    steps=None,
+    batch_size=None,
+    block_size=None,
+    lr=None,
+    weight_decay=0.1,
+    seed=0,
+    adapter=None,
+    eval_every=None,
+    eval_iters=10,
+    max_bytes=None,
+    plot="gpt_loss_curve.png",
+    checkpoint=None,
+    resume=None,
+    sample_tokens=300,
+    attention="fused",
+    steps_per_submit=8,
+    max_grad_norm=1.0,
+    warmup=None,
+    log_every=None,
+    progress=None,
+    prompt="def ",
+):
     """Train; returns a dict with ``train_losses`` [(step, loss)], ``val_losses``
     [(step, loss)], ``tokens_per_s``, ``sample``, ``interrupted``, ``step``, ``total``."""
     if config not in CONFIGS:
@@ -63,8 +85,12 @@ def run_gpt(config="tiny", steps=None, batch_size=None, block_size=None, lr=None
     lr = d_lr if lr is None else lr
     for v, n in ((steps, "steps"), (batch_size, "batch_size"), (eval_iters, "eval_iters")):
         _count(v, n)
-    for v, n in ((block_size, "block_size"), (eval_every, "eval_every"), (log_every, "log_every"),
-                 (max_bytes, "max_bytes")):
+    for v, n in (
+        (block_size, "block_size"),
+        (eval_every, "eval_every"),
+        (log_every, "log_every"),
+        (max_bytes, "max_bytes"),
+    ):
         _count(v, n, allow_none=True)
     if sample_tokens < 0:
         raise ValueError(f"sample_tokens must be >= 0, got {sample_tokens}")
@@ -82,8 +108,10 @@ def run_gpt(config="tiny", steps=None, batch_size=None, block_size=None, lr=None
     dev = Device(adapter)
     model = GPT(cfg, device=dev, seed=seed)
     named = list(model.named_parameters())
-    groups = [{"params": [p for _, p in named if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for _, p in named if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
+    ]
     opt = optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), max_grad_norm=max_grad_norm)
     sched = warmup_cosine(opt, warmup, steps, min_lr_ratio=0.1)
     trainer = Trainer(model, opt, GPT.loss, steps_per_submit=steps_per_submit)
@@ -94,12 +122,18 @@ def run_gpt(config="tiny", steps=None, batch_size=None, block_size=None, lr=None
         sched.last_epoch = start - 1
         sched.step()
     print(f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']})")
-    print(f"model: GPT '{config}' {cfg.n_layer} layers, d {cfg.n_embd}, {cfg.n_head} heads, context "
-          f"{cfg.block_size}, {cfg.attention} attention; {model.num_parameters():,} parameters")
-    print(f"data: Python {sys.version.split()[0]} standard library sources, {len(data):,} bytes "
-          f"({len(data.splits['train']):,} train / {len(data.splits['val']):,} validation), byte tokens")
-    print(f"training: {steps} steps of {batch_size} x {cfg.block_size} tokens, AdamW lr {lr:g} (warm-up {warmup}, "
-          f"cosine), clip {max_grad_norm}" + (f"; resumed at step {start}" if resume else ""))
+    print(
+        f"model: GPT '{config}' {cfg.n_layer} layers, d {cfg.n_embd}, {cfg.n_head} heads, context "
+        f"{cfg.block_size}, {cfg.attention} attention; {model.num_parameters():,} parameters"
+    )
+    print(
+        f"data: Python {sys.version.split()[0]} standard library sources, {len(data):,} bytes "
+        f"({len(data.splits['train']):,} train / {len(data.splits['val']):,} validation), byte tokens"
+    )
+    print(
+        f"training: {steps} steps of {batch_size} x {cfg.block_size} tokens, AdamW lr {lr:g} (warm-up {warmup}, "
+        f"cosine), clip {max_grad_norm}" + (f"; resumed at step {start}" if resume else "")
+    )
     sys.stdout.flush()
 
     tokens_per_step = batch_size * cfg.block_size
@@ -128,6 +162,7 @@ def run_gpt(config="tiny", steps=None, batch_size=None, block_size=None, lr=None
                 t0, timed_from = time.perf_counter(), s
                 if use_bar:
                     from tqdm import tqdm
+
                     bar = tqdm(total=steps, initial=start, desc="train", unit="step")
             if s % log_every == 0 or s == steps or s % eval_every == 0 or stop.requested:
                 read()
@@ -152,14 +187,23 @@ def run_gpt(config="tiny", steps=None, batch_size=None, block_size=None, lr=None
             trainer.save(checkpoint, extra={"config": asdict(cfg)})
             print(f"checkpoint: {checkpoint} (step {s})", flush=True)
     tps = tokens_per_step * (s - timed_from) / elapsed if elapsed > 0 and s > timed_from else None
-    result = {"train_losses": train_losses, "val_losses": val_losses, "tokens_per_s": tps, "interrupted": interrupted,
-              "step": s, "total": steps, "sample": None}
+    result = {
+        "train_losses": train_losses,
+        "val_losses": val_losses,
+        "tokens_per_s": tps,
+        "interrupted": interrupted,
+        "step": s,
+        "total": steps,
+        "sample": None,
+    }
     if interrupted:
         print(f"interrupted at step {s} of {steps}", flush=True)
         return result
     if tps:
-        print(f"{tps:,.0f} tokens/s ({elapsed / (s - timed_from) * 1e3:.1f} ms/step over {s - timed_from} steps, "
-              "not counting the first)")
+        print(
+            f"{tps:,.0f} tokens/s ({elapsed / (s - timed_from) * 1e3:.1f} ms/step over {s - timed_from} steps, "
+            "not counting the first)"
+        )
     if val_losses:
         print(f"validation loss {val_losses[-1][1]:.4f} (bits per byte {val_losses[-1][1] / np.log(2):.3f})")
     if plot and train_losses:
@@ -178,6 +222,7 @@ def run_gpt(config="tiny", steps=None, batch_size=None, block_size=None, lr=None
 
 def _plot(path, train_losses, val_losses, dev, config):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -4,6 +4,7 @@ Every function accepts NumPy arrays or device tensors. Device tensors stay on
 the GPU and calls return without waiting; NumPy inputs are uploaded and
 results come back as NumPy arrays.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,6 @@ import numpy as np
 from . import _core
 from .device import Device
 from .tensor import Tensor, _check_array, _resolve_device, empty, tensor
-
 
 
 def _device_of(*xs, device=None):
@@ -38,9 +38,16 @@ def _as_tensor(x, name, device, ndim=None, dtype=np.float32):
     return t
 
 
-def gemm(a: Union[Tensor, np.ndarray], b: Union[Tensor, np.ndarray], trans_a: bool = False, trans_b: bool = False,
-         alpha: float = 1.0, beta: float = 0.0, out: Union[Tensor, np.ndarray, None] = None,
-         device: Optional[Device] = None) -> Union[Tensor, np.ndarray]:
+def gemm(
+    a: Union[Tensor, np.ndarray],
+    b: Union[Tensor, np.ndarray],
+    trans_a: bool = False,
+    trans_b: bool = False,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    out: Union[Tensor, np.ndarray, None] = None,
+    device: Optional[Device] = None,
+) -> Union[Tensor, np.ndarray]:
     """``out = alpha * op(a) @ op(b) + beta * out`` with ``op`` = transpose when
     ``trans_a`` / ``trans_b``. ``a``, ``b``: 2-D float32. ``beta != 0`` needs
     ``out``. Returns ``out`` if given, a NumPy array if ``a`` and ``b`` are NumPy
@@ -69,8 +76,12 @@ def gemm(a: Union[Tensor, np.ndarray], b: Union[Tensor, np.ndarray], trans_a: bo
     else:
         if isinstance(out, Tensor):
             if out._buf.shares_memory(ta._buf) or out._buf.shares_memory(tb._buf):
-                raise ValueError("gemm: out must not alias a or b: it shares a device buffer with them (the kernel reads them while writing out)")
-        elif isinstance(out, np.ndarray) and any(isinstance(x, np.ndarray) and np.shares_memory(out, x) for x in (a, b)):
+                raise ValueError(
+                    "gemm: out must not alias a or b: it shares a device buffer with them (the kernel reads them while writing out)"
+                )
+        elif isinstance(out, np.ndarray) and any(
+            isinstance(x, np.ndarray) and np.shares_memory(out, x) for x in (a, b)
+        ):
             raise ValueError("gemm: out must not alias a or b")
         if isinstance(out, Tensor):
             tc = _as_tensor(out, "out", dev, ndim=2)
@@ -123,8 +134,12 @@ def record_grad_norm(rec, dev, grads, max_norm):
     return norm_out
 
 
-def clip_grad_norm_(parameters: Union[Tensor, np.ndarray, Iterable[Union[Tensor, np.ndarray]]], max_norm: float,
-                    norm_type: float = 2.0, error_if_nonfinite: bool = False) -> float:
+def clip_grad_norm_(
+    parameters: Union[Tensor, np.ndarray, Iterable[Union[Tensor, np.ndarray]]],
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+) -> float:
     """Scale gradients in place so their global L2 norm is at most ``max_norm``;
     returns the norm before clipping (a float), as ``torch.nn.utils.clip_grad_norm_``:
     gradients are multiplied by ``min(max_norm / (norm + 1e-6), 1)``, so a
@@ -156,7 +171,8 @@ def clip_grad_norm_(parameters: Union[Tensor, np.ndarray, Iterable[Union[Tensor,
             raise RuntimeError(
                 f"The total norm of order 2.0 for gradients from `parameters` is non-finite ({norm}), so it cannot "
                 "be clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
-                "`error_if_nonfinite=False`")
+                "`error_if_nonfinite=False`"
+            )
         with dev._recording() as rec:
             for g in tgrads:
                 _core.scale_by_clip(rec, g._buf, g.size, norm_out._buf)
@@ -182,17 +198,25 @@ def check_adamw_hyperparameters(lr, betas, eps, weight_decay):
     return lr, (float(betas[0]), float(betas[1])), eps, weight_decay
 
 
-def adamw_step(param: Union[Tensor, np.ndarray], grad: Union[Tensor, np.ndarray], exp_avg: Union[Tensor, np.ndarray],
-               exp_avg_sq: Union[Tensor, np.ndarray], step: int, lr: float = 1e-3,
-               betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
-               weight_decay: float = 1e-2) -> Union[Tensor, np.ndarray]:
+def adamw_step(
+    param: Union[Tensor, np.ndarray],
+    grad: Union[Tensor, np.ndarray],
+    exp_avg: Union[Tensor, np.ndarray],
+    exp_avg_sq: Union[Tensor, np.ndarray],
+    step: int,
+    lr: float = 1e-3,
+    betas: Sequence[float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 1e-2,
+) -> Union[Tensor, np.ndarray]:
     """One AdamW update (torch semantics) of ``param``, ``exp_avg``, ``exp_avg_sq``
     in place; ``step`` is this update's 1-based count. NumPy arrays are updated
     in place through the GPU."""
     lr, betas, eps, weight_decay = check_adamw_hyperparameters(lr, betas, eps, weight_decay)
     if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)):
-        raise TypeError(f"adamw_step: step must be an int (the 1-based count of this update), "
-                        f"got {type(step).__name__} {step!r}")
+        raise TypeError(
+            f"adamw_step: step must be an int (the 1-based count of this update), got {type(step).__name__} {step!r}"
+        )
     step = int(step)
     if step < 1:
         raise ValueError(f"step must be >= 1 (the 1-based count of this update), got {step}")
@@ -203,10 +227,24 @@ def adamw_step(param: Union[Tensor, np.ndarray], grad: Union[Tensor, np.ndarray]
         if t.shape != ts[0].shape:
             raise ValueError(f"{n} has shape {t.shape}, param has {ts[0].shape}")
     if any(ts[i]._buf.shares_memory(ts[j]._buf) for i in range(4) for j in range(i + 1, 4)):
-        raise ValueError("adamw_step: param, grad, exp_avg and exp_avg_sq must be four distinct buffers (views of one device buffer count as one)")
+        raise ValueError(
+            "adamw_step: param, grad, exp_avg and exp_avg_sq must be four distinct buffers (views of one device buffer count as one)"
+        )
     with dev._recording() as rec:
-        _core.adamw(rec, ts[0]._buf, ts[1]._buf, ts[2]._buf, ts[3]._buf, ts[0].size, lr, betas[0], betas[1], eps,
-                    weight_decay, step)
+        _core.adamw(
+            rec,
+            ts[0]._buf,
+            ts[1]._buf,
+            ts[2]._buf,
+            ts[3]._buf,
+            ts[0].size,
+            lr,
+            betas[0],
+            betas[1],
+            eps,
+            weight_decay,
+            step,
+        )
     for x, t in zip((param, exp_avg, exp_avg_sq), (ts[0], ts[2], ts[3])):
         if isinstance(x, np.ndarray):
             x[...] = t.numpy()

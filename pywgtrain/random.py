@@ -14,6 +14,7 @@ repeats the numbers bit for bit.
 a ``Device.batch()`` block, what it recorded so far), so they read and write
 the state in call order.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -49,8 +50,10 @@ def _seed_arg(seed):
 def _state_arg(state):
     arr = np.asarray(state)
     if arr.shape != (4,) or arr.dtype.kind not in "iu":
-        raise ValueError(f"an RNG state is 4 integers (uint32: seed_lo, seed_hi, counter_lo, counter_hi), got "
-                         f"shape {arr.shape} and dtype {arr.dtype.name}")
+        raise ValueError(
+            f"an RNG state is 4 integers (uint32: seed_lo, seed_hi, counter_lo, counter_hi), got "
+            f"shape {arr.shape} and dtype {arr.dtype.name}"
+        )
     if (arr.dtype.kind == "i" and (arr < 0).any()) or (arr > 0xFFFFFFFF).any():
         raise ValueError(f"RNG state words must lie in [0, 2**32), got {arr.tolist()}")
     return np.ascontiguousarray(arr, dtype=np.uint32)
@@ -62,6 +65,7 @@ class Generator:
 
     def __init__(self, device: Optional[Device] = None, seed: Optional[int] = None) -> None:
         from .tensor import _resolve_device
+
         self.device = _resolve_device(device)
         self.state = _core._Buffer(self.device._dev, 16, "pywgtrain.rng_state")
         self._initial = DEFAULT_SEED if seed is None else _seed_arg(seed)
@@ -105,6 +109,7 @@ class Generator:
 def default_generator(device: Optional[Device] = None) -> Generator:
     """The device's generator (created on first use, from the last ``manual_seed`` without device)."""
     from .tensor import _resolve_device
+
     dev = _resolve_device(device)
     with _lock:
         g = _generators.get(dev)

@@ -3,13 +3,20 @@ an 8-byte little-endian header length, a JSON header naming each tensor's
 dtype, shape and byte range, then the raw little-endian data. PyTorch and
 Hugging Face tools (``safetensors.numpy.load_file``, ``safetensors.torch``)
 open these files."""
+
 import json
 import struct
 
 import numpy as np
 
-_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32", np.dtype(np.int64): "I64",
-           np.dtype(np.uint8): "U8", np.dtype(np.float64): "F64", np.dtype(np.uint32): "U32"}
+_DTYPES = {
+    np.dtype(np.float32): "F32",
+    np.dtype(np.int32): "I32",
+    np.dtype(np.int64): "I64",
+    np.dtype(np.uint8): "U8",
+    np.dtype(np.float64): "F64",
+    np.dtype(np.uint32): "U32",
+}
 _BY_NAME = {v: k for k, v in _DTYPES.items()}
 
 
@@ -19,8 +26,9 @@ def write_safetensors(f, tensors, metadata=None):
     for name, value in tensors.items():
         a = np.ascontiguousarray(value)
         if a.dtype not in _DTYPES:
-            raise TypeError(f"safetensors: {name} has dtype {a.dtype.name}, not one of "
-                            f"{sorted(d.name for d in _DTYPES)}")
+            raise TypeError(
+                f"safetensors: {name} has dtype {a.dtype.name}, not one of {sorted(d.name for d in _DTYPES)}"
+            )
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)
         header[name] = {"dtype": _DTYPES[a.dtype], "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
         offset += a.nbytes
@@ -48,8 +56,11 @@ def read_safetensors(path):
             header = json.loads(f.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"{path}: not a safetensors file ({e})") from None
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n) if any(
-        k != "__metadata__" for k in header) else np.zeros(0, np.uint8)
+    data = (
+        np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
+        if any(k != "__metadata__" for k in header)
+        else np.zeros(0, np.uint8)
+    )
     metadata = header.pop("__metadata__", {}) or {}
     out = {}
     for name, info in header.items():

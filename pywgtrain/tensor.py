@@ -1,4 +1,5 @@
 """Device tensors: a GPU buffer with a shape, a dtype and an autograd record."""
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,19 @@ class Tensor:
     ``reshape``/``view`` share memory.
     """
 
-    __slots__ = ("_buf", "shape", "dtype", "device", "size", "requires_grad", "grad", "_node", "_grad_home",
-                 "_batch", "__weakref__")
+    __slots__ = (
+        "_buf",
+        "shape",
+        "dtype",
+        "device",
+        "size",
+        "requires_grad",
+        "grad",
+        "_node",
+        "_grad_home",
+        "_batch",
+        "__weakref__",
+    )
     shape: tuple[int, ...]
     dtype: np.dtype
     device: Device
@@ -39,8 +51,9 @@ class Tensor:
     requires_grad: bool
     grad: Optional[Tensor]
 
-    def __init__(self, buf: _core._Buffer, shape: Sequence[int], dtype: DTypeLike, device: Device,
-                 requires_grad: bool = False) -> None:
+    def __init__(
+        self, buf: _core._Buffer, shape: Sequence[int], dtype: DTypeLike, device: Device, requires_grad: bool = False
+    ) -> None:
         self._buf = buf
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
@@ -48,7 +61,7 @@ class Tensor:
         self.size = math.prod(self.shape)
         self.requires_grad = bool(requires_grad)
         self.grad = None
-        self._node = None       # the op that produced this tensor (autograd), None for leaves
+        self._node = None  # the op that produced this tensor (autograd), None for leaves
         self._grad_home = None  # where a new .grad lives (a view of an optimizer's flat arena)
         self._batch = device._current_batch_token() if device is not None else None
 
@@ -82,8 +95,10 @@ class Tensor:
 
     def __repr__(self):
         grad = ", requires_grad=True" if self.requires_grad else ""
-        return (f"Tensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device.name!r}"
-                f"#{self.device.ordinal}{grad})")
+        return (
+            f"Tensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device.name!r}"
+            f"#{self.device.ordinal}{grad})"
+        )
 
     # -- host transfer -------------------------------------------------------
     def numpy(self) -> np.ndarray:
@@ -121,10 +136,12 @@ class Tensor:
     # -- in-place writes (outside autograd) ----------------------------------
     def _check_inplace(self, what):
         from .autograd import is_grad_enabled
+
         if self.requires_grad and is_grad_enabled():
             kind = "a leaf tensor that requires grad" if self._node is None else "a tensor that is part of a graph"
-            raise RuntimeError(f"{what}: in-place operation on {kind}; wrap it in pywgtrain.no_grad() or use the "
-                               "out-of-place form")
+            raise RuntimeError(
+                f"{what}: in-place operation on {kind}; wrap it in pywgtrain.no_grad() or use the out-of-place form"
+            )
 
     def copy_(self, src: Union[Tensor, np.ndarray]) -> Tensor:
         """Overwrite with ``src`` (array or Tensor) of the same shape and dtype."""
@@ -163,6 +180,7 @@ class Tensor:
 
     def clone(self) -> Tensor:
         from . import functions as F
+
         if self.dtype == np.float32:
             return F.clone(self)
         out = empty(self.shape, self.dtype, self.device)
@@ -174,6 +192,7 @@ class Tensor:
     def backward(self, gradient: Union[Tensor, np.ndarray, None] = None) -> None:
         """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (a scalar, or with ``gradient``)."""
         from .autograd import backward
+
         backward(self, gradient)
 
     def detach(self) -> Tensor:
@@ -194,28 +213,34 @@ class Tensor:
     def reshape(self, *shape: ShapeLike) -> Tensor:
         """A tensor with a new shape over the same buffer (no copy); one dimension may be -1."""
         from . import functions as F
+
         return F.reshape(self, *shape)
 
     view = reshape
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         from . import functions as F
+
         return F.flatten(self, start_dim, end_dim)
 
     def unsqueeze(self, dim: int) -> Tensor:
         from . import functions as F
+
         return F.unsqueeze(self, dim)
 
     def squeeze(self, dim: Optional[int] = None) -> Tensor:
         from . import functions as F
+
         return F.squeeze(self, dim)
 
     def transpose(self, dim0: int, dim1: int) -> Tensor:
         from . import functions as F
+
         return F.transpose(self, dim0, dim1)
 
     def permute(self, *dims: Union[int, Sequence[int]]) -> Tensor:
         from . import functions as F
+
         return F.permute(self, *dims)
 
     @property
@@ -232,22 +257,27 @@ class Tensor:
 
     def expand(self, *shape: ShapeLike) -> Tensor:
         from . import functions as F
+
         return F.expand(self, *shape)
 
     def split(self, split_size: Union[int, Sequence[int]], dim: int = 0) -> tuple[Tensor, ...]:
         from . import functions as F
+
         return F.split(self, split_size, dim)
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
         from . import functions as F
+
         return F.chunk(self, chunks, dim)
 
     def narrow(self, dim: int, start: int, length: int) -> Tensor:
         from . import functions as F
+
         return F.narrow(self, dim, start, length)
 
     def __getitem__(self, index: object) -> Tensor:
         from . import functions as F
+
         return F.getitem(self, index)
 
     if TYPE_CHECKING:
@@ -283,10 +313,16 @@ class Tensor:
         def sum(self, dim: Dims = None, keepdim: bool = False) -> Tensor: ...
         def mean(self, dim: Dims = None, keepdim: bool = False) -> Tensor: ...
         def max(self, dim: Optional[int] = None, keepdim: bool = False) -> Any: ...  # Tensor, or (values, indices)
-        def var(self, dim: Dims = None, unbiased: Optional[bool] = None, keepdim: bool = False,
-                correction: Optional[int] = None) -> Tensor: ...
-        def std(self, dim: Dims = None, unbiased: Optional[bool] = None, keepdim: bool = False,
-                correction: Optional[int] = None) -> Tensor: ...
+        def var(
+            self,
+            dim: Dims = None,
+            unbiased: Optional[bool] = None,
+            keepdim: bool = False,
+            correction: Optional[int] = None,
+        ) -> Tensor: ...
+
+        std = var  # the same signature
+
         def softmax(self, dim: int = -1) -> Tensor: ...
         def log_softmax(self, dim: int = -1) -> Tensor: ...
         def __add__(self, other: Operand) -> Tensor: ...
@@ -323,23 +359,59 @@ class Tensor:
 def _unary_method(name):
     def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:  # a Tensor (max(dim): values and indices)
         from . import functions as F
+
         return getattr(F, name)(self, *args, **kwargs)
+
     method.__name__ = name
     method.__doc__ = f"See ``pywgtrain.{name}``."
     return method
 
 
-for _name in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "silu", "pow", "clamp",
-              "add", "sub", "mul", "div", "maximum", "minimum", "matmul", "sum", "mean", "max", "var", "std",
-              "softmax", "log_softmax", "gt", "lt", "ge", "le", "eq", "ne", "square"):
+for _name in (
+    "neg",
+    "abs",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "tanh",
+    "sigmoid",
+    "relu",
+    "silu",
+    "pow",
+    "clamp",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "maximum",
+    "minimum",
+    "matmul",
+    "sum",
+    "mean",
+    "max",
+    "var",
+    "std",
+    "softmax",
+    "log_softmax",
+    "gt",
+    "lt",
+    "ge",
+    "le",
+    "eq",
+    "ne",
+    "square",
+):
     setattr(Tensor, _name, _unary_method(_name))
 
 
 def _binop(name, reverse=False):
     def op(self: Tensor, other: Operand) -> Tensor:
         from . import functions as F
+
         fn = getattr(F, name)
         return fn(other, self) if reverse else fn(self, other)
+
     return op
 
 
@@ -347,26 +419,47 @@ def _inplace(name):
     def op(self: Tensor, other: Operand) -> Tensor:
         from . import functions as F
         from .autograd import is_grad_enabled
+
         result = getattr(F, name)(self, other)
         if self.requires_grad and is_grad_enabled():
             if self._node is None:
-                raise RuntimeError(f"a leaf tensor that requires grad is used in an in-place operation "
-                                   f"({name}_); use the out-of-place form or pywgtrain.no_grad()")
+                raise RuntimeError(
+                    f"a leaf tensor that requires grad is used in an in-place operation "
+                    f"({name}_); use the out-of-place form or pywgtrain.no_grad()"
+                )
             return result  # the name is rebound to the out-of-place result; its graph stays intact
         if result.shape != self.shape:
-            raise ValueError(f"{name}_: the result of shape {result.shape} does not fit the tensor of shape {self.shape}")
+            raise ValueError(
+                f"{name}_: the result of shape {result.shape} does not fit the tensor of shape {self.shape}"
+            )
         with self.device._recording() as rec:
             _core.unary(rec, 0, result._buf, self._buf, self.size, 0.0, 0.0, 0.0)
         return self
+
     return op
 
 
-for _name, _op in (("add", "__add__"), ("sub", "__sub__"), ("mul", "__mul__"), ("div", "__truediv__"),
-                   ("pow", "__pow__"), ("matmul", "__matmul__"), ("gt", "__gt__"), ("lt", "__lt__"),
-                   ("ge", "__ge__"), ("le", "__le__")):
+for _name, _op in (
+    ("add", "__add__"),
+    ("sub", "__sub__"),
+    ("mul", "__mul__"),
+    ("div", "__truediv__"),
+    ("pow", "__pow__"),
+    ("matmul", "__matmul__"),
+    ("gt", "__gt__"),
+    ("lt", "__lt__"),
+    ("ge", "__ge__"),
+    ("le", "__le__"),
+):
     setattr(Tensor, _op, _binop(_name))
-for _name, _op in (("add", "__radd__"), ("sub", "__rsub__"), ("mul", "__rmul__"), ("div", "__rtruediv__"),
-                   ("pow", "__rpow__"), ("matmul", "__rmatmul__")):
+for _name, _op in (
+    ("add", "__radd__"),
+    ("sub", "__rsub__"),
+    ("mul", "__rmul__"),
+    ("div", "__rtruediv__"),
+    ("pow", "__rpow__"),
+    ("matmul", "__rmatmul__"),
+):
     setattr(Tensor, _op, _binop(_name, reverse=True))
 for _name in ("add", "sub", "mul", "div"):
     _f = _inplace(_name)
@@ -386,7 +479,9 @@ def _check_array(x, name, dtype=np.float32):
     if x.dtype != np.dtype(dtype):
         raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {x.dtype.name}")
     if not x.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous (got a strided or Fortran-ordered array); use np.ascontiguousarray")
+        raise ValueError(
+            f"{name} must be C-contiguous (got a strided or Fortran-ordered array); use np.ascontiguousarray"
+        )
     if x.ndim == 0:
         raise ValueError(f"{name} must have at least one dimension, got a 0-d array")
     if x.size == 0:
@@ -424,8 +519,9 @@ def _shape_arg(shape, name="shape"):
     return tuple(int(s) for s in dims)
 
 
-def empty(shape: ShapeLike, dtype: DTypeLike = np.float32, device: Optional[Device] = None,
-          requires_grad: bool = False) -> Tensor:
+def empty(
+    shape: ShapeLike, dtype: DTypeLike = np.float32, device: Optional[Device] = None, requires_grad: bool = False
+) -> Tensor:
     """Uninitialized device tensor (``shape`` may be ``()`` for a scalar)."""
     device = _resolve_device(device)
     shape = _shape_arg(shape)
@@ -440,8 +536,9 @@ def empty(shape: ShapeLike, dtype: DTypeLike = np.float32, device: Optional[Devi
     return Tensor(_core._Buffer(device._dev, nbytes), shape, dtype, device, requires_grad)
 
 
-def zeros(shape: ShapeLike, dtype: DTypeLike = np.float32, device: Optional[Device] = None,
-          requires_grad: bool = False) -> Tensor:
+def zeros(
+    shape: ShapeLike, dtype: DTypeLike = np.float32, device: Optional[Device] = None, requires_grad: bool = False
+) -> Tensor:
     """Device tensor filled with zeros."""
     t = empty(shape, dtype, device)
     t.zero_()
@@ -461,15 +558,21 @@ def ones(shape: ShapeLike, device: Optional[Device] = None, requires_grad: bool 
     return full(shape, 1.0, device, requires_grad)
 
 
-def tensor(data: Union[np.ndarray, Tensor], device: Optional[Device] = None, dtype: Optional[DTypeLike] = None,
-           requires_grad: bool = False) -> Tensor:
+def tensor(
+    data: Union[np.ndarray, Tensor],
+    device: Optional[Device] = None,
+    dtype: Optional[DTypeLike] = None,
+    requires_grad: bool = False,
+) -> Tensor:
     """Upload a NumPy array (float32, or int32) to the device. A Tensor is
     returned as it is when it already lives on ``device`` (or no device is
     given); a Tensor of another device is refused: read it back first."""
     if isinstance(data, Tensor):
         if device is not None and _resolve_device(device) is not data.device:
-            raise ValueError(f"tensor(): data lives on {data.device!r}, not on {device!r}; copy it across with "
-                             "pywgtrain.tensor(t.numpy(), device)")
+            raise ValueError(
+                f"tensor(): data lives on {data.device!r}, not on {device!r}; copy it across with "
+                "pywgtrain.tensor(t.numpy(), device)"
+            )
         if dtype is not None and np.dtype(dtype) != data.dtype:
             raise TypeError(f"tensor(): data has dtype {data.dtype.name}, asked for {np.dtype(dtype).name}")
         return data

@@ -1,5 +1,6 @@
 """Training loop pieces: one-submission training steps and checkpoints. The
 digits demo behind ``pywgtrain train`` is in ``pywgtrain.demo``."""
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,14 @@ class Trainer:
     those of the steps in call order; ``flush()`` submits it explicitly.
     """
 
-    def __init__(self, model: nn.Module, optimizer: AdamW, loss_fn: Callable[[Tensor, Any], Tensor],
-                 capture: bool = True, steps_per_submit: int = 1) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: AdamW,
+        loss_fn: Callable[[Tensor, Any], Tensor],
+        capture: bool = True,
+        steps_per_submit: int = 1,
+    ) -> None:
         if isinstance(steps_per_submit, bool) or not isinstance(steps_per_submit, int) or steps_per_submit < 1:
             raise ValueError(f"steps_per_submit must be an int >= 1, got {steps_per_submit!r}")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
@@ -68,9 +75,9 @@ class Trainer:
         self.steps_per_submit = steps_per_submit
         self._graph = None
         self._loss_slots = _LossSlots(self.device)
-        self._group_rec = None   # recorder of the current group of replayed steps
-        self._group = []         # their losses
-        self._classes = None     # logits width (CrossEntropyLoss), known after the first forward
+        self._group_rec = None  # recorder of the current group of replayed steps
+        self._group = []  # their losses
+        self._classes = None  # logits width (CrossEntropyLoss), known after the first forward
 
     def _batch_arrays(self, x, y):
         """Host batches as contiguous arrays of the kernels' dtypes; device tensors as they are.
@@ -102,9 +109,13 @@ class Trainer:
         """One training step on a batch; returns the (lazy) loss."""
         x, y = self._batch_arrays(x, y)
         g = self._graph
-        if g is not None and all(new.shape == old.shape and np.dtype(new.dtype) == old.dtype
-                                 for new, old in ((x, g["x"]), (y, g["y"]))) \
-                and g["max_grad_norm"] == self.optimizer.max_grad_norm:
+        if (
+            g is not None
+            and all(
+                new.shape == old.shape and np.dtype(new.dtype) == old.dtype for new, old in ((x, g["x"]), (y, g["y"]))
+            )
+            and g["max_grad_norm"] == self.optimizer.max_grad_norm
+        ):
             return self._replay(x, y)
         user_x, user_y = isinstance(x, Tensor), isinstance(y, Tensor)
         host_labels = None if user_y else y
@@ -129,8 +140,13 @@ class Trainer:
             loss.backward()
             self.optimizer.step()
             if capture:
-                self._graph = {"graph": rec.end_capture(), "x": x, "y": y, "loss": loss,
-                               "max_grad_norm": self.optimizer.max_grad_norm}
+                self._graph = {
+                    "graph": rec.end_capture(),
+                    "x": x,
+                    "y": y,
+                    "loss": loss,
+                    "max_grad_norm": self.optimizer.max_grad_norm,
+                }
                 # Replays write their losses elsewhere; this one keeps its own.
                 own = self._loss_slots.take()
                 rec.copy(loss._buf, 0, own._buf, 0, 4)
@@ -142,9 +158,11 @@ class Trainer:
         g = self._graph
         dev = self.device
         own = self._loss_slots.take()
-        inputs = [(g["x"]._buf, x._buf if isinstance(x, Tensor) else x),
-                  (g["y"]._buf, y._buf if isinstance(y, Tensor) else y),
-                  (g["loss"]._buf, own._buf)]
+        inputs = [
+            (g["x"]._buf, x._buf if isinstance(x, Tensor) else x),
+            (g["y"]._buf, y._buf if isinstance(y, Tensor) else y),
+            (g["loss"]._buf, own._buf),
+        ]
         uniforms = self.optimizer._replay_uniforms(g["graph"])
         loss = own
         outer = getattr(dev._local, "recorder", None)
@@ -161,7 +179,9 @@ class Trainer:
             except BaseException:
                 # A failed recording discards the whole group (see Recorder).
                 for lost in self._group:
-                    lost._batch = BatchToken("the training step of this loss was discarded: a later step of its group failed to record")
+                    lost._batch = BatchToken(
+                        "the training step of this loss was discarded: a later step of its group failed to record"
+                    )
                 self._group = []
                 raise
             self._group.append(loss)
@@ -194,8 +214,11 @@ class Trainer:
         returns it."""
         path = os.fspath(path)
         osd = self.optimizer.state_dict()
-        meta = {"step_count": self.step_count, "param_groups": osd["param_groups"],
-                "steps": {str(i): st["step"] for i, st in osd["state"].items()}}
+        meta = {
+            "step_count": self.step_count,
+            "param_groups": osd["param_groups"],
+            "steps": {str(i): st["step"] for i, st in osd["state"].items()},
+        }
         if extra is not None:
             meta["extra"] = extra
         if path.endswith(".safetensors"):
@@ -227,30 +250,44 @@ class Trainer:
                 if "meta" not in z.files:
                     raise ValueError(f"{path}: not a pywgtrain checkpoint (no 'meta' entry)")
                 meta = json.loads(bytes(z["meta"]).decode())
-                model_sd = {k[len("model/"):]: z[k] for k in z.files if k.startswith("model/")}
+                model_sd = {k[len("model/") :]: z[k] for k in z.files if k.startswith("model/")}
                 rng_state = z["rng_state"].copy() if "rng_state" in z.files else None
-                state = {int(i): {"step": s, "exp_avg": z[f"optim/{i}/exp_avg"], "exp_avg_sq": z[f"optim/{i}/exp_avg_sq"]}
-                         for i, s in meta["steps"].items()}
+                state = {
+                    int(i): {"step": s, "exp_avg": z[f"optim/{i}/exp_avg"], "exp_avg_sq": z[f"optim/{i}/exp_avg_sq"]}
+                    for i, s in meta["steps"].items()
+                }
         else:
             tensors, md = read_safetensors(path)
             if "pywgtrain" not in md:
-                raise ValueError(f"{path}: a safetensors file without pywgtrain's training state (metadata "
-                                 "'pywgtrain'); load weights with model.load_state_dict instead")
+                raise ValueError(
+                    f"{path}: a safetensors file without pywgtrain's training state (metadata "
+                    "'pywgtrain'); load weights with model.load_state_dict instead"
+                )
             meta = json.loads(md["pywgtrain"])
-            model_sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+            model_sd = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
             rng_state = tensors.get("rng_state")
-            state = {int(i): {"step": s, "exp_avg": tensors[f"optim.{i}.exp_avg"],
-                              "exp_avg_sq": tensors[f"optim.{i}.exp_avg_sq"]} for i, s in meta["steps"].items()}
+            state = {
+                int(i): {
+                    "step": s,
+                    "exp_avg": tensors[f"optim.{i}.exp_avg"],
+                    "exp_avg_sq": tensors[f"optim.{i}.exp_avg_sq"],
+                }
+                for i, s in meta["steps"].items()
+            }
         # Check everything against this model before changing anything.
         own = self.model.state_dict()
         missing, unexpected = sorted(set(own) - set(model_sd)), sorted(set(model_sd) - set(own))
         if missing or unexpected:
-            raise ValueError(f"{path}: the checkpoint is of another model: missing keys {missing[:5]}, unexpected "
-                             f"keys {unexpected[:5]}")
+            raise ValueError(
+                f"{path}: the checkpoint is of another model: missing keys {missing[:5]}, unexpected "
+                f"keys {unexpected[:5]}"
+            )
         for k, v in own.items():
             if np.shape(model_sd[k]) != v.shape:
-                raise ValueError(f"{path}: the checkpoint is of another model: {k} has shape "
-                                 f"{np.shape(model_sd[k])}, this model {v.shape}")
+                raise ValueError(
+                    f"{path}: the checkpoint is of another model: {k} has shape "
+                    f"{np.shape(model_sd[k])}, this model {v.shape}"
+                )
         self._graph = None  # optimizer state buffers are replaced below
         self.model.load_state_dict(model_sd)
         self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})

@@ -1,4 +1,8 @@
 """Helpers shared by the tests (fixtures and hooks are in conftest.py)."""
+
+import signal
+import subprocess
+
 import numpy as np
 
 import pywgtrain as pw
@@ -20,3 +24,16 @@ def assert_close(actual, expected, rtol=1e-5, atol_scale=1e-5):
     assert np.all(np.isfinite(actual)), "non-finite values in the result (unwritten or poisoned elements)"
     scale = max(float(np.max(np.abs(expected))), 1e-30)
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol_scale * scale)
+
+
+def spawn_interruptible(args, cwd):
+    """A child process with text pipes whose SIGINT reaches Python's handler,
+    even when the tests run from a shell job that ignores SIGINT."""
+    return subprocess.Popen(
+        args,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )

@@ -3,6 +3,7 @@ PyTorch float64 (torch.nn.functional.scaled_dot_product_attention with
 is_causal=True and autograd), the strided [B, T, 3C] entry, the raw kernels
 with poisoned outputs, and a plain path composed of existing ops (bmm, where,
 softmax) that must agree with the fused one."""
+
 import math
 
 import numpy as np
@@ -57,8 +58,11 @@ def run_fused(dev, q, k, v, g):
 
 
 # Every T of the default subset meets every head size, at B*H = 1 and 6 in turn.
-FAST = [(1, 1, t, d) if (i + j) % 2 == 0 else (2, 3, t, d)
-        for i, t in enumerate((1, 7, 64, 257)) for j, d in enumerate((32, 64, 128, 24))]
+FAST = [
+    (1, 1, t, d) if (i + j) % 2 == 0 else (2, 3, t, d)
+    for i, t in enumerate((1, 7, 64, 257))
+    for j, d in enumerate((32, 64, 128, 24))
+]
 
 
 @pytest.mark.parametrize("b,h,t,d", FAST + [(1, 1, 1024, 32), (2, 3, 1024, 24), (1, 2, 130, 6), (2, 1, 65, 70)])
@@ -85,8 +89,10 @@ def split_heads(qkv, h):
     """[B, T, 3C] -> q, k, v as [B, H, T, D] (host copies)."""
     b, t, c3 = qkv.shape
     c = c3 // 3
-    return [np.ascontiguousarray(qkv[:, :, i * c:(i + 1) * c].reshape(b, t, h, c // h).transpose(0, 2, 1, 3))
-            for i in range(3)]
+    return [
+        np.ascontiguousarray(qkv[:, :, i * c : (i + 1) * c].reshape(b, t, h, c // h).transpose(0, 2, 1, 3))
+        for i in range(3)
+    ]
 
 
 def merge_heads(x):
@@ -94,8 +100,9 @@ def merge_heads(x):
     return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(b, t, h * d)
 
 
-@pytest.mark.parametrize("b,t,c,h,max_blocks", [(2, 7, 96, 4, 0), (2, 257, 128, 2, 0), (1, 300, 96, 1, 1),
-                                                (3, 130, 64, 2, 2)])
+@pytest.mark.parametrize(
+    "b,t,c,h,max_blocks", [(2, 7, 96, 4, 0), (2, 257, 128, 2, 0), (1, 300, 96, 1, 1), (3, 130, 64, 2, 2)]
+)
 def test_raw_kernels_strided_qkv(dev, rng, b, t, c, h, max_blocks):
     """The launchers on the GPT layout: q, k, v (and dq, dk, dv) are column
     blocks of one [B, T, 3C] buffer, out and dout [B, T, C]; outputs poisoned
@@ -108,13 +115,19 @@ def test_raw_kernels_strided_qkv(dev, rng, b, t, c, h, max_blocks):
     out, lse = poisoned(dev, (b, t, c)), poisoned(dev, (b * h * t,))
     scale = 1 / math.sqrt(d)
     with dev._recording() as rec:
-        _core.attention_forward(rec, x._buf, qv, x._buf, kv, x._buf, vv, out._buf, ov, lse._buf, b, h, t, d, scale,
-                                max_blocks)
+        _core.attention_forward(
+            rec, x._buf, qv, x._buf, kv, x._buf, vv, out._buf, ov, lse._buf, b, h, t, d, scale, max_blocks
+        )
     grad, delta = poisoned(dev, (b, t, 3 * c)), poisoned(dev, (b * h * t,))
-    with dev._recording() as rec:
-        _core.attention_backward(rec, x._buf, qv, x._buf, kv, x._buf, vv, out._buf, ov, tg._buf, ov, lse._buf,
-                                 delta._buf, grad._buf, qv, grad._buf, kv, grad._buf, vv, b, h, t, d, scale, 0.0,
-                                 max_blocks)
+
+    def backward(beta):  # dq, dk, dv into grad's column blocks, as q, k, v lie in x
+        operands = (x._buf, qv, x._buf, kv, x._buf, vv, out._buf, ov, tg._buf, ov, lse._buf, delta._buf)
+        with dev._recording() as rec:
+            _core.attention_backward(
+                rec, *operands, grad._buf, qv, grad._buf, kv, grad._buf, vv, b, h, t, d, scale, beta, max_blocks
+            )
+
+    backward(0.0)
     q, k, v = split_heads(qkv, h)
     ro, rdq, rdk, rdv = torch_ref(q, k, v, split_heads(np.concatenate([g] * 3, axis=2), h)[0])
     close(out.numpy(), merge_heads(ro))
@@ -125,10 +138,7 @@ def test_raw_kernels_strided_qkv(dev, rng, b, t, c, h, max_blocks):
     close(lse.numpy(), (m[..., 0] + np.log(np.exp(s - m).sum(-1))).reshape(-1))
     close(grad.numpy(), np.concatenate([merge_heads(rdq), merge_heads(rdk), merge_heads(rdv)], axis=2))
     # beta = 1 accumulates: the same backward again doubles the gradient.
-    with dev._recording() as rec:
-        _core.attention_backward(rec, x._buf, qv, x._buf, kv, x._buf, vv, out._buf, ov, tg._buf, ov, lse._buf,
-                                 delta._buf, grad._buf, qv, grad._buf, kv, grad._buf, vv, b, h, t, d, scale, 1.0,
-                                 max_blocks)
+    backward(1.0)
     close(grad.numpy(), 2 * np.concatenate([merge_heads(rdq), merge_heads(rdk), merge_heads(rdv)], axis=2))
 
 
@@ -237,12 +247,16 @@ def test_errors(dev, rng):
     # The launcher: views past the buffer, overlapping output rows, outputs aliasing inputs.
     buf, out, lse = pw.tensor(rand(rng, 64), dev), pw.empty((64,), np.float32, dev), pw.empty((8,), np.float32, dev)
     with dev._recording() as rec:
+
+        def forward(q_view, out_view, out_buf):  # B = H = 1, T = D = 8, k and v at offset 0
+            v0 = (0, 0, 0, 8)
+            _core.attention_forward(
+                rec, buf._buf, q_view, buf._buf, v0, buf._buf, v0, out_buf, out_view, lse._buf, 1, 1, 8, 8, 1.0
+            )
+
         with pytest.raises(ValueError, match="q reaches element"):
-            _core.attention_forward(rec, buf._buf, (1, 0, 0, 8), buf._buf, (0, 0, 0, 8), buf._buf, (0, 0, 0, 8),
-                                    out._buf, (0, 0, 0, 8), lse._buf, 1, 1, 8, 8, 1.0)
+            forward((1, 0, 0, 8), (0, 0, 0, 8), out._buf)
         with pytest.raises(ValueError, match="row stride"):
-            _core.attention_forward(rec, buf._buf, (0, 0, 0, 8), buf._buf, (0, 0, 0, 8), buf._buf, (0, 0, 0, 8),
-                                    out._buf, (0, 0, 0, 4), lse._buf, 1, 1, 8, 8, 1.0)
+            forward((0, 0, 0, 8), (0, 0, 0, 4), out._buf)
         with pytest.raises(ValueError, match="shares a GPU buffer"):
-            _core.attention_forward(rec, buf._buf, (0, 0, 0, 8), buf._buf, (0, 0, 0, 8), buf._buf, (0, 0, 0, 8),
-                                    buf._buf, (0, 0, 0, 8), lse._buf, 1, 1, 8, 8, 1.0)
+            forward((0, 0, 0, 8), (0, 0, 0, 8), buf._buf)

@@ -2,6 +2,7 @@
 torch in float64) and its backward against torch autograd, on fresh random
 data at awkward shapes; graph semantics (reuse, detach, no_grad,
 accumulation) and the errors a user meets."""
+
 import math
 
 import numpy as np
@@ -66,11 +67,12 @@ UNARY = {
     "tanh": lambda L, x: x.tanh(),
     "sigmoid": lambda L, x: x.sigmoid(),
     "relu": lambda L, x: x.relu(),
-    "silu": lambda L, x: (pw.silu(x) if L is pw else torch.nn.functional.silu(x)),
-    "gelu": lambda L, x: (pw.gelu(x) if L is pw else torch.nn.functional.gelu(x)),
-    "gelu_tanh": lambda L, x: (pw.gelu(x, approximate="tanh") if L is pw
-                               else torch.nn.functional.gelu(x, approximate="tanh")),
-    "pow3": lambda L, x: x ** 3,
+    "silu": lambda L, x: pw.silu(x) if L is pw else torch.nn.functional.silu(x),
+    "gelu": lambda L, x: pw.gelu(x) if L is pw else torch.nn.functional.gelu(x),
+    "gelu_tanh": lambda L, x: (
+        pw.gelu(x, approximate="tanh") if L is pw else torch.nn.functional.gelu(x, approximate="tanh")
+    ),
+    "pow3": lambda L, x: x**3,
     "square": lambda L, x: x.square(),
     "clamp": lambda L, x: x.clamp(-0.5, 0.7),
     "clamp_min": lambda L, x: x.clamp(min=0.1),
@@ -81,7 +83,7 @@ POSITIVE = {
     "sqrt": lambda L, x: x.sqrt(),
     "rsqrt": lambda L, x: x.rsqrt(),
     "rdiv": lambda L, x: 2.0 / x,
-    "pow_frac": lambda L, x: x ** 1.5,
+    "pow_frac": lambda L, x: x**1.5,
 }
 
 
@@ -97,8 +99,16 @@ def test_unary_positive_domain(rng, name, shape):
     run_both(rng, POSITIVE[name], [shape], positive=True)
 
 
-BROADCAST = [((7,), (7,)), ((33, 5), (5,)), ((33, 5), (33, 1)), ((1,), (4, 3)), ((2, 1, 5), (3, 1)),
-             ((4, 1), (1, 6)), ((2, 3, 4), (2, 1, 4)), ((129,), ())]
+BROADCAST = [
+    ((7,), (7,)),
+    ((33, 5), (5,)),
+    ((33, 5), (33, 1)),
+    ((1,), (4, 3)),
+    ((2, 1, 5), (3, 1)),
+    ((4, 1), (1, 6)),
+    ((2, 3, 4), (2, 1, 4)),
+    ((129,), ()),
+]
 BINARY = {
     "add": lambda L, a, b: a + b,
     "sub": lambda L, a, b: a - b,
@@ -116,20 +126,30 @@ def test_binary_broadcasting(rng, name, sa, sb):
 
 
 def test_pow_tensor_exponent(rng):
-    run_both(rng, lambda L, a, b: a ** b, [(5, 3), (3,)], positive=True)
+    run_both(rng, lambda L, a, b: a**b, [(5, 3), (3,)], positive=True)
 
 
 def test_where_and_comparisons(rng):
     def fn(L, a, b):
-        cond = (a > b)
+        cond = a > b
         return L.where(cond, a * 2.0, b - 1.0)
+
     run_both(rng, fn, [(6, 7), (7,)])
 
 
-@pytest.mark.parametrize("shape,dim,keepdim", [((7,), 0, False), ((33, 5), 1, True), ((33, 5), 0, False),
-                                               ((2, 3, 129), -1, False), ((2, 3, 129), 1, True),
-                                               ((4, 5, 6), (0, 2), False), ((4, 5, 6), None, False),
-                                               ((1, 9), 0, True)])
+@pytest.mark.parametrize(
+    "shape,dim,keepdim",
+    [
+        ((7,), 0, False),
+        ((33, 5), 1, True),
+        ((33, 5), 0, False),
+        ((2, 3, 129), -1, False),
+        ((2, 3, 129), 1, True),
+        ((4, 5, 6), (0, 2), False),
+        ((4, 5, 6), None, False),
+        ((1, 9), 0, True),
+    ],
+)
 @pytest.mark.parametrize("op", ["sum", "mean", "var"])
 def test_reductions(rng, shape, dim, keepdim, op):
     if op == "var" and dim is not None and math.prod(np.array(shape)[list(np.atleast_1d(dim))]) < 2:
@@ -139,6 +159,7 @@ def test_reductions(rng, shape, dim, keepdim, op):
         if dim is None:
             return getattr(x, op)()
         return getattr(x, op)(dim, keepdim=keepdim)
+
     run_both(rng, fn, [shape])
 
 
@@ -264,8 +285,9 @@ def test_cross_entropy_rejects_host_labels_out_of_range():
 
 
 def test_mse_loss(rng):
-    run_both(rng, lambda L, a, b: (pw.mse_loss(a, b) if L is pw else torch.nn.functional.mse_loss(a, b)),
-             [(7, 3), (7, 3)])
+    run_both(
+        rng, lambda L, a, b: pw.mse_loss(a, b) if L is pw else torch.nn.functional.mse_loss(a, b), [(7, 3), (7, 3)]
+    )
 
 
 # -- graph semantics ---------------------------------------------------------------

@@ -3,11 +3,11 @@
 out of range, float64 batches), gradient clipping of non-finite gradients as
 PyTorch does it, arguments that used to be coerced silently, and tensors of a
 discarded ``Device.batch()``."""
+
 import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 
@@ -17,7 +17,7 @@ import pytest
 import pywgtrain as pw
 from pywgtrain.train import Trainer
 
-from helpers import rand
+from helpers import spawn_interruptible, rand
 
 
 def make_trainer(dev, sizes=(10, 16, 3), loss=None, seed=3, **kw):
@@ -79,10 +79,7 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path, sig):
     path = ckdir / "run.npz"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    proc = subprocess.Popen([sys.executable, str(script), str(path)], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            # SIGINT must reach Python's handler even if this runs from a shell job that ignores it.
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = spawn_interruptible([sys.executable, str(script), str(path)], tmp_path)
     try:
         assert proc.stdout.readline().strip() == "GOOD", proc.stderr.read()
         good = npz_contents(path)
@@ -159,6 +156,7 @@ def test_save_replaces_atomically_with_umask_mode(dev, rng, tmp_path):
 
 # -- Trainer input checks ----------------------------------------------------------
 
+
 @pytest.mark.parametrize("bad", [3, -1])
 def test_trainer_rejects_labels_out_of_range(dev, rng, bad):
     """The loss function rejects such labels; Trainer.step used to let them
@@ -206,6 +204,7 @@ def test_trainer_rejects_float64_inputs_like_the_model(dev, rng):
 
 
 # -- clip_grad_norm_ with non-finite gradients, as PyTorch ---------------------------
+
 
 def _clip_cases():
     cases = {}
@@ -262,13 +261,17 @@ def test_clip_error_leaves_numpy_gradients_untouched(rng):
 
 # -- no silent coercions ---------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(alpha="2"), "gemm: alpha must be a real number, got str '2'"),
-    (dict(beta=True), "gemm: beta must be a real number, got bool True"),
-    (dict(alpha=None), "gemm: alpha must be a real number, got NoneType"),
-    (dict(trans_a="no"), "gemm: trans_a must be a bool, got str 'no'"),
-    (dict(trans_b=1), "gemm: trans_b must be a bool, got int 1"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(alpha="2"), "gemm: alpha must be a real number, got str '2'"),
+        (dict(beta=True), "gemm: beta must be a real number, got bool True"),
+        (dict(alpha=None), "gemm: alpha must be a real number, got NoneType"),
+        (dict(trans_a="no"), "gemm: trans_a must be a bool, got str 'no'"),
+        (dict(trans_b=1), "gemm: trans_b must be a bool, got int 1"),
+    ],
+)
 def test_gemm_rejects_coerced_arguments(dev, kwargs, match):
     a = np.ones((4, 4), np.float32)
     with pytest.raises(TypeError, match=match):
@@ -281,12 +284,15 @@ def test_gemm_accepts_numpy_scalars(dev):
     np.testing.assert_array_equal(out, np.full((4, 4), 2.0, np.float32))
 
 
-@pytest.mark.parametrize("step,match", [
-    (2.7, "step must be an int .*got float 2.7"),
-    (2.0, "step must be an int .*got float 2.0"),
-    (True, "step must be an int .*got bool True"),
-    ("2", "step must be an int .*got str '2'"),
-])
+@pytest.mark.parametrize(
+    "step,match",
+    [
+        (2.7, "step must be an int .*got float 2.7"),
+        (2.0, "step must be an int .*got float 2.0"),
+        (True, "step must be an int .*got bool True"),
+        ("2", "step must be an int .*got str '2'"),
+    ],
+)
 def test_adamw_step_rejects_non_integer_step(dev, step, match):
     t = pw.zeros(4, device=dev)
     with pytest.raises(TypeError, match=match):
@@ -301,6 +307,7 @@ def test_adamw_step_accepts_numpy_integer_step(dev):
 
 
 # -- tensors of a discarded batch ------------------------------------------------------
+
 
 def test_batch_token_marks_discarded_batches(dev):
     """The device side of the check: tensors created inside a batch keep

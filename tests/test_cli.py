@@ -4,6 +4,7 @@ progress output fit for logs, checkpoints saved periodically and on Ctrl-C,
 resume running only the remaining steps, benchmarks that finish on a CPU
 adapter, what `pywgtrain info` says on a machine without a driver, and the
 README's two set-up commands."""
+
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 import pywgtrain as pw
+from helpers import spawn_interruptible
 from pywgtrain.__main__ import driver_help, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,42 +50,53 @@ def checkpoint_step(path):
 
 # -- usage and errors ------------------------------------------------------------
 
+
 def test_help_names_the_command_and_shows_defaults(capsys):
     code, out, _ = run_main(capsys, ["--help"])
     assert code == 0
     assert out.startswith("usage: pywgtrain ") and "python -m" not in out
     code, out, _ = run_main(capsys, ["train", "--help"])
     assert code == 0 and out.startswith("usage: pywgtrain train ")
-    for text in ("(default: 64)", "(default: 30)", "(default: 0.001)", "(default: loss_curve.png)",
-                 "(default: [256, 256])", "--save-every", "--resume"):
+    for text in (
+        "(default: 64)",
+        "(default: 30)",
+        "(default: 0.001)",
+        "(default: loss_curve.png)",
+        "(default: [256, 256])",
+        "--save-every",
+        "--resume",
+    ):
         assert text in " ".join(out.split()), text
     code, out, _ = run_main(capsys, ["bench", "--help"])
     assert code == 0 and "(default: False)" in out
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["train", "--epochs", "0"], "argument --epochs: must be an integer >= 1, got 0"),
-    (["train", "--steps", "0"], "argument --steps: must be an integer >= 1, got 0"),
-    (["train", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got 0"),
-    (["train", "--batch-size", "-4"], "argument --batch-size: must be an integer >= 1, got -4"),
-    (["train", "--batch-size", "x"], "argument --batch-size: expected an integer >= 1, got 'x'"),
-    (["train", "--hidden", "32", "0"], "argument --hidden: must be an integer >= 1, got 0"),
-    (["train", "--lr", "nan"], "argument --lr: must be a finite number >= 0"),
-    (["train", "--seed", "-1"], "argument --seed: must be an integer >= 0"),
-    (["train", "--batch-size", "5000"], "batch size 5000 is larger than the 1437 training samples"),
-    (["train", "--save-every", "5"], "--save-every needs --checkpoint"),
-    (["train", "--checkpoint", "{tmp}/missing/run.npz"], "directory '{tmp}/missing' does not exist"),
-    (["train", "--checkpoint", "{tmp}"], "is a directory"),
-    (["train", "--plot", "{tmp}/missing/loss.png"], "directory '{tmp}/missing' does not exist"),
-    (["train", "--plot", "{tmp}/loss.xyz"], "matplotlib cannot write .xyz files"),
-    (["train", "--resume", "{tmp}/none.npz"], "--resume '{tmp}/none.npz': no such file"),
-    (["train", "--adapter", "no-such-gpu"], "no adapter name contains 'no-such-gpu'"),
-    (["bench", "gemm", "--shapes", "0x4x4"], "bad GEMM shape '0x4x4': every dimension must be >= 1"),
-    (["bench", "gemm", "--shapes", "64x64"], "bad GEMM shape '64x64': expected MxKxN"),
-    (["bench", "gemm", "--shapes", "4x4x4:NX"], "must be NN, NT, TN or TT"),
-    (["bench", "gemm", "--json", "{tmp}/missing/b.json"], "directory '{tmp}/missing' does not exist"),
-    (["info", "--adapter", "99"], "adapter index 99 out of range"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["train", "--epochs", "0"], "argument --epochs: must be an integer >= 1, got 0"),
+        (["train", "--steps", "0"], "argument --steps: must be an integer >= 1, got 0"),
+        (["train", "--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got 0"),
+        (["train", "--batch-size", "-4"], "argument --batch-size: must be an integer >= 1, got -4"),
+        (["train", "--batch-size", "x"], "argument --batch-size: expected an integer >= 1, got 'x'"),
+        (["train", "--hidden", "32", "0"], "argument --hidden: must be an integer >= 1, got 0"),
+        (["train", "--lr", "nan"], "argument --lr: must be a finite number >= 0"),
+        (["train", "--seed", "-1"], "argument --seed: must be an integer >= 0"),
+        (["train", "--batch-size", "5000"], "batch size 5000 is larger than the 1437 training samples"),
+        (["train", "--save-every", "5"], "--save-every needs --checkpoint"),
+        (["train", "--checkpoint", "{tmp}/missing/run.npz"], "directory '{tmp}/missing' does not exist"),
+        (["train", "--checkpoint", "{tmp}"], "is a directory"),
+        (["train", "--plot", "{tmp}/missing/loss.png"], "directory '{tmp}/missing' does not exist"),
+        (["train", "--plot", "{tmp}/loss.xyz"], "matplotlib cannot write .xyz files"),
+        (["train", "--resume", "{tmp}/none.npz"], "--resume '{tmp}/none.npz': no such file"),
+        (["train", "--adapter", "no-such-gpu"], "no adapter name contains 'no-such-gpu'"),
+        (["bench", "gemm", "--shapes", "0x4x4"], "bad GEMM shape '0x4x4': every dimension must be >= 1"),
+        (["bench", "gemm", "--shapes", "64x64"], "bad GEMM shape '64x64': expected MxKxN"),
+        (["bench", "gemm", "--shapes", "4x4x4:NX"], "must be NN, NT, TN or TT"),
+        (["bench", "gemm", "--json", "{tmp}/missing/b.json"], "directory '{tmp}/missing' does not exist"),
+        (["info", "--adapter", "99"], "adapter index 99 out of range"),
+    ],
+)
 def test_usage_errors_exit_2_with_one_line(capsys, tmp_path, argv, message):
     """Bad arguments: `pywgtrain: error: ...` (or argparse's usage line), exit 2,
     no traceback, and no training or benchmark started."""
@@ -96,14 +109,17 @@ def test_usage_errors_exit_2_with_one_line(capsys, tmp_path, argv, message):
     assert "compiling kernels" not in out and "pywgtrain " not in out  # nothing ran
 
 
-@pytest.mark.parametrize("exc,code", [
-    (pw.GpuError("device fell off the bus"), 1),
-    (pw.OutOfMemoryError("allocating 9 bytes: out of memory"), 1),
-    (OSError(28, "No space left on device"), 1),
-    (RuntimeError("the training step of this loss was discarded"), 1),
-    (ValueError("labels must lie in [0, 10)"), 2),
-    (TypeError("x must have dtype float32, got float64"), 2),
-])
+@pytest.mark.parametrize(
+    "exc,code",
+    [
+        (pw.GpuError("device fell off the bus"), 1),
+        (pw.OutOfMemoryError("allocating 9 bytes: out of memory"), 1),
+        (OSError(28, "No space left on device"), 1),
+        (RuntimeError("the training step of this loss was discarded"), 1),
+        (ValueError("labels must lie in [0, 10)"), 2),
+        (TypeError("x must have dtype float32, got float64"), 2),
+    ],
+)
 def test_errors_become_one_line_and_exit_code(capsys, monkeypatch, exc, code):
     def fail(**kwargs):
         raise exc
@@ -116,6 +132,7 @@ def test_errors_become_one_line_and_exit_code(capsys, monkeypatch, exc, code):
 
 def test_unexpected_exceptions_keep_their_traceback(monkeypatch):
     """A bug is not an error message: it propagates (with its traceback)."""
+
     def fail(**kwargs):
         raise ZeroDivisionError("bug")
 
@@ -135,6 +152,7 @@ def test_traceback_on_request(monkeypatch):
 
 
 # -- no driver ---------------------------------------------------------------------
+
 
 @pytest.mark.skipif(sys.platform != "linux", reason="simulates a Linux machine without a Vulkan driver")
 def test_info_without_a_driver_says_what_to_install():
@@ -166,6 +184,7 @@ def test_driver_help_per_os():
 
 # -- train: progress, checkpoints, resume, Ctrl-C ----------------------------------
 
+
 def test_train_output_for_logs_is_plain_lines():
     """Redirected output: no progress bar (no carriage returns), a line every
     --log-every steps, and word of the first step's kernel compilation."""
@@ -190,8 +209,22 @@ def test_train_saves_periodically_and_resume_runs_the_remaining_steps(capsys, tm
 
     monkeypatch.setattr(Trainer, "save", recording_save)
     full = tmp_path / "full.npz"
-    code, out, err = run_main(capsys, ["train", "--steps", "30", "--save-every", "10", "--checkpoint", str(full),
-                                       "--hidden", "32", "--plot", str(tmp_path / "loss.png")])
+    code, out, err = run_main(
+        capsys,
+        [
+            "train",
+            "--steps",
+            "30",
+            "--save-every",
+            "10",
+            "--checkpoint",
+            str(full),
+            "--hidden",
+            "32",
+            "--plot",
+            str(tmp_path / "loss.png"),
+        ],
+    )
     assert code == 0, err
     assert saved == [10, 20, 30]
     assert (tmp_path / "loss.png").stat().st_size > 0
@@ -202,8 +235,9 @@ def test_train_saves_periodically_and_resume_runs_the_remaining_steps(capsys, tm
     part = tmp_path / "part.npz"
     assert run_main(capsys, ["train", "--steps", "12", "--checkpoint", str(part), *SMALL])[0] == 0
     saved.clear()
-    code, out, err = run_main(capsys, ["train", "--steps", "30", "--resume", str(part), "--checkpoint", str(part),
-                                       *SMALL])
+    code, out, err = run_main(
+        capsys, ["train", "--steps", "30", "--resume", str(part), "--checkpoint", str(part), *SMALL]
+    )
     assert code == 0, err
     assert "resumed from" in out and "at step 12: 18 of 30 steps left" in out
     assert "over 17 steps" in out  # 18 run, the first (kernel compilation) not timed
@@ -223,9 +257,9 @@ def test_train_saves_periodically_and_resume_runs_the_remaining_steps(capsys, tm
 @pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
 def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
     ckpt = tmp_path / "run.npz"
-    proc = subprocess.Popen([ENTRY, "train", "--epochs", "1000", "--log-every", "5", "--checkpoint", str(ckpt),
-                             *SMALL], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = spawn_interruptible(
+        [ENTRY, "train", "--epochs", "1000", "--log-every", "5", "--checkpoint", str(ckpt), *SMALL], tmp_path
+    )
     try:
         for line in proc.stdout:
             if line.startswith("step 10/"):
@@ -237,8 +271,11 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, err
-    m = re.search(r"pywgtrain: interrupted at step (\d+) of 22000; checkpoint saved to (\S+); "
-                  r"continue with the same options and --resume", err)
+    m = re.search(
+        r"pywgtrain: interrupted at step (\d+) of 22000; checkpoint saved to (\S+); "
+        r"continue with the same options and --resume",
+        err,
+    )
     assert m, err
     step = int(m.group(1))
     assert 10 <= step < 22000 and m.group(2) == str(ckpt)
@@ -252,6 +289,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
 
 
 # -- bench ---------------------------------------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("what", ["gemm", "adamw", "train", "gpt", "all"])
@@ -297,6 +335,7 @@ def test_bandwidth_and_flop_units():
 
 # -- the README's set-up commands ---------------------------------------------------
 
+
 def test_readme_has_two_setup_commands_and_ci_runs_both():
     readme = (ROOT / "README.md").read_text()
     setup = readme.split("## Set up on a fresh machine", 1)[1].split("\n## ", 1)[0]
@@ -330,16 +369,32 @@ def _stub(path, body):
 
 
 @pytest.mark.skipif(sys.platform != "linux" or not shutil.which("bash"), reason="scripts/setup.sh's Linux path")
-@pytest.mark.parametrize("manager,uid,icd,expected", [
-    ("apt-get", "1000", False, ["sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq",
-                                "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-                                "mesa-vulkan-drivers libvulkan1"]),
-    ("apt-get", "0", False, ["env DEBIAN_FRONTEND=noninteractive apt-get update -qq",
-                             "env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1"]),
-    ("dnf", "1000", False, ["sudo dnf install -y -q mesa-vulkan-drivers vulkan-loader"]),
-    ("pacman", "0", False, ["pacman -S --noconfirm --needed vulkan-swrast vulkan-icd-loader"]),
-    ("apt-get", "1000", True, []),  # a driver is there (a GPU's or Mesa's): nothing is installed
-])
+@pytest.mark.parametrize(
+    "manager,uid,icd,expected",
+    [
+        (
+            "apt-get",
+            "1000",
+            False,
+            [
+                "sudo env DEBIAN_FRONTEND=noninteractive apt-get update -qq",
+                "sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1",
+            ],
+        ),
+        (
+            "apt-get",
+            "0",
+            False,
+            [
+                "env DEBIAN_FRONTEND=noninteractive apt-get update -qq",
+                "env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1",
+            ],
+        ),
+        ("dnf", "1000", False, ["sudo dnf install -y -q mesa-vulkan-drivers vulkan-loader"]),
+        ("pacman", "0", False, ["pacman -S --noconfirm --needed vulkan-swrast vulkan-icd-loader"]),
+        ("apt-get", "1000", True, []),  # a driver is there (a GPU's or Mesa's): nothing is installed
+    ],
+)
 def test_setup_installs_a_vulkan_driver_only_where_none_is(tmp_path, manager, uid, icd, expected):
     """scripts/setup.sh against stub package managers (this machine's driver
     stays as it is): an ICD-less machine gets Mesa's driver through the
@@ -352,9 +407,15 @@ def test_setup_installs_a_vulkan_driver_only_where_none_is(tmp_path, manager, ui
         (icd_dir / "nvidia_icd.json").write_text("{}")
     _stub(stubs / manager, f'echo "{manager} $*" >> "{log}"')
     _stub(stubs / "sudo", f'printf "sudo " >> "{log}"; exec "$@"')
-    _stub(stubs / "env", f'printf "env " >> "{log}"; ' + 'for a; do case "$a" in *=*) printf "%s " "$a" >> "' + str(log) + '"; shift;; *) break;; esac; '
-                         'done; exec "$@"')
-    _stub(stubs / "id", f'echo {uid}')
+    _stub(
+        stubs / "env",
+        f'printf "env " >> "{log}"; '
+        + 'for a; do case "$a" in *=*) printf "%s " "$a" >> "'
+        + str(log)
+        + '"; shift;; *) break;; esac; '
+        'done; exec "$@"',
+    )
+    _stub(stubs / "id", f"echo {uid}")
     _stub(stubs / "python3", f'exec "{sys.executable}" "$@"')
     _stub(stubs / "c++", "exit 0")
     script = f'source "{ROOT}/scripts/setup.sh" && _pw_linux_prerequisites'
@@ -379,8 +440,10 @@ def _can_unshare_mounts():
 LAVAPIPE_ICD = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
 
 
-@pytest.mark.skipif(not _can_unshare_mounts() or not LAVAPIPE_ICD.exists(),
-                    reason="needs root, unshare --mount and lavapipe's ICD to hide and restore")
+@pytest.mark.skipif(
+    not _can_unshare_mounts() or not LAVAPIPE_ICD.exists(),
+    reason="needs root, unshare --mount and lavapipe's ICD to hide and restore",
+)
 def test_setup_on_a_machine_without_a_driver_in_a_mount_namespace(tmp_path):
     """End to end without touching this machine: in a private mount namespace
     every ICD directory is hidden (empty tmpfs), so WebGPU finds no adapter;
@@ -391,21 +454,28 @@ def test_setup_on_a_machine_without_a_driver_in_a_mount_namespace(tmp_path):
     stubs.mkdir()
     saved = tmp_path / LAVAPIPE_ICD.name
     shutil.copy(LAVAPIPE_ICD, saved)
-    _stub(stubs / "apt-get", f'echo "apt-get $*" >&2\ncase " $* " in *" install "*mesa-vulkan-drivers*) '
-                             f'cp "{saved}" /usr/share/vulkan/icd.d/ ;; esac')
-    dirs = [d for d in ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
-            if os.path.isdir(d)]
-    script = "\n".join([
-        "set -u",
-        *[f"mount -t tmpfs none {d}" for d in dirs],
-        f'"{ENTRY}" info >/dev/null 2>&1; echo "before: $?"',
-        f'source "{ROOT}/scripts/setup.sh"',
-        f'PATH="{stubs}:$PATH" _pw_linux_prerequisites || echo "setup failed"',
-        f'"{ENTRY}" info > "{tmp_path}/info.txt" 2>&1; echo "after: $?"',
-    ])
+    _stub(
+        stubs / "apt-get",
+        f'echo "apt-get $*" >&2\ncase " $* " in *" install "*mesa-vulkan-drivers*) '
+        f'cp "{saved}" /usr/share/vulkan/icd.d/ ;; esac',
+    )
+    dirs = [
+        d for d in ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d") if os.path.isdir(d)
+    ]
+    script = "\n".join(
+        [
+            "set -u",
+            *[f"mount -t tmpfs none {d}" for d in dirs],
+            f'"{ENTRY}" info >/dev/null 2>&1; echo "before: $?"',
+            f'source "{ROOT}/scripts/setup.sh"',
+            f'PATH="{stubs}:$PATH" _pw_linux_prerequisites || echo "setup failed"',
+            f'"{ENTRY}" info > "{tmp_path}/info.txt" 2>&1; echo "after: $?"',
+        ]
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VK_", "PYWGTRAIN_"))}
-    r = subprocess.run(["unshare", "--mount", "bash", "-c", script], capture_output=True, text=True, env=env,
-                       timeout=120, cwd="/")
+    r = subprocess.run(
+        ["unshare", "--mount", "bash", "-c", script], capture_output=True, text=True, env=env, timeout=120, cwd="/"
+    )
     assert "before: 1" in r.stdout, (r.stdout, r.stderr)  # no adapter: the help text, exit 1
     assert "no Vulkan driver registered" in r.stderr
     assert "apt-get install -y -qq mesa-vulkan-drivers libvulkan1" in r.stderr
@@ -430,6 +500,7 @@ def test_gemm_sweep_covers_the_three_linear_layer_modes():
 
 # -- bench/run_on_gpu.sh's prerequisites ----------------------------------------------
 
+
 @pytest.mark.skipif(not shutil.which("bash"), reason="a bash script")
 def test_run_on_gpu_says_what_it_needs_and_stops_early(tmp_path):
     """--help names the prerequisites; a bad argument or a missing .gpu/ ends
@@ -441,8 +512,9 @@ def test_run_on_gpu_says_what_it_needs_and_stops_early(tmp_path):
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
 
     def run(*args, cwd=tmp_path):
-        return subprocess.run(["bash", "bench/run_on_gpu.sh", *args], cwd=cwd, capture_output=True, text=True,
-                              timeout=60)
+        return subprocess.run(
+            ["bash", "bench/run_on_gpu.sh", *args], cwd=cwd, capture_output=True, text=True, timeout=60
+        )
 
     helped = run("--help")
     assert helped.returncode == 0 and "shared/gpu/prepare" in helped.stdout and "Vulkan driver" in helped.stdout
@@ -451,6 +523,11 @@ def test_run_on_gpu_says_what_it_needs_and_stops_early(tmp_path):
     missing = run("tests")
     assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and ".gpu/prelude.sh missing" in missing.stderr
     assert not (tmp_path / "out").exists()  # stopped before any work
-    elsewhere = subprocess.run(["bash", str(tmp_path / "bench" / "run_on_gpu.sh")], cwd=tmp_path / "bench",
-                               capture_output=True, text=True, timeout=60)
+    elsewhere = subprocess.run(
+        ["bash", str(tmp_path / "bench" / "run_on_gpu.sh")],
+        cwd=tmp_path / "bench",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert elsewhere.returncode == 1 and "project's root" in elsewhere.stderr

@@ -103,7 +103,7 @@ def test_every_uniform_block_matches_its_wgsl_struct():
             wgsl_structs[name] = fields
         uniform_types |= {b[3] for b in _bindings(src) if b[2] == "uniform"}
     # Every uniform block a shader reads is described (and filled by name) on the host, and the host has no others.
-    assert uniform_types == set(host), (uniform_types ^ set(host))
+    assert uniform_types == set(host), uniform_types ^ set(host)
     for name, (size, fields) in host.items():
         expected, expected_size = _wgsl_layout(wgsl_structs[name])
         got = [(f, _norm(t), off, sz) for f, t, off, sz in fields]
@@ -148,4 +148,3 @@ def test_launchers_bind_by_name_and_fill_uniforms_by_field():
             if re.search(pattern, text):
                 offenders.append(f"{path.name}: {what}")
     assert not offenders, offenders
-

@@ -9,6 +9,7 @@ names, not types), checked against the compiled module's signatures so the
 parse cannot drift. The calls run in a subprocess: a wrapper that did
 dereference None would crash the interpreter, and the report then names the
 call that did."""
+
 import inspect
 import json
 import re
@@ -66,8 +67,9 @@ def _split_params(text):
         decl = " ".join(decl.split())
         not_none = decl.endswith(" not None")
         words = decl.removesuffix(" not None").split()
-        out.append({"name": words[-1], "type": " ".join(words[:-1]), "not_none": not_none,
-                    "default": default.strip() or None})
+        out.append(
+            {"name": words[-1], "type": " ".join(words[:-1]), "not_none": not_none, "default": default.strip() or None}
+        )
     return out
 
 
@@ -87,7 +89,7 @@ def parse_wrappers(source):
         while depth:
             depth += {"(": 1, ")": -1}.get(source[i], 0)
             i += 1
-        params = _split_params(source[m.end():i - 1])
+        params = _split_params(source[m.end() : i - 1])
         if owner:
             params = params[1:]  # self
         found.append((f"{owner}.{name}" if owner else name, owner, params))
@@ -117,11 +119,16 @@ def test_parse_matches_the_compiled_module():
         names = [p for p in inspect.signature(obj).parameters if p != "self"]
         assert names == [p["name"] for p in params], qual
     parsed = {q for q, _, _ in WRAPPERS}
-    public = {n for n, v in vars(_core).items() if callable(v) and not isinstance(v, type) and
-              not n.startswith("__") and getattr(v, "__module__", None) == _core.__name__}
+    public = {
+        n
+        for n, v in vars(_core).items()
+        if callable(v)
+        and not isinstance(v, type)
+        and not n.startswith("__")
+        and getattr(v, "__module__", None) == _core.__name__
+    }
     for cls in EXT_TYPES:
-        public |= {f"{cls}.{n}" for n, v in vars(getattr(_core, cls)).items()
-                   if not n.startswith("__") and callable(v)}
+        public |= {f"{cls}.{n}" for n, v in vars(getattr(_core, cls)).items() if not n.startswith("__") and callable(v)}
     assert public <= parsed, public - parsed
 
 
@@ -216,11 +223,21 @@ print(json.dumps(report))
 
 
 def test_none_is_refused_or_handled_by_every_wrapper(tmp_path):
-    cases = [{"qual": q, "owner": owner, "params": params, "param": p["name"]}
-             for q, owner, params in WRAPPERS for p in params if _object_typed(p)]
+    cases = [
+        {"qual": q, "owner": owner, "params": params, "param": p["name"]}
+        for q, owner, params in WRAPPERS
+        for p in params
+        if _object_typed(p)
+    ]
     assert len(cases) > 150
-    out = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(cases), cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        input=json.dumps(cases),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     calls = [line for line in out.stderr.splitlines() if line.startswith("CALL")]
     last = calls[-1] if calls else "?"
     assert out.returncode == 0, f"crashed (status {out.returncode}) at {last}:\n{out.stderr[-3000:]}"

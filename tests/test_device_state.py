@@ -1,6 +1,7 @@
 """State pywgtrain keeps outside tensors: the process environment (importing
 the package or opening a device leaves it as it was) and the per-device
 Python caches (declared on the Device, not stuffed into its __dict__)."""
+
 import json
 import os
 import subprocess

@@ -1,5 +1,6 @@
 """Every bad input and every GPU fault becomes a Python exception with a
 message naming what was wrong; the process never aborts."""
+
 import subprocess
 import sys
 
@@ -10,16 +11,19 @@ import pywgtrain as pw
 from pywgtrain import _core
 
 
-@pytest.mark.parametrize("a,match,exc", [
-    (np.zeros((3, 4), np.float64), "a must have dtype float32, got float64", TypeError),
-    (np.zeros((3, 4), np.int32), "a must have dtype float32, got int32", TypeError),
-    (np.asfortranarray(np.ones((3, 4), np.float32)), "a must be C-contiguous", ValueError),
-    (np.ones((4, 8), np.float32)[:, ::2], "a must be C-contiguous", ValueError),
-    (np.array(1.0, np.float32), "at least one dimension", ValueError),
-    (np.zeros((0, 4), np.float32), "a is empty", ValueError),
-    (np.ones(4, np.float32), r"a must be 2-D, got shape \(4,\)", ValueError),
-    ([[1.0, 2.0]], "a must be a numpy.ndarray or pywgtrain.Tensor, got list", TypeError),
-])
+@pytest.mark.parametrize(
+    "a,match,exc",
+    [
+        (np.zeros((3, 4), np.float64), "a must have dtype float32, got float64", TypeError),
+        (np.zeros((3, 4), np.int32), "a must have dtype float32, got int32", TypeError),
+        (np.asfortranarray(np.ones((3, 4), np.float32)), "a must be C-contiguous", ValueError),
+        (np.ones((4, 8), np.float32)[:, ::2], "a must be C-contiguous", ValueError),
+        (np.array(1.0, np.float32), "at least one dimension", ValueError),
+        (np.zeros((0, 4), np.float32), "a is empty", ValueError),
+        (np.ones(4, np.float32), r"a must be 2-D, got shape \(4,\)", ValueError),
+        ([[1.0, 2.0]], "a must be a numpy.ndarray or pywgtrain.Tensor, got list", TypeError),
+    ],
+)
 def test_gemm_bad_a(dev, a, match, exc):
     with pytest.raises(exc, match=match):
         pw.gemm(a, np.ones((4, 2), np.float32))

@@ -83,8 +83,9 @@ def test_gemm_beta_zero_ignores_nan_in_out(dev, rng):
 
 @pytest.mark.parametrize("tb", [False, True])
 @pytest.mark.parametrize("ta", [False, True])
-@pytest.mark.parametrize("n,k", [(1, 1), (7, 33), (129, 1000), (1000, 129), (4099, 257), (300, 5000), (64, 2051),
-                                 (4100, 129), (8192, 33)])
+@pytest.mark.parametrize(
+    "n,k", [(1, 1), (7, 33), (129, 1000), (1000, 129), (4099, 257), (300, 5000), (64, 2051), (4100, 129), (8192, 33)]
+)
 def test_gemv_row_vector(dev, rng, n, k, ta, tb):
     a, b = rand(rng, 1, k), rand(rng, k, n)
     c = rand(rng, 1, n)
@@ -133,12 +134,15 @@ def test_backward_products_without_host_transpose(dev, rng):
 BIG = 8200 * 4100  # floats: 134.5 MB, past lavapipe's 128 MiB storage binding
 
 
-@pytest.mark.parametrize("ta,tb,case", [
-    (False, False, "A rows split along M"),
-    (True, False, "A^T split along K"),
-    (False, True, "B^T split along N"),
-    (False, False, "B split along K"),
-])
+@pytest.mark.parametrize(
+    "ta,tb,case",
+    [
+        (False, False, "A rows split along M"),
+        (True, False, "A^T split along K"),
+        (False, True, "B^T split along N"),
+        (False, False, "B split along K"),
+    ],
+)
 def test_gemm_operand_past_binding_limit(dev, rng, ta, tb, case):
     limit = dev.limits["max_storage_buffer_binding_size"]
     if case.startswith("A"):
@@ -185,8 +189,13 @@ def test_gemm_on_buffer_views(dev, rng):
     lo, hi = 2 * align // 4, 2 * align // 4 + 33 * 9
     np.testing.assert_array_equal(np.delete(rest, np.arange(lo, hi)), np.delete(host, np.arange(lo, hi)))
     with pytest.raises(ValueError, match="shares a device buffer"):
-        pw.gemm(va, vb, out=pw.Tensor(big._buf.view(b_at + 2 * align + b.nbytes // align * align, 33 * 9 * 4),
-                                      (33, 9), np.float32, dev))
+        pw.gemm(
+            va,
+            vb,
+            out=pw.Tensor(
+                big._buf.view(b_at + 2 * align + b.nbytes // align * align, 33 * 9 * 4), (33, 9), np.float32, dev
+            ),
+        )
 
 
 def test_buffer_view_bounds_and_alignment(dev):
@@ -238,8 +247,9 @@ def run_with_tiles(tmp_path, tiles, code):
     return r.stdout
 
 
-@pytest.mark.parametrize("tiles", ["64,64,32,4,4", "64,128,16,8,4,8", "64,128,16,8,4,8,1", "128,128,16,8,8,8",
-                                   "64,64,16,4,4,4"])
+@pytest.mark.parametrize(
+    "tiles", ["64,64,32,4,4", "64,128,16,8,4,8", "64,128,16,8,4,8,1", "128,128,16,8,8,8", "64,64,16,4,4,4"]
+)
 def test_forced_tile_configurations(tmp_path, tiles):
     """Tile configurations forced through PYWGTRAIN_GEMM_TILES in a fresh
     process, so every one runs here whatever lavapipe's shapes pick: the
@@ -267,10 +277,13 @@ def test_forced_tile_configurations(tmp_path, tiles):
     assert run_with_tiles(tmp_path, tiles, code).strip() == "ok"
 
 
-@pytest.mark.parametrize("tiles, message", [
-    ("128,64,16,8,4,3", "WARP_W 3 must divide 32"),
-    ("128,64,8,8,4", "whole number (>= 1) of vec4s"),
-])
+@pytest.mark.parametrize(
+    "tiles, message",
+    [
+        ("128,64,16,8,4,3", "WARP_W 3 must divide 32"),
+        ("128,64,8,8,4", "whole number (>= 1) of vec4s"),
+    ],
+)
 def test_forced_tiles_must_fit_the_kernel(tmp_path, tiles, message):
     """A forced configuration the kernel cannot run (a WARP_W that does not
     tile the thread grid, tiles with less than one vec4 per thread) is refused

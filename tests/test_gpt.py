@@ -1,6 +1,7 @@
 """The GPT against the same architecture written in PyTorch, weights copied
 through state_dict: logits within 1e-4 relative, 20 AdamW steps with
 clipping (dropout off) with losses within 1e-4 relative at every step."""
+
 import math
 
 import numpy as np
@@ -44,9 +45,14 @@ class TorchBlock(tnn.Module):
 class TorchGPT(tnn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.transformer = tnn.ModuleDict(dict(
-            wte=tnn.Embedding(cfg.vocab_size, cfg.n_embd), wpe=tnn.Embedding(cfg.block_size, cfg.n_embd),
-            h=tnn.ModuleList([TorchBlock(cfg) for _ in range(cfg.n_layer)]), ln_f=tnn.LayerNorm(cfg.n_embd, bias=cfg.bias)))
+        self.transformer = tnn.ModuleDict(
+            dict(
+                wte=tnn.Embedding(cfg.vocab_size, cfg.n_embd),
+                wpe=tnn.Embedding(cfg.block_size, cfg.n_embd),
+                h=tnn.ModuleList([TorchBlock(cfg) for _ in range(cfg.n_layer)]),
+                ln_f=tnn.LayerNorm(cfg.n_embd, bias=cfg.bias),
+            )
+        )
         self.lm_head = tnn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
@@ -101,8 +107,10 @@ def test_gpt_training_matches_pytorch(dev, rng, attention):
 
     def groups(named):
         named = list(named)
-        return [{"params": [p for n, p in named if p.dim() >= 2], "weight_decay": 0.1},
-                {"params": [p for n, p in named if p.dim() < 2], "weight_decay": 0.0}]
+        return [
+            {"params": [p for n, p in named if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for n, p in named if p.dim() < 2], "weight_decay": 0.0},
+        ]
 
     opt = pw.optim.AdamW(groups(model.named_parameters()), lr=3e-3, betas=(0.9, 0.95), max_grad_norm=1.0)
     topt = torch.optim.AdamW(groups(tm.named_parameters()), lr=3e-3, betas=(0.9, 0.95))
@@ -113,7 +121,9 @@ def test_gpt_training_matches_pytorch(dev, rng, attention):
     for d in data:
         topt.zero_grad()
         logits = tm(torch.from_numpy(d[:, :-1]))
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, CFG["vocab_size"]), torch.from_numpy(d[:, 1:]).reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, CFG["vocab_size"]), torch.from_numpy(d[:, 1:]).reshape(-1)
+        )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(tm.parameters(), 1.0)
         topt.step()

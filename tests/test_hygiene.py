@@ -1,5 +1,6 @@
 """Resource hygiene: long create/use/free loops keep host memory and the wgpu
 resource report flat."""
+
 import ctypes
 import gc
 import resource
@@ -27,19 +28,19 @@ def rss_mb():
 
 
 def cycle(dev, i, a, b):
-    t = pw.tensor(a, dev)                     # buffer create + upload
-    c = pw.gemm(t, b)                          # recorder, bind groups, pipeline lookup
-    rec = _core._Recorder(dev._dev)            # an explicit recorder, used and freed
+    t = pw.tensor(a, dev)  # buffer create + upload
+    c = pw.gemm(t, b)  # recorder, bind groups, pipeline lookup
+    rec = _core._Recorder(dev._dev)  # an explicit recorder, used and freed
     rec.fill_zero(c._buf, 0, 4)
     rec.submit()
     if i % 100 == 0:
-        c.numpy()                              # download through the staging buffer
+        c.numpy()  # download through the staging buffer
 
 
 def test_ten_thousand_cycles_are_flat(dev):
     a = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
     b = pw.tensor(a, dev)
-    for i in range(500):                       # warm caches, pools and allocator
+    for i in range(500):  # warm caches, pools and allocator
         cycle(dev, i, a, b)
     dev.synchronize()
     gc.collect()
@@ -71,14 +72,15 @@ def test_device_cycles_release_pipelines_and_memory(request):
         # Measured on the H100: ~1.1 MB of RSS per cycle that compiles
         # pipelines, ~0.1 MB per bare device cycle; attribution (driver shader
         # caches vs wgpu) is open, see docs/reliability.md.
-        request.applymarker(pytest.mark.xfail(reason="NVIDIA driver: RSS grows ~1.1 MB per device+pipeline cycle",
-                                              strict=False))
+        request.applymarker(
+            pytest.mark.xfail(reason="NVIDIA driver: RSS grows ~1.1 MB per device+pipeline cycle", strict=False)
+        )
     a = np.ones((130, 70), np.float32)
 
     def cycle():
         d = pw.Device()
         pw.gemm(pw.tensor(a, d), pw.tensor(np.ascontiguousarray(a.T), d)).numpy()  # compiles a pipeline
-        pw.clip_grad_norm_([pw.tensor(a, d)], 1.0)                                  # reduce + scale pipelines
+        pw.clip_grad_norm_([pw.tensor(a, d)], 1.0)  # reduce + scale pipelines
         del d
 
     for _ in range(5):

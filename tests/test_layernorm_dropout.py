@@ -3,6 +3,7 @@ GPU counter-based RNG (dropout.wgsl, pywgtrain.random): masks bit for bit
 against a NumPy Philox-4x32-10, statistics, forward/backward agreement, and
 determinism under seeding, state restore and step-graph replay. Raw kernels
 write into NaN-poisoned outputs so unwritten elements show."""
+
 import re
 
 import numpy as np
@@ -46,6 +47,7 @@ def binding_floats(dev):
 
 # ================================================================ LayerNorm
 
+
 def torch_ln(x, w, b, dy, eps=1e-5):
     """float64 torch: y, mean, rstd, dx, dw, db."""
     xt = torch.from_numpy(x.astype(np.float64)).requires_grad_()
@@ -67,14 +69,40 @@ def raw_ln(dev, x, w, b, dy, eps=1e-5, grads=("dx", "dw", "db")):
     tw = None if w is None else T(dev, w)
     tb = None if b is None else T(dev, b)
     y, mean, rstd = poisoned(dev, (rows, cols)), poisoned(dev, rows), poisoned(dev, rows)
-    run(dev, _core.layer_norm_forward, tx._buf, None if tw is None else tw._buf, None if tb is None else tb._buf,
-        y._buf, mean._buf, rstd._buf, rows, cols, eps)
+    run(
+        dev,
+        _core.layer_norm_forward,
+        tx._buf,
+        None if tw is None else tw._buf,
+        None if tb is None else tb._buf,
+        y._buf,
+        mean._buf,
+        rstd._buf,
+        rows,
+        cols,
+        eps,
+    )
     dx = poisoned(dev, (rows, cols)) if "dx" in grads else None
     dw = poisoned(dev, cols) if "dw" in grads else None
     db = poisoned(dev, cols) if "db" in grads else None
     buf = lambda t: None if t is None else t._buf  # noqa: E731
-    run(dev, _core.layer_norm_backward, tx._buf, buf(tw), mean._buf, rstd._buf, tdy._buf, buf(dx), buf(dw), buf(db),
-        rows, cols, 0.0, 0.0, 0.0)
+    run(
+        dev,
+        _core.layer_norm_backward,
+        tx._buf,
+        buf(tw),
+        mean._buf,
+        rstd._buf,
+        tdy._buf,
+        buf(dx),
+        buf(dw),
+        buf(db),
+        rows,
+        cols,
+        0.0,
+        0.0,
+        0.0,
+    )
     read = lambda t: None if t is None else t.numpy()  # noqa: E731
     return y.numpy(), mean.numpy(), rstd.numpy(), read(dx), read(dw), read(db)
 
@@ -187,10 +215,26 @@ def test_layer_norm_backward_accumulates(dev, rng):
             dw = poisoned(dev, cols)
         if not betas[0]:
             dx = poisoned(dev, (rows, cols))
-        run(dev, _core.layer_norm_backward, tx._buf, tw._buf, mean._buf, rstd._buf, T(dev, dy)._buf, dx._buf,
-            dw._buf, db._buf, rows, cols, *betas)
-        for got, ref, base, beta in ((dx, rdx, base_x, betas[0]), (dw, rdw, base_w, betas[1]),
-                                     (db, rdb, base_b, betas[2])):
+        run(
+            dev,
+            _core.layer_norm_backward,
+            tx._buf,
+            tw._buf,
+            mean._buf,
+            rstd._buf,
+            T(dev, dy)._buf,
+            dx._buf,
+            dw._buf,
+            db._buf,
+            rows,
+            cols,
+            *betas,
+        )
+        for got, ref, base, beta in (
+            (dx, rdx, base_x, betas[0]),
+            (dw, rdw, base_w, betas[1]),
+            (db, rdb, base_b, betas[2]),
+        ):
             close(got.numpy(), ref + beta * base)
 
 
@@ -235,7 +279,9 @@ def test_layer_norm_module(dev, rng):
     np.testing.assert_array_equal(m.bias.numpy(), np.zeros(cols, np.float32))
     w, b = rand(rng, cols), rand(rng, cols)
     m.load_state_dict({"weight": w, "bias": b})
-    tm.load_state_dict({"weight": torch.from_numpy(w.astype(np.float64)), "bias": torch.from_numpy(b.astype(np.float64))})
+    tm.load_state_dict(
+        {"weight": torch.from_numpy(w.astype(np.float64)), "bias": torch.from_numpy(b.astype(np.float64))}
+    )
     x, dy = rand(rng, 4, 7, cols), rand(rng, 4, 7, cols)
     out = m(pw.tensor(x, dev))
     out.backward(dy)
@@ -247,9 +293,12 @@ def test_layer_norm_module(dev, rng):
     assert repr(m) == "LayerNorm((33,), eps=1e-05, elementwise_affine=True)"
     assert list(pw.nn.LayerNorm(8, elementwise_affine=False, device=dev).named_parameters()) == []
     assert [n for n, _ in pw.nn.LayerNorm([8], bias=False, device=dev).named_parameters()] == ["weight"]
-    np.testing.assert_allclose(pw.nn.LayerNorm(cols, elementwise_affine=False, eps=0.5, device=dev)(x).numpy(),
-                               tF.layer_norm(torch.from_numpy(x.astype(np.float64)), (cols,), eps=0.5).numpy(),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        pw.nn.LayerNorm(cols, elementwise_affine=False, eps=0.5, device=dev)(x).numpy(),
+        tF.layer_norm(torch.from_numpy(x.astype(np.float64)), (cols,), eps=0.5).numpy(),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_layer_norm_in_a_captured_graph(dev, rng):
@@ -261,8 +310,9 @@ def test_layer_norm_in_a_captured_graph(dev, rng):
     rec = _core._Recorder(dev._dev)
     rec.begin_capture()
     _core.layer_norm_forward(rec, tx._buf, tw._buf, None, y._buf, mean._buf, rstd._buf, rows, cols, 1e-5)
-    _core.layer_norm_backward(rec, tx._buf, tw._buf, mean._buf, rstd._buf, tdy._buf, dx._buf, dw._buf, None, rows,
-                              cols, 0.0, 0.0, 0.0)
+    _core.layer_norm_backward(
+        rec, tx._buf, tw._buf, mean._buf, rstd._buf, tdy._buf, dx._buf, dw._buf, None, rows, cols, 0.0, 0.0, 0.0
+    )
     graph = rec.end_capture()
     rec.submit()
     assert len(graph) == 3
@@ -279,7 +329,11 @@ def test_layer_norm_errors(dev):
     w4 = pw.zeros(4, np.float32, dev)
     small = pw.zeros(3, np.float32, dev)
     cases = [
-        (lambda: F.layer_norm(x, 3), ValueError, "normalized_shape=[3] expects an input of shape [*, 3], got shape [3, 4]"),
+        (
+            lambda: F.layer_norm(x, 3),
+            ValueError,
+            "normalized_shape=[3] expects an input of shape [*, 3], got shape [3, 4]",
+        ),
         (lambda: F.layer_norm(x, (3, 4)), ValueError, "only normalization over the last dimension is supported"),
         (lambda: F.layer_norm(x, 4, weight=small), ValueError, "weight has shape (3,), expected normalized_shape (4,)"),
         (lambda: F.layer_norm(x, 4, bias=pw.zeros((1, 4), np.float32, dev)), ValueError, "bias has shape (1, 4)"),
@@ -296,22 +350,43 @@ def test_layer_norm_errors(dev):
     y, m = pw.zeros((3, 4), np.float32, dev), pw.zeros(3, np.float32, dev)
     raw = [
         (_core.layer_norm_forward, (x._buf, None, None, small._buf, m._buf, m._buf, 3, 4, 1e-5), "output y holds 3"),
-        (_core.layer_norm_forward, (x._buf, small._buf, None, y._buf, m._buf, small._buf, 3, 4, 1e-5),
-         "layer_norm weight holds 3"),
-        (_core.layer_norm_forward, (x._buf, None, None, x._buf, m._buf, small._buf, 3, 4, 1e-5),
-         "y shares a GPU buffer with x"),
+        (
+            _core.layer_norm_forward,
+            (x._buf, small._buf, None, y._buf, m._buf, small._buf, 3, 4, 1e-5),
+            "layer_norm weight holds 3",
+        ),
+        (
+            _core.layer_norm_forward,
+            (x._buf, None, None, x._buf, m._buf, small._buf, 3, 4, 1e-5),
+            "y shares a GPU buffer with x",
+        ),
         (_core.layer_norm_forward, (x._buf, None, None, y._buf, m._buf, small._buf, 0, 4, 1e-5), "must be >= 1"),
         (_core.layer_norm_forward, (x._buf, None, None, y._buf, m._buf, small._buf, 3, 4, -1.0), "eps"),
-        (_core.layer_norm_forward, (x._buf, None, None, y._buf, m._buf, small._buf, 1, 2**21 + 1, 1e-5),
-         "rows of 2097153 elements exceed the supported 2097152"),
-        (_core.layer_norm_backward, (x._buf, None, m._buf, small._buf, y._buf, None, None, None, 3, 4, 0, 0, 0),
-         "no gradient requested"),
-        (_core.layer_norm_backward, (x._buf, None, m._buf, small._buf, y._buf, None, w4._buf, None, 3, 4, 0, 0, 0),
-         "dweight needs the weight"),
-        (_core.layer_norm_backward, (x._buf, None, m._buf, small._buf, y._buf, y._buf, None, None, 3, 4, 0, 0, 0),
-         "dx shares a GPU buffer with dy"),
-        (_core.layer_norm_backward, (x._buf, None, m._buf, small._buf, y._buf, w4._buf, None, None, 3, 4, 0, 0, 0),
-         "dx holds 4"),
+        (
+            _core.layer_norm_forward,
+            (x._buf, None, None, y._buf, m._buf, small._buf, 1, 2**21 + 1, 1e-5),
+            "rows of 2097153 elements exceed the supported 2097152",
+        ),
+        (
+            _core.layer_norm_backward,
+            (x._buf, None, m._buf, small._buf, y._buf, None, None, None, 3, 4, 0, 0, 0),
+            "no gradient requested",
+        ),
+        (
+            _core.layer_norm_backward,
+            (x._buf, None, m._buf, small._buf, y._buf, None, w4._buf, None, 3, 4, 0, 0, 0),
+            "dweight needs the weight",
+        ),
+        (
+            _core.layer_norm_backward,
+            (x._buf, None, m._buf, small._buf, y._buf, y._buf, None, None, 3, 4, 0, 0, 0),
+            "dx shares a GPU buffer with dy",
+        ),
+        (
+            _core.layer_norm_backward,
+            (x._buf, None, m._buf, small._buf, y._buf, w4._buf, None, None, 3, 4, 0, 0, 0),
+            "dx holds 4",
+        ),
     ]
     for fn, args, msg in raw:
         with pytest.raises(ValueError, match=re.escape(msg)):
@@ -330,16 +405,16 @@ def test_layer_norm_past_binding_limit(dev, rng):
     # float64 reference in row chunks (memory)
     rdw, rdb = np.zeros(cols), np.zeros(cols)
     for r0 in range(0, rows, 8192):
-        xs, gs = x[r0:r0 + 8192].astype(np.float64), dy[r0:r0 + 8192].astype(np.float64)
+        xs, gs = x[r0 : r0 + 8192].astype(np.float64), dy[r0 : r0 + 8192].astype(np.float64)
         mu = xs.mean(1, keepdims=True)
         rs = 1 / np.sqrt(xs.var(1, keepdims=True) + 1e-5)
         xh = (xs - mu) * rs
         g = gs * w
         rdx = rs * (g - g.mean(1, keepdims=True) - xh * (g * xh).mean(1, keepdims=True))
-        close(y[r0:r0 + 8192], xh * w + b)
-        close(mean[r0:r0 + 8192], mu[:, 0], rtol=1e-6, atol=1e-6)
-        close(rstd[r0:r0 + 8192], rs[:, 0])
-        close(dx[r0:r0 + 8192], rdx)
+        close(y[r0 : r0 + 8192], xh * w + b)
+        close(mean[r0 : r0 + 8192], mu[:, 0], rtol=1e-6, atol=1e-6)
+        close(rstd[r0 : r0 + 8192], rs[:, 0])
+        close(dx[r0 : r0 + 8192], rdx)
         rdw += (gs * xh).sum(0)
         rdb += gs.sum(0)
     close(dw, rdw)
@@ -359,8 +434,12 @@ def philox4x32_10(ctr, key):
     for _ in range(10):
         p0 = np.uint64(0xD2511F53) * c0  # < 2^64: both factors < 2^32
         p1 = np.uint64(0xCD9E8D57) * c2
-        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ np.uint64(k0), p1 & m, (p0 >> np.uint64(32)) ^ c3 ^ np.uint64(k1), \
-            p0 & m
+        c0, c1, c2, c3 = (
+            (p1 >> np.uint64(32)) ^ c1 ^ np.uint64(k0),
+            p1 & m,
+            (p0 >> np.uint64(32)) ^ c3 ^ np.uint64(k1),
+            p0 & m,
+        )
         k0, k1 = (k0 + 0x9E3779B9) & MASK32, (k1 + 0xBB67AE85) & MASK32
     return c0, c1, c2, c3
 
@@ -369,8 +448,10 @@ def keep_mask(seed, counter, p, idx):
     """Elements idx of the mask a dropout call with this (seed, counter) key draws (dropout.wgsl)."""
     idx = np.asarray(idx, np.uint64)
     g = idx >> np.uint64(2)
-    words = philox4x32_10((g & np.uint64(MASK32), g >> np.uint64(32), np.uint64(counter & MASK32),
-                           np.uint64(counter >> 32)), (seed & MASK32, seed >> 32))
+    words = philox4x32_10(
+        (g & np.uint64(MASK32), g >> np.uint64(32), np.uint64(counter & MASK32), np.uint64(counter >> 32)),
+        (seed & MASK32, seed >> 32),
+    )
     word = np.choose((idx & np.uint64(3)).astype(np.int64), words)
     return word >= _core.dropout_threshold(p)
 
@@ -380,8 +461,11 @@ def test_philox_reference_known_answers():
     cases = [
         ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
         ((MASK32,) * 4, (MASK32, MASK32), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-        ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-         (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+        (
+            (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+            (0xA4093822, 0x299F31D0),
+            (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+        ),
     ]
     for ctr, key, expected in cases:
         assert tuple(int(w[0]) for w in philox4x32_10([[c] for c in ctr], key)) == expected
@@ -518,8 +602,13 @@ def test_dropout_trainer_capture_matches_eager(dev, rng):
 
     def train(capture):
         pw.manual_seed(77, dev)
-        model = pw.nn.Sequential(pw.nn.Linear(16, 32, device=dev, seed=3), pw.nn.ReLU(), pw.nn.Dropout(0.25),
-                                 pw.nn.LayerNorm(32, device=dev), pw.nn.Linear(32, 4, device=dev, seed=4))
+        model = pw.nn.Sequential(
+            pw.nn.Linear(16, 32, device=dev, seed=3),
+            pw.nn.ReLU(),
+            pw.nn.Dropout(0.25),
+            pw.nn.LayerNorm(32, device=dev),
+            pw.nn.Linear(32, 4, device=dev, seed=4),
+        )
         opt = pw.optim.AdamW(model.parameters(), lr=1e-2)
         trainer = Trainer(model, opt, pw.nn.CrossEntropyLoss(), capture=capture, steps_per_submit=3)
         losses = [trainer.step(x, y) for _ in range(7)]
@@ -603,8 +692,9 @@ def test_trainer_checkpoint_resumes_dropout_masks(dev, rng, tmp_path):
     y = rng.integers(0, 3, 16)
 
     def make():
-        model = pw.nn.Sequential(pw.nn.Linear(8, 16, device=dev, seed=1), pw.nn.Dropout(0.5),
-                                 pw.nn.Linear(16, 3, device=dev, seed=2))
+        model = pw.nn.Sequential(
+            pw.nn.Linear(8, 16, device=dev, seed=1), pw.nn.Dropout(0.5), pw.nn.Linear(16, 3, device=dev, seed=2)
+        )
         opt = pw.optim.AdamW(model.parameters(), lr=1e-2)
         return Trainer(model, opt, pw.nn.CrossEntropyLoss())
 

@@ -17,6 +17,7 @@ bindings, 32-byte offset alignment) they are the values in the comments. Tests
 whose operands would exceed ~2 GB are skipped on adapters with larger
 binding limits.
 """
+
 import numpy as np
 import pytest
 
@@ -81,19 +82,27 @@ def gemm_into_poison(dev, a, b, ta=False, tb=False):
 
 # --- the bug report: sums of ones (float64 reference, fp32 relative tolerance) ---
 
-@pytest.mark.parametrize("m,k,n", [
-    (2, 8_387_584, 1),  # M = 2 was right up to here ...
-    (2, 8_387_585, 1),  # ... and half the sum from here (lanes of gemv.wgsl's TRANS_B form stopped at 65535 iterations)
-    (2, 8_400_000, 1),  # reported 524282
-    (2, 20_000_000, 1),  # past 2^24: one f32 running sum of ones would stall at 16,777,216
-    (1, 40_000_000, 1),  # reported 4194256 (one workgroup per K block, past the binding limit)
-    (2, 2 * K_SPLIT, 2),
-    (2, 2_097_151, 16),  # B (K x 16) at the binding limit ...
-    (2, 2_097_152, 16),  # ... and past it: K blocks, each was one workgroup looping over 131071 K tiles
-    pytest.param(16, 2_097_151, 16, marks=pytest.mark.slow),
-    pytest.param(16, 2_097_152, 16, marks=pytest.mark.slow),  # A at the binding limit: reported 1048576
-    pytest.param(2, 8_388_672, 4, marks=pytest.mark.slow),  # B past the binding limit: reported relative error 0.98
-])
+
+@pytest.mark.parametrize(
+    "m,k,n",
+    [
+        (2, 8_387_584, 1),  # M = 2 was right up to here ...
+        (
+            2,
+            8_387_585,
+            1,
+        ),  # ... and half the sum from here (lanes of gemv.wgsl's TRANS_B form stopped at 65535 iterations)
+        (2, 8_400_000, 1),  # reported 524282
+        (2, 20_000_000, 1),  # past 2^24: one f32 running sum of ones would stall at 16,777,216
+        (1, 40_000_000, 1),  # reported 4194256 (one workgroup per K block, past the binding limit)
+        (2, 2 * K_SPLIT, 2),
+        (2, 2_097_151, 16),  # B (K x 16) at the binding limit ...
+        (2, 2_097_152, 16),  # ... and past it: K blocks, each was one workgroup looping over 131071 K tiles
+        pytest.param(16, 2_097_151, 16, marks=pytest.mark.slow),
+        pytest.param(16, 2_097_152, 16, marks=pytest.mark.slow),  # A at the binding limit: reported 1048576
+        pytest.param(2, 8_388_672, 4, marks=pytest.mark.slow),  # B past the binding limit: reported relative error 0.98
+    ],
+)
 def test_report_sums_of_ones(dev, m, k, n):
     skip_if_huge(4 * m * k, 4 * k * n)
     got = gemm_into_poison(dev, np.ones((m, k), np.float32), np.ones((k, n), np.float32))
@@ -101,6 +110,7 @@ def test_report_sums_of_ones(dev, m, k, n):
 
 
 # --- GEMV (M = 1, or N = 1 through C^T = B^T A^T) ---
+
 
 @pytest.mark.parametrize("k", [K_SPLIT, K_SPLIT + 1, 8_387_584, 8_387_585, 8_400_000])
 def test_gemv_transposed_form_splits_long_k(dev, rng, k):
@@ -117,8 +127,13 @@ def test_gemv_column_form_long_k(dev, rng, k_case):
     of the K-vector (33,554,424 floats on lavapipe) K runs in blocks that
     accumulate with beta = 1, each block split (one workgroup looped over a
     whole block before)."""
-    k = {"32 splits of 32768": 32 * K_SPLIT, "33 splits": 32 * K_SPLIT + 1, "binding": row_limit(dev),
-         "binding + 1": row_limit(dev) + 1, "40M": 40_000_000}[k_case]
+    k = {
+        "32 splits of 32768": 32 * K_SPLIT,
+        "33 splits": 32 * K_SPLIT + 1,
+        "binding": row_limit(dev),
+        "binding + 1": row_limit(dev) + 1,
+        "40M": 40_000_000,
+    }[k_case]
     skip_if_huge(8 * k)
     a, b = tern(rng, 1, k), tern(rng, k, 1)
     assert_exact(gemm_into_poison(dev, a, b), ref(a, b))
@@ -173,9 +188,17 @@ def test_gemm_transposed_rows_longer_than_a_binding_raise(dev):
 
 # --- GEMM (gemm.wgsl) ---
 
-@pytest.mark.parametrize("ta,tb,k", [(False, False, 16 * K_SPLIT), (False, False, 16 * K_SPLIT + 1),
-                                     (True, False, 16 * K_SPLIT + 1), (False, True, 16 * K_SPLIT + 1),
-                                     (True, True, 16 * K_SPLIT + 1)])
+
+@pytest.mark.parametrize(
+    "ta,tb,k",
+    [
+        (False, False, 16 * K_SPLIT),
+        (False, False, 16 * K_SPLIT + 1),
+        (True, False, 16 * K_SPLIT + 1),
+        (False, True, 16 * K_SPLIT + 1),
+        (True, True, 16 * K_SPLIT + 1),
+    ],
+)
 def test_gemm_split_k_bounded_per_workgroup(dev, rng, ta, tb, k):
     """One 16 x 16 output tile: the heuristic's 16 splits cover K up to
     16 * 32768; one more element takes 17 splits, so no workgroup loops over
@@ -199,8 +222,9 @@ def test_gemm_rows_at_binding(dev, rng, operand, side):
     assert_exact(gemm_into_poison(dev, a, b, tb=tb), ref(a, b, tb=tb))
 
 
-@pytest.mark.parametrize("side,scalars", [("below", "beta=0 into NaN"), ("above", "beta=0 into NaN"),
-                                          ("above", "alpha=0.5, beta=-2")])
+@pytest.mark.parametrize(
+    "side,scalars", [("below", "beta=0 into NaN"), ("above", "beta=0 into NaN"), ("above", "alpha=0.5, beta=-2")]
+)
 @pytest.mark.parametrize("operand", ["A^T", "B"])
 def test_gemm_k_blocks_at_binding(dev, rng, operand, side, scalars):
     """A stored K x 64 (trans_a) or B stored K x 64 reach the binding at
@@ -245,14 +269,27 @@ def test_fused_epilogues_on_split_row_blocks(dev, rng, entry):
     bias = rand(rng, n)
     pre = poisoned(dev, (m, n)) if entry == "bias_act_train" else None
     with dev.batch() as rec:
-        _core.gemm_bias_act(rec, ta._buf, tw._buf, pw.tensor(bias, dev)._buf, out._buf,
-                            None if pre is None else pre._buf, m, n, k, False, True, 1)
+        _core.gemm_bias_act(
+            rec,
+            ta._buf,
+            tw._buf,
+            pw.tensor(bias, dev)._buf,
+            out._buf,
+            None if pre is None else pre._buf,
+            m,
+            n,
+            k,
+            False,
+            True,
+            1,
+        )
     assert_close(out.numpy(), np.maximum(z + bias, 0), atol_scale=1e-4)
     if pre is not None:
         assert_close(pre.numpy(), z + bias, atol_scale=1e-4)
 
 
 # --- linear.wgsl: column sums (bias gradient) ---
+
 
 @pytest.mark.parametrize("rows", [COLUMN_SUM_ROWS, COLUMN_SUM_ROWS + 1, 8_400_000])
 @pytest.mark.parametrize("cols", [1, 3])
@@ -279,14 +316,16 @@ def test_linear_weight_grads_long_batch(dev, rng, beta):
     dw = pw.tensor(dw0, dev) if beta else poisoned(dev, (fout, fin))
     db = pw.tensor(db0, dev) if beta else poisoned(dev, (fout,))
     with dev.batch() as rec:
-        _core.linear_weight_grads(rec, pw.tensor(dz, dev)._buf, pw.tensor(x, dev)._buf, dw._buf, db._buf,
-                                  rows, fout, fin, beta)
+        _core.linear_weight_grads(
+            rec, pw.tensor(dz, dev)._buf, pw.tensor(x, dev)._buf, dw._buf, db._buf, rows, fout, fin, beta
+        )
     d64 = dz.astype(np.float64)
     assert_exact(dw.numpy(), d64.T @ x + beta * dw0)
     assert_exact(db.numpy(), d64.sum(0) + beta * db0)
 
 
 # --- cross_entropy.wgsl, and MSE from element-wise ops ---
+
 
 def test_cross_entropy_class_limit(dev, rng):
     """One workgroup per row loops over the classes (twice forward, once
@@ -309,7 +348,9 @@ def test_cross_entropy_class_limit(dev, rng):
         pw.cross_entropy(pw.zeros((1, MAX_CLASSES + 1), device=dev), [0])
 
 
-@pytest.mark.parametrize("side", [pytest.param("at", marks=pytest.mark.slow), pytest.param("past", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "side", [pytest.param("at", marks=pytest.mark.slow), pytest.param("past", marks=pytest.mark.slow)]
+)
 def test_mse_at_binding_limit(dev, rng, side):
     """MSE is element-wise ops and a mean, each split into bindable pieces:
     right on both sides of one binding."""
@@ -325,6 +366,7 @@ def test_mse_at_binding_limit(dev, rng, side):
 
 
 # --- reduce.wgsl / optim.wgsl: vectors in binding-sized pieces ---
+
 
 def piece_floats(dev):
     """dispatch_util.hpp max_piece_floats: 33,554,432 on lavapipe."""

@@ -3,6 +3,7 @@ dicts that load into the torch equivalent and back; a user-defined model
 (residual MLP with a LayerNorm written from mean/var) trains in step with
 the same model in PyTorch, eagerly and through Trainer's replayed steps,
 with parameter groups, clipping and a warm-up + cosine schedule."""
+
 import numpy as np
 import pytest
 
@@ -138,6 +139,7 @@ def _torch_losses(tmodel, batches):
 
 def _warmup_cosine_factor(step):
     import math
+
     warm, total = 5, STEPS
     if step < warm:
         return (step + 1) / (warm + 1)
@@ -164,6 +166,7 @@ def test_user_module_trains_like_pytorch(dev, trainer):
     got = []
     if trainer:
         from pywgtrain.train import Trainer
+
         t = Trainer(model, opt, pw.nn.CrossEntropyLoss(), steps_per_submit=4)
         pending = []
         for x, y in batches:

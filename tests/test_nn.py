@@ -22,7 +22,7 @@ def act_ref(name, z):
         return z * cdf, cdf + z * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
     if name == "gelu_tanh":
         c = math.sqrt(2 / math.pi)
-        u = c * (z + 0.044715 * z ** 3)
+        u = c * (z + 0.044715 * z**3)
         t = np.tanh(u)
         return 0.5 * z * (1 + t), 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z)
     raise ValueError(name)
@@ -247,8 +247,12 @@ def test_step_graphs_leave_caller_tensors_alone(dev, rng):
 
     def make(capture):
         model = pw.nn.MLP([12, 24, 4], activation="relu", device=dev, seed=9)
-        return Trainer(model, pw.optim.AdamW(model.parameters(), lr=1e-2, max_grad_norm=1.0),
-                       pw.nn.CrossEntropyLoss(), capture=capture)
+        return Trainer(
+            model,
+            pw.optim.AdamW(model.parameters(), lr=1e-2, max_grad_norm=1.0),
+            pw.nn.CrossEntropyLoss(),
+            capture=capture,
+        )
 
     eager, captured = make(False), make(True)
     for i in range(7):
@@ -373,8 +377,9 @@ def test_fused_linear_with_k_split_past_binding_limit(dev, rng, train):
     y, pre = poisoned(dev, (m, n)), poisoned(dev, (m, n))
     ta, tb, tbias = pw.tensor(a, dev), pw.tensor(b, dev), pw.tensor(bias, dev)
     with dev.batch() as rec:
-        _core.gemm_bias_act(rec, ta._buf, tb._buf, tbias._buf, y._buf, pre._buf if train else None,
-                            m, n, k, False, False, 1)
+        _core.gemm_bias_act(
+            rec, ta._buf, tb._buf, tbias._buf, y._buf, pre._buf if train else None, m, n, k, False, False, 1
+        )
     z = a.astype(np.float64) @ b + bias
     assert_close(y.numpy(), np.maximum(z, 0), atol_scale=1e-4)
     if train:
@@ -391,10 +396,24 @@ def test_gemm_act_grad(dev, rng, m, k, n, act):
     dy, w, z = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
     out = poisoned(dev, (m, n))
     with dev.batch() as rec:
-        _core.gemm_act_grad(rec, pw.tensor(dy, dev)._buf, pw.tensor(w, dev)._buf, pw.tensor(z, dev)._buf, out._buf,
-                            m, n, k, False, False, ACTIVATIONS[act])
-    assert_close(out.numpy(), (dy.astype(np.float64) @ w) * act_ref(act, z.astype(np.float64))[1],
-                 atol_scale=1e-5 * max(1.0, math.sqrt(k) / 4))
+        _core.gemm_act_grad(
+            rec,
+            pw.tensor(dy, dev)._buf,
+            pw.tensor(w, dev)._buf,
+            pw.tensor(z, dev)._buf,
+            out._buf,
+            m,
+            n,
+            k,
+            False,
+            False,
+            ACTIVATIONS[act],
+        )
+    assert_close(
+        out.numpy(),
+        (dy.astype(np.float64) @ w) * act_ref(act, z.astype(np.float64))[1],
+        atol_scale=1e-5 * max(1.0, math.sqrt(k) / 4),
+    )
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 1), (7, 33), (255, 7), (256, 1), (4133, 65), (20000, 129), (16384, 384)])
@@ -413,8 +432,9 @@ def test_bias_grad_column_sums(dev, rng, rows, cols, beta):
 
 
 # (300, 2048, 2048): past the multiply-add count up to which the sums ride along.
-@pytest.mark.parametrize("rows,fout,fin", [(7, 33, 129), (256, 130, 65), (1, 5, 3), (600, 7, 9), (2000, 70, 33),
-                                           (300, 2048, 2048)])
+@pytest.mark.parametrize(
+    "rows,fout,fin", [(7, 33, 129), (256, 130, 65), (1, 5, 3), (600, 7, 9), (2000, 70, 33), (300, 2048, 2048)]
+)
 @pytest.mark.parametrize("beta", [0.0, 1.0])
 def test_linear_weight_grads(dev, rng, rows, fout, fin, beta):
     """dW = dZ^T X and db = column sums of dZ from one GEMM (row sums in the
@@ -427,8 +447,9 @@ def test_linear_weight_grads(dev, rng, rows, fout, fin, beta):
     dw0, db0 = rand(rng, fout, fin), rand(rng, fout)
     dw, db = pw.tensor(dw0, dev), pw.tensor(db0, dev)
     with dev.batch() as rec:
-        _core.linear_weight_grads(rec, pw.tensor(dz, dev)._buf, pw.tensor(x, dev)._buf, dw._buf, db._buf,
-                                  rows, fout, fin, beta)
+        _core.linear_weight_grads(
+            rec, pw.tensor(dz, dev)._buf, pw.tensor(x, dev)._buf, dw._buf, db._buf, rows, fout, fin, beta
+        )
     d64 = dz.astype(np.float64)
     tol = 1e-5 * max(1.0, math.sqrt(rows) / 4)
     assert_close(dw.numpy(), d64.T @ x + beta * dw0, atol_scale=tol)

@@ -14,22 +14,24 @@ def numpy_adamw(p, g, m, v, step, lr, betas, eps, wd):
     p = p * (1 - lr * wd)
     m = b1 * m + (1 - b1) * g
     v = b2 * v + (1 - b2) * g * g
-    bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
+    bc1, bc2 = 1 - b1**step, 1 - b2**step
     p = p - (lr / bc1) * m / (np.sqrt(v) / math.sqrt(bc2) + eps)
     return p, m, v
 
 
 @pytest.mark.parametrize("n", [1, 7, 33, 129, 1000, 4097, 65 * 1031])
-@pytest.mark.parametrize("hp", [dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, wd=1e-2),
-                                dict(lr=3e-2, betas=(0.8, 0.99), eps=1e-6, wd=0.0)])
+@pytest.mark.parametrize(
+    "hp", [dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, wd=1e-2), dict(lr=3e-2, betas=(0.8, 0.99), eps=1e-6, wd=0.0)]
+)
 def test_adamw_matches_numpy_over_steps(dev, rng, n, hp):
     p = rand(rng, n)
     tp, tm, tv = pw.tensor(p, dev), pw.zeros(n, device=dev), pw.zeros(n, device=dev)
     rp, rm, rv = p.astype(np.float64), np.zeros(n), np.zeros(n)
     for step in range(1, 8):
         g = rand(rng, n)
-        pw.adamw_step(tp, pw.tensor(g, dev), tm, tv, step, lr=hp["lr"], betas=hp["betas"], eps=hp["eps"],
-                      weight_decay=hp["wd"])
+        pw.adamw_step(
+            tp, pw.tensor(g, dev), tm, tv, step, lr=hp["lr"], betas=hp["betas"], eps=hp["eps"], weight_decay=hp["wd"]
+        )
         rp, rm, rv = numpy_adamw(rp, g, rm, rv, step, hp["lr"], hp["betas"], hp["eps"], hp["wd"])
     # A value that lands near 0 (n = 1) is the difference of float32 values of
     # the inputs' magnitude (~1): its error scales with that, not with the result.
@@ -47,13 +49,16 @@ def test_adamw_numpy_arrays_updated_in_place(rng):
     assert_close(v, rv)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(lr=-1.0), "Invalid learning rate"),
-    (dict(betas=(1.0, 0.999)), "beta parameter at index 0"),
-    (dict(betas=(0.9, -0.1)), "beta parameter at index 1"),
-    (dict(eps=0.0), "Invalid epsilon"),
-    (dict(weight_decay=-1e-2), "weight_decay"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(lr=-1.0), "Invalid learning rate"),
+        (dict(betas=(1.0, 0.999)), "beta parameter at index 0"),
+        (dict(betas=(0.9, -0.1)), "beta parameter at index 1"),
+        (dict(eps=0.0), "Invalid epsilon"),
+        (dict(weight_decay=-1e-2), "weight_decay"),
+    ],
+)
 def test_adamw_rejects_bad_hyperparameters(dev, kwargs, match):
     t = pw.zeros(4, device=dev)
     with pytest.raises(ValueError, match=match):
@@ -197,7 +202,13 @@ def test_fused_step_graph_has_one_adamw_dispatch(dev, rng):
         tr.step(rand(rng, 8, 12), rng.integers(0, 4, 8))
     names = tr._graph["graph"].kernel_names()
     assert sum(n.startswith("optim:adamw") for n in names) == 1
-    assert sum((n.startswith("reduce:partial_sum;SQUARE=true") or n.startswith("reduce:partial_sum4;SQUARE=true")) for n in names) == 1
+    assert (
+        sum(
+            (n.startswith("reduce:partial_sum;SQUARE=true") or n.startswith("reduce:partial_sum4;SQUARE=true"))
+            for n in names
+        )
+        == 1
+    )
 
 
 def test_parameters_moved_into_the_arena_keep_values_and_identity(dev, rng):

@@ -8,6 +8,7 @@ float32 summation-order differences in one gradient element are amplified in
 its update. Over 300 seeds (gelu, lavapipe vs torch CPU) the worst element
 reached 3.4e-4 of max|W| in 5 seeds while the norm-wise error stayed
 <= 1.8e-5; the element-wise bound below is therefore 1e-3."""
+
 import numpy as np
 import pytest
 
@@ -25,8 +26,9 @@ def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-12))
 
 
-@pytest.mark.parametrize("activation,torch_act", [("relu", "ReLU"), ("gelu", "GELU"), ("gelu_tanh", "GELU_tanh"),
-                                                  ("silu", "SiLU")])
+@pytest.mark.parametrize(
+    "activation,torch_act", [("relu", "ReLU"), ("gelu", "GELU"), ("gelu_tanh", "GELU_tanh"), ("silu", "SiLU")]
+)
 def test_mlp_training_matches_pytorch(dev, rng, activation, torch_act):
     tdev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -1,5 +1,6 @@
 """Property tests (hypothesis): GEMM over random shapes/transposes/alpha/beta/out=,
 and sequences of AdamW and clip calls, against float64 NumPy."""
+
 import math
 
 import numpy as np
@@ -15,8 +16,17 @@ finite = st.floats(-2.0, 2.0, allow_nan=False, width=32)
 
 
 @SETTINGS
-@given(m=st.integers(1, 300), n=st.integers(1, 300), k=st.integers(1, 300), ta=st.booleans(), tb=st.booleans(),
-       alpha=finite, beta=finite, use_out=st.booleans(), seed=st.integers(0, 2**31))
+@given(
+    m=st.integers(1, 300),
+    n=st.integers(1, 300),
+    k=st.integers(1, 300),
+    ta=st.booleans(),
+    tb=st.booleans(),
+    alpha=finite,
+    beta=finite,
+    use_out=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
 def test_gemm_property(dev, m, n, k, ta, tb, alpha, beta, use_out, seed):
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, k)).astype(np.float32)
@@ -34,9 +44,13 @@ def test_gemm_property(dev, m, n, k, ta, tb, alpha, beta, use_out, seed):
 
 
 @SETTINGS
-@given(sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=4),
-       ops=st.lists(st.tuples(st.sampled_from(["adamw", "clip"]), st.floats(0.05, 5.0)), min_size=1, max_size=6),
-       lr=st.floats(1e-4, 1e-1), wd=st.floats(0.0, 0.1), seed=st.integers(0, 2**31))
+@given(
+    sizes=st.lists(st.integers(1, 3000), min_size=1, max_size=4),
+    ops=st.lists(st.tuples(st.sampled_from(["adamw", "clip"]), st.floats(0.05, 5.0)), min_size=1, max_size=6),
+    lr=st.floats(1e-4, 1e-1),
+    wd=st.floats(0.0, 0.1),
+    seed=st.integers(0, 2**31),
+)
 def test_adamw_clip_sequences(dev, sizes, ops, lr, wd, seed):
     rng = np.random.default_rng(seed)
     params = [rng.standard_normal(n).astype(np.float32) for n in sizes]

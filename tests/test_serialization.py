@@ -1,5 +1,6 @@
 """safetensors checkpoints: files the official reader opens, files it wrote
 that we read, and a resumed GPT run whose next step is bit-identical."""
+
 import numpy as np
 import pytest
 
@@ -13,8 +14,12 @@ CFG = GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16, dr
 
 def test_round_trip_and_the_official_reader(tmp_path, rng):
     st = pytest.importorskip("safetensors.numpy")
-    arrays = {"a": rng.standard_normal((3, 5)).astype(np.float32), "ids": np.arange(7, dtype=np.int32),
-              "state": np.array([1, 2, 3, 4], np.uint32), "empty_dim": np.zeros((2, 1), np.float32)}
+    arrays = {
+        "a": rng.standard_normal((3, 5)).astype(np.float32),
+        "ids": np.arange(7, dtype=np.int32),
+        "state": np.array([1, 2, 3, 4], np.uint32),
+        "empty_dim": np.zeros((2, 1), np.float32),
+    }
     path = tmp_path / "x.safetensors"
     with open(path, "wb") as f:
         write_safetensors(f, arrays, {"note": "hello"})

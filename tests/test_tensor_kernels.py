@@ -3,6 +3,7 @@ through pywgtrain._core: forward against float64 NumPy, backward against
 float64 torch autograd (or the analytic rule where torch's convention
 differs, e.g. ties of maximum). Outputs start as NaN so unwritten elements
 show; sizes avoid multiples of every workgroup size."""
+
 import re
 from pathlib import Path
 
@@ -53,6 +54,7 @@ def bcast_strides(shape, out_shape):
 
 # ---------------------------------------------------------------- op numbers
 
+
 def test_opcodes_match_header():
     text = HEADER.read_text()
 
@@ -71,8 +73,14 @@ def test_opcodes_match_header():
 
 # ---------------------------------------------------------------- unary
 
-A_B = {"pow_scalar": (2.5, 0.0), "clamp": (-0.5, 0.75), "add_scalar": (1.25, 0.0), "mul_scalar": (-3.0, 0.0),
-       "rsub_scalar": (2.0, 0.0), "rdiv_scalar": (1.5, 0.0)}
+A_B = {
+    "pow_scalar": (2.5, 0.0),
+    "clamp": (-0.5, 0.75),
+    "add_scalar": (1.25, 0.0),
+    "mul_scalar": (-3.0, 0.0),
+    "rsub_scalar": (2.0, 0.0),
+    "rdiv_scalar": (1.5, 0.0),
+}
 POSITIVE = {"log", "sqrt", "rsqrt", "pow_scalar", "rdiv_scalar"}
 
 
@@ -89,12 +97,25 @@ def unary_input(rng, name, n):
 def torch_unary(name, x, a, b):
     F = torch.nn.functional
     return {
-        "copy": lambda: x * 1.0, "neg": lambda: -x, "abs": lambda: x.abs(), "exp": lambda: x.exp(),
-        "log": lambda: x.log(), "sqrt": lambda: x.sqrt(), "rsqrt": lambda: x.rsqrt(), "tanh": lambda: x.tanh(),
-        "sigmoid": lambda: x.sigmoid(), "relu": lambda: F.relu(x), "gelu_erf": lambda: F.gelu(x),
-        "gelu_tanh": lambda: F.gelu(x, approximate="tanh"), "silu": lambda: F.silu(x), "pow_scalar": lambda: x ** a,
-        "clamp": lambda: x.clamp(a, b), "add_scalar": lambda: x + a, "mul_scalar": lambda: x * a,
-        "rsub_scalar": lambda: a - x, "rdiv_scalar": lambda: a / x,
+        "copy": lambda: x * 1.0,
+        "neg": lambda: -x,
+        "abs": lambda: x.abs(),
+        "exp": lambda: x.exp(),
+        "log": lambda: x.log(),
+        "sqrt": lambda: x.sqrt(),
+        "rsqrt": lambda: x.rsqrt(),
+        "tanh": lambda: x.tanh(),
+        "sigmoid": lambda: x.sigmoid(),
+        "relu": lambda: F.relu(x),
+        "gelu_erf": lambda: F.gelu(x),
+        "gelu_tanh": lambda: F.gelu(x, approximate="tanh"),
+        "silu": lambda: F.silu(x),
+        "pow_scalar": lambda: x**a,
+        "clamp": lambda: x.clamp(a, b),
+        "add_scalar": lambda: x + a,
+        "mul_scalar": lambda: x * a,
+        "rsub_scalar": lambda: a - x,
+        "rdiv_scalar": lambda: a / x,
     }[name]()
 
 
@@ -122,8 +143,19 @@ def test_gelu_far_tails(dev):
         xt.grad = None
         ref.sum().backward()
         dx = poisoned(dev, x.size)
-        run(dev, _core.unary_backward, UNARY[name], T(dev, x)._buf, y._buf, T(dev, np.ones_like(x))._buf, dx._buf,
-            x.size, 0.0, 0.0, 0.0)
+        run(
+            dev,
+            _core.unary_backward,
+            UNARY[name],
+            T(dev, x)._buf,
+            y._buf,
+            T(dev, np.ones_like(x))._buf,
+            dx._buf,
+            x.size,
+            0.0,
+            0.0,
+            0.0,
+        )
         np.testing.assert_allclose(dx.numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-37)
 
 
@@ -135,7 +167,9 @@ def test_unary_accumulates_and_small_tanh(dev, rng):
     run(dev, _core.unary, UNARY["exp"], T(dev, x)._buf, y._buf, n, 0.0, 0.0, 1.0)
     assert_accumulated(y.numpy(), np.exp(x.astype(np.float64)), y0)
     # tanh keeps its relative precision near 0 and saturates cleanly for large |x|
-    x = np.concatenate([np.logspace(-8, 0, 60), -np.logspace(-8, 0, 60), [20, -20, 90, -90, 1e30, -1e30]]).astype(np.float32)
+    x = np.concatenate([np.logspace(-8, 0, 60), -np.logspace(-8, 0, 60), [20, -20, 90, -90, 1e30, -1e30]]).astype(
+        np.float32
+    )
     y = poisoned(dev, x.size)
     run(dev, _core.unary, UNARY["tanh"], T(dev, x)._buf, y._buf, x.size, 0.0, 0.0, 0.0)
     np.testing.assert_allclose(y.numpy(), np.tanh(x.astype(np.float64)), rtol=1e-6, atol=0)
@@ -180,12 +214,27 @@ def test_unary_backward_kinks(dev):
     """Relu'(0) = 0, Abs'(0) = 0, Clamp' = 1 on the bounds (inclusive), pow with exponent 0 -> 0."""
     x = np.array([0.0, -0.5, 0.75, 0.3, -1.0, 2.0], np.float32)
     dy = np.ones_like(x)
-    cases = {"relu": ((0, 0), [0, 0, 1, 1, 0, 1]), "abs": ((0, 0), [0, -1, 1, 1, -1, 1]),
-             "clamp": ((-0.5, 0.75), [1, 1, 1, 1, 0, 0]), "pow_scalar": ((0.0, 0), [0] * 6)}
+    cases = {
+        "relu": ((0, 0), [0, 0, 1, 1, 0, 1]),
+        "abs": ((0, 0), [0, -1, 1, 1, -1, 1]),
+        "clamp": ((-0.5, 0.75), [1, 1, 1, 1, 0, 0]),
+        "pow_scalar": ((0.0, 0), [0] * 6),
+    }
     for name, ((a, b), expected) in cases.items():
         dx = poisoned(dev, x.size)
-        run(dev, _core.unary_backward, UNARY[name], T(dev, x)._buf, T(dev, x)._buf, T(dev, dy)._buf, dx._buf,
-            x.size, a, b, 0.0)
+        run(
+            dev,
+            _core.unary_backward,
+            UNARY[name],
+            T(dev, x)._buf,
+            T(dev, x)._buf,
+            T(dev, dy)._buf,
+            dx._buf,
+            x.size,
+            a,
+            b,
+            0.0,
+        )
         np.testing.assert_array_equal(dx.numpy(), np.array(expected, np.float32), err_msg=name)
 
 
@@ -224,9 +273,21 @@ def binary_inputs(rng, name, sa, sb):
     return a.astype(np.float32), b.astype(np.float32)
 
 
-NP_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "maximum": np.maximum,
-             "minimum": np.minimum, "pow": np.power, "gt": np.greater, "lt": np.less, "ge": np.greater_equal,
-             "le": np.less_equal, "eq": np.equal, "ne": np.not_equal}
+NP_BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "pow": np.power,
+    "gt": np.greater,
+    "lt": np.less,
+    "ge": np.greater_equal,
+    "le": np.less_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
+}
 
 
 @pytest.mark.parametrize("pattern", list(PATTERNS))
@@ -236,14 +297,18 @@ def test_binary_forward(dev, rng, name, pattern):
     shape = np.broadcast_shapes(sa, sb)
     a, b = binary_inputs(rng, name, sa, sb)
     expected = NP_BINARY[name](a.astype(np.float64), b.astype(np.float64)).astype(np.float64)
+    ta, tb = T(dev, a), T(dev, b)
+
+    def binary_into(out, beta):
+        args = (list(shape), bcast_strides(sa, shape), bcast_strides(sb, shape), beta)
+        run(dev, _core.binary, BINARY[name], ta._buf, tb._buf, out._buf, *args)
+
     out = poisoned(dev, shape)
-    run(dev, _core.binary, BINARY[name], T(dev, a)._buf, T(dev, b)._buf, out._buf, list(shape),
-        bcast_strides(sa, shape), bcast_strides(sb, shape), 0.0)
+    binary_into(out, 0.0)
     assert_close(out.numpy(), expected)
     base = rand(rng, *shape)
     out = T(dev, base)
-    run(dev, _core.binary, BINARY[name], T(dev, a)._buf, T(dev, b)._buf, out._buf, list(shape),
-        bcast_strides(sa, shape), bcast_strides(sb, shape), 1.0)
+    binary_into(out, 1.0)
     assert_accumulated(out.numpy(), expected, base)
 
 
@@ -266,8 +331,13 @@ def binary_grad_reference(name, which, a, b, dy):
         return np.zeros_like(dy)
     at = torch.from_numpy(np.array(a)).requires_grad_()
     bt = torch.from_numpy(np.array(b)).requires_grad_()
-    out = {"add": lambda: at + bt, "sub": lambda: at - bt, "mul": lambda: at * bt, "div": lambda: at / bt,
-           "pow": lambda: at ** bt}[name]()
+    out = {
+        "add": lambda: at + bt,
+        "sub": lambda: at - bt,
+        "mul": lambda: at * bt,
+        "div": lambda: at / bt,
+        "pow": lambda: at**bt,
+    }[name]()
     out.backward(torch.from_numpy(dy))
     return (at if which == 0 else bt).grad.numpy()
 
@@ -302,17 +372,37 @@ def test_pow_gradients_follow_torch_at_zero(dev):
     for which in (0, 1):
         at = torch.from_numpy(a.astype(np.float64)).requires_grad_()
         bt = torch.from_numpy(b.astype(np.float64)).requires_grad_()
-        (at ** bt).backward(torch.from_numpy(dy.astype(np.float64)))
+        (at**bt).backward(torch.from_numpy(dy.astype(np.float64)))
         g = poisoned(dev, 4)
-        run(dev, _core.binary_backward, BINARY["pow"], which, T(dev, a)._buf, T(dev, b)._buf, T(dev, dy)._buf, g._buf,
-            [4], [1], [1], 0.0)
+        run(
+            dev,
+            _core.binary_backward,
+            BINARY["pow"],
+            which,
+            T(dev, a)._buf,
+            T(dev, b)._buf,
+            T(dev, dy)._buf,
+            g._buf,
+            [4],
+            [1],
+            [1],
+            0.0,
+        )
         np.testing.assert_allclose(g.numpy(), (at if which == 0 else bt).grad.numpy(), rtol=1e-6)
 
 
 # ---------------------------------------------------------------- where
 
-@pytest.mark.parametrize("sc,sa,sb", [((7, 33), (7, 33), (7, 33)), ((33, 1), (33, 129), (1,)),
-                                      ((1, 257), (5, 1), (5, 257)), ((3, 1, 7), (1, 5, 7), (3, 5, 1))])
+
+@pytest.mark.parametrize(
+    "sc,sa,sb",
+    [
+        ((7, 33), (7, 33), (7, 33)),
+        ((33, 1), (33, 129), (1,)),
+        ((1, 257), (5, 1), (5, 257)),
+        ((3, 1, 7), (1, 5, 7), (3, 5, 1)),
+    ],
+)
 def test_where(dev, rng, sc, sa, sb):
     shape = np.broadcast_shapes(sc, sa, sb)
     cond = (rng.random(sc) < 0.5).astype(np.float32)
@@ -331,15 +421,34 @@ def test_where(dev, rng, sc, sa, sb):
 
 # ---------------------------------------------------------------- strided copy
 
-@pytest.mark.parametrize("shape,perm", [((7, 33), (1, 0)), ((3, 5, 129), (2, 0, 1)), ((2, 3, 5, 7), (3, 1, 0, 2)),
-                                        ((1, 257, 1), (2, 1, 0)), ((2, 3, 2, 3, 2, 5), (5, 4, 3, 2, 1, 0))])
+
+@pytest.mark.parametrize(
+    "shape,perm",
+    [
+        ((7, 33), (1, 0)),
+        ((3, 5, 129), (2, 0, 1)),
+        ((2, 3, 5, 7), (3, 1, 0, 2)),
+        ((1, 257, 1), (2, 1, 0)),
+        ((2, 3, 2, 3, 2, 5), (5, 4, 3, 2, 1, 0)),
+    ],
+)
 def test_strided_copy_permute(dev, rng, shape, perm):
     x = rand(rng, *shape)
     expected = np.transpose(x, perm)
     src_strides = [contiguous(shape)[p] for p in perm]
     out = poisoned(dev, expected.shape)
-    run(dev, _core.strided_copy, T(dev, x)._buf, 0, src_strides, out._buf, 0, contiguous(expected.shape),
-        list(expected.shape), 0.0)
+    run(
+        dev,
+        _core.strided_copy,
+        T(dev, x)._buf,
+        0,
+        src_strides,
+        out._buf,
+        0,
+        contiguous(expected.shape),
+        list(expected.shape),
+        0.0,
+    )
     np.testing.assert_array_equal(out.numpy(), expected)
 
 
@@ -359,8 +468,18 @@ def test_strided_copy_slice(dev, rng):
     x = rand(rng, 17, 40)
     view = x[2:15:3, 5:38:2]  # offset 2*40 + 5, strides (3*40, 2)
     out = poisoned(dev, view.shape)
-    run(dev, _core.strided_copy, T(dev, x)._buf, 2 * 40 + 5, [120, 2], out._buf, 0, contiguous(view.shape),
-        list(view.shape), 0.0)
+    run(
+        dev,
+        _core.strided_copy,
+        T(dev, x)._buf,
+        2 * 40 + 5,
+        [120, 2],
+        out._buf,
+        0,
+        contiguous(view.shape),
+        list(view.shape),
+        0.0,
+    )
     np.testing.assert_array_equal(out.numpy(), view)
 
 
@@ -370,21 +489,51 @@ def test_strided_copy_into_slice(dev, rng):
     part = rand(rng, 4, 3, 100)
     dst = T(dev, big)
     off = 2 * 3 * 257 + 150  # big[2:6, :, 150:250]
-    run(dev, _core.strided_copy, T(dev, part)._buf, 0, contiguous(part.shape), dst._buf, off, contiguous(big.shape),
-        list(part.shape), 0.0)
+    run(
+        dev,
+        _core.strided_copy,
+        T(dev, part)._buf,
+        0,
+        contiguous(part.shape),
+        dst._buf,
+        off,
+        contiguous(big.shape),
+        list(part.shape),
+        0.0,
+    )
     expected = big.copy()
     expected[2:6, :, 150:250] = part
     np.testing.assert_array_equal(dst.numpy(), expected)
-    run(dev, _core.strided_copy, T(dev, part)._buf, 0, contiguous(part.shape), dst._buf, off, contiguous(big.shape),
-        list(part.shape), 1.0)
+    run(
+        dev,
+        _core.strided_copy,
+        T(dev, part)._buf,
+        0,
+        contiguous(part.shape),
+        dst._buf,
+        off,
+        contiguous(big.shape),
+        list(part.shape),
+        1.0,
+    )
     expected[2:6, :, 150:250] += part
     np.testing.assert_array_equal(dst.numpy(), expected)
 
 
 # ---------------------------------------------------------------- reductions along an axis
 
-REDUCE_SHAPES = [(1, 1, 1), (7, 1, 1), (1, 7, 1), (33, 257, 1), (5, 1000, 1), (3, 1, 33), (1, 257, 7), (4, 33, 129),
-                 (2, 1000, 3), (129, 5, 17)]
+REDUCE_SHAPES = [
+    (1, 1, 1),
+    (7, 1, 1),
+    (1, 7, 1),
+    (33, 257, 1),
+    (5, 1000, 1),
+    (3, 1, 33),
+    (1, 257, 7),
+    (4, 33, 129),
+    (2, 1000, 3),
+    (129, 5, 17),
+]
 
 
 @pytest.mark.parametrize("shape", REDUCE_SHAPES)
@@ -396,8 +545,19 @@ def test_reduce_axis(dev, rng, op, shape):
     ref = x64.sum(1) if op == "sum" else x64.max(1)
     out = poisoned(dev, (outer, inner))
     am = pw.tensor(np.full((outer, inner), -7, np.int32), dev) if op == "max" else None
-    run(dev, _core.reduce_axis, REDUCE[op], T(dev, x)._buf, out._buf, am._buf if am is not None else None, outer, length, inner,
-        0.5, 0.0)
+    run(
+        dev,
+        _core.reduce_axis,
+        REDUCE[op],
+        T(dev, x)._buf,
+        out._buf,
+        am._buf if am is not None else None,
+        outer,
+        length,
+        inner,
+        0.5,
+        0.0,
+    )
     assert_close(out.numpy(), 0.5 * ref)
     if op == "max":
         np.testing.assert_array_equal(am.numpy(), x.argmax(1))
@@ -415,7 +575,7 @@ def test_reduce_axis_long_len(dev, rng, shape):
     outer, length, inner = shape
     x = rng.standard_normal(shape, dtype=np.float32)
     x[:, length - 3, :] = 7.0  # max in the last block ...
-    x[:, 1000, :] = 7.0        # ... tied with the first block: the first index wins
+    x[:, 1000, :] = 7.0  # ... tied with the first block: the first index wins
     x[-1, length - 2, -1] = np.nan  # a NaN in the last block propagates
     tx = T(dev, x)
     out = poisoned(dev, (outer, inner))
@@ -428,8 +588,9 @@ def test_reduce_axis_long_len(dev, rng, shape):
     base = rand(rng, outer, inner)
     out = T(dev, base)
     run(dev, _core.reduce_axis, REDUCE["sum"], tx._buf, out._buf, None, outer, length, inner, 0.5, 1.0)
-    np.testing.assert_allclose(out.numpy(), 0.5 * x.astype(np.float64).sum(1) + base, rtol=1e-4,
-                               atol=1e-4 * np.sqrt(length))
+    np.testing.assert_allclose(
+        out.numpy(), 0.5 * x.astype(np.float64).sum(1) + base, rtol=1e-4, atol=1e-4 * np.sqrt(length)
+    )
     with pytest.raises(ValueError, match="needs scale 1 and beta 0"):
         run(dev, _core.reduce_axis, REDUCE["max"], tx._buf, out._buf, None, outer, length, inner, 2.0, 0.0)
 
@@ -470,6 +631,7 @@ def test_max_backward(dev, rng, shape):
 
 # ---------------------------------------------------------------- softmax
 
+
 @pytest.mark.parametrize("rows,cols", [(1, 1), (7, 33), (3, 257), (2, 1000), (129, 7)])
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_forward_backward(dev, rng, log, rows, cols):
@@ -505,6 +667,7 @@ def test_softmax_large_values(dev, rng, log):
 
 
 # ---------------------------------------------------------------- embedding
+
 
 @pytest.mark.parametrize("n_ids,vocab,dim", [(1, 1, 1), (257, 7, 33), (33, 300, 65), (1000, 129, 129)])
 def test_embedding(dev, rng, n_ids, vocab, dim):
@@ -560,6 +723,7 @@ def test_embedding_backward(dev, rng, n_ids, vocab, dim):
 
 # ---------------------------------------------------------------- NLL pick
 
+
 @pytest.mark.parametrize("rows,cols", [(1, 1), (7, 33), (257, 10), (33, 1000)])
 def test_nll_pick(dev, rng, rows, cols):
     x = rand(rng, rows, cols)
@@ -614,6 +778,7 @@ def test_cross_entropy_composition_matches_torch(dev, rng):
 
 # ---------------------------------------------------------------- capture
 
+
 def test_every_op_is_a_capturable_dispatch(dev, rng):
     """All launchers record dispatches only (no copies or clears): a step graph captures them, one
     dispatch each at these sizes, and replays them with a new input."""
@@ -623,7 +788,12 @@ def test_every_op_is_a_capturable_dispatch(dev, rng):
     labels = T(dev, rng.integers(0, cols, rows).astype(np.int32))
     x, w = T(dev, x0), T(dev, rand(rng, vocab, cols))
     y, s, p, e, xt = (poisoned(dev, (rows, cols)) for _ in range(5))
-    dx, g, wh, dw = poisoned(dev, (rows, cols)), poisoned(dev, (rows, cols)), poisoned(dev, (rows, cols)), poisoned(dev, (vocab, cols))
+    dx, g, wh, dw = (
+        poisoned(dev, (rows, cols)),
+        poisoned(dev, (rows, cols)),
+        poisoned(dev, (rows, cols)),
+        poisoned(dev, (vocab, cols)),
+    )
     red, nll, mask, full = poisoned(dev, rows), poisoned(dev, rows), poisoned(dev, rows), poisoned(dev, rows)
     am = pw.zeros(rows, np.int32, dev)
     n, sh, st = rows * cols, [rows, cols], [cols, 1]
@@ -659,6 +829,7 @@ def test_every_op_is_a_capturable_dispatch(dev, rng):
 
 # ---------------------------------------------------------------- argument errors
 
+
 def test_argument_errors(dev):
     x = pw.zeros(12, np.float32, dev)
     small = pw.zeros(3, np.float32, dev)
@@ -678,7 +849,11 @@ def test_argument_errors(dev):
         (_core.strided_copy, (x._buf, 5, [4, 1], small._buf, 0, [4, 1], [3, 4], 0.0), "src holds 12 floats, needs 17"),
         (_core.reduce_axis, (REDUCE["sum"], x._buf, small._buf, ids._buf, 3, 4, 1, 1.0, 0.0), "only produced by Max"),
         (_core.reduce_axis, (REDUCE["max"], x._buf, x._buf, ids._buf, 1, 2, 6, 1.0, 0.0), "argmax holds 4 int32"),
-        (_core.reduce_axis, (REDUCE["sum"], x._buf, x._buf, None, 2, 7, 1, 1.0, 0.0), "input x holds 12 floats, needs 14"),
+        (
+            _core.reduce_axis,
+            (REDUCE["sum"], x._buf, x._buf, None, 2, 7, 1, 1.0, 0.0),
+            "input x holds 12 floats, needs 14",
+        ),
         (_core.softmax, (x._buf, small._buf, 3, 4, False), "softmax output y"),
         (_core.embedding, (x._buf, ids._buf, x._buf, 5, 3, 2), "embedding ids holds 4 int32 values, needs 5"),
         (_core.embedding_backward, (x._buf, ids._buf, small._buf, 4, 6, 2, 0.0), "dweight"),
@@ -686,9 +861,16 @@ def test_argument_errors(dev):
         (_core.max_backward, (x._buf, ids._buf, small._buf, 2, 3, 2, 0.0), "max_backward dx"),
         # in-place: one buffer cannot be bound read-only and writable in one dispatch
         (_core.unary, (UNARY["exp"], x._buf, x._buf, 12, 0.0, 0.0, 0.0), "unary: y shares a GPU buffer with x"),
-        (_core.binary, (BINARY["add"], y._buf, x._buf, x._buf.view(0, 24), [6], [1], [1], 0.0),
-         "binary: output shares a GPU buffer with operand b"),
-        (_core.strided_copy, (x._buf, 0, [1], x._buf, 6, [1], [6], 0.0), "strided_copy: dst shares a GPU buffer with src"),
+        (
+            _core.binary,
+            (BINARY["add"], y._buf, x._buf, x._buf.view(0, 24), [6], [1], [1], 0.0),
+            "binary: output shares a GPU buffer with operand b",
+        ),
+        (
+            _core.strided_copy,
+            (x._buf, 0, [1], x._buf, 6, [1], [6], 0.0),
+            "strided_copy: dst shares a GPU buffer with src",
+        ),
         (_core.softmax_backward, (x._buf, y._buf, y._buf, 3, 4, False, 0.0), "dx shares a GPU buffer with dy"),
         (_core.nll_pick, (x._buf, ids._buf, y._buf, x._buf, 4, 3, -100), "mask shares a GPU buffer with x"),
     ]
@@ -698,6 +880,7 @@ def test_argument_errors(dev):
 
 
 # ---------------------------------------------------------------- past one storage binding
+
 
 def binding_floats(dev):
     return dev.limits["max_storage_buffer_binding_size"] // 4
@@ -723,8 +906,18 @@ def test_binary_past_binding_limit(dev, rng):
     a = rng.standard_normal(shape, dtype=np.float32)
     b = rng.standard_normal((1, cols), dtype=np.float32)  # row broadcast
     out = poisoned(dev, shape)
-    run(dev, _core.binary, BINARY["sub"], T(dev, a)._buf, T(dev, b)._buf, out._buf, list(shape),
-        bcast_strides(a.shape, shape), bcast_strides(b.shape, shape), 0.0)
+    run(
+        dev,
+        _core.binary,
+        BINARY["sub"],
+        T(dev, a)._buf,
+        T(dev, b)._buf,
+        out._buf,
+        list(shape),
+        bcast_strides(a.shape, shape),
+        bcast_strides(b.shape, shape),
+        0.0,
+    )
     np.testing.assert_array_equal(out.numpy(), a - b)
     del out
     # a transposed read of a past-limit operand: out[j, i] = a[i, j] * b[0, j] for a 3-row slab
@@ -732,8 +925,18 @@ def test_binary_past_binding_limit(dev, rng):
     a3 = rng.standard_normal((rows, binding_floats(dev) // 3 + 7), dtype=np.float32)
     n = a3.shape[1]
     out = poisoned(dev, (n, rows))
-    run(dev, _core.binary, BINARY["mul"], T(dev, a3)._buf, T(dev, b[:, :n].copy())._buf, out._buf, [n, rows],
-        [1, n], [1, 0], 0.0)
+    run(
+        dev,
+        _core.binary,
+        BINARY["mul"],
+        T(dev, a3)._buf,
+        T(dev, b[:, :n].copy())._buf,
+        out._buf,
+        [n, rows],
+        [1, n],
+        [1, 0],
+        0.0,
+    )
     np.testing.assert_array_equal(out.numpy(), a3.T * b[0, :n, None])
 
 
@@ -741,11 +944,12 @@ def test_binary_past_binding_limit(dev, rng):
 @pytest.mark.parametrize("layout", ["one_row", "rows", "inner"])
 def test_reduce_axis_past_binding_limit(dev, rng, layout):
     total = binding_floats(dev) + 4099
-    outer, length, inner = {"one_row": (1, total, 1), "rows": (3, total // 3 + 1, 1),
-                            "inner": (1, total // 5 + 3, 5)}[layout]
+    outer, length, inner = {"one_row": (1, total, 1), "rows": (3, total // 3 + 1, 1), "inner": (1, total // 5 + 3, 5)}[
+        layout
+    ]
     x = rng.standard_normal((outer, length, inner), dtype=np.float32)
     x[-1, length - 5, -1] = 9.0  # the max sits in the last len block
-    x[0, length // 3, 0] = 9.0   # ... and ties with an earlier one: the first wins
+    x[0, length // 3, 0] = 9.0  # ... and ties with an earlier one: the first wins
     tx = T(dev, x)
     out = poisoned(dev, (outer, inner))
     run(dev, _core.reduce_axis, REDUCE["sum"], tx._buf, out._buf, None, outer, length, inner, 0.25, 0.0)

@@ -1,4 +1,5 @@
 """One device shared by several Python threads (see docs/reliability.md)."""
+
 import threading
 
 import numpy as np

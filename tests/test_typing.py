@@ -1,21 +1,32 @@
 """The public API is annotated (parameters and return values of every
 exported function, class constructor and public method) and the package
 ships the PEP 561 marker, so type checkers read the hints."""
+
 import importlib
 import inspect
 from pathlib import Path
 
 import pywgtrain
 
-MODULES = ["pywgtrain", "pywgtrain.nn", "pywgtrain.nn.functional", "pywgtrain.optim", "pywgtrain.optim.lr_scheduler",
-           "pywgtrain.train", "pywgtrain.models"]
+MODULES = [
+    "pywgtrain",
+    "pywgtrain.nn",
+    "pywgtrain.nn.functional",
+    "pywgtrain.optim",
+    "pywgtrain.optim.lr_scheduler",
+    "pywgtrain.train",
+    "pywgtrain.models",
+]
 
 
 def _public(module):
     names = getattr(module, "__all__", None)
     if names is None:
-        names = [n for n, v in vars(module).items()
-                 if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__]
+        names = [
+            n
+            for n, v in vars(module).items()
+            if not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        ]
     return [(n, getattr(module, n)) for n in names]
 
 

@@ -6,6 +6,7 @@ Parameter names follow the common PyTorch layout (nanoGPT's): a
 ``ln_f``, then ``lm_head`` (no bias), so a ``state_dict`` moves between this
 model and the same architecture written in PyTorch.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,14 +26,14 @@ from ..tensor import Tensor, _resolve_device, tensor
 @dataclass
 class GPTConfig:
     vocab_size: int = 256
-    block_size: int = 128       # context length
+    block_size: int = 128  # context length
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
     dropout: float = 0.0
-    bias: bool = True           # biases in the Linear layers and LayerNorms
-    tie_weights: bool = False   # lm_head shares wte's weight
-    attention: str = "fused"    # "fused" (one kernel, no T x T scores in memory) or "plain" (bmm + softmax)
+    bias: bool = True  # biases in the Linear layers and LayerNorms
+    tie_weights: bool = False  # lm_head shares wte's weight
+    attention: str = "fused"  # "fused" (one kernel, no T x T scores in memory) or "plain" (bmm + softmax)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -130,8 +131,13 @@ class GPT(nn.Module):
     Initialized as GPT-2 (normal(0, 0.02) weights, zero biases, residual
     projections scaled by 1/sqrt(2 n_layer)) from ``seed``."""
 
-    def __init__(self, config: Optional[GPTConfig] = None, device: Optional[Device] = None, seed: Optional[int] = 0,
-                 **overrides: Any) -> None:
+    def __init__(
+        self,
+        config: Optional[GPTConfig] = None,
+        device: Optional[Device] = None,
+        seed: Optional[int] = 0,
+        **overrides: Any,
+    ) -> None:
         super().__init__()
         cfg = config if config is not None else GPTConfig()
         if overrides:
@@ -139,12 +145,14 @@ class GPT(nn.Module):
         self.config = cfg
         dev = _resolve_device(device)
         rng = np.random.default_rng(seed)
-        self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(cfg.vocab_size, cfg.n_embd, device=dev, rng=rng),
-            "wpe": nn.Embedding(cfg.block_size, cfg.n_embd, device=dev, rng=rng),
-            "h": nn.ModuleList([Block(cfg, dev, rng) for _ in range(cfg.n_layer)]),
-            "ln_f": nn.LayerNorm(cfg.n_embd, bias=cfg.bias, device=dev),
-        })
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(cfg.vocab_size, cfg.n_embd, device=dev, rng=rng),
+                "wpe": nn.Embedding(cfg.block_size, cfg.n_embd, device=dev, rng=rng),
+                "h": nn.ModuleList([Block(cfg, dev, rng) for _ in range(cfg.n_layer)]),
+                "ln_f": nn.LayerNorm(cfg.n_embd, bias=cfg.bias, device=dev),
+            }
+        )
         self.drop = _dropout(cfg.dropout)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False, device=dev, rng=rng)
         if cfg.tie_weights:
@@ -179,14 +187,16 @@ class GPT(nn.Module):
                 raise TypeError(f"GPT: ids must be integer token ids, got dtype {arr.dtype.name}")
             shape = arr.shape
             if arr.size and (arr.min() < 0 or arr.max() >= self.config.vocab_size):
-                raise ValueError(f"GPT: token ids must lie in [0, {self.config.vocab_size}), got range "
-                                 f"[{arr.min()}, {arr.max()}]")
+                raise ValueError(
+                    f"GPT: token ids must lie in [0, {self.config.vocab_size}), got range [{arr.min()}, {arr.max()}]"
+                )
             ids = tensor(np.ascontiguousarray(arr, np.int32), self.device)
         if len(shape) != 2:
             raise ValueError(f"GPT: ids must be [batch, time], got shape {shape}")
         if shape[1] > self.config.block_size:
-            raise ValueError(f"GPT: sequence of {shape[1]} tokens is longer than the context "
-                             f"(block_size={self.config.block_size})")
+            raise ValueError(
+                f"GPT: sequence of {shape[1]} tokens is longer than the context (block_size={self.config.block_size})"
+            )
         return ids
 
     def _position_ids(self, t):
@@ -212,8 +222,15 @@ class GPT(nn.Module):
         return self.lm_head(tr["ln_f"](x))
 
     if TYPE_CHECKING:  # defined after the KV cache below, then attached as GPT.generate
-        def generate(self, ids: Labels, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
-                     seed: Optional[int] = None) -> np.ndarray: ...
+
+        def generate(
+            self,
+            ids: Labels,
+            max_new_tokens: int,
+            temperature: float = 1.0,
+            top_k: Optional[int] = None,
+            seed: Optional[int] = None,
+        ) -> np.ndarray: ...
 
     @staticmethod
     def loss(logits: Tensor, targets: Labels, ignore_index: int = -100) -> Tensor:
@@ -234,6 +251,7 @@ class _KVCache:
         d = cfg.n_embd // cfg.n_head
         shape = (batch * cfg.n_head, cfg.block_size, d)
         from ..tensor import empty
+
         self.k = [empty(shape, np.float32, model.device) for _ in range(cfg.n_layer)]
         self.v = [empty(shape, np.float32, model.device) for _ in range(cfg.n_layer)]
         self.length = 0
@@ -242,6 +260,7 @@ class _KVCache:
 def _write_rows(src, dst, pos):
     """dst[:, pos:pos+t, :] = src ([BH, t, D] into [BH, Tmax, D])."""
     from .. import _core
+
     bh, t, d = src.shape
     tmax = dst.shape[1]
     with dst.device._recording() as rec:
@@ -281,11 +300,17 @@ def _forward_cached(model, ids, cache):
         x = x + _attend_cached(block.attn, block.ln_1(x), i, cache, pos)
         x = x + block.mlp(block.ln_2(x))
     cache.length = pos + t
-    return model.lm_head(tr["ln_f"](x[:, t - 1:]))  # [B, 1, V]
+    return model.lm_head(tr["ln_f"](x[:, t - 1 :]))  # [B, 1, V]
 
 
-def generate(self: GPT, ids: Labels, max_new_tokens: int, temperature: float = 1.0, top_k: Optional[int] = None,
-             seed: Optional[int] = None) -> np.ndarray:
+def generate(
+    self: GPT,
+    ids: Labels,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    seed: Optional[int] = None,
+) -> np.ndarray:
     """Continue int token ids [B, T] (or [T]) by ``max_new_tokens`` sampled
     tokens; returns the whole sequences as an int32 array. The network runs
     on the GPU with a key/value cache (each new token costs one position's
@@ -300,8 +325,9 @@ def generate(self: GPT, ids: Labels, max_new_tokens: int, temperature: float = 1
         raise ValueError(f"generate: ids must be [batch, time] with time >= 1, got shape {np.asarray(ids).shape}")
     cfg = self.config
     if arr.shape[1] > cfg.block_size:
-        raise ValueError(f"generate: the prompt has {arr.shape[1]} tokens, more than the context "
-                         f"(block_size={cfg.block_size})")
+        raise ValueError(
+            f"generate: the prompt has {arr.shape[1]} tokens, more than the context (block_size={cfg.block_size})"
+        )
     if arr.min() < 0 or arr.max() >= cfg.vocab_size:
         raise ValueError(f"generate: token ids must lie in [0, {cfg.vocab_size}), got range [{arr.min()}, {arr.max()}]")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
@@ -324,7 +350,7 @@ def generate(self: GPT, ids: Labels, max_new_tokens: int, temperature: float = 1
                 out = np.concatenate([out, nxt[:, None]], 1)
                 if cache.length >= cfg.block_size:  # context full: restart from the recent half
                     cache = _KVCache(self, out.shape[0])
-                    logits = _forward_cached(self, out[:, -(cfg.block_size // 2):], cache)
+                    logits = _forward_cached(self, out[:, -(cfg.block_size // 2) :], cache)
                 else:
                     logits = _forward_cached(self, nxt[:, None], cache)
     finally:

@@ -3,6 +3,7 @@
 Any model built from pywgtrain ops trains: ``forward`` records the graph,
 ``loss.backward()`` runs it backwards as recorded GPU work (autograd.py).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -12,15 +13,34 @@ import numpy as np
 from ..device import Device
 from ..tensor import _resolve_device
 from . import functional  # noqa: F401
+from . import modules as _modules
 from .modules import (  # noqa: F401
-    GELU, CrossEntropyLoss, Dropout, Embedding, Identity, LayerNorm, Linear, LogSoftmax, Module, ModuleDict, ModuleList,
-    MSELoss, NLLLoss, ReLU, Sequential, Sigmoid, SiLU, Softmax, Tanh,
+    GELU,
+    CrossEntropyLoss,
+    Dropout,
+    Embedding,
+    Identity,
+    LayerNorm,
+    Linear,
+    LogSoftmax,
+    Module,
+    ModuleDict,
+    ModuleList,
+    MSELoss,
+    NLLLoss,
+    ReLU,
+    Sequential,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Tanh,
 )
 from .parameter import Parameter  # noqa: F401
 
 
-def MLP(sizes: Sequence[int], activation: Optional[str] = "relu", device: Optional[Device] = None,
-        seed: Optional[int] = 0) -> Sequential:
+def MLP(
+    sizes: Sequence[int], activation: Optional[str] = "relu", device: Optional[Device] = None, seed: Optional[int] = 0
+) -> Sequential:
     """``sizes = [in, hidden..., out]``: Linear layers with ``activation`` fused
     into each but the last, seeded for reproducible initialization. Parameter
     names "0.weight", "1.weight", ... (the checkpoints written so far)."""
@@ -29,11 +49,11 @@ def MLP(sizes: Sequence[int], activation: Optional[str] = "relu", device: Option
         raise ValueError(f"MLP needs at least [in, out] sizes, got {sizes}")
     rng = np.random.default_rng(seed)
     dev = _resolve_device(device)
-    layers = [Linear(a, b, activation=activation if i < len(sizes) - 2 else None, device=dev, rng=rng)
-              for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))]
+    layers = [
+        Linear(a, b, activation=activation if i < len(sizes) - 2 else None, device=dev, rng=rng)
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))
+    ]
     return Sequential(*layers)
 
 
-__all__ = ["Module", "Parameter", "Linear", "Embedding", "LayerNorm", "Dropout", "Sequential", "ModuleList", "ModuleDict", "MLP",
-           "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Identity", "Softmax", "LogSoftmax", "CrossEntropyLoss", "NLLLoss",
-           "MSELoss", "functional"]
+__all__ = [*_modules.__all__, "Parameter", "MLP", "functional"]

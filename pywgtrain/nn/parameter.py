@@ -1,4 +1,5 @@
 """Trainable tensors."""
+
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -15,8 +16,9 @@ class Parameter(Tensor):
 
     __slots__ = ()
 
-    def __init__(self, data: Union[Tensor, np.ndarray], device: Optional[Device] = None,
-                 requires_grad: bool = True) -> None:
+    def __init__(
+        self, data: Union[Tensor, np.ndarray], device: Optional[Device] = None, requires_grad: bool = True
+    ) -> None:
         if isinstance(data, Tensor):
             if device is not None and device is not data.device:
                 raise ValueError(f"Parameter: data lives on {data.device!r}, not on {device!r}")

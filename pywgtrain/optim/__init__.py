@@ -1,4 +1,5 @@
 """Optimizers with PyTorch's semantics, updating parameters on the GPU."""
+
 from . import lr_scheduler  # noqa: F401
 from .adamw import AdamW  # noqa: F401
 from .optimizer import Optimizer  # noqa: F401

@@ -1,4 +1,5 @@
 """AdamW with PyTorch's semantics, updating parameters on the GPU."""
+
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
@@ -26,8 +27,10 @@ class _FlatArena:
             total += -(-p.size // align) * align
         self.size = total
         # New wgpu buffers are zero-filled.
-        self.buffers = {name: _core._Buffer(device._dev, total * 4, f"pywgtrain.{name}_arena")
-                        for name in ("param", "grad", "exp_avg", "exp_avg_sq")}
+        self.buffers = {
+            name: _core._Buffer(device._dev, total * 4, f"pywgtrain.{name}_arena")
+            for name in ("param", "grad", "exp_avg", "exp_avg_sq")
+        }
         with device._recording() as rec:
             for p, off in zip(params, self.offsets):
                 view = self.buffers["param"].view(off * 4, p.nbytes)
@@ -54,7 +57,8 @@ class _FlatArena:
         """Whether every parameter and its gradient still live in this arena."""
         return len(params) == len(self.params) and all(
             p is q and p._buf.shares_memory(self.buffers["param"]) and p.grad is p._grad_home
-            for p, q in zip(params, self.params))
+            for p, q in zip(params, self.params)
+        )
 
 
 class AdamW(Optimizer):
@@ -75,8 +79,16 @@ class AdamW(Optimizer):
     reaches replayed steps (``Trainer``) too.
     """
 
-    def __init__(self, params: Params, lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, max_grad_norm: Optional[float] = None, fused: bool = True) -> None:
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-3,
+        betas: Sequence[float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        max_grad_norm: Optional[float] = None,
+        fused: bool = True,
+    ) -> None:
         check_adamw_hyperparameters(lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         for g in self.param_groups:
@@ -97,11 +109,15 @@ class AdamW(Optimizer):
             p = self.params[i]
             if self._arena is not None:
                 off = self._arena.offsets[i]
-                st.update(step=0, exp_avg=self._arena.view("exp_avg", p, off).zero_(),
-                          exp_avg_sq=self._arena.view("exp_avg_sq", p, off).zero_())
+                st.update(
+                    step=0,
+                    exp_avg=self._arena.view("exp_avg", p, off).zero_(),
+                    exp_avg_sq=self._arena.view("exp_avg_sq", p, off).zero_(),
+                )
             else:
-                st.update(step=0, exp_avg=zeros(p.shape, device=self.device),
-                          exp_avg_sq=zeros(p.shape, device=self.device))
+                st.update(
+                    step=0, exp_avg=zeros(p.shape, device=self.device), exp_avg_sq=zeros(p.shape, device=self.device)
+                )
         return st
 
     def _flat_step(self, live):
@@ -112,8 +128,9 @@ class AdamW(Optimizer):
         return len({self._state_for(i)["step"] for i in range(len(self.params))}) == 1
 
     def _hyper(self, group):
-        lr, (b1, b2), eps, wd = check_adamw_hyperparameters(group["lr"], group["betas"], group["eps"],
-                                                            group["weight_decay"])
+        lr, (b1, b2), eps, wd = check_adamw_hyperparameters(
+            group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        )
         return lr, b1, b2, eps, wd
 
     def step(self) -> None:
@@ -137,10 +154,25 @@ class AdamW(Optimizer):
                     if first == last:
                         continue
                     lr, b1, b2, eps, wd = self._hyper(self.param_groups[gi])
-                    t = {name: self._arena.span(name, first, last) for name in ("param", "grad", "exp_avg", "exp_avg_sq")}
+                    t = {
+                        name: self._arena.span(name, first, last) for name in ("param", "grad", "exp_avg", "exp_avg_sq")
+                    }
                     start = rec.captured
-                    _core.adamw(rec, t["param"]._buf, t["grad"]._buf, t["exp_avg"]._buf, t["exp_avg_sq"]._buf,
-                                t["param"].size, lr, b1, b2, eps, wd, step, clip)
+                    _core.adamw(
+                        rec,
+                        t["param"]._buf,
+                        t["grad"]._buf,
+                        t["exp_avg"]._buf,
+                        t["exp_avg_sq"]._buf,
+                        t["param"].size,
+                        lr,
+                        b1,
+                        b2,
+                        eps,
+                        wd,
+                        step,
+                        clip,
+                    )
                     if captured is not None:
                         captured.append((gi, list(range(first, last)), range(start, rec.captured)))
             else:
@@ -150,8 +182,21 @@ class AdamW(Optimizer):
                     st = self._state_for(i)
                     st["step"] += 1
                     start = rec.captured
-                    _core.adamw(rec, p._buf, p.grad._buf, st["exp_avg"]._buf, st["exp_avg_sq"]._buf, p.size,
-                                lr, b1, b2, eps, wd, st["step"], clip)
+                    _core.adamw(
+                        rec,
+                        p._buf,
+                        p.grad._buf,
+                        st["exp_avg"]._buf,
+                        st["exp_avg_sq"]._buf,
+                        p.size,
+                        lr,
+                        b1,
+                        b2,
+                        eps,
+                        wd,
+                        st["step"],
+                        clip,
+                    )
                     if captured is not None:
                         captured.append((gi, [i], range(start, rec.captured)))
             if captured is not None:
@@ -179,9 +224,15 @@ class AdamW(Optimizer):
         state = {}
         for i, st in enumerate(self.state):
             if st:
-                state[i] = {"step": st["step"], "exp_avg": st["exp_avg"].numpy(), "exp_avg_sq": st["exp_avg_sq"].numpy()}
-        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": [self._index[id(p)] for p in g["params"]]}
-                  for g in self.param_groups]
+                state[i] = {
+                    "step": st["step"],
+                    "exp_avg": st["exp_avg"].numpy(),
+                    "exp_avg_sq": st["exp_avg_sq"].numpy(),
+                }
+        groups = [
+            {k: v for k, v in g.items() if k != "params"} | {"params": [self._index[id(p)] for p in g["params"]]}
+            for g in self.param_groups
+        ]
         for g in groups:
             g["max_grad_norm"] = self.max_grad_norm
         return {"state": state, "param_groups": groups}
@@ -189,15 +240,19 @@ class AdamW(Optimizer):
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         groups = sd["param_groups"]
         if len(groups) != len(self.param_groups):
-            raise ValueError(f"optimizer state has {len(groups)} parameter groups, this optimizer "
-                             f"{len(self.param_groups)}")
+            raise ValueError(
+                f"optimizer state has {len(groups)} parameter groups, this optimizer {len(self.param_groups)}"
+            )
         for gi, (saved, mine) in enumerate(zip(groups, self.param_groups)):
             if len(saved["params"]) != len(mine["params"]):
-                raise ValueError(f"optimizer state group {gi} has {len(saved['params'])} parameters, this optimizer "
-                                 f"{len(mine['params'])}")
+                raise ValueError(
+                    f"optimizer state group {gi} has {len(saved['params'])} parameters, this optimizer "
+                    f"{len(mine['params'])}"
+                )
         for saved, mine in zip(groups, self.param_groups):
-            lr, betas, eps, wd = check_adamw_hyperparameters(saved["lr"], saved["betas"], saved["eps"],
-                                                             saved["weight_decay"])
+            lr, betas, eps, wd = check_adamw_hyperparameters(
+                saved["lr"], saved["betas"], saved["eps"], saved["weight_decay"]
+            )
             mine.update(lr=lr, betas=betas, eps=eps, weight_decay=wd)
             for k, v in saved.items():
                 if k not in ("params", "lr", "betas", "eps", "weight_decay", "max_grad_norm"):
@@ -211,7 +266,9 @@ class AdamW(Optimizer):
             p = self.params[i]
             for name in ("exp_avg", "exp_avg_sq"):
                 if np.shape(st[name]) != p.shape:
-                    raise ValueError(f"optimizer state {i}.{name} has shape {np.shape(st[name])}, parameter has {p.shape}")
+                    raise ValueError(
+                        f"optimizer state {i}.{name} has shape {np.shape(st[name])}, parameter has {p.shape}"
+                    )
             s = self._state_for(i)
             s["step"] = int(st["step"])
             s["exp_avg"].copy_(np.ascontiguousarray(st["exp_avg"], dtype=np.float32))

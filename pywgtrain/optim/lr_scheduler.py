@@ -1,6 +1,7 @@
 """Learning-rate schedules as in ``torch.optim.lr_scheduler``: ``step()``
 after each optimizer step sets every group's ``lr``; replayed training steps
 read it (``Trainer``)."""
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,12 @@ class LRScheduler:
 class LambdaLR(LRScheduler):
     """lr = base_lr * lr_lambda(step) (one function, or one per group)."""
 
-    def __init__(self, optimizer: Optimizer, lr_lambda: Union[Callable[[int], float], Sequence[Callable[[int], float]]],
-                 last_epoch: int = -1) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        lr_lambda: Union[Callable[[int], float], Sequence[Callable[[int], float]]],
+        last_epoch: int = -1,
+    ) -> None:
         n = len(optimizer.param_groups)
         self.lr_lambdas = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
         if len(self.lr_lambdas) != n:
@@ -64,8 +69,14 @@ class LambdaLR(LRScheduler):
 class LinearLR(LRScheduler):
     """Factor going linearly from start_factor to end_factor over total_iters steps."""
 
-    def __init__(self, optimizer: Optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
-                 total_iters: int = 5, last_epoch: int = -1) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        start_factor: float = 1.0 / 3,
+        end_factor: float = 1.0,
+        total_iters: int = 5,
+        last_epoch: int = -1,
+    ) -> None:
         if not 0 < start_factor <= 1 or not 0 <= end_factor <= 1:
             raise ValueError("LinearLR: start_factor must be in (0, 1] and end_factor in [0, 1]")
         self.start_factor, self.end_factor, self.total_iters = start_factor, end_factor, int(total_iters)
@@ -80,8 +91,13 @@ class LinearLR(LRScheduler):
 class CosineAnnealingLR(LRScheduler):
     """eta_min + (base - eta_min) * (1 + cos(pi * t / T_max)) / 2 (the closed form)."""
 
-    def __init__(self, optimizer: Optimizer, T_max: int,  # noqa: N803 - torch's name
-                 eta_min: float = 0.0, last_epoch: int = -1) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        T_max: int,  # noqa: N803 - torch's name
+        eta_min: float = 0.0,
+        last_epoch: int = -1,
+    ) -> None:
         if int(T_max) < 1:
             raise ValueError(f"CosineAnnealingLR: T_max must be >= 1, got {T_max}")
         self.T_max, self.eta_min = int(T_max), float(eta_min)
@@ -97,12 +113,15 @@ def warmup_cosine(optimizer: Optimizer, warmup_steps: int, total_steps: int, min
     ``min_lr_ratio * lr`` at ``total_steps`` (a LambdaLR)."""
     warmup_steps, total_steps = int(warmup_steps), int(total_steps)
     if warmup_steps < 0 or total_steps < 1 or warmup_steps > total_steps:
-        raise ValueError(f"warmup_cosine: need 0 <= warmup_steps <= total_steps and total_steps >= 1, got "
-                         f"{warmup_steps}, {total_steps}")
+        raise ValueError(
+            f"warmup_cosine: need 0 <= warmup_steps <= total_steps and total_steps >= 1, got "
+            f"{warmup_steps}, {total_steps}"
+        )
 
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / (warmup_steps + 1)
         t = min(step - warmup_steps, total_steps - warmup_steps) / max(total_steps - warmup_steps, 1)
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
     return LambdaLR(optimizer, factor)

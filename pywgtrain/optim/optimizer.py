@@ -1,4 +1,5 @@
 """The optimizer base: parameter groups as in ``torch.optim.Optimizer``."""
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Union
@@ -34,8 +35,9 @@ class Optimizer:
             ps = [g["params"]] if isinstance(g["params"], Tensor) else list(g["params"])
             for p in ps:
                 if not isinstance(p, Tensor) or not p.requires_grad:
-                    raise TypeError(f"{type(self).__name__}: group {gi} holds {type(p).__name__}, not a tensor "
-                                    "that requires grad")
+                    raise TypeError(
+                        f"{type(self).__name__}: group {gi} holds {type(p).__name__}, not a tensor that requires grad"
+                    )
                 if id(p) in seen:
                     raise ValueError(f"{type(self).__name__}: a parameter appears twice (group {gi})")
                 seen.add(id(p))

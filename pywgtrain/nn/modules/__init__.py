@@ -7,5 +7,24 @@ from .module import Module
 from .sparse import Embedding
 from .normalization import LayerNorm
 
-__all__ = ["Module", "Linear", "Embedding", "LayerNorm", "Dropout", "Sequential", "ModuleList", "ModuleDict", "ReLU", "GELU", "SiLU",
-           "Tanh", "Sigmoid", "Identity", "Softmax", "LogSoftmax", "CrossEntropyLoss", "NLLLoss", "MSELoss"]
+__all__ = [
+    "Module",
+    "Linear",
+    "Embedding",
+    "LayerNorm",
+    "Dropout",
+    "Sequential",
+    "ModuleList",
+    "ModuleDict",
+    "ReLU",
+    "GELU",
+    "SiLU",
+    "Tanh",
+    "Sigmoid",
+    "Identity",
+    "Softmax",
+    "LogSoftmax",
+    "CrossEntropyLoss",
+    "NLLLoss",
+    "MSELoss",
+]

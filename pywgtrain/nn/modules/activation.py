@@ -1,5 +1,6 @@
 """Activation modules. After a Linear inside a Sequential they run in the
 Linear's fused GEMM epilogue."""
+
 from __future__ import annotations
 
 from typing import Optional

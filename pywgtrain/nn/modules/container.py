@@ -1,4 +1,5 @@
 """Containers: Sequential, ModuleList and ModuleDict."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -47,8 +48,7 @@ class Sequential(Module):
         while i < len(mods):
             m = mods[i]
             nxt = mods[i + 1] if i + 1 < len(mods) else None
-            if (type(m) is Linear and m.activation is None and isinstance(nxt, _Activation)
-                    and nxt.fused is not None):
+            if type(m) is Linear and m.activation is None and isinstance(nxt, _Activation) and nxt.fused is not None:
                 x = m(x, activation=nxt.fused)
                 i += 2
                 continue

@@ -1,4 +1,5 @@
 """Dropout layers."""
+
 from __future__ import annotations
 
 import numbers

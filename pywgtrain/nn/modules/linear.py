@@ -1,4 +1,5 @@
 """Linear layers."""
+
 from __future__ import annotations
 
 import math
@@ -21,9 +22,16 @@ class Linear(Module):
     fuses an activation into the same GEMM, as a following activation module
     in a ``Sequential`` does."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Optional[Device] = None,
-                 seed: Optional[int] = None, rng: Optional[np.random.Generator] = None,
-                 activation: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: Optional[Device] = None,
+        seed: Optional[int] = None,
+        rng: Optional[np.random.Generator] = None,
+        activation: Optional[str] = None,
+    ) -> None:
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -1,4 +1,5 @@
 """Loss modules (``torch.nn`` names); each returns a 0-d tensor to call ``backward()`` on."""
+
 from __future__ import annotations
 
 from ... import functions as F

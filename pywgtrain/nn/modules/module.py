@@ -1,5 +1,6 @@
 """The module base class: parameters and submodules registered by attribute
 assignment, recursive naming, state dicts with PyTorch's keys."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -29,8 +30,10 @@ class Module:
     # -- registration -----------------------------------------------------------
     def __setattr__(self, name, value):
         if isinstance(value, (Parameter, Module)) and "_parameters" not in self.__dict__:
-            raise AttributeError(f"cannot assign {type(value).__name__} '{name}' before Module.__init__() call "
-                                 f"(call super().__init__() first in {type(self).__name__}.__init__)")
+            raise AttributeError(
+                f"cannot assign {type(value).__name__} '{name}' before Module.__init__() call "
+                f"(call super().__init__() first in {type(self).__name__}.__init__)"
+            )
         params, mods = self.__dict__.get("_parameters"), self.__dict__.get("_modules")
         if params is not None:
             params.pop(name, None)
@@ -153,6 +156,7 @@ class Module:
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
         from ...autograd import no_grad
+
         with no_grad():
             for name, p in params.items():
                 if name not in state:

@@ -1,4 +1,5 @@
 """Normalization layers."""
+
 from __future__ import annotations
 
 import numbers
@@ -20,13 +21,21 @@ class LayerNorm(Module):
     at ones and ``bias`` at zeros, as in torch; ``elementwise_affine=False``
     has neither, ``bias=False`` no bias."""
 
-    def __init__(self, normalized_shape: ShapeLike, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True, device: Optional[Device] = None) -> None:
+    def __init__(
+        self,
+        normalized_shape: ShapeLike,
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: Optional[Device] = None,
+    ) -> None:
         super().__init__()
         ns = _shape_arg(normalized_shape, "LayerNorm: normalized_shape")
         if len(ns) != 1 or ns[0] < 1:
-            raise ValueError(f"LayerNorm: normalized_shape must be one int >= 1 (normalization over the last "
-                             f"dimension), got {normalized_shape!r}")
+            raise ValueError(
+                f"LayerNorm: normalized_shape must be one int >= 1 (normalization over the last "
+                f"dimension), got {normalized_shape!r}"
+            )
         if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
             raise ValueError(f"LayerNorm: eps must be a number >= 0, got {eps!r}")
         self.normalized_shape = ns

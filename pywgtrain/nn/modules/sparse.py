@@ -1,4 +1,5 @@
 """Embedding tables."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -18,8 +19,14 @@ class Embedding(Module):
     (``torch.nn.Embedding``), initialized N(0, 1) like torch from ``seed`` or ``rng``.
     The backward sums rows per id deterministically on the GPU."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, device: Optional[Device] = None,
-                 seed: Optional[int] = None, rng: Optional[np.random.Generator] = None) -> None:
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        device: Optional[Device] = None,
+        seed: Optional[int] = None,
+        rng: Optional[np.random.Generator] = None,
+    ) -> None:
         super().__init__()
         for name, v in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
