@@ -107,8 +107,8 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
     return t;
   }
   const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
-  if (k >= kLongK && long_k_tiles(m, n) >= kLongKMinTiles)
-    return {64, 128, 16, 8, 4, 8, long_k_tiles(m, n) * long_k_splits(m, n, k) >= 512};
+  if (const uint64_t tiles = long_k_tiles(m, n); k >= kLongK && tiles >= kLongKMinTiles)
+    return {64, 128, 16, 8, 4, 8, tiles * long_k_splits(m, n, k) >= 512};
   if (wide >= 256 || (wide >= 64 && (k < kSplitMinK || k >= kLongK))) return {64, 128, 16, 8, 4, 8, wide >= 512};
   return {64, 64, 16, 4, 4};
 }

@@ -37,16 +37,12 @@ void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, u
   check_floats(db, cols, "bias gradient");
   Device& dev = r.device();
   namespace sh = wgsl::linear;
+  // Both passes read `upstream` and write `result`; ACT is unused (activations.wgsl needs it set).
+  static const PipelineCache::EntryBindings table = {{"bias_grad", {sh::upstream, sh::result, sh::cp}},
+                                                     {"colsum_partial", {sh::upstream, sh::result, sh::cp}}};
   auto kernel = [&](const char* entry) -> const Kernel& {
-    KernelDesc d;
-    d.shader = "linear";
-    d.entry = entry;
-    d.bindings = {sh::upstream, sh::result, sh::cp};
-    d.constants = {{"ACT", "0u"}};
-    return dev.pipelines().get(d);
+    return dev.pipelines().get("linear", entry, table, {{"ACT", "0u"}});
   };
-  const Kernel& sum_k = kernel("bias_grad");
-  const Kernel& part_k = kernel("colsum_partial");
   const uint32_t col_groups = uint32_t(ceil_div(cols, sh::COLS));
   const uint32_t part_col_groups = uint32_t(ceil_div(cols, sh::PART_COLS));
   // Row blocks that fit one binding and keep each lane's loop bounded
@@ -57,7 +53,7 @@ void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, u
     const float b = r0 == 0 ? beta : 1.0f;
     // Many rows over few columns: partial sums over row blocks first (about
     // 1024 workgroups, >= 64 rows each), then the column pass over them.
-    const uint64_t blocks = std::clamp<uint64_t>(ceil_div(1024, part_col_groups), 1, rc / 64);
+    const uint64_t blocks = std::min<uint64_t>(ceil_div(1024, part_col_groups), rc / 64);
     if (blocks >= 4 && blocks * cols <= dev.limits().max_storage_binding / 4) {
       const uint64_t block_rows = ceil_div(rc, blocks), used = ceil_div(rc, block_rows);
       const Range parts{dev.workspace(used * cols * 4), 0, used * cols * 4};
@@ -65,20 +61,21 @@ void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, u
       p.rows = uint32_t(rc);
       p.cols = cols;
       p.block_rows = uint32_t(block_rows);
-      r.dispatch(part_k, {{sh::upstream, floats(dz, r0 * cols, rc * cols)}, {sh::result, parts}}, p, part_col_groups,
-                 uint32_t(used));
+      r.dispatch(kernel("colsum_partial"), {{sh::upstream, floats(dz, r0 * cols, rc * cols)}, {sh::result, parts}}, p,
+                 part_col_groups, uint32_t(used));
       ColParams q;
       q.rows = uint32_t(used);
       q.cols = cols;
       q.beta = b;
-      r.dispatch(sum_k, {{sh::upstream, parts}, {sh::result, whole(db)}}, q, col_groups);
+      r.dispatch(kernel("bias_grad"), {{sh::upstream, parts}, {sh::result, whole(db)}}, q, col_groups);
       continue;
     }
     ColParams p;
     p.rows = uint32_t(rc);
     p.cols = cols;
     p.beta = b;
-    r.dispatch(sum_k, {{sh::upstream, floats(dz, r0 * cols, rc * cols)}, {sh::result, whole(db)}}, p, col_groups);
+    r.dispatch(kernel("bias_grad"), {{sh::upstream, floats(dz, r0 * cols, rc * cols)}, {sh::result, whole(db)}}, p,
+               col_groups);
   }
 }
 

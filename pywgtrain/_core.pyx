@@ -243,6 +243,16 @@ cdef class _Recorder:
         self.ptr.get().fill_zero(dst.ptr.get()[0], offset, nbytes)
 
 
+cdef AdamWConfig _adamw_config(float lr, float beta1, float beta2, float eps, float weight_decay):
+    cdef AdamWConfig cfg
+    cfg.lr = lr
+    cfg.beta1 = beta1
+    cfg.beta2 = beta2
+    cfg.eps = eps
+    cfg.weight_decay = weight_decay
+    return cfg
+
+
 cdef class _StepGraph:
     """A captured dispatch sequence (see csrc/recorder.hpp StepGraph)."""
     cdef unique_ptr[StepGraph] ptr
@@ -256,12 +266,7 @@ cdef class _StepGraph:
     def adamw_block(self, size_t index, float lr, float beta1, float beta2, float eps, float weight_decay,
                     uint64_t step):
         """The uniform block of captured AdamW dispatch `index` for another step (bytes)."""
-        cdef AdamWConfig cfg
-        cfg.lr = lr
-        cfg.beta1 = beta1
-        cfg.beta2 = beta2
-        cfg.eps = eps
-        cfg.weight_decay = weight_decay
+        cdef AdamWConfig cfg = _adamw_config(lr, beta1, beta2, eps, weight_decay)
         cdef vector[uint8_t] block = self.ptr.get().adamw_block(index, cfg, step)
         return bytes(block)
 
@@ -349,12 +354,7 @@ def bias_grad(_Recorder r not None, _Buffer dz not None, _Buffer db not None, ui
 def adamw(_Recorder r not None, _Buffer param not None, _Buffer grad not None, _Buffer exp_avg not None,
           _Buffer exp_avg_sq not None, uint64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
           uint64_t step, _Buffer clip=None):
-    cdef AdamWConfig cfg
-    cfg.lr = lr
-    cfg.beta1 = beta1
-    cfg.beta2 = beta2
-    cfg.eps = eps
-    cfg.weight_decay = weight_decay
+    cdef AdamWConfig cfg = _adamw_config(lr, beta1, beta2, eps, weight_decay)
     c.adamw(r.ptr.get()[0], _b(param)[0], _b(grad)[0], _b(exp_avg)[0], _b(exp_avg_sq)[0], n, cfg, step, _opt(clip))
 
 

@@ -168,6 +168,19 @@ def _squeeze_shape(s):
     return tuple(d for d in s if d != 1)
 
 
+def _attach_launch(out, name, x, launch):
+    """Attach to ``out`` a backward that is one recorded kernel launch writing
+    ``x``'s gradient: ``launch(rec, g, dst, beta)`` with the upstream gradient's
+    and the target's buffers (``beta`` 1.0 accumulates into the target)."""
+
+    def backward(g, sinks, _):
+        dst, beta = sinks[0].target()
+        with _rec(g.device) as rec:
+            launch(rec, g._buf, dst._buf, float(beta))
+
+    return attach(out, name, [x], backward)
+
+
 # -- element-wise ----------------------------------------------------------------
 def _unary(name, x, a=0.0, b=0.0):
     code = UNARY[name]
@@ -175,14 +188,10 @@ def _unary(name, x, a=0.0, b=0.0):
     out = empty(x.shape, np.float32, x.device)
     _unary_into(code, x, out, a, b)
     if needs_grad(x):
-        xb, yb, n = x._buf, out._buf, x.size
-
-        def backward(g, sinks, _):
-            dst, beta = sinks[0].target()
-            with _rec(g.device) as rec:
-                _core.unary_backward(rec, code, xb, yb, g._buf, dst._buf, n, float(a), float(b), float(beta))
-
-        attach(out, name, [x], backward)
+        xb, yb, n, fa, fb = x._buf, out._buf, x.size, float(a), float(b)
+        _attach_launch(
+            out, name, x, lambda rec, g, dst, beta: _core.unary_backward(rec, code, xb, yb, g, dst, n, fa, fb, beta)
+        )
     return out
 
 
@@ -501,13 +510,12 @@ def max(
     if needs_grad(x):
         outer, length, inner = math.prod(shape[:d]), shape[d], math.prod(shape[d + 1 :])
         ibuf = indices._buf
-
-        def backward(g, sinks, _):
-            dst, beta = sinks[0].target()
-            with _rec(x.device) as rec:
-                _core.max_backward(rec, g._buf, ibuf, dst._buf, outer, length, inner, float(beta))
-
-        attach(values, "max", [x], backward)
+        _attach_launch(
+            values,
+            "max",
+            x,
+            lambda rec, g, dst, beta: _core.max_backward(rec, g, ibuf, dst, outer, length, inner, beta),
+        )
     return _MaxResult((values, indices))
 
 
@@ -556,13 +564,9 @@ def _softmax(x, dim, log):
         _core.softmax(rec, x._buf, out._buf, rows, cols, log)
     if needs_grad(x):
         yb = out._buf
-
-        def backward(g, sinks, _):
-            dst, beta = sinks[0].target()
-            with _rec(x.device) as rec:
-                _core.softmax_backward(rec, yb, g._buf, dst._buf, rows, cols, log, float(beta))
-
-        attach(out, op, [x], backward)
+        _attach_launch(
+            out, op, x, lambda rec, g, dst, beta: _core.softmax_backward(rec, yb, g, dst, rows, cols, log, beta)
+        )
     return out
 
 
@@ -877,13 +881,12 @@ def embedding(ids: Labels, weight: Tensor) -> Tensor:
         _core.embedding(rec, weight._buf, tids._buf, out._buf, n, vocab, dim)
     if needs_grad(weight):
         ibuf = tids._buf
-
-        def backward(g, sinks, _):
-            dst, beta = sinks[0].target()
-            with _rec(weight.device) as rec:
-                _core.embedding_backward(rec, g._buf, ibuf, dst._buf, n, vocab, dim, float(beta))
-
-        attach(out, "embedding", [weight], backward)
+        _attach_launch(
+            out,
+            "embedding",
+            weight,
+            lambda rec, g, dst, beta: _core.embedding_backward(rec, g, ibuf, dst, n, vocab, dim, beta),
+        )
     return out
 
 
@@ -1137,14 +1140,13 @@ def nll_loss(
     with _rec(dev) as rec:
         _core.nll_pick(rec, x._buf, labels._buf, picked._buf, mask._buf, rows, cols, int(ignore_index))
     if needs_grad(x):
-        lbuf = labels._buf
-
-        def backward(g, sinks, _):
-            dst, beta = sinks[0].target()
-            with _rec(dev) as rec:
-                _core.nll_pick_backward(rec, g._buf, lbuf, dst._buf, rows, cols, int(ignore_index), float(beta))
-
-        attach(picked, "nll_loss", [x], backward)
+        lbuf, ignore = labels._buf, int(ignore_index)
+        _attach_launch(
+            picked,
+            "nll_loss",
+            x,
+            lambda rec, g, dst, beta: _core.nll_pick_backward(rec, g, lbuf, dst, rows, cols, ignore, beta),
+        )
     if reduction == "none":
         return picked
     total = sum(picked)
@@ -1186,16 +1188,12 @@ def cross_entropy(
     result = per_row if reduction == "none" else out
     if needs_grad(x):
         xbuf, lbuf, lsebuf, obuf = x._buf, labels._buf, lse._buf, scale._buf
-        each = reduction == "none"
+        each, ignore = reduction == "none", int(ignore_index)
 
-        def backward(g, sinks, _):
-            dst, beta = sinks[0].target()
-            with _rec(dev) as rec:
-                _core.cross_entropy_backward(
-                    rec, xbuf, lbuf, lsebuf, g._buf, obuf, dst._buf, rows, cols, int(ignore_index), each, float(beta)
-                )
+        def launch(rec, g, dst, beta):
+            _core.cross_entropy_backward(rec, xbuf, lbuf, lsebuf, g, obuf, dst, rows, cols, ignore, each, beta)
 
-        attach(result, "cross_entropy", [x], backward)
+        _attach_launch(result, "cross_entropy", x, launch)
     return result
 
 
@@ -1508,11 +1506,5 @@ def dropout(
         _core.dropout(rec, x._buf, key, out._buf, x.size, p, 0.0)
     if needs_grad(x):
         n = x.size
-
-        def backward(g, sinks, _):
-            dst, beta = sinks[0].target()
-            with _rec(dev) as rec:
-                _core.dropout(rec, g._buf, key, dst._buf, n, p, float(beta))
-
-        attach(out, "dropout", [x], backward)
+        _attach_launch(out, "dropout", x, lambda rec, g, dst, beta: _core.dropout(rec, g, key, dst, n, p, beta))
     return out

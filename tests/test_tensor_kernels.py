@@ -422,6 +422,15 @@ def test_where(dev, rng, sc, sa, sb):
 # ---------------------------------------------------------------- strided copy
 
 
+def gather_strided(dev, x, offset, strides, shape):
+    """strided_copy of x's elements offset + sum(i_d * strides[d]) into a poisoned contiguous `shape`."""
+    out = poisoned(dev, shape)
+    run(
+        dev, _core.strided_copy, T(dev, x)._buf, offset, list(strides), out._buf, 0, contiguous(shape), list(shape), 0.0
+    )
+    return out.numpy()
+
+
 @pytest.mark.parametrize(
     "shape,perm",
     [
@@ -436,20 +445,7 @@ def test_strided_copy_permute(dev, rng, shape, perm):
     x = rand(rng, *shape)
     expected = np.transpose(x, perm)
     src_strides = [contiguous(shape)[p] for p in perm]
-    out = poisoned(dev, expected.shape)
-    run(
-        dev,
-        _core.strided_copy,
-        T(dev, x)._buf,
-        0,
-        src_strides,
-        out._buf,
-        0,
-        contiguous(expected.shape),
-        list(expected.shape),
-        0.0,
-    )
-    np.testing.assert_array_equal(out.numpy(), expected)
+    np.testing.assert_array_equal(gather_strided(dev, x, 0, src_strides, expected.shape), expected)
 
 
 def test_strided_copy_expand_and_accumulate(dev, rng):
@@ -467,20 +463,7 @@ def test_strided_copy_expand_and_accumulate(dev, rng):
 def test_strided_copy_slice(dev, rng):
     x = rand(rng, 17, 40)
     view = x[2:15:3, 5:38:2]  # offset 2*40 + 5, strides (3*40, 2)
-    out = poisoned(dev, view.shape)
-    run(
-        dev,
-        _core.strided_copy,
-        T(dev, x)._buf,
-        2 * 40 + 5,
-        [120, 2],
-        out._buf,
-        0,
-        contiguous(view.shape),
-        list(view.shape),
-        0.0,
-    )
-    np.testing.assert_array_equal(out.numpy(), view)
+    np.testing.assert_array_equal(gather_strided(dev, x, 2 * 40 + 5, [120, 2], view.shape), view)
 
 
 def test_strided_copy_into_slice(dev, rng):
