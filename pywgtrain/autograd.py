@@ -10,7 +10,10 @@ order; gradients flow through *slots*:
   parameter) accumulates into ``.grad`` as PyTorch does (written in place
   when it already exists, or straight into an optimizer's flat gradient
   arena when the parameter has one);
-* an intermediate tensor's gradient is summed over its uses.
+* an intermediate tensor's gradient is summed over its uses. A gradient
+  handed on unchanged (an add, a reshape) is shared by several slots; the
+  last slot still holding it may write it in place instead of copying it
+  first (a residual connection's gradient, once the branch has read it).
 
 Backward functions either ask a sink for a ``(tensor, beta)`` target and
 write into it with a kernel that accumulates when ``beta`` is 1 (GEMMs,
@@ -105,7 +108,7 @@ def attach(out, name, inputs, backward_fn, saved=None):
 class _Slot:
     """Where the gradient of one tensor collects during a backward pass."""
 
-    __slots__ = ("tensor", "shape", "leaf", "value", "owned", "preact", "uses", "producer")
+    __slots__ = ("tensor", "shape", "leaf", "value", "owned", "share", "preact", "uses", "producer")
 
     def __init__(self, tensor, uses):
         self.tensor = tensor
@@ -113,6 +116,7 @@ class _Slot:
         self.leaf = tensor._node is None
         self.value = None  # intermediate: the gradient so far
         self.owned = False  # whether `value` may be written in place
+        self.share = None  # the _Share of a value other slots may hold too (owned is then False)
         self.preact = False  # value is the gradient of the producer's pre-activation (fused Linear)
         self.uses = uses
         self.producer = tensor._node
@@ -126,6 +130,24 @@ class _Slot:
             return t.grad, 0.0
         return t.grad, 1.0
 
+    def _own(self):
+        """Make ``value`` writable: take it over when no other slot holds it any more, else copy it."""
+        share = self.share
+        self.share = None
+        if share is not None:
+            share.holders -= 1
+            if share.holders == 0:
+                self.owned = True
+                return
+        self.value, self.owned = _copy(self.value), True
+
+    def drop(self):
+        """The value was consumed (its producer's backward ran)."""
+        if self.share is not None:
+            self.share.holders -= 1
+            self.share = None
+        self.value = None
+
     def target(self):
         """(tensor, beta): write the contribution into tensor, accumulating when beta is 1."""
         if self.leaf:
@@ -134,12 +156,13 @@ class _Slot:
             self.value, self.owned = _empty_like(self.tensor), True
             return self.value, 0.0
         if not self.owned:
-            self.value, self.owned = _copy(self.value), True
+            self._own()
         self.preact = False
         return self.value, 1.0
 
-    def put(self, g, owned=True, preact=False):
-        """Hand over a finished contribution ``g`` (``owned``: no one else holds it)."""
+    def put(self, g, owned=True, preact=False, share=None):
+        """Hand over a finished contribution ``g`` (``owned``: no one else holds it; ``share``: the
+        _Share of the writable gradient g was passed on from, which this slot joins)."""
         if g.shape != self.shape:
             g = g.reshape(self.shape)
         if self.leaf:
@@ -152,25 +175,35 @@ class _Slot:
             return
         if self.value is None:
             self.value, self.owned, self.preact = g, owned, preact
+            if not owned and share is not None:
+                share.holders += 1
+                self.share = share
             return
         if preact or self.preact:
             raise AssertionError("a pre-activation gradient must be the only contribution to its slot")
-        if self.owned:
-            _copy_into(g, self.value, 1.0)
-        else:
-            out = _copy(self.value)
-            _copy_into(g, out, 1.0)
-            self.value, self.owned = out, True
+        if not self.owned:
+            self._own()
+        _copy_into(g, self.value, 1.0)
+
+
+class _Share:
+    """Counts the slots holding one writable gradient passed on unchanged."""
+
+    __slots__ = ("holders",)
+
+    def __init__(self):
+        self.holders = 1
 
 
 class Sink:
     """What a backward function sees of one input: its shape, how often the
     graph uses it, the node that produced it, and where its gradient goes."""
 
-    __slots__ = ("_slot",)
+    __slots__ = ("_slot", "_incoming")
 
-    def __init__(self, slot):
+    def __init__(self, slot, incoming):
         self._slot = slot
+        self._incoming = incoming  # the slot whose gradient the backward function is handing on
 
     @property
     def shape(self):
@@ -188,7 +221,14 @@ class Sink:
         return self._slot.target()
 
     def put(self, g, owned=True, preact=False):
-        self._slot.put(g, owned, preact)
+        share = None
+        src = self._incoming
+        # A view of the incoming gradient, passed on unchanged: shared with it when it was writable.
+        if not owned and src.value is not None and g._buf is src.value._buf and (src.owned or src.share is not None):
+            if src.share is None:
+                src.share, src.owned = _Share(), False
+            share = src.share
+        self._slot.put(g, owned, preact, share)
 
 
 def _empty_like(t):
@@ -306,7 +346,7 @@ def backward(root, gradient=None):
                 s = slot_of(t)
                 if t._node is not None:
                     by_node[id(t._node)] = s
-                sinks.append(Sink(s))
+                sinks.append(Sink(s, slot))
             node.backward_fn(slot.value, sinks, slot.preact)
-            slot.value = None
+            slot.drop()
             node.release()

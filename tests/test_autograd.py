@@ -295,6 +295,53 @@ def test_tensor_used_twice_gradients_add(rng):
     run_both(rng, lambda L, x: (x * x + x.exp() * x).sum(), [(4, 5)])
 
 
+def _layer_norm(L, x):
+    return pw.layer_norm(x, x.shape[-1]) if L is pw else torch.nn.functional.layer_norm(x, x.shape[-1:])
+
+
+# Graphs where a gradient is handed on unchanged (add, reshape) to several
+# slots; the last holder writes it in place, earlier ones must not.
+SHARED_GRADIENTS = {
+    "residual": lambda L, x: (x * 1.5) + _layer_norm(L, x * 1.5).tanh(),
+    "residual_chain": lambda L, x: _chain(L, x * 1.0, 3),
+    "same_tensor_twice": lambda L, x: (x * 2.0) + (x * 2.0).reshape(x.shape),
+    "both_branches_accumulate": lambda L, x: (lambda h: (h + h.exp()) + (h + h.tanh()).reshape(h.shape))(x * 0.5),
+    "shared_then_read": lambda L, x: (lambda h: (h + h.exp()) * (h + h.exp()).tanh())(x * 0.5),
+    "view_of_shared": lambda L, x: (lambda h: (h + h.reshape(-1).exp().reshape(h.shape)) + h.sum(-1, keepdim=True))(
+        x * 1.0
+    ),
+}
+
+
+def _chain(L, x, depth):
+    for _ in range(depth):
+        x = x + _layer_norm(L, x).tanh()
+    return x
+
+
+@pytest.mark.parametrize("name", sorted(SHARED_GRADIENTS))
+def test_shared_gradients(rng, name):
+    """Gradients passed on unchanged by adds and views reach every branch intact, and the caller's
+    upstream gradient is never written (it is shared but not writable)."""
+    a = rng.standard_normal((6, 9)).astype(np.float32)
+    g = rng.standard_normal((6, 9)).astype(np.float32)
+    x = pw.tensor(a, requires_grad=True)
+    tx = torch.tensor(a.astype(np.float64), requires_grad=True)
+    out, ref = SHARED_GRADIENTS[name](pw, x), SHARED_GRADIENTS[name](torch, tx)
+    _close(out.numpy(), ref.detach().numpy(), "forward")
+    upstream = pw.tensor(g)
+    out.backward(upstream)
+    ref.backward(torch.tensor(g.astype(np.float64)))
+    _close(x.grad.numpy(), tx.grad.numpy(), "grad")
+    np.testing.assert_array_equal(upstream.numpy(), g)
+    # The same graph from a scalar loss: the seed is a device constant that must stay 1.
+    x.grad = None
+    tx.grad = None
+    (SHARED_GRADIENTS[name](pw, x) * pw.tensor(g)).sum().backward()
+    (SHARED_GRADIENTS[name](torch, tx) * torch.tensor(g.astype(np.float64))).sum().backward()
+    _close(x.grad.numpy(), tx.grad.numpy(), "grad from a scalar loss")
+
+
 def test_detached_branch_and_no_grad(rng):
     a = rng.standard_normal((3, 4)).astype(np.float32)
     x = pw.tensor(a, requires_grad=True)

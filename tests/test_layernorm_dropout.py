@@ -148,6 +148,15 @@ def test_layer_norm_wide_rows(dev, rng):
     check_ln(raw_ln(dev, x, w, b, dy), torch_ln(x, w, b, dy))
 
 
+@pytest.mark.parametrize("rows,cols", [(20001, 384), (3, 4096), (300, 4097), (2049, 17)])
+def test_layer_norm_backward_paths(dev, rng, rows, cols):
+    """Both backward kernels: rows up to 16 * 256 wide keep their columns in registers (several rows
+    per slot and several hundred workgroups at 20001 x 384, every thread busy at 4096), wider ones
+    take the strided kernel (4097)."""
+    x, dy, w, b = rand(rng, rows, cols), rand(rng, rows, cols), rand(rng, cols), rand(rng, cols)
+    check_ln(raw_ln(dev, x, w, b, dy), torch_ln(x, w, b, dy))
+
+
 @pytest.mark.parametrize("which", ["weight_only", "bias_only"])
 def test_layer_norm_weight_or_bias_only(dev, rng, which):
     rows, cols = 33, 129
