@@ -27,7 +27,6 @@ const Kernel& ln_kernel(Device& dev, const char* entry) {
   static const PipelineCache::EntryBindings table = {
       {"ln_forward", {sh::x, sh::weight, sh::bias, sh::y, sh::mean_out, sh::rstd_out, sh::lp}},
       {"ln_backward", {sh::x, sh::weight, sh::lp, sh::dy, sh::mean_in, sh::rstd_in, sh::dx, sh::parts}},
-      {"ln_backward_cached", {sh::x, sh::weight, sh::lp, sh::dy, sh::mean_in, sh::rstd_in, sh::dx, sh::parts}},
       {"ln_param_grads", {sh::lp, sh::parts_in, sh::dweight, sh::dbias}}};
   return dev.pipelines().get("layernorm", entry, table);
 }
@@ -36,11 +35,9 @@ const Kernel& ln_kernel(Device& dev, const char* entry) {
 // most a workgroup. The forward takes several rows per workgroup with ~16
 // elements per thread: a whole 256-thread workgroup per 384-wide row spent
 // its time in the tree reductions' barriers (H100, 16384 x 384: 82 -> 40 us).
-// The backward of rows up to CACHED_COLS * 256 wide (ln_backward_cached) keeps
-// up to CACHED_COLS elements per thread in registers and writes one partial
-// row per workgroup. Wider rows take ln_backward, one element per thread per
-// trip: its partial rows are per row slot, so more slots per workgroup meant
-// fewer workgroups for the same partial rows (85 -> 258 us with 16 per thread).
+// The backward keeps one element per thread (cols_per_thread 1): its partial
+// rows are per row slot, so more slots per workgroup meant fewer workgroups
+// for the same partial rows (the same change made it 85 -> 258 us).
 constexpr uint32_t kForwardColsPerThread = 16;
 uint32_t threads_per_row(uint32_t cols, uint32_t cols_per_thread) {
   uint32_t t = 1;
@@ -151,30 +148,26 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
   if (dweight) check_floats(*dweight, cols, "layer_norm_backward dweight");
   if (dbias) check_floats(*dbias, cols, "layer_norm_backward dbias");
 
-  const bool cached = cols <= uint64_t(sh::CACHED_COLS) * kGroup;
-  const uint32_t t = threads_per_row(cols, cached ? sh::CACHED_COLS : 1);
+  const uint32_t t = threads_per_row(cols, 1);
   const uint64_t rpw = kGroup / t;
-  // Partial rows per workgroup, and rows a partial row takes in per trip of the row loop.
-  const uint64_t group_parts = cached ? 1 : rpw, rows_per_part = cached ? rpw : 1;
   const bool want_parts = dweight || dbias;
   const uint64_t limit = span_limit(dev);
   // Rows one row slot walks: its dx passes (2 per row) and sums must stay within the trip limit.
-  const uint64_t row_trips = 2 * (cached ? sh::CACHED_COLS : ceil_div(cols, t)) + 2 * log2u(t) + 4;
+  const uint64_t row_trips = 2 * ceil_div(cols, t) + 2 * log2u(t) + 4;
   const uint64_t kmax = std::max<uint64_t>(1, kMaxTrips / row_trips);
   // Partial rows per block: about kTargetParts, all [2][parts][cols] within one binding.
   const uint64_t by_binding = want_parts ? limit / (2 * uint64_t(cols)) : kTargetParts;
   const uint64_t cap = std::min(kTargetParts, by_binding);
-  if (cap < 2 * group_parts)
+  if (cap < 2 * rpw)
     throw ArgumentError(fn + ": rows of " + std::to_string(cols) + " elements leave no room for the partial sums");
-  // A block's partial rows stay <= pcap + group_parts <= cap.
-  const uint64_t pcap = cap / group_parts * group_parts - group_parts;
-  const uint64_t per = std::min(limit / cols, kmax * pcap * rows_per_part);
+  const uint64_t pcap = cap / rpw * rpw - rpw;  // a block's partial rows stay <= pcap + rpw <= cap
+  const uint64_t per = std::min(limit / cols, kmax * pcap);
 
   auto plan = [&](uint64_t rc) {  // (rows per slot, workgroups) of a block of rc rows
-    const uint64_t seg = std::min(kmax, ceil_div(rc, pcap * rows_per_part));
+    const uint64_t seg = std::min(kmax, ceil_div(rc, pcap));
     return std::pair{seg, ceil_div(rc, seg * rpw)};
   };
-  const uint64_t max_parts = plan(std::min<uint64_t>(per, rows)).second * group_parts;
+  const uint64_t max_parts = plan(std::min<uint64_t>(per, rows)).second * rpw;
   if (max_parts > cap) throw std::logic_error(fn + ": partial rows exceed their cap");
   // Scratch for the partial sums (wgpu keeps it alive for the encoder, a captured graph references it);
   // a small stand-in for whichever writable binding has no buffer.
@@ -185,12 +178,12 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
 
   uint32_t flags = (weight ? kHasW : 0) | (dx ? kWantDx : 0) | (want_parts ? kWantParts : 0) | (dweight ? kWantDw : 0) |
                    (dbias ? kWantDb : 0);
-  const Kernel& bk = ln_kernel(dev, cached ? "ln_backward_cached" : "ln_backward");
+  const Kernel& bk = ln_kernel(dev, "ln_backward");
   const Kernel& gk = ln_kernel(dev, "ln_param_grads");
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const auto [seg, groups] = plan(rc);
-    const uint64_t parts = groups * group_parts;
+    const uint64_t parts = groups * rpw;
     const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
     const Bound mb = bind_span(dev, mean, r0, rc);
     LnParams p;

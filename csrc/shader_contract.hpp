@@ -212,7 +212,6 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   WRITE(dweight, 13, "array<f32>") WRITE(dbias, 14, "array<f32>")                                                 \
   CONST(WG, 256)  /* threads per row workgroup (forward, backward) */                                             \
   CONST(COLS, 16) /* columns per ln_param_grads workgroup (16 x 16 threads) */                                    \
-  CONST(CACHED_COLS, 16) /* columns per thread ln_backward_cached keeps in registers */                           \
   CONST(HAS_W, 1) CONST(HAS_B, 2) CONST(WANT_DX, 4) CONST(WANT_PARTS, 8) CONST(WANT_DW, 16) CONST(WANT_DB, 32)
 #define PWT_SHADER_linear(READ, WRITE, UNIFORM, CONST)                                                            \
   READ(upstream, 0, "array<f32>") READ(preact, 1, "array<f32>") WRITE(result, 2, "array<f32>")                    \

@@ -2,8 +2,7 @@
 // Forward: y = (x - mean) * rstd * weight + bias, mean and rstd = 1 / sqrt(var + eps)
 // saved per row. Backward: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight,
 // and per-slot partial sums of dy * xhat and dy over rows (one partial row per row slot of a
-// workgroup, no atomics; ln_backward_cached: one per workgroup) that ln_param_grads sums in a
-// fixed order.
+// workgroup, no atomics) that ln_param_grads sums over slots in a fixed order.
 //
 // A workgroup of 256 threads handles 256 / tpr rows at a time, tpr threads per row (tpr a
 // power of two <= 256: narrow rows share a workgroup). Statistics are two-pass around a shift
@@ -170,88 +169,6 @@ fn ln_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         parts[prow + j] = 0.0;
         parts[brow + j] = 0.0;
       }
-    }
-  }
-}
-
-// The backward for rows of at most CACHED_COLS * tpr columns. Each thread keeps its columns of x
-// and dy in registers between the statistics and the dx pass, and sums dy * xhat and dy for the
-// same columns over all its rows in registers; at the end the workgroup adds up its row slots and
-// writes one partial row (row g of each half of `parts`). Workgroup g walks the rows
-// g * seg_rows * rpw + k * rpw + slot, k < seg_rows.
-@compute @workgroup_size(WG)
-fn ln_backward_cached(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                      @builtin(local_invocation_index) lid: u32) {
-  let t = lp.tpr;
-  let rpw = WG / t;
-  let lane = lid % t;
-  let slot = lid / t;
-  let g = wid.y * nwg.x + wid.x;
-  let n = lp.cols;
-  let nf = f32(n);
-  let want_dx = (lp.flags & WANT_DX) != 0u;
-  let want_parts = (lp.flags & WANT_PARTS) != 0u;
-  // Explicitly zeroed: lavapipe keeps stale values in uninitialized function-scope arrays.
-  var part_w: array<f32, CACHED_COLS>;
-  var part_b: array<f32, CACHED_COLS>;
-  var xs: array<f32, CACHED_COLS>;  // x - saved mean
-  var ds: array<f32, CACHED_COLS>;  // dy
-  for (var i = 0u; i < CACHED_COLS; i++) { part_w[i] = 0.0; part_b[i] = 0.0; xs[i] = 0.0; ds[i] = 0.0; }
-  for (var k = 0u; k < lp.seg_rows; k++) {
-    let first = (g * lp.seg_rows + k) * rpw;
-    if (first >= lp.rows) { break; }  // uniform: depends on the workgroup only
-    let r = first + slot;
-    let valid = r < lp.rows;
-    let base = lp.x_off + r * n;
-    var mu = 0.0;
-    var rs = 0.0;
-    var acc = vec3<f32>(0.0);
-    if (valid) {
-      mu = mean_in[lp.s_off + r];
-      rs = rstd_in[lp.s_off + r];
-      for (var i = 0u; i < CACHED_COLS; i++) {
-        let j = lane + i * t;
-        if (j < n) {
-          xs[i] = x[base + j] - mu;
-          ds[i] = dy[base + j];
-          let gj = ds[i] * w_at(j);
-          acc += vec3<f32>(xs[i], gj, gj * xs[i]);
-        }
-      }
-    }
-    let sums = slot_sum(lid, vec4<f32>(acc, 0.0)).xyz;
-    let c = sums.x / nf;                        // true mean - saved mean
-    let mg = sums.y / nf;                       // mean(g)
-    let mgx = rs * (sums.z - c * sums.y) / nf;  // mean(g * xhat)
-    if (valid) {
-      for (var i = 0u; i < CACHED_COLS; i++) {
-        let j = lane + i * t;
-        if (j < n) {
-          let d = ds[i];
-          let xh = (xs[i] - c) * rs;
-          if (want_dx) {
-            var v = rs * (d * w_at(j) - mg - xh * mgx);
-            if (lp.beta != 0.0) { v += lp.beta * dx[base + j]; }
-            dx[base + j] = v;
-          }
-          part_w[i] += d * xh;
-          part_b[i] += d;
-        }
-      }
-    }
-  }
-  if (!want_parts) { return; }
-  // Row slot 0 adds the other slots' sums column by column and writes the workgroup's partial row.
-  for (var i = 0u; i < CACHED_COLS; i++) {
-    workgroupBarrier();
-    red[lid] = vec4<f32>(part_w[i], part_b[i], 0.0, 0.0);
-    workgroupBarrier();
-    let j = lane + i * t;
-    if (slot == 0u && j < n) {
-      var s = red[lane];
-      for (var o = 1u; o < rpw; o++) { s += red[o * t + lane]; }
-      parts[g * n + j] = s.x;
-      parts[(lp.parts + g) * n + j] = s.y;
     }
   }
 }
