@@ -206,15 +206,18 @@ const char* bool_literal(bool v) { return v ? "true" : "false"; }
 // contiguous direction is the tile's vec4 direction and its leading dimension
 // and offset are multiples of 4 (PYWGTRAIN_GEMM_VEC=0 turns them off for A/B
 // runs, docs/gemm_notes.md #42).
+// C_VEC likewise for C's stores: its leading dimension, offset and split
+// stride multiples of 4.
 struct VecLoads {
-  bool a, b;
+  bool a, b, c;
 };
 VecLoads vec_loads(bool ta, bool tb, const GemmParams& p) {
   static const bool enabled = [] {
     const char* v = std::getenv("PYWGTRAIN_GEMM_VEC");
     return !(v && std::string(v) == "0");
   }();
-  return {enabled && ta && p.lda % 4 == 0 && p.a_off % 4 == 0, enabled && !tb && p.ldb % 4 == 0 && p.b_off % 4 == 0};
+  return {enabled && ta && p.lda % 4 == 0 && p.a_off % 4 == 0, enabled && !tb && p.ldb % 4 == 0 && p.b_off % 4 == 0,
+          enabled && p.ldc % 4 == 0 && p.c_off % 4 == 0 && p.split_stride % 4 == 0};
 }
 
 const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v) {
@@ -225,7 +228,7 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v) 
   KernelDesc d;
   d.shader = "gemm";
   d.entry = "gemm";
-  d.bindings = {sh::a, sh::b, sh::c, sh::p, sh::bias, sh::preact, sh::row_sums, sh::a4, sh::b4};
+  d.bindings = {sh::a, sh::b, sh::c, sh::p, sh::bias, sh::preact, sh::row_sums, sh::a4, sh::b4, sh::c4, sh::preact4};
   d.constants = {{"BM", u32_literal(t.bm)},
                  {"BN", u32_literal(t.bn)},
                  {"BK", u32_literal(t.bk)},
@@ -238,7 +241,8 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v) 
                  {"WARP_W", u32_literal(t.warp_w ? t.warp_w : t.bn / t.tn)},
                  {"LEAN_LOOP", bool_literal(lean)},
                  {"A_VEC", bool_literal(v.a)},
-                 {"B_VEC", bool_literal(v.b)}};
+                 {"B_VEC", bool_literal(v.b)},
+                 {"C_VEC", bool_literal(v.c)}};
   d.trusted = true;
   return dev.pipelines().get(d);
 }
@@ -257,7 +261,9 @@ void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const
               {sh::preact, or_placeholder(dev, ranges.preact, true)},
               {sh::row_sums, or_placeholder(dev, ranges.row_sums, true)},
               {sh::a4, v.a ? ranges.a : unused},
-              {sh::b4, v.b ? ranges.b : unused}},
+              {sh::b4, v.b ? ranges.b : unused},
+              {sh::c4, v.c ? ranges.c : or_placeholder(dev, Range{}, true)},
+              {sh::preact4, v.c ? or_placeholder(dev, ranges.preact, true) : or_placeholder(dev, Range{}, true)}},
              p, gx, gy, gz);
 }
 
@@ -331,7 +337,8 @@ KernelDesc elementwise_kernel(const char* entry, Epilogue ep, Activation act) {
                  {"WARP_W", "16u"},
                  {"LEAN_LOOP", "false"},
                  {"A_VEC", "false"},
-                 {"B_VEC", "false"}};
+                 {"B_VEC", "false"},
+                 {"C_VEC", "false"}};
   d.trusted = true;
   return d;
 }

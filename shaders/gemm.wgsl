@@ -7,7 +7,10 @@
 //   TRANS_A, TRANS_B: bool; EPILOGUE: one of the EPILOGUE_* values (below);
 //   ACT: activation of the fused epilogues; WARP_W: thread_xy below;
 //   LEAN_LOOP: bool, the K loop shape of tile_product;
-//   A_VEC, B_VEC: bool, whole-vec4 unchecked tile loads (below).
+//   A_VEC, B_VEC: bool, whole-vec4 unchecked tile loads (below);
+//   C_VEC: bool, the epilogue stores (and reads) C and the pre-activation
+//     as vec4s where four columns are inside (the host found C's leading
+//     dimension, offset and split stride multiples of 4).
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
@@ -35,9 +38,12 @@ struct GemmParams {
 @group(0) @binding(5) var<storage, read_write> preact: array<f32>;
 @group(0) @binding(6) var<storage, read> partials: array<f32>;
 @group(0) @binding(7) var<storage, read_write> row_sums: array<f32>;
-// A and B again as vec4s (A_VEC / B_VEC; otherwise a placeholder is bound).
+// A and B again as vec4s (A_VEC / B_VEC), C and the pre-activation (C_VEC);
+// otherwise a placeholder is bound.
 @group(0) @binding(8) var<storage, read> a4: array<vec4<f32>>;
 @group(0) @binding(9) var<storage, read> b4: array<vec4<f32>>;
+@group(0) @binding(10) var<storage, read_write> c4: array<vec4<f32>>;
+@group(0) @binding(11) var<storage, read_write> preact4: array<vec4<f32>>;
 
 // ROWSUM: tile_product also sums op(A) over k for the thread's rows (the bias
 // gradient comes with the weight gradient: db = dZ^T 1 next to dW = dZ^T X).
@@ -284,6 +290,31 @@ fn epilogue(idx: u32, n: u32, v: f32) {
   }
 }
 
+// epilogue() for the four columns n..n+3 at C[idx..idx+3], idx a multiple
+// of 4 (C_VEC): one 128-bit store instead of four scalar ones (the same arithmetic).
+fn bias4(n: u32) -> vec4<f32> {
+  let o = p.bias_off + n;
+  return vec4<f32>(bias[o], bias[o + 1u], bias[o + 2u], bias[o + 3u]);
+}
+fn activate4(z: vec4<f32>) -> vec4<f32> { return vec4<f32>(activate(z.x), activate(z.y), activate(z.z), activate(z.w)); }
+fn epilogue4(idx: u32, n: u32, v: vec4<f32>) {
+  let i = idx / 4u;
+  if (EPILOGUE == EPILOGUE_BIAS_ACT) {
+    c4[i] = activate4(v + bias4(n));
+  } else if (EPILOGUE == EPILOGUE_BIAS_ACT_TRAIN) {
+    let z = v + bias4(n);
+    preact4[i] = z;
+    c4[i] = activate4(z);
+  } else if (EPILOGUE == EPILOGUE_ACT_GRAD) {
+    let z = preact4[i];
+    c4[i] = v * vec4<f32>(activate_grad(z.x), activate_grad(z.y), activate_grad(z.z), activate_grad(z.w));
+  } else if (EPILOGUE == EPILOGUE_PLAIN || EPILOGUE == EPILOGUE_ROWSUM) {
+    var s = v;
+    if (p.beta != 0.0) { s = fma(vec4<f32>(p.beta), c4[i], s); }
+    c4[i] = s;
+  }
+}
+
 // The tiled product. Split-K (plain epilogue): workgroup z writes its partial
 // product split_stride elements further on. ROWSUM: row_sums[bias_off + m] =
 // sum_k op(A)[m, k] + beta * row_sums[...], written by the first column of
@@ -302,10 +333,16 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         row_sums[p.bias_off + m] = s;
       }
       for (var j = 0u; j < VN; j++) {
+        let v = p.alpha * acc[(i * 4u + r) * VN + j];
+        let n0 = out_col(wid, xy, j, 0u);
+        let idx = p.c_off + wid.z * p.split_stride + m * p.ldc + n0;
+        if (C_VEC && n0 + 4u <= p.n) {
+          epilogue4(idx, n0, v);
+          continue;
+        }
         for (var q = 0u; q < 4u; q++) {
-          let n = out_col(wid, xy, j, q);
-          if (n >= p.n) { continue; }
-          epilogue(p.c_off + wid.z * p.split_stride + m * p.ldc + n, n, p.alpha * acc[(i * 4u + r) * VN + j][q]);
+          if (n0 + q >= p.n) { continue; }
+          epilogue(idx + q, n0 + q, v[q]);
         }
       }
     }
