@@ -292,6 +292,7 @@ fn epilogue(idx: u32, n: u32, v: f32) {
 
 // epilogue() for the four columns n..n+3 at C[idx..idx+3], idx a multiple
 // of 4 (C_VEC): one 128-bit store instead of four scalar ones (the same arithmetic).
+// ACT_GRAD never takes C_VEC (the host's choice: its vec4 reads were slower).
 fn bias4(n: u32) -> vec4<f32> {
   let o = p.bias_off + n;
   return vec4<f32>(bias[o], bias[o + 1u], bias[o + 2u], bias[o + 3u]);
@@ -305,9 +306,6 @@ fn epilogue4(idx: u32, n: u32, v: vec4<f32>) {
     let z = v + bias4(n);
     preact4[i] = z;
     c4[i] = activate4(z);
-  } else if (EPILOGUE == EPILOGUE_ACT_GRAD) {
-    let z = preact4[i];
-    c4[i] = v * vec4<f32>(activate_grad(z.x), activate_grad(z.y), activate_grad(z.z), activate_grad(z.w));
   } else if (EPILOGUE == EPILOGUE_PLAIN || EPILOGUE == EPILOGUE_ROWSUM) {
     var s = v;
     if (p.beta != 0.0) { s = fma(vec4<f32>(p.beta), c4[i], s); }
