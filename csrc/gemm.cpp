@@ -30,6 +30,8 @@ constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tile
 // From this K on, mid-size outputs take 64x128 tiles and split-K (each split
 // still runs many K steps): 512x4096x1024 NT 155 -> 142 us (#38).
 constexpr uint32_t kLongK = 2048;
+// From this K on, outputs of few tiles may split K 32 ways instead of 16 (choose_splits).
+constexpr uint64_t kVeryLongK = 32768;
 // Row sums ride along in the GEMM up to this many multiply-adds, where the
 // separate pass (~9 us on the H100) costs more than the in-loop adds.
 constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
@@ -496,7 +498,11 @@ uint32_t choose_splits(uint32_t m, uint32_t n, uint64_t k, const TileConfig& t) 
   if (k >= kLongK && t.bm == 64 && t.bn == 128 && tiles >= kLongKMinTiles)
     return uint32_t(std::max<uint64_t>(bounded, long_k_splits(m, n, k)));
   if (tiles >= 256 || k < kSplitMinK) return uint32_t(bounded);
-  const uint64_t splits = std::min<uint64_t>({ceil_div(512, tiles), k / 128, 16});
+  // Up to 16 splits; 32 where K is very long (H100, 64x50304x768 NN, 12
+  // tiles: 16 splits 230 us, 32 175 us, 48-96 181-197 us, cuBLAS 148-151;
+  // the same cap of 32 made 64x4096x4096 and 256x4096x4096 slower).
+  const uint64_t most = k >= kVeryLongK ? 32 : 16;
+  const uint64_t splits = std::min<uint64_t>({ceil_div(512, tiles), k / 128, most});
   return uint32_t(std::max<uint64_t>({splits, bounded, 1}));
 }
 // clang-format on

@@ -47,11 +47,14 @@ def test_gemm_alpha_beta(dev, rng, ta, tb, alpha, beta):
 
 
 @pytest.mark.parametrize("ta,tb", TRANS)
-@pytest.mark.parametrize("m,n,k", [(64, 1024, 1024), (7, 33, 2000), (130, 70, 4001), (65, 65, 777), (1030, 130, 4100)])
+@pytest.mark.parametrize(
+    "m,n,k", [(64, 1024, 1024), (7, 33, 2000), (130, 70, 4001), (65, 65, 777), (1030, 130, 4100), (5, 131, 40001)]
+)
 def test_split_k_small_outputs_long_k(dev, rng, m, n, k, ta, tb):
     """Few output tiles and long K take the split-K path (partial products +
     reduce); 1030 x 130 x 4100 is a long-K output of 34 tiles of 64x128,
-    whose splits the wave model picks (gemm.cpp long_k_splits)."""
+    whose splits the wave model picks (gemm.cpp long_k_splits); K = 40001
+    takes up to 32 splits instead of 16."""
     a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
     out = pw.tensor(c, dev)
     pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, 1.5, -0.5, out=out)
