@@ -30,6 +30,10 @@ constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tile
 // From this K on, mid-size outputs take 64x128 tiles and split-K (each split
 // still runs many K steps): 512x4096x1024 NT 155 -> 142 us (#38).
 constexpr uint32_t kLongK = 2048;
+// NT products with at least kNtAsNnRows rows, and N and K of at least
+// kNtAsNnMinCols, run as NN on a transposed copy of B (record_gemm).
+constexpr uint64_t kNtAsNnRows = 768;
+constexpr uint32_t kNtAsNnMinCols = 256;
 // From this K on, outputs of few tiles may split K 32 ways instead of 16 (choose_splits).
 constexpr uint64_t kVeryLongK = 32768;
 // Row sums ride along in the GEMM up to this many multiply-adds, where the
@@ -650,6 +654,31 @@ void record_repack(Recorder& r, const Buffer& src, const Buffer& dst, uint32_t r
              gx, gy);
 }
 
+// Writes the transpose of the rows x cols matrix `src` (leading dimension
+// src_ld) to `dst` with leading dimension dst_ld.
+void record_transpose(Recorder& r, const Buffer& src, uint64_t src_ld, uint32_t rows, uint32_t cols, const Buffer& dst,
+                      uint64_t dst_ld) {
+  Device& dev = r.device();
+  GemmParams q;
+  q.m = rows;
+  q.n = cols;
+  q.lda = uint32_t(src_ld);
+  q.ldc = uint32_t(dst_ld);
+  KernelDesc d = elementwise_kernel("transpose", Epilogue::Plain, Activation::None);
+  d.bindings = {sh::c, sh::p, sh::partials};
+  r.dispatch(dev.pipelines().get(d),
+             {{sh::c, floats(dst, 0, (cols - 1) * dst_ld + rows)}, {sh::partials, floats(src, 0, (rows - 1) * src_ld + cols)}},
+             q, uint32_t(ceil_div(cols, sh::TRANSPOSE_TILE)), uint32_t(ceil_div(rows, sh::TRANSPOSE_TILE)));
+}
+
+// NT products of at least this many rows run as NN on a transposed copy of
+// B (PYWGTRAIN_GEMM_NT_ROWS, read per call for experiments).
+uint64_t nt_as_nn_rows() {
+  const char* v = std::getenv("PYWGTRAIN_GEMM_NT_ROWS");
+  if (v && *v) return std::strtoull(v, nullptr, 10);
+  return kNtAsNnRows;
+}
+
 void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
   Device& dev = r.device();
   const uint32_t m = g.m, n = g.n, k = g.k;
@@ -677,6 +706,23 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
       record_gemv(r, row);
     }
     return;
+  }
+  // NT (x @ W.T, a linear layer's forward) loads both operands k-major, as
+  // scalars; NN loads B n-major as vec4s. Products with many rows repay
+  // transposing B into the device workspace first (rows padded to a multiple
+  // of 4): the copy reads and writes B once, the product reads it M / BM times.
+  const uint64_t binding_floats = dev.limits().max_storage_binding / 4;
+  const uint64_t n4 = (uint64_t(n) + 3) & ~uint64_t(3);
+  if (!ta && tb && m >= nt_as_nn_rows() && n >= kNtAsNnMinCols && k >= kNtAsNnMinCols &&
+      uint64_t(n) * ldb <= binding_floats && uint64_t(k) * n4 <= binding_floats &&
+      ceil_div(std::max(n, k), sh::TRANSPOSE_TILE) <= dev.limits().max_workgroups_per_dim) {
+    auto bt = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(1, k * n4 * 4), k * n4 * 4);
+    record_transpose(r, b, ldb, n, k, *bt, n4);
+    GemmProblem nn = g;
+    nn.b = bt.get();
+    nn.tb = false;
+    nn.ldb = n4;
+    return record_gemm(r, nn, e);
   }
   // Rows of each stored matrix are one of M, N, K; bound each block size by
   // every operand whose rows run along that dimension.

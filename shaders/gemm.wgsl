@@ -374,3 +374,25 @@ fn repack(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
   let col = e % p.n;
   c[p.c_off + row * p.ldc + col] = partials[p.a_off + row * p.lda + col];
 }
+
+// Transposes the m x n matrix at a_off in `partials` (leading dimension lda)
+// into C (leading dimension ldc): C[j][i] = src[i][j]. Through a padded tile
+// in workgroup memory, so reads and writes both run along rows.
+var<workgroup> tile_t: array<f32, TRANSPOSE_TILE * (TRANSPOSE_TILE + 1u)>;
+
+@compute @workgroup_size(TRANSPOSE_TILE, TRANSPOSE_ROWS)
+fn transpose(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let row0 = wid.y * TRANSPOSE_TILE;
+  let col0 = wid.x * TRANSPOSE_TILE;
+  for (var i = lid.y; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
+    let row = row0 + i;
+    let col = col0 + lid.x;
+    if (row < p.m && col < p.n) { tile_t[i * (TRANSPOSE_TILE + 1u) + lid.x] = partials[p.a_off + row * p.lda + col]; }
+  }
+  workgroupBarrier();
+  for (var i = lid.y; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
+    let col = col0 + i;  // row of C
+    let row = row0 + lid.x;
+    if (row < p.m && col < p.n) { c[p.c_off + col * p.ldc + row] = tile_t[lid.x * (TRANSPOSE_TILE + 1u) + i]; }
+  }
+}

@@ -1,4 +1,5 @@
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -75,6 +76,24 @@ def test_forced_split_counts(dev, rng, monkeypatch, splits):
         out = pw.tensor(c, dev)
         pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, 1.0, 1.0, out=out)
         assert_close(out.numpy(), ref_gemm(a, b, 1.0, 1.0, c), atol_scale=k_tolerance(k))
+
+
+@pytest.mark.parametrize("rows", ["1", "768", "1000000000"])
+def test_nt_as_nn_on_transposed_b(dev, rng, monkeypatch, rows):
+    """NT products with many rows run as NN on a transposed copy of B (PYWGTRAIN_GEMM_NT_ROWS, read per
+    call: 1 sends every NT product with N, K >= 256 that way, 10^9 none), plain and with the fused
+    bias + GELU epilogue, into poisoned outputs."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_NT_ROWS", rows)
+    for m, n, k in [(7, 257, 300), (768, 256, 256), (1000, 301, 257), (777, 1025, 999), (900, 255, 4000)]:
+        a, b = rand(rng, m, k), rand(rng, n, k)
+        out = poisoned(dev, (m, n))
+        pw.gemm(pw.tensor(a, dev), pw.tensor(b, dev), trans_b=True, out=out)
+        assert_close(out.numpy(), ref_gemm(a, b.T), atol_scale=k_tolerance(k))
+    x, w, bias = rand(rng, 800, 384), rand(rng, 300, 384), rand(rng, 300)
+    y = pw.linear(pw.tensor(x, dev), pw.tensor(w, dev), pw.tensor(bias, dev), activation="gelu")
+    z = ref_gemm(x, w.T) + bias
+    ref = 0.5 * z * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))
+    assert_close(y.numpy(), ref, atol_scale=k_tolerance(384))
 
 
 def test_gemm_beta_zero_ignores_nan_in_out(dev, rng):
