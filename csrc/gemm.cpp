@@ -31,8 +31,12 @@ constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tile
 // still runs many K steps): 512x4096x1024 NT 155 -> 142 us (#38).
 constexpr uint32_t kLongK = 2048;
 // NT products with at least kNtAsNnRows rows, and N and K of at least
-// kNtAsNnMinCols, run as NN on a transposed copy of B (record_gemm).
-constexpr uint64_t kNtAsNnRows = 768;
+// kNtAsNnMinCols, run as NN on a transposed copy of B (record_gemm). H100,
+// 43 NT shapes (docs/gemm_notes.md #49): at 4096-16384 rows 0-5% faster
+// (4096x768x50304 7973 -> 7554 us, 8192x4096x4096 6688 -> 6430, 4096^3
+// 3357 -> 3292); at 256-1024 rows the copy ate the gain or more (777x4096x4096
+// 754 -> 785 us).
+constexpr uint64_t kNtAsNnRows = 4096;
 constexpr uint32_t kNtAsNnMinCols = 256;
 // From this K on, outputs of few tiles may split K 32 ways instead of 16 (choose_splits).
 constexpr uint64_t kVeryLongK = 32768;
