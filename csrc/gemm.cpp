@@ -133,10 +133,14 @@ enum class Epilogue : uint32_t {
   BiasActTrain = sh::EPILOGUE_BIAS_ACT_TRAIN,
   ActGrad = sh::EPILOGUE_ACT_GRAD,
   RowSum = sh::EPILOGUE_ROWSUM,
+  BiasResidual = sh::EPILOGUE_BIAS_RESIDUAL,
 };
 
-bool has_bias(Epilogue ep) { return ep == Epilogue::BiasAct || ep == Epilogue::BiasActTrain; }
+bool has_bias(Epilogue ep) {
+  return ep == Epilogue::BiasAct || ep == Epilogue::BiasActTrain || ep == Epilogue::BiasResidual;
+}
 bool has_preact(Epilogue ep) { return ep == Epilogue::BiasActTrain || ep == Epilogue::ActGrad; }
+bool has_residual(Epilogue ep) { return ep == Epilogue::BiasResidual; }
 
 // C = alpha * op(A) op(B) + beta * C with C M x N, op(A) M x K, op(B) K x N;
 // each matrix stored row-major with its leading dimension (A is K x M when
@@ -185,6 +189,7 @@ struct EpilogueArgs {
   const Buffer* bias = nullptr;
   const Buffer* preact = nullptr;
   const Buffer* row_sums = nullptr;  // RowSum
+  const Buffer* residual = nullptr;  // BiasResidual: at C's indices, windowed like C
 };
 
 // One pipeline of gemm.wgsl's tiled product.
@@ -200,7 +205,7 @@ struct GemmVariant {
 // bound). The vec4 views of A and B follow from the params.
 struct GemmRanges {
   Range a, b, c;
-  Range bias, preact, row_sums;
+  Range bias, preact, row_sums, residual;
 };
 
 // Every gemm.wgsl pipeline binds all of the epilogue's operands; a 16-byte
@@ -241,7 +246,8 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v) 
   KernelDesc d;
   d.shader = "gemm";
   d.entry = "gemm";
-  d.bindings = {sh::a, sh::b, sh::c, sh::p, sh::bias, sh::preact, sh::row_sums, sh::a4, sh::b4, sh::c4, sh::preact4};
+  d.bindings = {sh::a,        sh::b,  sh::c,  sh::p,  sh::bias,    sh::preact,
+                sh::row_sums, sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual};
   d.constants = {{"BM", u32_literal(t.bm)},
                  {"BN", u32_literal(t.bn)},
                  {"BK", u32_literal(t.bk)},
@@ -276,7 +282,8 @@ void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const
               {sh::a4, v.a ? ranges.a : unused},
               {sh::b4, v.b ? ranges.b : unused},
               {sh::c4, v.c ? ranges.c : or_placeholder(dev, Range{}, true)},
-              {sh::preact4, v.c ? or_placeholder(dev, ranges.preact, true) : or_placeholder(dev, Range{}, true)}},
+              {sh::preact4, v.c ? or_placeholder(dev, ranges.preact, true) : or_placeholder(dev, Range{}, true)},
+              {sh::residual, or_placeholder(dev, ranges.residual, false)}},
              p, gx, gy, gz);
 }
 
@@ -357,9 +364,9 @@ KernelDesc elementwise_kernel(const char* entry, Epilogue ep, Activation act) {
 }
 
 // What a split-K reduce binds: the partial products, C, and the
-// pre-activation at C's indices (epilogues that have one).
+// pre-activation and residual at C's indices (epilogues that have them).
 struct SplitRanges {
-  Range partials, c, preact;
+  Range partials, c, preact, residual;
 };
 
 // C[m, n] (at q.c_off, leading dimension q.ldc) = epilogue(q.alpha * the sum
@@ -368,10 +375,11 @@ struct SplitRanges {
 void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ranges, const EpilogueArgs& e) {
   Device& dev = r.device();
   KernelDesc d = elementwise_kernel("splitk_reduce", e.ep, e.act);
-  d.bindings = {sh::c, sh::p, sh::partials, sh::bias, sh::preact};
+  d.bindings = {sh::c, sh::p, sh::partials, sh::bias, sh::preact, sh::residual};
   std::vector<Operand> operands{{sh::c, ranges.c}, {sh::partials, ranges.partials}};
   operands.push_back({sh::bias, or_placeholder(dev, has_bias(e.ep) ? whole(*e.bias) : Range{}, false)});
   operands.push_back({sh::preact, or_placeholder(dev, has_preact(e.ep) ? ranges.preact : Range{}, true)});
+  operands.push_back({sh::residual, or_placeholder(dev, has_residual(e.ep) ? ranges.residual : Range{}, false)});
   auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(q.m) * q.n, sh::EW_WG));
   r.dispatch(dev.pipelines().get(d), operands, q, gx, gy);
 }
@@ -599,6 +607,7 @@ void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, c
   sr.partials = ws;
   sr.c = cw.range;
   if (has_preact(e.ep)) sr.preact = row_window(dev, *e.preact, 0, reg.m0, reg.mc, g.ldc).range;
+  if (has_residual(e.ep)) sr.residual = row_window(dev, *e.residual, 0, reg.m0, reg.mc, g.ldc).range;
   record_split_reduce(r, q, sr, e);
 }
 
@@ -799,10 +808,13 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
   // the blocks accumulate into C (beta = 1 after the first), so a fused
   // epilogue runs afterwards as its own elementwise pass over the complete
   // sum. A block with K past kMaxKPerSplit (or few tiles) runs split-K.
+  // The bias + residual epilogue only adds, so the first K block applies it
+  // and the others accumulate onto its result.
   const bool k_blocks = kb < k;
+  const bool first_block_epilogue = e.ep == Epilogue::BiasResidual;
   std::unique_ptr<Buffer> scratch;  // released after recording: wgpu keeps it alive for the encoder
   const Buffer* target = &c;
-  if (k_blocks && e.ep != Epilogue::Plain) {
+  if (k_blocks && e.ep != Epilogue::Plain && !first_block_epilogue) {
     if (e.ep == Epilogue::BiasAct) {  // needs a pre-activation buffer of its own
       scratch = std::make_unique<Buffer>(r.device_ptr(), uint64_t(m) * n * 4, "pywgtrain.preact_scratch");
       e.preact = scratch.get();
@@ -812,12 +824,10 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
     }
     target = e.ep == Epilogue::BiasActTrain ? e.preact : scratch.get();
   }
-  const Epilogue in_kernel = k_blocks ? Epilogue::Plain : e.ep;
   GemmVariant variant;
   variant.t = t;
   variant.ta = ta;
   variant.tb = tb;
-  variant.ep = in_kernel;
   variant.act = e.act;
   for (uint64_t m0 = 0; m0 < m; m0 += mb) {
     const uint64_t mc = std::min(mb, m - m0);
@@ -826,6 +836,8 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
       for (uint64_t k0 = 0; k0 < k; k0 += kb) {
         const uint64_t kc = std::min(kb, k - k0);
         const float beta = k0 == 0 ? g.beta : 1.0f;
+        const Epilogue in_kernel = !k_blocks || (first_block_epilogue && k0 == 0) ? e.ep : Epilogue::Plain;
+        variant.ep = in_kernel;
         const uint32_t splits = choose_splits(uint32_t(mc), uint32_t(nc), kc, t);
         GemmProblem block = g;
         block.c = target;
@@ -853,11 +865,12 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
         if (has_bias(in_kernel)) ranges.bias = whole(*e.bias);
         if (has_preact(in_kernel)) ranges.preact = row_window(dev, *e.preact, 0, m0, mc, ldc).range;
         if (in_kernel == Epilogue::RowSum) ranges.row_sums = whole(*e.row_sums);
+        if (has_residual(in_kernel)) ranges.residual = row_window(dev, *e.residual, 0, m0, mc, ldc).range;
         dispatch_gemm(r, variant, p, ranges, uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)));
       }
     }
   }
-  if (!k_blocks || e.ep == Epilogue::Plain) return;
+  if (!k_blocks || e.ep == Epilogue::Plain || first_block_epilogue) return;
   if (e.ep == Epilogue::ActGrad) return activation_backward(r, *scratch, *e.preact, c, uint64_t(m) * n, e.act);
   // preact holds op(A) op(B); add the bias in place and write act() to C.
   namespace ln = wgsl::linear;
@@ -932,6 +945,23 @@ void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
   e.act = act;
   e.bias = &bias;
   e.preact = preact;
+  record_gemm(r, packed_problem(a, b, y, m, n, k, ta, tb, 1.0f, 0.0f), e);
+}
+
+void gemm_bias_residual(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& residual,
+                        const Buffer& y, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
+  check_gemm(a, b, y, m, n, k);
+  check_floats(bias, n, "bias");
+  check_floats(residual, uint64_t(m) * n, "residual");
+  // One dispatch binds the residual read-only and y writable.
+  if (residual.raw() == y.raw())
+    throw ArgumentError(
+        "gemm_bias_residual: residual shares a GPU buffer with the output y (in-place is not possible: a dispatch "
+        "cannot read one buffer while writing it)");
+  EpilogueArgs e;
+  e.ep = Epilogue::BiasResidual;
+  e.bias = &bias;
+  e.residual = &residual;
   record_gemm(r, packed_problem(a, b, y, m, n, k, ta, tb, 1.0f, 0.0f), e);
 }
 

@@ -25,6 +25,11 @@ void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
                    const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b,
                    Activation act);
 
+// Y = op(A) op(B) + bias + residual (residual M x N like Y, in another GPU
+// buffer): a linear layer and the residual connection around it in one pass.
+void gemm_bias_residual(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& residual,
+                        const Buffer& y, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b);
+
 // A linear layer's parameter gradients from dZ [rows, out] and its input
 // X [rows, in]: dW = dZ^T X and db = column sums of dZ, each + beta * itself;
 // db comes out of the same GEMM when K (= rows) is not split.

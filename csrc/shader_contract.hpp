@@ -175,13 +175,13 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   READ(a, 0, "array<f32>") READ(b, 1, "array<f32>") WRITE(c, 2, "array<f32>") UNIFORM(p, 3, GemmParams)           \
   READ(bias, 4, "array<f32>") WRITE(preact, 5, "array<f32>") READ(partials, 6, "array<f32>")                      \
   WRITE(row_sums, 7, "array<f32>") READ(a4, 8, "array<vec4<f32>>") READ(b4, 9, "array<vec4<f32>>")                \
-  WRITE(c4, 10, "array<vec4<f32>>") WRITE(preact4, 11, "array<vec4<f32>>")                                        \
+  WRITE(c4, 10, "array<vec4<f32>>") WRITE(preact4, 11, "array<vec4<f32>>") READ(residual, 12, "array<f32>")       \
   CONST(EW_WG, 256) /* threads of the elementwise entries (split-K reduce, repack), one element each */        \
   CONST(TRANSPOSE_TILE, 32) /* transpose: square tile per workgroup */                                          \
   CONST(TRANSPOSE_ROWS, 8)  /* transpose: thread rows (TRANSPOSE_TILE x TRANSPOSE_ROWS threads) */             \
   /* EPILOGUE (emitted per kernel) selects one of these in epilogue() */                                        \
   CONST(EPILOGUE_PLAIN, 0) CONST(EPILOGUE_BIAS_ACT, 1) CONST(EPILOGUE_BIAS_ACT_TRAIN, 2)                          \
-  CONST(EPILOGUE_ACT_GRAD, 3) CONST(EPILOGUE_ROWSUM, 4)
+  CONST(EPILOGUE_ACT_GRAD, 3) CONST(EPILOGUE_ROWSUM, 4) CONST(EPILOGUE_BIAS_RESIDUAL, 5)
 #define PWT_SHADER_gemv(READ, WRITE, UNIFORM, CONST)                                                              \
   READ(x, 0, "array<f32>") READ(b, 1, "array<f32>") WRITE(y, 2, "array<f32>") UNIFORM(p, 3, GemvParams)           \
   READ(b4, 4, "array<vec4<f32>>")

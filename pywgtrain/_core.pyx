@@ -330,6 +330,13 @@ def gemm_bias_act(_Recorder r not None, _Buffer a not None, _Buffer b not None, 
                     trans_a, trans_b, <Activation>act)
 
 
+def gemm_bias_residual(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer bias not None,
+                       _Buffer residual not None, _Buffer y not None, uint32_t m, uint32_t n, uint32_t k,
+                       bint trans_a, bint trans_b):
+    c.gemm_bias_residual(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(bias)[0], _b(residual)[0], _b(y)[0], m, n, k,
+                         trans_a, trans_b)
+
+
 def linear_weight_grads(_Recorder r not None, _Buffer dz not None, _Buffer x not None, _Buffer dw not None,
                         _Buffer db not None, uint32_t rows, uint32_t out_features, uint32_t in_features, float beta):
     c.linear_weight_grads(r.ptr.get()[0], _b(dz)[0], _b(x)[0], _b(dw)[0], _b(db)[0], rows, out_features,

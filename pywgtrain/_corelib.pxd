@@ -112,6 +112,9 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
     void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& y,
                        const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b,
                        Activation act) except +raise_py_error
+    void gemm_bias_residual(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& residual,
+                            const Buffer& y, uint32_t m, uint32_t n, uint32_t k, bool trans_a,
+                            bool trans_b) except +raise_py_error
     void linear_weight_grads(Recorder& r, const Buffer& dz, const Buffer& x, const Buffer& dw, const Buffer& db,
                              uint32_t rows, uint32_t out_features, uint32_t in_features,
                              float beta) except +raise_py_error

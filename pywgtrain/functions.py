@@ -992,16 +992,26 @@ class _LinearSaved:
         self.act, self.preact = act, preact
 
 
-def linear(x: TensorLike, weight: Tensor, bias: Optional[Tensor] = None, activation: Optional[str] = None) -> Tensor:
+def linear(
+    x: TensorLike,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    activation: Optional[str] = None,
+    residual: Optional[TensorLike] = None,
+) -> Tensor:
     """``act(x @ weight.T + bias)`` (torch.nn.functional.linear, then the
     activation) in one fused GEMM; its backward keeps the fusion: the weight
     and bias gradients come out of one GEMM, and the input gradient of a
     layer whose input came from another activated linear layer leaves its
-    GEMM already multiplied by that activation's derivative."""
-    dev = _device_of(x, weight, bias)
+    GEMM already multiplied by that activation's derivative.
+
+    ``residual`` (the output's shape, no activation): ``x @ weight.T + bias +
+    residual``, the add of a residual connection done by the GEMM's epilogue."""
+    dev = _device_of(x, weight, bias, residual)
     tw = _float_tensor(weight, dev, "linear", "weight")
     tx = _float_tensor(x, dev, "linear", "input")
     tb = None if bias is None else _float_tensor(bias, dev, "linear", "bias")
+    tr = None if residual is None else _float_tensor(residual, dev, "linear", "residual")
     if tw.ndim != 2:
         raise ValueError(f"linear: weight must be 2-D [out, in], got shape {tw.shape}")
     out_f, in_f = tw.shape
@@ -1019,11 +1029,24 @@ def linear(x: TensorLike, weight: Tensor, bias: Optional[Tensor] = None, activat
         ) from None
     rows = tx.size // in_f
     shape = tx.shape[:-1] + (out_f,)
+    if tr is not None:
+        if act:
+            raise ValueError(
+                f"linear: residual is only supported without an activation (act(x @ W.T + b) + residual is not "
+                f"fused), got activation={activation!r}"
+            )
+        if tr.shape != shape:
+            raise ValueError(f"linear: residual has shape {tr.shape}, the output has shape {shape}")
     y = empty(shape, np.float32, dev)
-    grad = needs_grad(tx, tw, tb)
+    grad = needs_grad(tx, tw, tb, tr)
     preact = empty(shape, np.float32, dev) if grad and act else None
     with _rec(dev) as rec:
-        if tb is not None:
+        if tr is not None and tb is not None:
+            _core.gemm_bias_residual(rec, tx._buf, tw._buf, tb._buf, tr._buf, y._buf, rows, out_f, in_f, False, True)
+        elif tr is not None:  # no bias: the GEMM accumulates onto a copy of the residual
+            _core.unary(rec, UNARY["copy"], tr._buf, y._buf, y.size, 0.0, 0.0, 0.0)
+            _core.gemm(rec, tx._buf, tw._buf, y._buf, rows, out_f, in_f, False, True, 1.0, 1.0)
+        elif tb is not None:
             _core.gemm_bias_act(
                 rec,
                 tx._buf,
@@ -1050,7 +1073,9 @@ def linear(x: TensorLike, weight: Tensor, bias: Optional[Tensor] = None, activat
     pbuf = None if preact is None else preact._buf
 
     def backward(g, sinks, g_is_preact):
-        sx, sw, sb = sinks
+        sx, sw, sb, sr = sinks
+        if sr is not None:  # d(... + residual)/d residual = 1: the upstream gradient, shared
+            sr.put(g, owned=False)
         with _rec(dev) as rec:
             dz = g
             if act and not g_is_preact:
@@ -1083,7 +1108,7 @@ def linear(x: TensorLike, weight: Tensor, bias: Optional[Tensor] = None, activat
                     dx, bx = sx.target()
                     _core.gemm(rec, dz._buf, wbuf, dx._buf, rows, in_f, out_f, False, False, 1.0, bx)
 
-    return attach(y, "linear", [tx, tw, tb], backward, _LinearSaved(act, pbuf))
+    return attach(y, "linear", [tx, tw, tb, tr], backward, _LinearSaved(act, pbuf))
 
 
 _ACT_UNARY = {1: "relu", 2: "gelu_tanh", 3: "gelu_erf", 4: "silu"}

@@ -44,6 +44,9 @@ struct GemmParams {
 @group(0) @binding(9) var<storage, read> b4: array<vec4<f32>>;
 @group(0) @binding(10) var<storage, read_write> c4: array<vec4<f32>>;
 @group(0) @binding(11) var<storage, read_write> preact4: array<vec4<f32>>;
+// A matrix added to the result at C's indices (BIAS_RESIDUAL: a transformer
+// block's residual stream, x + proj(branch) in one pass).
+@group(0) @binding(12) var<storage, read> residual: array<f32>;
 
 // ROWSUM: tile_product also sums op(A) over k for the thread's rows (the bias
 // gradient comes with the weight gradient: db = dZ^T 1 next to dW = dZ^T X).
@@ -271,7 +274,8 @@ fn out_col(wid: vec3<u32>, xy: vec2<u32>, j: u32, q: u32) -> u32 { return wid.x 
 //   BIAS_ACT: C = act(v + bias[bias_off + n]); BIAS_ACT_TRAIN also keeps the
 //     pre-activation in `preact` (at C's indices) for backward;
 //   ACT_GRAD: backward through the activation of the layer below,
-//     C = v * act'(Z), Z read from `preact` at C's indices.
+//     C = v * act'(Z), Z read from `preact` at C's indices;
+//   BIAS_RESIDUAL: C = v + bias[bias_off + n] + residual[idx].
 // Every pipeline binds all of them (the host binds placeholders for the ones
 // its epilogue never touches).
 fn epilogue(idx: u32, n: u32, v: f32) {
@@ -283,6 +287,8 @@ fn epilogue(idx: u32, n: u32, v: f32) {
     c[idx] = activate(z);
   } else if (EPILOGUE == EPILOGUE_ACT_GRAD) {
     c[idx] = v * activate_grad(preact[idx]);
+  } else if (EPILOGUE == EPILOGUE_BIAS_RESIDUAL) {
+    c[idx] = v + bias[p.bias_off + n] + residual[idx];
   } else if (EPILOGUE == EPILOGUE_PLAIN || EPILOGUE == EPILOGUE_ROWSUM) {
     var s = v;
     if (p.beta != 0.0) { s = fma(p.beta, c[idx], s); }
@@ -306,6 +312,9 @@ fn epilogue4(idx: u32, n: u32, v: vec4<f32>) {
     let z = v + bias4(n);
     preact4[i] = z;
     c4[i] = activate4(z);
+  } else if (EPILOGUE == EPILOGUE_BIAS_RESIDUAL) {
+    // Scalar loads: no vec4 view of the residual (one binding fewer).
+    c4[i] = v + bias4(n) + vec4<f32>(residual[idx], residual[idx + 1u], residual[idx + 2u], residual[idx + 3u]);
   } else if (EPILOGUE == EPILOGUE_PLAIN || EPILOGUE == EPILOGUE_ROWSUM) {
     var s = v;
     if (p.beta != 0.0) { s = fma(vec4<f32>(p.beta), c4[i], s); }

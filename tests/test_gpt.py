@@ -132,6 +132,27 @@ def test_gpt_training_matches_pytorch(dev, rng, attention):
         assert abs(g.item() - w) <= REL * abs(w), f"step {i}: {g.item()} vs torch {w}"
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_gpt_residual_adds_with_dropout_and_without_bias(dev, rng, bias):
+    """The residual add runs in the projections' GEMMs (no bias: a GEMM onto a
+    copy of the residual) unless a dropout comes between; in eval mode both
+    forms give the PyTorch twin's logits, and training with dropout runs."""
+    model = GPT(GPTConfig(**CFG, bias=bias, attention="plain"), device=dev, seed=int(rng.integers(1 << 30)))
+    dropped = GPT(GPTConfig(**CFG, bias=bias, attention="plain", dropout=0.2), device=dev, seed=0)
+    dropped.load_state_dict(model.state_dict())
+    tm = twin(model)
+    ids = rng.integers(0, CFG["vocab_size"], (3, 24))
+    want = tm(torch.from_numpy(ids)).detach().numpy()
+    assert rel(model(ids).numpy(), want) < REL
+    assert rel(dropped.eval()(ids).numpy(), want) < REL
+    dropped.train()
+    loss = GPT.loss(dropped(ids[:, :-1]), ids[:, 1:].astype(np.int32))
+    loss.backward()
+    assert np.isfinite(loss.item())
+    for name, p in dropped.named_parameters():
+        assert p.grad is not None and np.all(np.isfinite(p.grad.numpy())), name
+
+
 def test_gpt_input_errors(dev):
     model = GPT(GPTConfig(**CFG, attention="plain"), device=dev)
     with pytest.raises(ValueError, match="longer than the context"):

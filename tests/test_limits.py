@@ -248,11 +248,12 @@ def test_gemm_k_blocks_at_binding(dev, rng, operand, side, scalars):
     assert_exact(out.numpy(), 0.5 * ref(a, b) - 2.0 * c.astype(np.float64))
 
 
-@pytest.mark.parametrize("entry", ["bias_act", "bias_act_train", "act_grad"])
+@pytest.mark.parametrize("entry", ["bias_act", "bias_act_train", "act_grad", "bias_residual"])
 def test_fused_epilogues_on_split_row_blocks(dev, rng, entry):
     """A linear layer's W (N x K, trans_b) past the binding binds in blocks of
     rows along N; each block of few tiles runs split-K and the reduce applies
-    the fused epilogue with the block's bias offset and pre-activation rows."""
+    the fused epilogue with the block's bias offset and pre-activation
+    (residual) columns."""
     m, k, n = 5, 4100, 8200
     if k * n * 4 <= dev.limits["max_storage_buffer_binding_size"]:
         pytest.skip("binding limit larger than the operand on this adapter")
@@ -267,6 +268,24 @@ def test_fused_epilogues_on_split_row_blocks(dev, rng, entry):
         assert_close(out.numpy(), z * (pre > 0), atol_scale=1e-4)
         return
     bias = rand(rng, n)
+    if entry == "bias_residual":
+        res = rand(rng, m, n)
+        with dev.batch() as rec:
+            _core.gemm_bias_residual(
+                rec,
+                ta._buf,
+                tw._buf,
+                pw.tensor(bias, dev)._buf,
+                pw.tensor(res, dev)._buf,
+                out._buf,
+                m,
+                n,
+                k,
+                False,
+                True,
+            )
+        assert_close(out.numpy(), z + bias + res, atol_scale=1e-4)
+        return
     pre = poisoned(dev, (m, n)) if entry == "bias_act_train" else None
     with dev.batch() as rec:
         _core.gemm_bias_act(
@@ -286,6 +305,38 @@ def test_fused_epilogues_on_split_row_blocks(dev, rng, entry):
     assert_close(out.numpy(), np.maximum(z + bias, 0), atol_scale=1e-4)
     if pre is not None:
         assert_close(pre.numpy(), z + bias, atol_scale=1e-4)
+
+
+@pytest.mark.parametrize("operand", ["A rows along M", "B rows along K"])
+def test_bias_residual_on_row_and_k_blocks(dev, rng, operand):
+    """Y = op(A) op(B) + bias + R past the binding: A (M x K) binds in row
+    blocks along M, so R binds in the same row windows as Y; B stored K x N
+    binds in K blocks, the first adding bias and R, the others accumulating
+    onto it. Ternary data: the result is exact."""
+    k = rows_fitting(dev, 64) + 1
+    skip_if_huge(4 * k * 66)
+    if operand.startswith("A"):
+        a, b, tb = tern(rng, 64, k), tern(rng, 2, k), True
+    else:
+        a, b, tb = tern(rng, 2, k), tern(rng, k, 64), False
+    m, n = a.shape[0], (b.shape[0] if tb else b.shape[1])
+    bias, res = tern(rng, n), tern(rng, m, n)
+    out = poisoned(dev, (m, n))
+    with dev.batch() as rec:
+        _core.gemm_bias_residual(
+            rec,
+            pw.tensor(a, dev)._buf,
+            pw.tensor(b, dev)._buf,
+            pw.tensor(bias, dev)._buf,
+            pw.tensor(res, dev)._buf,
+            out._buf,
+            m,
+            n,
+            k,
+            False,
+            tb,
+        )
+    assert_exact(out.numpy(), ref(a, b, tb=tb) + bias + res)
 
 
 # --- linear.wgsl: column sums (bias gradient) ---

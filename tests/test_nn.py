@@ -454,3 +454,123 @@ def test_linear_weight_grads(dev, rng, rows, fout, fin, beta):
     tol = 1e-5 * max(1.0, math.sqrt(rows) / 4)
     assert_close(dw.numpy(), d64.T @ x + beta * dw0, atol_scale=tol)
     assert_close(db.numpy(), d64.sum(0) + beta * db0, atol_scale=tol)
+
+
+# Rows x out features: one row, odd counts, and 128 (vec4 stores of C) beside 129 (vec4 then scalar stores).
+RESIDUAL_ROWS = [1, 7, 33, 129, 1000]
+RESIDUAL_OUT = [1, 7, 33, 128, 129]
+
+
+def _bias_residual_into_poison(dev, x, w, b, res):
+    from pywgtrain import _core
+
+    m, k = x.shape
+    n = w.shape[0]
+    y = poisoned(dev, (m, n))
+    with dev.batch() as rec:
+        _core.gemm_bias_residual(
+            rec,
+            pw.tensor(x, dev)._buf,
+            pw.tensor(w, dev)._buf,
+            pw.tensor(b, dev)._buf,
+            pw.tensor(res, dev)._buf,
+            y._buf,
+            m,
+            n,
+            k,
+            False,
+            True,
+        )
+    return y.numpy()
+
+
+@pytest.mark.parametrize("rows", RESIDUAL_ROWS)
+@pytest.mark.parametrize("fout", RESIDUAL_OUT)
+def test_gemm_bias_residual(dev, rng, rows, fout):
+    """Y = X W^T + b + R from the GEMM epilogue, into a NaN-poisoned output."""
+    fin = 37
+    x, w, b, res = rand(rng, rows, fin), rand(rng, fout, fin), rand(rng, fout), rand(rng, rows, fout)
+    want = x.astype(np.float64) @ w.T + b + res
+    assert_close(_bias_residual_into_poison(dev, x, w, b, res), want, atol_scale=3e-5)
+
+
+@pytest.mark.parametrize("m,k,n,splits", [(7, 3000, 33, None), (129, 64, 129, "3"), (33, 700, 128, "5")])
+def test_gemm_bias_residual_split_k(dev, rng, monkeypatch, m, k, n, splits):
+    """The split-K reduce pass applies bias and residual: few output tiles
+    with long K split by the heuristic, or splits forced (read per call)."""
+    if splits is not None:
+        monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", splits)
+    x, w, b, res = rand(rng, m, k), rand(rng, n, k), rand(rng, n), rand(rng, m, n)
+    want = x.astype(np.float64) @ w.T + b + res
+    assert_close(_bias_residual_into_poison(dev, x, w, b, res), want, atol_scale=1e-5 * max(1.0, math.sqrt(k) / 4))
+
+
+def test_gemm_bias_residual_errors(dev, rng):
+    """A residual too small, or in the output's GPU buffer (bound read-only
+    and writable in one dispatch), is refused naming the argument."""
+    from pywgtrain import _core
+
+    x, w, b = pw.tensor(rand(rng, 4, 3), dev), pw.tensor(rand(rng, 5, 3), dev), pw.tensor(rand(rng, 5), dev)
+    y = poisoned(dev, (4, 5))
+    with dev.batch() as rec, pytest.raises(ValueError, match="residual holds 19 floats, needs 20"):
+        _core.gemm_bias_residual(
+            rec, x._buf, w._buf, b._buf, pw.tensor(rand(rng, 19), dev)._buf, y._buf, 4, 5, 3, False, True
+        )
+    with dev.batch() as rec, pytest.raises(ValueError, match="residual shares a GPU buffer with the output y"):
+        _core.gemm_bias_residual(rec, x._buf, w._buf, b._buf, y._buf, y._buf, 4, 5, 3, False, True)
+
+
+@pytest.mark.parametrize("rows,fout", [(1, 1), (7, 33), (33, 128), (1000, 129)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_residual_grads_match_torch(dev, rng, rows, fout, bias):
+    """linear(x, W, b, residual=r) against torch autograd: output and the
+    gradients of x, W, b and r (r's is the upstream gradient, shared)."""
+    torch = pytest.importorskip("torch")
+    fin = 37
+    x, w, b = rand(rng, 2, rows, fin), rand(rng, fout, fin), rand(rng, fout)
+    res, dy = rand(rng, 2, rows, fout), rand(rng, 2, rows, fout)
+    tx, tw, tr = (pw.tensor(v, dev, requires_grad=True) for v in (x, w, res))
+    tb = pw.tensor(b, dev, requires_grad=True) if bias else None
+    y = pw.linear(tx, tw, tb, residual=tr)
+    y.backward(pw.tensor(dy, dev))
+    qx, qw, qb, qr = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (x, w, b, res))
+    qy = torch.nn.functional.linear(qx, qw, qb if bias else None) + qr
+    qy.backward(torch.from_numpy(dy.astype(np.float64)))
+    assert_close(y.numpy(), qy.detach().numpy(), atol_scale=3e-5)
+    assert_close(tx.grad.numpy(), qx.grad.numpy(), atol_scale=3e-5)
+    assert_close(tw.grad.numpy(), qw.grad.numpy(), atol_scale=3e-5)
+    assert_close(tr.grad.numpy(), qr.grad.numpy())
+    if bias:
+        assert_close(tb.grad.numpy(), qb.grad.numpy(), atol_scale=3e-5)
+
+
+def test_linear_residual_is_also_the_input(dev, rng):
+    """x + (x W^T + b), x used twice: the gradient shared with the residual
+    slot must not be overwritten by the input gradient written into that slot."""
+    torch = pytest.importorskip("torch")
+    x, w, b, dy = rand(rng, 9, 16), rand(rng, 16, 16), rand(rng, 16), rand(rng, 9, 16)
+    tx = pw.tensor(x, dev, requires_grad=True)
+    layer = pw.nn.Linear(16, 16, device=dev)
+    with pw.no_grad():
+        layer.weight.copy_(w)
+        layer.bias.copy_(b)
+    h = tx * 1.0  # an intermediate: its gradient goes through the shared slots
+    y = layer(h, residual=h)
+    (y * pw.tensor(dy, dev)).sum().backward()
+    qx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    qy = torch.nn.functional.linear(qx, torch.from_numpy(w).double(), torch.from_numpy(b).double()) + qx
+    (qy * torch.from_numpy(dy).double()).sum().backward()
+    assert_close(y.numpy(), qy.detach().numpy(), atol_scale=3e-5)
+    assert_close(tx.grad.numpy(), qx.grad.numpy(), atol_scale=3e-5)
+
+
+def test_linear_residual_errors(dev, rng):
+    x, w, b = pw.tensor(rand(rng, 4, 3), dev), pw.tensor(rand(rng, 5, 3), dev), pw.tensor(rand(rng, 5), dev)
+    with pytest.raises(ValueError, match=r"residual has shape \(4, 6\), the output has shape \(4, 5\)"):
+        pw.linear(x, w, b, residual=pw.tensor(rand(rng, 4, 6), dev))
+    with pytest.raises(ValueError, match="residual is only supported without an activation"):
+        pw.linear(x, w, b, activation="relu", residual=pw.tensor(rand(rng, 4, 5), dev))
+    with pytest.raises(TypeError, match="residual must be float32"):
+        pw.linear(x, w, b, residual=pw.tensor(np.zeros((4, 5), np.int32), dev))
+    with pytest.raises(TypeError, match="residual must have dtype float32"):
+        pw.linear(x, w, b, residual=np.zeros((4, 5), np.float64))

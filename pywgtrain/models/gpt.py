@@ -61,6 +61,15 @@ def _dropout(p):
     return nn.Dropout(p) if p > 0 else None
 
 
+def _project(proj, y, dropout, residual):
+    """A branch's output projection, its dropout, then + residual: the GEMM
+    adds the residual itself when no dropout comes between."""
+    if dropout is None:
+        return proj(y, residual=residual)
+    y = dropout(proj(y))
+    return y if residual is None else residual + y
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg, device, rng):
         super().__init__()
@@ -78,15 +87,16 @@ class CausalSelfAttention(nn.Module):
             self._masks[t] = m
         return m
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        """The attention branch, plus ``residual`` when given (added by the
+        projection's GEMM unless a dropout comes between)."""
         b, t, c = x.shape
         qkv = self.c_attn(x)
         if self.attention == "fused":
             y = F.causal_self_attention_qkv(qkv, self.n_head)
         else:
             y = self.plain_attention(qkv, b, t)
-        y = self.c_proj(y)
-        return self.resid_dropout(y) if self.resid_dropout is not None else y
+        return _project(self.c_proj, y, self.resid_dropout, residual)
 
     def plain_attention(self, qkv, b, t):
         """softmax(q k^T / sqrt(d) + causal mask) v with batched GEMMs (the reference path)."""
@@ -107,9 +117,10 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * c, c, bias=cfg.bias, device=device, rng=rng)
         self.dropout = _dropout(cfg.dropout)
 
-    def forward(self, x):
-        y = self.c_proj(self.c_fc(x, activation="gelu"))  # GELU (erf) fused into the GEMM
-        return self.dropout(y) if self.dropout is not None else y
+    def forward(self, x, residual=None):
+        """The MLP branch, plus ``residual`` when given (as CausalSelfAttention)."""
+        h = self.c_fc(x, activation="gelu")  # GELU (erf) fused into the GEMM
+        return _project(self.c_proj, h, self.dropout, residual)
 
 
 class Block(nn.Module):
@@ -121,8 +132,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg, device, rng)
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        x = self.attn(self.ln_1(x), residual=x)
+        return self.mlp(self.ln_2(x), residual=x)
 
 
 class GPT(nn.Module):
@@ -267,8 +278,8 @@ def _write_rows(src, dst, pos):
         _core.strided_copy(rec, src._buf, 0, [t * d, d, 1], dst._buf, pos * d, [tmax * d, d, 1], [bh, t, d], 0.0)
 
 
-def _attend_cached(self, x, layer, cache, pos):
-    """CausalSelfAttention over new tokens x [B, t, C] at positions pos.., appending to the cache."""
+def _attend_cached(self, x, layer, cache, pos, residual):
+    """residual + CausalSelfAttention over new tokens x [B, t, C] at positions pos.., appending to the cache."""
     b, t, c = x.shape
     h = self.n_head
     d = c // h
@@ -286,7 +297,7 @@ def _attend_cached(self, x, layer, cache, pos):
         mask[:, pos:] = np.triu(np.full((t, t), -np.inf, np.float32), 1)
         scores = scores + tensor(mask, x.device)
     y = F.bmm(scores.softmax(-1), values)
-    return self.c_proj(y.reshape(b, h, t, d).permute(0, 2, 1, 3).reshape(b, t, c))
+    return self.c_proj(y.reshape(b, h, t, d).permute(0, 2, 1, 3).reshape(b, t, c), residual=residual)
 
 
 def _forward_cached(model, ids, cache):
@@ -297,8 +308,8 @@ def _forward_cached(model, ids, cache):
     positions = tensor(np.broadcast_to(np.arange(pos, pos + t, dtype=np.int32), (b, t)).copy(), model.device)
     x = tr["wte"](tensor(np.ascontiguousarray(ids, np.int32), model.device)) + tr["wpe"](positions)
     for i, block in enumerate(tr["h"]):
-        x = x + _attend_cached(block.attn, block.ln_1(x), i, cache, pos)
-        x = x + block.mlp(block.ln_2(x))
+        x = _attend_cached(block.attn, block.ln_1(x), i, cache, pos, residual=x)
+        x = block.mlp(block.ln_2(x), residual=x)
     cache.length = pos + t
     return model.lm_head(tr["ln_f"](x[:, t - 1 :]))  # [B, 1, V]
 

@@ -49,8 +49,9 @@ class Linear(Module):
         else:
             self.register_parameter("bias", None)
 
-    def forward(self, x: TensorLike, activation: Optional[str] = None) -> Tensor:
-        return F.linear(x, self.weight, self.bias, activation or self.activation)
+    def forward(self, x: TensorLike, activation: Optional[str] = None, residual: Optional[TensorLike] = None) -> Tensor:
+        """``residual``: added to the output in the GEMM's epilogue (no activation)."""
+        return F.linear(x, self.weight, self.bias, activation or self.activation, residual)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation!r}" if self.activation else ""
