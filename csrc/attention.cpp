@@ -98,14 +98,6 @@ Range bind_rows(const Device& dev, const Buffer& buf, const Shape& s, const char
   return floats(buf, 0, s.bh() * s.t);
 }
 
-void check_no_alias(const Buffer& out, const char* out_name,
-                    std::initializer_list<std::pair<const Buffer*, const char*>> inputs) {
-  for (const auto& [in, name] : inputs)
-    if (in->raw() == out.raw())
-      throw ArgumentError(std::string("attention: ") + out_name + " shares a GPU buffer with " + name +
-                          " (a dispatch cannot read one buffer while writing it)");
-}
-
 // An AttnParams view: (off, sb, sh, st).
 wgsl::vec4u view(const AttnView& v) {
   wgsl::vec4u u;
@@ -145,8 +137,8 @@ void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const B
   Device& dev = r.device();
   const Shape s{batch, heads, t, d};
   check_shape(dev, s);
-  check_no_alias(out, "out", {{&q, "q"}, {&k, "k"}, {&v, "v"}});
-  check_no_alias(lse, "lse", {{&q, "q"}, {&k, "k"}, {&v, "v"}});
+  check_no_alias("attention", out, "out", {{&q, "q"}, {&k, "k"}, {&v, "v"}});
+  check_no_alias("attention", lse, "lse", {{&q, "q"}, {&k, "k"}, {&v, "v"}});
   const Range rq = bind_view(dev, q, qv, s, false, "q");
   const Range rk = bind_view(dev, k, kv, s, false, "k");
   const Range rv = bind_view(dev, v, vv, s, false, "v");
@@ -199,10 +191,10 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
   check_shape(dev, s);
   const std::initializer_list<std::pair<const Buffer*, const char*>> inputs = {
       {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&dout, "dout"}, {&lse, "lse"}};
-  check_no_alias(delta, "delta", inputs);
-  check_no_alias(dq, "dq", inputs);
-  check_no_alias(dk, "dk", inputs);
-  check_no_alias(dv, "dv", inputs);
+  check_no_alias("attention", delta, "delta", inputs);
+  check_no_alias("attention", dq, "dq", inputs);
+  check_no_alias("attention", dk, "dk", inputs);
+  check_no_alias("attention", dv, "dv", inputs);
   const Range rq = bind_view(dev, q, qv, s, false, "q");
   const Range rk = bind_view(dev, k, kv, s, false, "k");
   const Range rv = bind_view(dev, v, vv, s, false, "v");

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -71,6 +72,16 @@ inline uint64_t align_floats(const Device& dev) {
 // Longest run of elements a block may bind for one operand, starting anywhere
 // (leaves room for the slack below an unaligned first element).
 inline uint64_t span_limit(const Device& dev) { return max_piece_floats(dev) - align_floats(dev); }
+
+// One dispatch cannot bind a buffer read-only and writable: refuse an output
+// sharing a GPU buffer with any of the inputs (null inputs are skipped).
+inline void check_no_alias(const std::string& fn, const Buffer& out, const char* out_name,
+                           std::initializer_list<std::pair<const Buffer*, const char*>> inputs) {
+  for (const auto& [in, name] : inputs)
+    if (in && in->raw() == out.raw())
+      throw ArgumentError(fn + ": " + out_name + " shares a GPU buffer with " + name +
+                          " (in-place is not possible: a dispatch cannot read one buffer while writing it)");
+}
 
 // A binding range and the index of the wanted first element inside it.
 struct Bound {

@@ -679,9 +679,10 @@ void record_transpose(Recorder& r, const Buffer& src, uint64_t src_ld, uint32_t 
   q.ldc = uint32_t(dst_ld);
   KernelDesc d = elementwise_kernel("transpose", Epilogue::Plain, Activation::None);
   d.bindings = {sh::c, sh::p, sh::partials};
-  r.dispatch(dev.pipelines().get(d),
-             {{sh::c, floats(dst, 0, (cols - 1) * dst_ld + rows)}, {sh::partials, floats(src, 0, (rows - 1) * src_ld + cols)}},
-             q, uint32_t(ceil_div(cols, sh::TRANSPOSE_TILE)), uint32_t(ceil_div(rows, sh::TRANSPOSE_TILE)));
+  r.dispatch(
+      dev.pipelines().get(d),
+      {{sh::c, floats(dst, 0, (cols - 1) * dst_ld + rows)}, {sh::partials, floats(src, 0, (rows - 1) * src_ld + cols)}},
+      q, uint32_t(ceil_div(cols, sh::TRANSPOSE_TILE)), uint32_t(ceil_div(rows, sh::TRANSPOSE_TILE)));
 }
 
 // NT products of at least this many rows run as NN on a transposed copy of
@@ -953,11 +954,7 @@ void gemm_bias_residual(Recorder& r, const Buffer& a, const Buffer& b, const Buf
   check_gemm(a, b, y, m, n, k);
   check_floats(bias, n, "bias");
   check_floats(residual, uint64_t(m) * n, "residual");
-  // One dispatch binds the residual read-only and y writable.
-  if (residual.raw() == y.raw())
-    throw ArgumentError(
-        "gemm_bias_residual: residual shares a GPU buffer with the output y (in-place is not possible: a dispatch "
-        "cannot read one buffer while writing it)");
+  check_no_alias("gemm_bias_residual", y, "the output y", {{&residual, "residual"}});
   EpilogueArgs e;
   e.ep = Epilogue::BiasResidual;
   e.bias = &bias;

@@ -51,15 +51,6 @@ uint32_t log2u(uint32_t v) {
   return l;
 }
 
-// One dispatch cannot bind a buffer read-only and writable: refuse outputs sharing one with an input.
-void check_no_alias(const std::string& fn, const Buffer& out, const char* out_name,
-                    std::initializer_list<std::pair<const Buffer*, const char*>> inputs) {
-  for (const auto& [in, name] : inputs)
-    if (in && in->raw() == out.raw())
-      throw ArgumentError(fn + ": " + out_name + " shares a GPU buffer with " + name +
-                          " (in-place is not possible: a dispatch cannot read one buffer while writing it)");
-}
-
 void check_dims(const Device& dev, const std::string& fn, uint32_t rows, uint32_t cols) {
   if (rows == 0 || cols == 0)
     throw ArgumentError(fn + ": rows and cols must be >= 1, got " + std::to_string(rows) + " x " +

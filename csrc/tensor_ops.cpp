@@ -50,14 +50,6 @@ void check_ints(const Buffer& b, uint64_t count, const char* what) {
 // WebGPU cannot bind one buffer read-only and writable in one dispatch (wgpu
 // would reject the whole recording at submit): refuse outputs that share a
 // GPU buffer (also as views of one arena) with an input, naming both.
-void check_no_alias(const std::string& fn, const Buffer& out, const char* out_name,
-                    std::initializer_list<std::pair<const Buffer*, const char*>> inputs) {
-  for (const auto& [in, name] : inputs)
-    if (in->raw() == out.raw())
-      throw ArgumentError(fn + ": " + out_name + " shares a GPU buffer with " + name +
-                          " (in-place is not possible: a dispatch cannot read one buffer while writing it)");
-}
-
 void check_nonzero(uint64_t v, const std::string& what) {
   if (v == 0) throw ArgumentError(what + " must be >= 1");
 }
