@@ -39,8 +39,9 @@ def test_gemm_shapes_and_transposes(dev, rng, m, n, k, ta, tb):
 
 @pytest.mark.parametrize("ta,tb", TRANS)
 @pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (0.5, -2.0), (-1.5, 0.25), (2.0, 0.0)])
-def test_gemm_alpha_beta(dev, rng, ta, tb, alpha, beta):
-    m, n, k = 67, 45, 71
+@pytest.mark.parametrize("m,n,k", [(67, 45, 71), (68, 132, 71)])
+def test_gemm_alpha_beta(dev, rng, ta, tb, alpha, beta, m, n, k):
+    """Scalar stores (N = 45) and vec4 stores that read C for beta (N = 132, C_VEC) with a ragged edge."""
     a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
     out = pw.tensor(c, dev)
     pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, alpha, beta, out=out)
