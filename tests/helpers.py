@@ -26,6 +26,21 @@ def assert_close(actual, expected, rtol=1e-5, atol_scale=1e-5):
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol_scale * scale)
 
 
+def bias_residual(dev, a, b, bias, res, out, trans_b=True):
+    """_core.gemm_bias_residual: out = a @ op(b) + bias + res (op(b) = b.T when trans_b) for NumPy
+    arrays or device tensors, into the device tensor out; returns out as NumPy."""
+    from pywgtrain import _core
+
+    def buf(x):
+        return (x if isinstance(x, pw.Tensor) else pw.tensor(x, dev))._buf
+
+    m, k = a.shape
+    n = b.shape[0] if trans_b else b.shape[1]
+    with dev.batch() as rec:
+        _core.gemm_bias_residual(rec, buf(a), buf(b), buf(bias), buf(res), out._buf, m, n, k, False, trans_b)
+    return out.numpy()
+
+
 def spawn_interruptible(args, cwd):
     """A child process with text pipes whose SIGINT reaches Python's handler,
     even when the tests run from a shell job that ignores SIGINT."""

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import pywgtrain as pw
-from helpers import assert_close, poisoned, rand
+from helpers import assert_close, bias_residual, poisoned, rand
 from pywgtrain import _core
 
 K_SPLIT = 32768  # dispatch_util.hpp kMaxKPerSplit: most K one workgroup loops over in one dispatch
@@ -270,21 +270,7 @@ def test_fused_epilogues_on_split_row_blocks(dev, rng, entry):
     bias = rand(rng, n)
     if entry == "bias_residual":
         res = rand(rng, m, n)
-        with dev.batch() as rec:
-            _core.gemm_bias_residual(
-                rec,
-                ta._buf,
-                tw._buf,
-                pw.tensor(bias, dev)._buf,
-                pw.tensor(res, dev)._buf,
-                out._buf,
-                m,
-                n,
-                k,
-                False,
-                True,
-            )
-        assert_close(out.numpy(), z + bias + res, atol_scale=1e-4)
+        assert_close(bias_residual(dev, ta, tw, bias, res, out), z + bias + res, atol_scale=1e-4)
         return
     pre = poisoned(dev, (m, n)) if entry == "bias_act_train" else None
     with dev.batch() as rec:
@@ -322,21 +308,7 @@ def test_bias_residual_on_row_and_k_blocks(dev, rng, operand):
     m, n = a.shape[0], (b.shape[0] if tb else b.shape[1])
     bias, res = tern(rng, n), tern(rng, m, n)
     out = poisoned(dev, (m, n))
-    with dev.batch() as rec:
-        _core.gemm_bias_residual(
-            rec,
-            pw.tensor(a, dev)._buf,
-            pw.tensor(b, dev)._buf,
-            pw.tensor(bias, dev)._buf,
-            pw.tensor(res, dev)._buf,
-            out._buf,
-            m,
-            n,
-            k,
-            False,
-            tb,
-        )
-    assert_exact(out.numpy(), ref(a, b, tb=tb) + bias + res)
+    assert_exact(bias_residual(dev, a, b, bias, res, out, trans_b=tb), ref(a, b, tb=tb) + bias + res)
 
 
 # --- linear.wgsl: column sums (bias gradient) ---

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pywgtrain as pw
-from helpers import assert_close, poisoned, rand
+from helpers import assert_close, bias_residual, poisoned, rand
 
 ERF = np.vectorize(math.erf)
 
@@ -462,26 +462,7 @@ RESIDUAL_OUT = [1, 7, 33, 128, 129]
 
 
 def _bias_residual_into_poison(dev, x, w, b, res):
-    from pywgtrain import _core
-
-    m, k = x.shape
-    n = w.shape[0]
-    y = poisoned(dev, (m, n))
-    with dev.batch() as rec:
-        _core.gemm_bias_residual(
-            rec,
-            pw.tensor(x, dev)._buf,
-            pw.tensor(w, dev)._buf,
-            pw.tensor(b, dev)._buf,
-            pw.tensor(res, dev)._buf,
-            y._buf,
-            m,
-            n,
-            k,
-            False,
-            True,
-        )
-    return y.numpy()
+    return bias_residual(dev, x, w, b, res, poisoned(dev, (x.shape[0], w.shape[0])))
 
 
 @pytest.mark.parametrize("rows", RESIDUAL_ROWS)
