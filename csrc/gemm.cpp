@@ -689,8 +689,12 @@ void record_transpose(Recorder& r, const Buffer& src, uint64_t src_ld, uint32_t 
 // B (PYWGTRAIN_GEMM_NT_ROWS, read per call for experiments).
 uint64_t nt_as_nn_rows() {
   const char* v = std::getenv("PYWGTRAIN_GEMM_NT_ROWS");
-  if (v && *v) return std::strtoull(v, nullptr, 10);
-  return kNtAsNnRows;
+  if (!v || !*v) return kNtAsNnRows;
+  char* end = nullptr;
+  const unsigned long long rows = std::strtoull(v, &end, 10);
+  if (*end || *v == '-')
+    throw ArgumentError(std::string("PYWGTRAIN_GEMM_NT_ROWS must be a non-negative integer, got '") + v + "'");
+  return rows;
 }
 
 void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {

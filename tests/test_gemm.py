@@ -97,6 +97,13 @@ def test_nt_as_nn_on_transposed_b(dev, rng, monkeypatch, rows):
     assert_close(y.numpy(), ref, atol_scale=k_tolerance(384))
 
 
+def test_nt_rows_setting_is_checked(dev, rng, monkeypatch):
+    monkeypatch.setenv("PYWGTRAIN_GEMM_NT_ROWS", "many")
+    a, b = rand(rng, 8, 300), rand(rng, 260, 300)
+    with pytest.raises(ValueError, match="PYWGTRAIN_GEMM_NT_ROWS must be a non-negative integer, got 'many'"):
+        pw.gemm(a, b, trans_b=True)
+
+
 def test_gemm_beta_zero_ignores_nan_in_out(dev, rng):
     a, b = rand(rng, 20, 30), rand(rng, 30, 10)
     out = poisoned(dev, (20, 10))
