@@ -135,8 +135,9 @@ def test_gpt_training_matches_pytorch(dev, rng, attention):
 @pytest.mark.parametrize("bias", [True, False])
 def test_gpt_residual_adds_with_dropout_and_without_bias(dev, rng, bias):
     """The residual add runs in the projections' GEMMs (no bias: a GEMM onto a
-    copy of the residual) unless a dropout comes between; in eval mode both
-    forms give the PyTorch twin's logits, and training with dropout runs."""
+    copy of the residual) unless a dropout in training mode comes between (in
+    eval mode it is the identity and the add is fused again); both models give
+    the PyTorch twin's logits, and training with dropout runs."""
     model = GPT(GPTConfig(**CFG, bias=bias, attention="plain"), device=dev, seed=int(rng.integers(1 << 30)))
     dropped = GPT(GPTConfig(**CFG, bias=bias, attention="plain", dropout=0.2), device=dev, seed=0)
     dropped.load_state_dict(model.state_dict())

@@ -63,8 +63,9 @@ def _dropout(p):
 
 def _project(proj, y, dropout, residual):
     """A branch's output projection, its dropout, then + residual: the GEMM
-    adds the residual itself when no dropout comes between."""
-    if dropout is None:
+    adds the residual itself when no dropout comes between (none, or one in
+    eval mode, where it is the identity)."""
+    if dropout is None or not dropout.training:
         return proj(y, residual=residual)
     y = dropout(proj(y))
     return y if residual is None else residual + y
