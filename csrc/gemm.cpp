@@ -281,8 +281,8 @@ void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const
               {sh::row_sums, or_placeholder(dev, ranges.row_sums, true)},
               {sh::a4, v.a ? ranges.a : unused},
               {sh::b4, v.b ? ranges.b : unused},
-              {sh::c4, v.c ? ranges.c : or_placeholder(dev, Range{}, true)},
-              {sh::preact4, v.c ? or_placeholder(dev, ranges.preact, true) : or_placeholder(dev, Range{}, true)},
+              {sh::c4, or_placeholder(dev, v.c ? ranges.c : Range{}, true)},
+              {sh::preact4, or_placeholder(dev, v.c ? ranges.preact : Range{}, true)},
               {sh::residual, or_placeholder(dev, ranges.residual, false)}},
              p, gx, gy, gz);
 }

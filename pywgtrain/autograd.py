@@ -175,7 +175,7 @@ class _Slot:
             return
         if self.value is None:
             self.value, self.owned, self.preact = g, owned, preact
-            if not owned and share is not None:
+            if share is not None:  # only passed with owned=False
                 share.holders += 1
                 self.share = share
             return

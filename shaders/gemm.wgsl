@@ -8,9 +8,9 @@
 //   ACT: activation of the fused epilogues; WARP_W: thread_xy below;
 //   LEAN_LOOP: bool, the K loop shape of tile_product;
 //   A_VEC, B_VEC: bool, whole-vec4 unchecked tile loads (below);
-//   C_VEC: bool, the epilogue stores (and reads) C and the pre-activation
-//     as vec4s where four columns are inside (the host found C's leading
-//     dimension, offset and split stride multiples of 4).
+//   C_VEC: bool, the epilogue stores C and the pre-activation (and reads C
+//     for beta) as vec4s where four columns are inside (the host found C's
+//     leading dimension, offset and split stride multiples of 4).
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.

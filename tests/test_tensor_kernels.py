@@ -472,35 +472,13 @@ def test_strided_copy_into_slice(dev, rng):
     part = rand(rng, 4, 3, 100)
     dst = T(dev, big)
     off = 2 * 3 * 257 + 150  # big[2:6, :, 150:250]
-    run(
-        dev,
-        _core.strided_copy,
-        T(dev, part)._buf,
-        0,
-        contiguous(part.shape),
-        dst._buf,
-        off,
-        contiguous(big.shape),
-        list(part.shape),
-        0.0,
-    )
+    tpart = T(dev, part)
     expected = big.copy()
-    expected[2:6, :, 150:250] = part
-    np.testing.assert_array_equal(dst.numpy(), expected)
-    run(
-        dev,
-        _core.strided_copy,
-        T(dev, part)._buf,
-        0,
-        contiguous(part.shape),
-        dst._buf,
-        off,
-        contiguous(big.shape),
-        list(part.shape),
-        1.0,
-    )
-    expected[2:6, :, 150:250] += part
-    np.testing.assert_array_equal(dst.numpy(), expected)
+    for beta in (0.0, 1.0):  # write the window, then accumulate into it
+        args = (tpart._buf, 0, contiguous(part.shape), dst._buf, off, contiguous(big.shape), list(part.shape), beta)
+        run(dev, _core.strided_copy, *args)
+        expected[2:6, :, 150:250] = part + beta * expected[2:6, :, 150:250]
+        np.testing.assert_array_equal(dst.numpy(), expected)
 
 
 # ---------------------------------------------------------------- reductions along an axis
