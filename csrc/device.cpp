@@ -1,6 +1,7 @@
 #include "device.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cctype>
 #include <cstdlib>
 
@@ -193,6 +194,23 @@ void Device::on_uncaptured_error(WGPUDevice const*, WGPUErrorType type, WGPUStri
     self->uncaptured_ = (type == WGPUErrorType_OutOfMemory ? "out of memory: " : "") + to_string(msg);
 }
 
+// How long a wait polls without blocking before it blocks. A blocking wait
+// (vkWaitSemaphores) wakes up tens of microseconds after the GPU finishes,
+// more than a short kernel runs (H100, docs/performance.md: one 1x4096x4096
+// GEMV plus synchronize() 133-159 us blocking, 36-43 spinning). CPU adapters
+// do not spin: their work runs on the cores a spinning thread would take.
+uint32_t spin_budget_us(const std::string& adapter_type) {
+  const char* v = std::getenv("PYWGTRAIN_SPIN_WAIT_US");
+  if (!v || !*v) return adapter_type == "cpu" ? 0 : Device::kDefaultSpinWaitUs;
+  const std::string text(v);
+  const bool digits = text.size() <= 8 && std::all_of(text.begin(), text.end(), ::isdigit);
+  const unsigned long us = digits ? std::stoul(text) : 0;
+  if (!digits || us > 10'000'000)
+    throw ArgumentError("PYWGTRAIN_SPIN_WAIT_US must be an integer from 0 to 10000000 (microseconds), got '" + text +
+                        "'");
+  return uint32_t(us);
+}
+
 std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   std::string selector = selector_in;
   if (selector.empty()) {
@@ -230,6 +248,7 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   }
   dev->adapter_ = std::move(adapters[chosen]);
   dev->info_ = infos[chosen];
+  dev->spin_wait_us_ = spin_budget_us(dev->info_.adapter_type);
 
   WGPULimits alim = WGPU_LIMITS_INIT;
   wgpuAdapterGetLimits(dev->adapter_.get(), &alim);
@@ -309,9 +328,24 @@ Device::~Device() {
   adapter_.reset();
 }
 
+bool Device::spin(const std::function<bool()>& finished) const {
+  if (spin_wait_us_ == 0) return false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_wait_us_);
+  do {
+    if (finished()) return true;
+  } while (std::chrono::steady_clock::now() < until);
+  return false;
+}
+
 void wait_for_callback(WGPUInstance instance, const std::atomic<bool>& done, const Device* poll) {
   if (poll) {
-    while (!done.load(std::memory_order_acquire) && !poll->lost()) wgpuDevicePoll(poll->raw(), true, nullptr);
+    auto finished = [&] { return done.load(std::memory_order_acquire) || poll->lost(); };
+    if (poll->spin([&] {
+          wgpuDevicePoll(poll->raw(), false, nullptr);
+          return finished();
+        }))
+      return;
+    while (!finished()) wgpuDevicePoll(poll->raw(), true, nullptr);
   } else {
     while (!done.load(std::memory_order_acquire)) wgpuInstanceProcessEvents(instance);
   }
@@ -367,6 +401,10 @@ void Device::wait(uint64_t submission) {
   std::lock_guard<std::recursive_mutex> lk(mu_);
   ensure_alive("waiting for the GPU");
   WGPUSubmissionIndex idx = submission;
+  if (spin([&] { return bool(wgpuDevicePoll(device_.get(), false, nullptr)); })) {
+    ensure_alive("waiting for the GPU");
+    return;
+  }
   wgpuDevicePoll(device_.get(), true, submission ? &idx : nullptr);
   ensure_alive("waiting for the GPU");
 }

@@ -78,6 +78,12 @@ class Device : public std::enable_shared_from_this<Device> {
   // Blocks until the submission (0: all submitted work) has finished; the
   // Cython layer releases the GIL around it.
   void wait(uint64_t submission);
+  // Calls `finished` (which polls the device without blocking) until it
+  // returns true or spin_wait_us() have passed; whether it did. Waits spin
+  // first and block after (PYWGTRAIN_SPIN_WAIT_US, device.cpp).
+  bool spin(const std::function<bool()>& finished) const;
+  uint32_t spin_wait_us() const { return spin_wait_us_; }
+  static constexpr uint32_t kDefaultSpinWaitUs = 1000;
   // Live wgpu objects by kind (wgpuGenerateReport over the process-wide
   // instance, so all devices together), for leak checks.
   std::vector<std::pair<std::string, uint64_t>> resource_report() const;
@@ -146,6 +152,7 @@ class Device : public std::enable_shared_from_this<Device> {
   std::atomic<uint64_t> live_bytes_{0}, peak_bytes_{0};
   std::atomic<bool> lost_{false};
   std::atomic<bool> releasing_{false};
+  uint32_t spin_wait_us_ = 0;
   mutable std::mutex msg_mu_;
   std::string lost_message_;
   std::string uncaptured_;  // errors outside any scope, reported by the next guarded()

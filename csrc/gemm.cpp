@@ -291,8 +291,11 @@ const Kernel& gemv_kernel(Device& dev, bool tb, bool vec4, uint32_t gv_x) {
   namespace gv = wgsl::gemv;
   KernelDesc d;
   d.shader = "gemv";
-  d.entry = vec4 ? "gemv_vec4" : "gemv";
-  d.bindings = {gv::x, vec4 ? gv::b4 : gv::b, gv::y, gv::p};
+  d.entry = vec4 ? (tb ? "gemv_t_vec4" : "gemv_vec4") : "gemv";
+  if (vec4 && tb)
+    d.bindings = {gv::x4, gv::b4, gv::y, gv::p};
+  else
+    d.bindings = {gv::x, vec4 ? gv::b4 : gv::b, gv::y, gv::p};
   d.constants = {{"TRANS_B", bool_literal(tb)}, {"GV_X", u32_literal(gv_x)}};
   d.trusted = true;
   return dev.pipelines().get(d);
@@ -422,6 +425,13 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
   namespace gv = wgsl::gemv;
   const Kernel& kern = gemv_kernel(dev, tb, vec4, gv_x);
   const Slot& b_slot = vec4 ? gv::b4 : gv::b;
+  // Row form (tb) with 128-bit loads of B's rows and of x where K and both
+  // windows' starts are multiples of 4 (decided per dispatch below).
+  static const bool vec4_rows_enabled = [] {
+    const char* v = std::getenv("PYWGTRAIN_GEMV_T_VEC4");
+    return !(v && std::string(v) == "0");
+  }();
+  const bool vec4_rows = vec4_rows_enabled && tb && k % 4 == 0;
   const uint64_t per_group = tb ? 8 : vec4 ? 4 * gv_x : 32;
   const uint64_t n_limit = uint64_t(dev.limits().max_workgroups_per_dim) * per_group;
   // Pieces of B that each fit one binding: whole rows where a row fits, else
@@ -461,6 +471,8 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
       p.alpha = g.alpha;
       p.beta = k0 == 0 ? g.beta : 1.0f;
       p.k_chunk = uint32_t(kc);
+      const bool rows4 = vec4_rows && xw.inner % 4 == 0 && bw.inner % 4 == 0;
+      const Kernel& kn = rows4 ? gemv_kernel(dev, true, true, 32) : kern;
       const uint64_t groups = ceil_div(nc, per_group);
       // Split K over workgroups (partials + reduce): always past kMaxKPerSplit
       // (bounded loops), and in the column-parallel form with few columns so
@@ -469,7 +481,8 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
       if (!tb && nb == n && kb == k && groups < 256 && kc >= 1024)
         splits = std::max<uint64_t>(splits, std::min<uint64_t>({ceil_div(512, groups), kc / 256, 32}));
       if (splits > 1) {
-        const uint32_t k_chunk = uint32_t(ceil_div(kc, splits));
+        uint32_t k_chunk = uint32_t(ceil_div(kc, splits));
+        if (rows4) k_chunk = (k_chunk + 3) & ~3u;  // whole vec4s per split
         splits = ceil_div(kc, k_chunk);
         const Range ws{dev.workspace(uint64_t(nc) * splits * 4), 0, uint64_t(nc) * splits * 4};
         GemvParams q = p;
@@ -478,7 +491,8 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
         q.beta = 0.0f;
         q.k_chunk = k_chunk;
         q.split_stride = uint32_t(nc);
-        r.dispatch(kern, {{gv::x, xw.range}, {b_slot, bw.range}, {gv::y, ws}}, q, uint32_t(groups), uint32_t(splits));
+        r.dispatch(kn, {{rows4 ? gv::x4 : gv::x, xw.range}, {rows4 ? gv::b4 : b_slot, bw.range}, {gv::y, ws}}, q,
+                   uint32_t(groups), uint32_t(splits));
         GemmParams s;
         s.m = 1;
         s.n = uint32_t(nc);
@@ -494,7 +508,8 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
         record_split_reduce(r, s, sr, EpilogueArgs{});
         continue;
       }
-      r.dispatch(kern, {{gv::x, xw.range}, {b_slot, bw.range}, {gv::y, yw.range}}, p, uint32_t(groups));
+      r.dispatch(kn, {{rows4 ? gv::x4 : gv::x, xw.range}, {rows4 ? gv::b4 : b_slot, bw.range}, {gv::y, yw.range}}, p,
+                 uint32_t(groups));
     }
   }
 }

@@ -184,7 +184,7 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   CONST(EPILOGUE_ACT_GRAD, 3) CONST(EPILOGUE_ROWSUM, 4) CONST(EPILOGUE_BIAS_RESIDUAL, 5)
 #define PWT_SHADER_gemv(READ, WRITE, UNIFORM, CONST)                                                              \
   READ(x, 0, "array<f32>") READ(b, 1, "array<f32>") WRITE(y, 2, "array<f32>") UNIFORM(p, 3, GemvParams)           \
-  READ(b4, 4, "array<vec4<f32>>")
+  READ(b4, 4, "array<vec4<f32>>") READ(x4, 5, "array<vec4<f32>>")
 #define PWT_SHADER_bmm(READ, WRITE, UNIFORM, CONST)                                                               \
   READ(a, 0, "array<f32>") READ(b, 1, "array<f32>") WRITE(c, 2, "array<f32>") UNIFORM(p, 3, BmmParams)            \
   CONST(TILE, 64) /* rows and columns of C per workgroup */

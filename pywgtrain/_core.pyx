@@ -66,6 +66,10 @@ cdef class _Device:
         return _summary(self.ptr.get().info())
 
     @property
+    def spin_wait_us(self):
+        return self.ptr.get().spin_wait_us()
+
+    @property
     def limits(self):
         cdef const c.DeviceLimits* lim = &self.ptr.get().limits()
         return {

@@ -35,6 +35,7 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
         bool lost()
         string lost_message()
         void wait(uint64_t submission) except +raise_py_error
+        uint32_t spin_wait_us()
         void destroy() except +raise_py_error
         uint64_t live_bytes()
         uint64_t peak_bytes()

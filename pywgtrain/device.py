@@ -131,6 +131,15 @@ class Device:
         return self._dev.info["backend"]
 
     @property
+    def spin_wait_us(self) -> int:
+        """Microseconds a wait for the GPU (``synchronize()``, reading a
+        result) polls without blocking before it sleeps: 1000 on GPUs, 0 on
+        CPU adapters, ``PYWGTRAIN_SPIN_WAIT_US`` when set before the device
+        opens. Spinning trades a CPU core for a wake-up tens of microseconds
+        sooner after short GPU work."""
+        return self._dev.spin_wait_us
+
+    @property
     def limits(self) -> dict[str, int]:
         return self._dev.limits
 

@@ -21,8 +21,9 @@ struct GemvParams {
 @group(0) @binding(1) var<storage, read> b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: GemvParams;
-// b again as vec4s (gemv_vec4: ldb, b_off and n multiples of 4).
+// b and x again as vec4s (the vec4 forms: their offsets and ldb multiples of 4).
 @group(0) @binding(4) var<storage, read> b4: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> x4: array<vec4<f32>>;
 
 var<workgroup> partial: array<f32, 256>;
 var<workgroup> partial4: array<vec4<f32>, 256>;
@@ -72,6 +73,38 @@ fn gemv_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
     let sum = partial4[lid.x];
     for (var q = 0u; q < 4u; q++) { store(n + q, sum[q], wid.y); }
   }
+}
+
+// Row form with 128-bit loads (TRANS_B; k, ldb, b_off, x_off and k_chunk
+// multiples of 4): the 32 lanes of workgroup row y read output n's row of B
+// and x as vec4s, CHAINS_T loads in flight per lane; 8 outputs per workgroup.
+const CHAINS_T: u32 = 4u;
+@compute @workgroup_size(32, 8)
+fn gemv_t_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let n = wid.x * 8u + lid.y;
+  var s = 0.0;
+  if (n < p.n) {
+    let row4 = (p.b_off + n * p.ldb) / 4u;
+    let x4_off = p.x_off / 4u;
+    let k4_end = min(p.k, (wid.y + 1u) * p.k_chunk) / 4u;
+    var k4 = wid.y * p.k_chunk / 4u + lid.x;
+    var acc = array<vec4<f32>, CHAINS_T>();
+    for (; k4 + (CHAINS_T - 1u) * 32u < k4_end; k4 += CHAINS_T * 32u) {
+      for (var c = 0u; c < CHAINS_T; c++) {
+        acc[c] = fma(x4[x4_off + k4 + c * 32u], b4[row4 + k4 + c * 32u], acc[c]);
+      }
+    }
+    for (; k4 < k4_end; k4 += 32u) { acc[0] = fma(x4[x4_off + k4], b4[row4 + k4], acc[0]); }
+    var t = acc[0];
+    for (var c = 1u; c < CHAINS_T; c++) { t += acc[c]; }
+    s = t.x + t.y + t.z + t.w;
+  }
+  partial[lid.y * 32u + lid.x] = s;
+  for (var stride = 16u; stride > 0u; stride >>= 1u) {
+    workgroupBarrier();
+    if (lid.x < stride) { partial[lid.y * 32u + lid.x] += partial[lid.y * 32u + lid.x + stride]; }
+  }
+  if (lid.x == 0u && n < p.n) { store(n, partial[lid.y * 32u], wid.y); }
 }
 
 @compute @workgroup_size(32, 8)

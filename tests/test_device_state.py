@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import pywgtrain as pw
 from pywgtrain.device import DeviceCache
@@ -15,6 +16,7 @@ from pywgtrain.device import DeviceCache
 PROBE = """
 import json, os, sys
 import numpy as np
+import pytest
 before = dict(os.environ)
 import pywgtrain as pw
 after_import = dict(os.environ)
@@ -65,3 +67,40 @@ def test_device_caches_are_declared_per_device():
     assert a._cache.scratch and all(t.device is a for t in a._cache.scratch.values())
     assert b._cache.scratch == {} and b._cache.one is None
     assert not {"_scratch", "_autograd_one"} & set(vars(a))
+
+
+# --- waits: spin first, then block (PYWGTRAIN_SPIN_WAIT_US) ---
+
+
+def test_cpu_adapters_do_not_spin(dev):
+    """A spinning wait would take a core from the CPU adapter's own workers."""
+    if dev.info["adapter_type"] != "cpu":
+        pytest.skip(f"adapter type {dev.info['adapter_type']!r}: GPUs spin by default")
+    assert dev.spin_wait_us == 0
+
+
+@pytest.mark.parametrize("spin_us", ["1", "5000000"])
+def test_spinning_waits_return_finished_results(monkeypatch, rng, spin_us):
+    """A budget shorter than the work falls back to the blocking wait; a long
+    one returns from the spin. Either way synchronize() and reads see every
+    result (each product depends on the one before, so a wait that returned
+    early would read a stale or partial chain)."""
+    monkeypatch.setenv("PYWGTRAIN_SPIN_WAIT_US", spin_us)
+    spin_dev = pw.Device()
+    assert spin_dev.spin_wait_us == int(spin_us)
+    a = (rng.standard_normal((129, 129)) / 12).astype(np.float32)
+    x = rng.standard_normal((129, 33)).astype(np.float32)
+    ta, tx = pw.tensor(a, spin_dev), pw.tensor(x, spin_dev)
+    ref = x.astype(np.float64)
+    for _ in range(6):
+        tx = pw.gemm(ta, tx)
+        ref = a.astype(np.float64) @ ref
+        spin_dev.synchronize()
+    np.testing.assert_allclose(tx.numpy(), ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "1e3", "10000001", " 5"])
+def test_bad_spin_setting_names_the_variable(monkeypatch, value):
+    monkeypatch.setenv("PYWGTRAIN_SPIN_WAIT_US", value)
+    with pytest.raises(ValueError, match=r"PYWGTRAIN_SPIN_WAIT_US must be an integer from 0 to 10000000"):
+        pw.Device()

@@ -114,7 +114,22 @@ def test_gemm_beta_zero_ignores_nan_in_out(dev, rng):
 @pytest.mark.parametrize("tb", [False, True])
 @pytest.mark.parametrize("ta", [False, True])
 @pytest.mark.parametrize(
-    "n,k", [(1, 1), (7, 33), (129, 1000), (1000, 129), (4099, 257), (300, 5000), (64, 2051), (4100, 129), (8192, 33)]
+    "n,k",
+    [
+        (1, 1),
+        (7, 33),
+        (129, 1000),
+        (1000, 129),
+        (4099, 257),
+        (300, 5000),
+        (64, 2051),
+        (4100, 129),
+        (8192, 33),
+        # K a multiple of 4: with tb, the row form's 128-bit loads (gemv_t_vec4)
+        (7, 4),
+        (33, 4096),
+        (1001, 1028),
+    ],
 )
 def test_gemv_row_vector(dev, rng, n, k, ta, tb):
     a, b = rand(rng, 1, k), rand(rng, k, n)
