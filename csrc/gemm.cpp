@@ -75,6 +75,23 @@ uint64_t wave_slots() {
 
 uint64_t long_k_tiles(uint64_t m, uint64_t n) { return ceil_div(m, 64) * ceil_div(n, 128); }
 
+// Mid K (kSplitMinK <= K < kLongK) on outputs of kMidKMinTiles to
+// kMidKMaxTiles 64x128 tiles (0.7-1.5 waves): the same tiles and wave model
+// (docs/gemm_notes.md #53, H100: 2304x1024x768 TN 140 -> 113 us, from 64x64
+// tiles to 64x128 unsplit; 3072x1024x768 TN, 288 tiles, 170 -> 153 in the 3
+// splits the model picks). At 384 tiles and K = 768 its 2 splits lost
+// (4096x768x768 NT 136 -> 154 us); fewer than 192 tiles keep 64x64 and the
+// split below (256x768x3072: 64x128 62 -> 78 us, #38).
+constexpr uint64_t kMidKMinTiles = 192;
+constexpr uint64_t kMidKMaxTiles = 384;
+
+// Whether (m, n, k) takes 64x128 tiles with long_k_splits.
+bool wave_model_applies(uint64_t m, uint64_t n, uint64_t k) {
+  const uint64_t tiles = long_k_tiles(m, n);
+  if (k >= kLongK) return tiles >= kLongKMinTiles;
+  return k >= kSplitMinK && tiles >= kMidKMinTiles && tiles < kMidKMaxTiles;
+}
+
 uint32_t long_k_splits(uint64_t m, uint64_t n, uint64_t k) {
   const uint64_t tiles = long_k_tiles(m, n), slots = wave_slots();
   uint32_t best = 1;
@@ -117,8 +134,7 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
     return t;
   }
   const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
-  if (const uint64_t tiles = long_k_tiles(m, n); k >= kLongK && tiles >= kLongKMinTiles)
-    return {64, 128, 16, 8, 4, 8, tiles * long_k_splits(m, n, k) >= 512};
+  if (wave_model_applies(m, n, k)) return {64, 128, 16, 8, 4, 8, long_k_tiles(m, n) * long_k_splits(m, n, k) >= 512};
   if (wide >= 256 || (wide >= 64 && (k < kSplitMinK || k >= kLongK))) return {64, 128, 16, 8, 4, 8, wide >= 512};
   return {64, 64, 16, 4, 4};
 }
@@ -526,7 +542,7 @@ uint32_t choose_splits(uint32_t m, uint32_t n, uint64_t k, const TileConfig& t) 
   if (const char* forced = std::getenv("PYWGTRAIN_GEMM_SPLITS"); forced && std::atoi(forced) > 0)
     return uint32_t(std::max<uint64_t>(bounded, std::min<uint64_t>(std::atoi(forced), ceil_div(k, t.bk))));
   const uint64_t tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn);
-  if (k >= kLongK && t.bm == 64 && t.bn == 128 && tiles >= kLongKMinTiles)
+  if (t.bm == 64 && t.bn == 128 && wave_model_applies(m, n, k))
     return uint32_t(std::max<uint64_t>(bounded, long_k_splits(m, n, k)));
   if (tiles >= 256 || k < kSplitMinK) return uint32_t(bounded);
   // Up to 16 splits; 32 where K is very long (H100, 64x50304x768 NN, 12

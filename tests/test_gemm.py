@@ -66,6 +66,18 @@ def test_split_k_small_outputs_long_k(dev, rng, m, n, k, ta, tb):
     assert_close(poison.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
 
 
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False)])
+@pytest.mark.parametrize("m,n,k", [(1000, 1600, 600), (1030, 2300, 1030)])
+def test_mid_k_outputs_of_many_tiles(dev, rng, m, n, k, ta, tb):
+    """512 <= K < 2048 on outputs of 192 to 383 tiles of 64x128 take those
+    tiles and the wave model's splits: 208 tiles unsplit, 306 tiles in 3
+    splits (with the separate unchecked K loop: 918 workgroups)."""
+    a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
+    out = pw.tensor(c, dev)
+    pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, 1.5, -0.5, out=out)
+    assert_close(out.numpy(), ref_gemm(a, b, 1.5, -0.5, c), atol_scale=k_tolerance(k))
+
+
 @pytest.mark.parametrize("splits", ["1", "2", "3", "7", "64", "100000"])
 def test_forced_split_counts(dev, rng, monkeypatch, splits):
     """PYWGTRAIN_GEMM_SPLITS (read per call) forces the split count: any
