@@ -118,8 +118,11 @@ def check_ln(got, ref, skip=()):
             elif name == "dx":
                 # dx = rstd * (terms that cancel): their float32 rounding is
                 # amplified by rstd, up to 1/sqrt(eps) = 316 for constant rows
-                # (one column), where dx is 0 exactly (seen on the H100: 1.1e-5).
-                close(a, e, min_scale=max(1.0, float(np.max(ref[2])) / 30))
+                # (one column), where dx is 0 exactly. A compiler that fuses
+                # dy * w - mean into one FMA (the H100's) leaves the product's
+                # rounding, up to ulp(|dy * w| ~ 16) / 2 * 316 = 3e-4; seen
+                # there: 1.1e-5, and 1.5e-4 at 4099 rows of one column.
+                close(a, e, min_scale=max(1.0, float(np.max(ref[2])) / 3))
             else:
                 close(a, e)
         except AssertionError as err:
