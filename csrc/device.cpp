@@ -197,7 +197,7 @@ void Device::on_uncaptured_error(WGPUDevice const*, WGPUErrorType type, WGPUStri
 // How long a wait polls without blocking before it blocks. A blocking wait
 // (vkWaitSemaphores) wakes up tens of microseconds after the GPU finishes,
 // more than a short kernel runs (H100, docs/performance.md: one 1x4096x4096
-// GEMV plus synchronize() 133-159 us blocking, 36-43 spinning). CPU adapters
+// GEMV plus synchronize() 133-189 us blocking, 36-49 spinning). CPU adapters
 // do not spin: their work runs on the cores a spinning thread would take.
 uint32_t spin_budget_us(const std::string& adapter_type) {
   const char* v = std::getenv("PYWGTRAIN_SPIN_WAIT_US");
