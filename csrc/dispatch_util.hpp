@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <initializer_list>
 #include <numeric>
@@ -72,6 +73,13 @@ inline uint64_t align_floats(const Device& dev) {
 // Longest run of elements a block may bind for one operand, starting anywhere
 // (leaves room for the slack below an unaligned first element).
 inline uint64_t span_limit(const Device& dev) { return max_piece_floats(dev) - align_floats(dev); }
+
+// Whether the environment variable `name` is "0": the switches that turn an
+// optional kernel path off for A/B runs (read once by each caller).
+inline bool env_switched_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == "0";
+}
 
 // One dispatch cannot bind a buffer read-only and writable: refuse an output
 // sharing a GPU buffer with any of the inputs (null inputs are skipped).

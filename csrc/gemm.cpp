@@ -246,10 +246,7 @@ struct VecLoads {
   bool a, b, c;
 };
 VecLoads vec_loads(bool ta, bool tb, bool act_grad, const GemmParams& p) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("PYWGTRAIN_GEMM_VEC");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool enabled = !env_switched_off("PYWGTRAIN_GEMM_VEC");
   return {enabled && ta && p.lda % 4 == 0 && p.a_off % 4 == 0, enabled && !tb && p.ldb % 4 == 0 && p.b_off % 4 == 0,
           enabled && !act_grad && p.ldc % 4 == 0 && p.c_off % 4 == 0 && p.split_stride % 4 == 0};
 }
@@ -303,18 +300,28 @@ void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const
              p, gx, gy, gz);
 }
 
-const Kernel& gemv_kernel(Device& dev, bool tb, bool vec4, uint32_t gv_x) {
+// gemv.wgsl's entry points: scalar loads (either layout of B), 128-bit
+// column quads (B stored K x N), 128-bit rows of B and x (B stored N x K).
+enum class GemvForm { Scalar, Columns4, Rows4 };
+
+// A GEMV pipeline and the bindings its x and B take.
+struct GemvKernel {
+  const Kernel& kern;
+  const Slot& x;
+  const Slot& b;
+};
+
+GemvKernel gemv_kernel(Device& dev, bool tb, GemvForm form, uint32_t gv_x) {
   namespace gv = wgsl::gemv;
+  const Slot& x = form == GemvForm::Rows4 ? gv::x4 : gv::x;
+  const Slot& b = form == GemvForm::Scalar ? gv::b : gv::b4;
   KernelDesc d;
   d.shader = "gemv";
-  d.entry = vec4 ? (tb ? "gemv_t_vec4" : "gemv_vec4") : "gemv";
-  if (vec4 && tb)
-    d.bindings = {gv::x4, gv::b4, gv::y, gv::p};
-  else
-    d.bindings = {gv::x, vec4 ? gv::b4 : gv::b, gv::y, gv::p};
+  d.entry = form == GemvForm::Scalar ? "gemv" : form == GemvForm::Columns4 ? "gemv_vec4" : "gemv_t_vec4";
+  d.bindings = {x, b, gv::y, gv::p};
   d.constants = {{"TRANS_B", bool_literal(tb)}, {"GV_X", u32_literal(gv_x)}};
   d.trusted = true;
-  return dev.pipelines().get(d);
+  return {dev.pipelines().get(d), x, b};
 }
 
 // A window of the block [row0, row0 + rows) x [col0, col0 + cols) of a
@@ -424,10 +431,7 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
   const uint64_t ld = tb ? k : n;
   // Column form with n a multiple of 4: 128-bit loads of column quads
   // (PYWGTRAIN_GEMV_VEC4=0 turns them off for A/B runs, docs/gemm_notes.md).
-  static const bool vec4_enabled = [] {
-    const char* v = std::getenv("PYWGTRAIN_GEMV_VEC4");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool vec4_enabled = !env_switched_off("PYWGTRAIN_GEMV_VEC4");
   const bool vec4 = vec4_enabled && !tb && n % 4 == 0;
   // vec4 column form: from 4096 columns the column blocks alone fill the GPU,
   // one pass with gv_x quads across (about 256 workgroups); fewer columns take
@@ -438,16 +442,12 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
     gv_x = 4;
     while (gv_x < 32 && n / (4 * gv_x) >= 384) gv_x *= 2;
   }
-  namespace gv = wgsl::gemv;
-  const Kernel& kern = gemv_kernel(dev, tb, vec4, gv_x);
-  const Slot& b_slot = vec4 ? gv::b4 : gv::b;
   // Row form (tb) with 128-bit loads of B's rows and of x where K and both
-  // windows' starts are multiples of 4 (decided per dispatch below).
-  static const bool vec4_rows_enabled = [] {
-    const char* v = std::getenv("PYWGTRAIN_GEMV_T_VEC4");
-    return !(v && std::string(v) == "0");
-  }();
-  const bool vec4_rows = vec4_rows_enabled && tb && k % 4 == 0;
+  // windows' starts are multiples of 4 (decided per dispatch below;
+  // PYWGTRAIN_GEMV_T_VEC4=0 turns them off, #55).
+  static const bool rows4_enabled = !env_switched_off("PYWGTRAIN_GEMV_T_VEC4");
+  const bool rows4_possible = rows4_enabled && tb && k % 4 == 0;
+  namespace gv = wgsl::gemv;
   const uint64_t per_group = tb ? 8 : vec4 ? 4 * gv_x : 32;
   const uint64_t n_limit = uint64_t(dev.limits().max_workgroups_per_dim) * per_group;
   // Pieces of B that each fit one binding: whole rows where a row fits, else
@@ -487,8 +487,12 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
       p.alpha = g.alpha;
       p.beta = k0 == 0 ? g.beta : 1.0f;
       p.k_chunk = uint32_t(kc);
-      const bool rows4 = vec4_rows && xw.inner % 4 == 0 && bw.inner % 4 == 0;
-      const Kernel& kn = rows4 ? gemv_kernel(dev, true, true, 32) : kern;
+      const bool rows4 = rows4_possible && xw.inner % 4 == 0 && bw.inner % 4 == 0;
+      const GemvKernel kn = gemv_kernel(dev, tb,
+                                        vec4    ? GemvForm::Columns4
+                                        : rows4 ? GemvForm::Rows4
+                                                : GemvForm::Scalar,
+                                        gv_x);
       const uint64_t groups = ceil_div(nc, per_group);
       // Split K over workgroups (partials + reduce): always past kMaxKPerSplit
       // (bounded loops), and in the column-parallel form with few columns so
@@ -507,8 +511,7 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
         q.beta = 0.0f;
         q.k_chunk = k_chunk;
         q.split_stride = uint32_t(nc);
-        r.dispatch(kn, {{rows4 ? gv::x4 : gv::x, xw.range}, {rows4 ? gv::b4 : b_slot, bw.range}, {gv::y, ws}}, q,
-                   uint32_t(groups), uint32_t(splits));
+        r.dispatch(kn.kern, {{kn.x, xw.range}, {kn.b, bw.range}, {gv::y, ws}}, q, uint32_t(groups), uint32_t(splits));
         GemmParams s;
         s.m = 1;
         s.n = uint32_t(nc);
@@ -524,8 +527,7 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
         record_split_reduce(r, s, sr, EpilogueArgs{});
         continue;
       }
-      r.dispatch(kn, {{rows4 ? gv::x4 : gv::x, xw.range}, {rows4 ? gv::b4 : b_slot, bw.range}, {gv::y, yw.range}}, p,
-                 uint32_t(groups));
+      r.dispatch(kn.kern, {{kn.x, xw.range}, {kn.b, bw.range}, {gv::y, yw.range}}, p, uint32_t(groups));
     }
   }
 }

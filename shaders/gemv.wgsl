@@ -36,6 +36,18 @@ fn store(n: u32, s: f32, split: u32) {
   y[idx] = v;
 }
 
+// The row forms: the 32 lanes (lid.x) of workgroup row lid.y each hold a
+// part s of output n's dot product; their sum is stored as a tree.
+fn sum_row_lanes_and_store(lid: vec3<u32>, n: u32, s: f32, split: u32) {
+  partial[lid.y * 32u + lid.x] = s;
+  for (var stride = 16u; stride > 0u; stride >>= 1u) {
+    workgroupBarrier();
+    if (lid.x < stride) { partial[lid.y * 32u + lid.x] += partial[lid.y * 32u + lid.x + stride]; }
+  }
+  workgroupBarrier();
+  if (lid.x == 0u && n < p.n) { store(n, partial[lid.y * 32u], split); }
+}
+
 // Column form with 128-bit loads: thread (x, y) owns columns 4x..4x+3 of the
 // workgroup's 4 * GV_X and sums every GV_Y-th k of the chunk. GV_X (emitted
 // by the host) is 32 for the split-K form, fewer where enough column blocks
@@ -99,12 +111,7 @@ fn gemv_t_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     for (var c = 1u; c < CHAINS_T; c++) { t += acc[c]; }
     s = t.x + t.y + t.z + t.w;
   }
-  partial[lid.y * 32u + lid.x] = s;
-  for (var stride = 16u; stride > 0u; stride >>= 1u) {
-    workgroupBarrier();
-    if (lid.x < stride) { partial[lid.y * 32u + lid.x] += partial[lid.y * 32u + lid.x + stride]; }
-  }
-  if (lid.x == 0u && n < p.n) { store(n, partial[lid.y * 32u], wid.y); }
+  sum_row_lanes_and_store(lid, n, s, wid.y);
 }
 
 @compute @workgroup_size(32, 8)
@@ -142,16 +149,11 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
       s = s4.x + s4.y + s4.z + s4.w;
     }
   }
-  partial[lid.y * 32u + lid.x] = s;
-  workgroupBarrier();
   if (TRANS_B) {
-    // 32 lanes of one output -> 1
-    for (var stride = 16u; stride > 0u; stride >>= 1u) {
-      if (lid.x < stride) { partial[lid.y * 32u + lid.x] += partial[lid.y * 32u + lid.x + stride]; }
-      workgroupBarrier();
-    }
-    if (lid.x == 0u && n < p.n) { store(n, partial[lid.y * 32u], wid.y); }
+    sum_row_lanes_and_store(lid, n, s, wid.y);
   } else {
+    partial[lid.y * 32u + lid.x] = s;
+    workgroupBarrier();
     if (lid.y == 0u && n < p.n) {
       var t = 0.0;
       for (var l = 0u; l < 8u; l++) { t += partial[l * 32u + lid.x]; }
