@@ -349,7 +349,13 @@ def test_readme_has_two_setup_commands_and_ci_runs_both():
 def test_readme_lists_every_environment_variable():
     """Each variable the C++ core, the package, the scripts and the benchmarks
     read appears in the README's table."""
-    patterns = [r'getenv\("(\w+)"\)', r'env_switched_off\("(\w+)"\)', r'environ\.get\("(\w+)"', r'environ\["(\w+)"\]', r"\$\{([A-Za-z_]\w*):-"]
+    patterns = [
+        r'getenv\("(\w+)"\)',
+        r'env_switched_off\("(\w+)"\)',
+        r'environ\.get\("(\w+)"',
+        r'environ\["(\w+)"\]',
+        r"\$\{([A-Za-z_]\w*):-",
+    ]
     found = set()
     for top in ("csrc", "pywgtrain", "scripts", "bench"):
         for path in (ROOT / top).rglob("*"):
