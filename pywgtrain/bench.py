@@ -106,18 +106,22 @@ def time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps, warmup=3, rotate_bytes=ROTAT
 
 
 def _time_cuda(torch, fn, reps, warmup=3):
+    """Median GPU time of fn(i) in microseconds: each call between its own
+    pair of events, the calls issued back to back and synchronized once at
+    the end, as time_pywgtrain_gemm's timed passes run. Synchronizing after
+    every call left the GPU idle in between and read cuBLAS slow (H100, TF32
+    off: 1024^3 75 vs 63 us, 1024x768x50304 NT 1613-1644 vs 1585-1592 us;
+    docs/gemm_notes.md #59)."""
     for _ in range(warmup):
         fn(0)
     torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for i, (s, e) in enumerate(events):
         s.record()
         fn(i)
         e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
-    return statistics.median(times)
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
 
 
 def time_torch_gemm(torch, m, k, n, ta, tb, reps):
@@ -293,6 +297,8 @@ def bench_adamw(dev, quick, torch):
         n = 1 << (18 if quick else 22)
     else:
         n = 1 << (22 if quick else 26)
+        # Run alone (`bench adamw`), ours came first on an idle GPU and read 2x slow.
+        warm_up(dev, torch, 0.5 if quick else 1.0)
     print(f"AdamW {n} params: ", end="", flush=True)
     rng = np.random.default_rng(0)
     p, g = tensor(rng.standard_normal(n, np.float32), dev), tensor(rng.standard_normal(n, np.float32), dev)
