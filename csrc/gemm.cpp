@@ -551,7 +551,14 @@ uint32_t choose_splits(uint32_t m, uint32_t n, uint64_t k, const TileConfig& t) 
   // tiles: 16 splits 230 us, 32 175 us, 48-96 181-197 us, cuBLAS 148-151;
   // the same cap of 32 made 64x4096x4096 and 256x4096x4096 slower).
   const uint64_t most = k >= kVeryLongK ? 32 : 16;
-  const uint64_t splits = std::min<uint64_t>({ceil_div(512, tiles), k / 128, most});
+  uint64_t splits = std::min<uint64_t>({ceil_div(512, tiles), k / 128, most});
+  // Workgroups just past a whole number of waves leave most of the GPU idle
+  // in the last one: one split more fills it, down to 64 K per split (H100,
+  // in one submission each: 1024x768x768 NN on 192 tiles 3 -> 4 splits
+  // 57.7 -> 53.5 us, 256x768x768 on 48 tiles 6 -> 7 23.8 -> 22.4,
+  // 768x1024x768 TN on 144 tiles 4 -> 5 54.3 -> 52.8; docs/gemm_notes.md #60).
+  const uint64_t slots = wave_slots(), past_wave = tiles * splits % slots;
+  if (tiles * splits > slots && past_wave && past_wave <= slots / 4 && splits < std::min(most, k / 64)) ++splits;
   return uint32_t(std::max<uint64_t>({splits, bounded, 1}));
 }
 // clang-format on
