@@ -80,16 +80,24 @@ uint64_t long_k_tiles(uint64_t m, uint64_t n) { return ceil_div(m, 64) * ceil_di
 // (docs/gemm_notes.md #53, H100: 2304x1024x768 TN 140 -> 113 us, from 64x64
 // tiles to 64x128 unsplit; 3072x1024x768 TN, 288 tiles, 170 -> 153 in the 3
 // splits the model picks). At 384 tiles and K = 768 its 2 splits lost
-// (4096x768x768 NT 136 -> 154 us); fewer than 192 tiles keep 64x64 and the
-// split below (256x768x3072: 64x128 62 -> 78 us, #38).
+// (4096x768x768 NT 136 -> 154 us). From kMidKFewTiles to kMidKMinTiles
+// tiles the model's splits take them too where they fill at least 4/5 of
+// a wave (#61: 777x768x768 NN, 78 tiles in 3 splits, 45.7 -> 39.9 us;
+// 768x1024x768 TN 53.4 -> 49.7); at 96 tiles its 2 splits (0.73 waves)
+// were no faster than 64x64 tiles split 4 ways (1024x768x768 NT 55.2 vs
+// 53.2 us), which keep those.
 constexpr uint64_t kMidKMinTiles = 192;
 constexpr uint64_t kMidKMaxTiles = 384;
+constexpr uint64_t kMidKFewTiles = 64;
+
+uint32_t long_k_splits(uint64_t m, uint64_t n, uint64_t k);
 
 // Whether (m, n, k) takes 64x128 tiles with long_k_splits.
 bool wave_model_applies(uint64_t m, uint64_t n, uint64_t k) {
   const uint64_t tiles = long_k_tiles(m, n);
   if (k >= kLongK) return tiles >= kLongKMinTiles;
-  return k >= kSplitMinK && tiles >= kMidKMinTiles && tiles < kMidKMaxTiles;
+  if (k < kSplitMinK || tiles >= kMidKMaxTiles || tiles < kMidKFewTiles) return false;
+  return tiles >= kMidKMinTiles || 5 * tiles * long_k_splits(m, n, k) >= 4 * wave_slots();
 }
 
 uint32_t long_k_splits(uint64_t m, uint64_t n, uint64_t k) {
@@ -135,7 +143,10 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
   }
   const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
   if (wave_model_applies(m, n, k)) return {64, 128, 16, 8, 4, 8, long_k_tiles(m, n) * long_k_splits(m, n, k) >= 512};
-  if (wide >= 256 || (wide >= 64 && (k < kSplitMinK || k >= kLongK))) return {64, 128, 16, 8, 4, 8, wide >= 512};
+  // LEAN_LOOP from 512 of the tiles it runs (#61: counted in 128x64 tiles
+  // before, so 64x768x50304 NT, 393 tiles, took it: 177 us against 142).
+  if (wide >= 256 || (wide >= 64 && (k < kSplitMinK || k >= kLongK)))
+    return {64, 128, 16, 8, 4, 8, long_k_tiles(m, n) >= 512};
   return {64, 64, 16, 4, 4};
 }
 // clang-format on

@@ -67,11 +67,12 @@ def test_split_k_small_outputs_long_k(dev, rng, m, n, k, ta, tb):
 
 
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False)])
-@pytest.mark.parametrize("m,n,k", [(1000, 1600, 600), (1030, 2300, 1030)])
+@pytest.mark.parametrize("m,n,k", [(1000, 1600, 600), (1030, 2300, 1030), (777, 768, 768), (256, 2304, 768)])
 def test_mid_k_outputs_of_many_tiles(dev, rng, m, n, k, ta, tb):
     """512 <= K < 2048 on outputs of 192 to 383 tiles of 64x128 take those
     tiles and the wave model's splits: 208 tiles unsplit, 306 tiles in 3
-    splits (with the separate unchecked K loop: 918 workgroups)."""
+    splits (with the separate unchecked K loop: 918 workgroups); 78 and 72
+    tiles take them where the splits fill most of a wave (3 splits each)."""
     a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
     out = pw.tensor(c, dev)
     pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, 1.5, -0.5, out=out)
