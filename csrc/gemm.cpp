@@ -90,16 +90,6 @@ constexpr uint64_t kMidKMinTiles = 192;
 constexpr uint64_t kMidKMaxTiles = 384;
 constexpr uint64_t kMidKFewTiles = 64;
 
-uint32_t long_k_splits(uint64_t m, uint64_t n, uint64_t k);
-
-// Whether (m, n, k) takes 64x128 tiles with long_k_splits.
-bool wave_model_applies(uint64_t m, uint64_t n, uint64_t k) {
-  const uint64_t tiles = long_k_tiles(m, n);
-  if (k >= kLongK) return tiles >= kLongKMinTiles;
-  if (k < kSplitMinK || tiles >= kMidKMaxTiles || tiles < kMidKFewTiles) return false;
-  return tiles >= kMidKMinTiles || 5 * tiles * long_k_splits(m, n, k) >= 4 * wave_slots();
-}
-
 uint32_t long_k_splits(uint64_t m, uint64_t n, uint64_t k) {
   const uint64_t tiles = long_k_tiles(m, n), slots = wave_slots();
   uint32_t best = 1;
@@ -111,6 +101,15 @@ uint32_t long_k_splits(uint64_t m, uint64_t n, uint64_t k) {
     if (s == 1 || cost < best_cost) best = uint32_t(s), best_cost = cost;
   }
   return best;
+}
+
+// The splits of (m, n, k) on 64x128 tiles where the wave model applies; 0 where not.
+uint32_t wave_model_splits(uint64_t m, uint64_t n, uint64_t k) {
+  const uint64_t tiles = long_k_tiles(m, n);
+  if (k >= kLongK) return tiles >= kLongKMinTiles ? long_k_splits(m, n, k) : 0;
+  if (k < kSplitMinK || tiles >= kMidKMaxTiles || tiles < kMidKFewTiles) return 0;
+  const uint32_t splits = long_k_splits(m, n, k);
+  return tiles >= kMidKMinTiles || 5 * tiles * splits >= 4 * wave_slots() ? splits : 0;
 }
 
 // 64x128 tiles (8x4 per thread, warps on 8x4 thread blocks) when the output
@@ -142,7 +141,7 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
     return t;
   }
   const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
-  if (wave_model_applies(m, n, k)) return {64, 128, 16, 8, 4, 8, long_k_tiles(m, n) * long_k_splits(m, n, k) >= 512};
+  if (const uint32_t splits = wave_model_splits(m, n, k)) return {64, 128, 16, 8, 4, 8, long_k_tiles(m, n) * splits >= 512};
   // LEAN_LOOP from 512 of the tiles it runs (#61: counted in 128x64 tiles
   // before, so 64x768x50304 NT, 393 tiles, took it: 177 us against 142).
   if (wide >= 256 || (wide >= 64 && (k < kSplitMinK || k >= kLongK)))
@@ -555,8 +554,8 @@ uint32_t choose_splits(uint32_t m, uint32_t n, uint64_t k, const TileConfig& t) 
   if (const char* forced = std::getenv("PYWGTRAIN_GEMM_SPLITS"); forced && std::atoi(forced) > 0)
     return uint32_t(std::max<uint64_t>(bounded, std::min<uint64_t>(std::atoi(forced), ceil_div(k, t.bk))));
   const uint64_t tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn);
-  if (t.bm == 64 && t.bn == 128 && wave_model_applies(m, n, k))
-    return uint32_t(std::max<uint64_t>(bounded, long_k_splits(m, n, k)));
+  if (const uint32_t splits = t.bm == 64 && t.bn == 128 ? wave_model_splits(m, n, k) : 0)
+    return uint32_t(std::max<uint64_t>(bounded, splits));
   if (tiles >= 256 || k < kSplitMinK) return uint32_t(bounded);
   // Up to 16 splits; 32 where K is very long (H100, 64x50304x768 NN, 12
   // tiles: 16 splits 230 us, 32 175 us, 48-96 181-197 us, cuBLAS 148-151;
@@ -566,8 +565,8 @@ uint32_t choose_splits(uint32_t m, uint32_t n, uint64_t k, const TileConfig& t) 
   // Workgroups just past a whole number of waves leave most of the GPU idle
   // in the last one: one split more fills it, down to 64 K per split (H100,
   // in one submission each: 1024x768x768 NN on 192 tiles 3 -> 4 splits
-  // 57.7 -> 53.5 us, 256x768x768 on 48 tiles 6 -> 7 23.8 -> 22.4,
-  // 768x1024x768 TN on 144 tiles 4 -> 5 54.3 -> 52.8; docs/gemm_notes.md #60).
+  // 57.7 -> 53.5 us, 256x768x768 on 48 tiles 6 -> 7 23.8 -> 22.4;
+  // docs/gemm_notes.md #60).
   const uint64_t slots = wave_slots(), past_wave = tiles * splits % slots;
   if (tiles * splits > slots && past_wave && past_wave <= slots / 4 && splits < std::min(most, k / 64)) ++splits;
   return uint32_t(std::max<uint64_t>({splits, bounded, 1}));

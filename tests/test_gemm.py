@@ -80,12 +80,12 @@ def test_mid_k_outputs_of_many_tiles(dev, rng, m, n, k, ta, tb):
 
 
 @pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False)])
-@pytest.mark.parametrize("m,n,k", [(256, 768, 768), (1024, 768, 768), (768, 768, 1024)])
+@pytest.mark.parametrize("m,n,k", [(256, 768, 768), (1024, 768, 768), (384, 768, 1536)])
 def test_split_k_one_more_split_past_a_wave(dev, rng, m, n, k, ta, tb):
     """64x64-tile products whose split-K workgroups would land just past a
     whole wave of the 264 slots take one split more (gemm.cpp choose_splits):
     48 tiles 6 -> 7 splits (110 K each, below the usual 128), 192 tiles 3 ->
-    4, 144 tiles 4 -> 5."""
+    4, 72 tiles 8 -> 9."""
     a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
     out = pw.tensor(c, dev)
     pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, 0.5, 2.0, out=out)
