@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "errors.hpp"
+#include "gemm_tuning.hpp"
 #include "handle.hpp"
 
 namespace pwt {
@@ -51,6 +52,8 @@ class Device : public std::enable_shared_from_this<Device> {
   const std::vector<std::string>& features() const { return feature_names_; }
   bool has_feature(WGPUFeatureName f) const { return wgpuDeviceHasFeature(device_.get(), f); }
   PipelineCache& pipelines() { return *pipelines_; }
+  // GEMM plans measured on this device (gemm.cpp).
+  GemmTuning& gemm_tuning() { return gemm_tuning_; }
 
   // Serializes every use of the device: wgpu error scopes are per device, so
   // an error must be attributed to the thread that caused it.
@@ -78,6 +81,8 @@ class Device : public std::enable_shared_from_this<Device> {
   // Blocks until the submission (0: all submitted work) has finished; the
   // Cython layer releases the GIL around it.
   void wait(uint64_t submission);
+  // Whether every submission so far has finished (polls once, never blocks).
+  bool query();
   // Calls `finished` (which polls the device without blocking) until it
   // returns true or spin_wait_us() have passed; whether it did. Waits spin
   // first and block after (PYWGTRAIN_SPIN_WAIT_US, device.cpp).
@@ -138,6 +143,7 @@ class Device : public std::enable_shared_from_this<Device> {
   DeviceLimits limits_;
   std::vector<std::string> feature_names_;
   std::unique_ptr<PipelineCache> pipelines_;
+  GemmTuning gemm_tuning_;
   std::vector<BufferHandle> uniform_pool_;
   std::vector<StageChunk> stage_pool_;
   BufferHandle staging_;

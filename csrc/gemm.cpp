@@ -1,12 +1,15 @@
 // GEMM and GEMV launchers: variant choice, splitting of operands that exceed
 // the storage-binding limit into bindable pieces, and dispatch.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "dispatch_util.hpp"
 #include "ops.hpp"
+#include "shaders.hpp"
+#include "timing.hpp"
 
 namespace pwt {
 
@@ -17,14 +20,6 @@ void check_floats(const Buffer& b, uint64_t count, const char* what) {
 }
 
 namespace {
-
-// warp_w: width in threads of the thread block one warp covers (0: BN / TN,
-// whole rows of the workgroup's thread grid).
-// lean_loop: gemm.wgsl's LEAN_LOOP (inside workgroups run their unchecked K
-// steps as a loop of their own).
-struct TileConfig {
-  uint32_t bm, bn, bk, tm, tn, warp_w = 0, lean_loop = 0;
-};
 
 constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tiles)
 // From this K on, mid-size outputs take 64x128 tiles and split-K (each split
@@ -747,13 +742,181 @@ uint64_t nt_as_nn_rows() {
   return rows;
 }
 
+// Block sizes along M, N and K of what one set of bindings covers on tiles t.
+struct Blocks {
+  uint64_t m, n, k;
+};
+Blocks blocks(const Device& dev, const GemmProblem& g, const TileConfig& t) {
+  // Rows of each stored matrix are one of M, N, K; bound each block size by
+  // every operand whose rows run along that dimension.
+  uint64_t m_cap = rows_per_binding(dev, g.ldc, "C");
+  m_cap = std::min<uint64_t>(m_cap, uint64_t(dev.limits().max_workgroups_per_dim) * t.bm);
+  uint64_t n_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bn;
+  uint64_t k_cap = UINT64_MAX;
+  if (!g.ta)
+    m_cap = std::min(m_cap, rows_per_binding(dev, g.lda, "A"));
+  else
+    k_cap = std::min(k_cap, rows_per_binding(dev, g.lda, "A"));
+  if (g.tb)
+    n_cap = std::min(n_cap, rows_per_binding(dev, g.ldb, "B"));
+  else
+    k_cap = std::min(k_cap, rows_per_binding(dev, g.ldb, "B"));
+  const uint64_t mb = block_along(g.m, m_cap, t.bm), nb = block_along(g.n, n_cap, t.bn);
+  // Bounded K loops (dispatch_util.hpp): a K block takes at most as many
+  // kMaxKPerSplit splits as one pass may have and as fit the workspace binding
+  // beside an mb x nb output block; longer K runs as several blocks.
+  const uint64_t pass_splits = std::clamp<uint64_t>(dev.limits().max_storage_binding / 4 / (mb * nb), 1, kMaxSplits);
+  k_cap = std::min(k_cap, kMaxKPerSplit * pass_splits);
+  return {mb, nb, block_along(g.k, k_cap, t.bk)};
+}
+
+void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const GemmPlan& plan);
+
+GemmPlan heuristic_plan(uint32_t m, uint32_t n, uint32_t k) {
+  GemmPlan p;
+  p.t = choose_tiles(m, n, k);
+  p.splits = choose_splits(m, n, k, p.t);
+  return p;
+}
+
+// clang-format off
+// Autotuning (Device::gemm_tuning): the first product of a shape times the
+// plans below and keeps the fastest, unless the heuristic plan is within
+// kTuneMargin of it (timing noise must not trade a known plan for an equal
+// one). Candidates: 64x64 tiles (4x4 per thread) and 64x128 tiles (8x4, warps
+// on 8x4 thread blocks, LEAN_LOOP both ways when unsplit) over split counts
+// while each split keeps >= kTuneMinKPerSplit of K and the workgroups fit
+// kTuneMaxWaves waves. Each runs in batches of calls lasting about
+// kTuneBatchUs (the median call by GPU timestamps), kTuneRounds rounds
+// interleaved, after a warm-up that brings the GPU's clocks up; the best
+// round counts. Tiny products (< kTuneMinMacs) keep the heuristic: launch
+// cost dominates them. Timing writes a scratch C (never the caller's, which
+// recorded work may still read), so products whose C exceeds kTuneMaxScratch
+// and those past one binding keep the heuristic too.
+constexpr uint64_t kTuneMinMacs = uint64_t(1) << 22;
+constexpr uint64_t kTuneMaxScratch = uint64_t(256) << 20;
+constexpr uint64_t kTuneMinKPerSplit = 64;
+constexpr uint64_t kTuneMaxWaves = 4;
+constexpr double kTuneBatchUs = 1000;
+constexpr int kTuneRounds = 3;
+constexpr uint32_t kTuneMaxReps = 64;
+constexpr double kTuneMargin = 0.97;
+constexpr uint32_t kTuneSplits[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32};
+// clang-format on
+
+bool same_plan(const GemmPlan& a, const GemmPlan& b) {
+  return a.splits == b.splits && a.t.bm == b.t.bm && a.t.bn == b.t.bn && a.t.bk == b.t.bk && a.t.tm == b.t.tm &&
+         a.t.tn == b.t.tn && a.t.warp_w == b.t.warp_w && a.t.lean_loop == b.t.lean_loop;
+}
+
+bool forced_by_env() { return std::getenv("PYWGTRAIN_GEMM_TILES") || std::getenv("PYWGTRAIN_GEMM_SPLITS"); }
+
+bool tunable(const Device& dev, const GemmProblem& g) {
+  const uint64_t c_bytes = uint64_t(g.m) * g.n * 4;
+  if (uint64_t(g.m) * g.n * g.k < kTuneMinMacs || c_bytes > kTuneMaxScratch || c_bytes > dev.limits().max_buffer)
+    return false;
+  const GemmProblem packed_c = [&] { GemmProblem q = g; q.ldc = g.n; return q; }();
+  for (const TileConfig& t : {TileConfig{64, 64, 16, 4, 4}, TileConfig{64, 128, 16, 8, 4, 8}}) {
+    const Blocks b = blocks(dev, packed_c, t);
+    if (b.m < g.m || b.n < g.n || b.k < g.k) return false;
+  }
+  return true;
+}
+
+std::vector<GemmPlan> tune_candidates(const GemmProblem& g, const GemmPlan& heuristic) {
+  std::vector<GemmPlan> out{heuristic};
+  auto add = [&](const TileConfig& t, uint32_t splits) {
+    GemmPlan p;
+    p.t = t;
+    p.splits = splits;
+    for (const GemmPlan& q : out)
+      if (same_plan(p, q)) return;
+    out.push_back(p);
+  };
+  for (const TileConfig& t : {TileConfig{64, 64, 16, 4, 4}, TileConfig{64, 128, 16, 8, 4, 8}}) {
+    const uint64_t tiles = ceil_div(g.m, t.bm) * ceil_div(g.n, t.bn);
+    for (uint32_t s : kTuneSplits) {
+      s = std::max<uint32_t>(s, uint32_t(ceil_div(g.k, kMaxKPerSplit)));  // bounded K loops
+      if (s > 1 && (g.k / s < kTuneMinKPerSplit || tiles * s > kTuneMaxWaves * wave_slots())) continue;
+      TileConfig v = t;
+      if (t.bn == 128 && s == 1) {
+        add(v, s);
+        v.lean_loop = 1;
+      } else if (t.bn == 128) {
+        v.lean_loop = tiles * s >= 512;
+      }
+      add(v, s);
+    }
+  }
+  return out;
+}
+
+// Times the candidates for g's shape on the device (own submissions, before
+// whatever `outer` holds) and returns the plan to keep.
+GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuristic) {
+  Device& dev = outer.device();
+  const std::vector<GemmPlan> candidates = tune_candidates(g, heuristic);
+  Buffer scratch(outer.device_ptr(), uint64_t(g.m) * g.n * 4, "pywgtrain.gemm_tune_output");
+  GemmProblem probe = g;
+  probe.c = &scratch;
+  probe.ldc = g.n;
+  probe.alpha = 1.0f;
+  probe.beta = 0.0f;
+  Recorder rec(outer.device_ptr());
+  // GPU timestamps around each call where the adapter has them (as `pywgtrain
+  // bench` times), else wall clock over the batch.
+  std::unique_ptr<PassTimer> timer;
+  if (dev.has_feature(WGPUFeatureName_TimestampQuery)) timer = std::make_unique<PassTimer>(outer.device_ptr(), kTuneMaxReps);
+  auto per_call_us = [&](const GemmPlan& p, uint32_t reps) {
+    if (timer) {
+      for (uint32_t i = 0; i < reps; ++i) {
+        timer->time_next_pass(rec, i);
+        record_planned(rec, probe, EpilogueArgs{}, p);
+      }
+      std::vector<double> ns = timer->read(rec, reps);
+      std::nth_element(ns.begin(), ns.begin() + reps / 2, ns.end());
+      return ns[reps / 2] / 1e3;
+    }
+    for (uint32_t i = 0; i < reps; ++i) record_planned(rec, probe, EpilogueArgs{}, p);
+    const auto t0 = std::chrono::steady_clock::now();
+    dev.wait(rec.submit());
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+  };
+  for (const GemmPlan& p : candidates) per_call_us(p, 1);  // compiles each variant once
+  const double one = std::max(per_call_us(heuristic, 1), 1.0);
+  const uint32_t reps = uint32_t(std::clamp(kTuneBatchUs / one, 2.0, double(kTuneMaxReps)));
+  for (int i = 0; i < 4; ++i) per_call_us(heuristic, reps);  // warm-up
+  std::vector<double> best(candidates.size(), 1e30);
+  for (int round = 0; round < kTuneRounds; ++round)
+    for (size_t i = 0; i < candidates.size(); ++i) best[i] = std::min(best[i], per_call_us(candidates[i], reps));
+  size_t win = size_t(std::min_element(best.begin(), best.end()) - best.begin());
+  if (best[win] > kTuneMargin * best[0]) win = 0;  // candidates[0] is the heuristic plan
+  GemmPlan chosen = candidates[win];
+  chosen.us = best[win];
+  return chosen;
+}
+
+// The plan g runs with: PYWGTRAIN_GEMM_TILES / _SPLITS when set, else the
+// device's measured plan for its shape (timed now if autotuning is on and the
+// shape is new), else the heuristic.
+GemmPlan gemm_plan(Recorder& r, const GemmProblem& g) {
+  const GemmPlan heuristic = heuristic_plan(g.m, g.n, g.k);
+  GemmTuning& tuning = r.device().gemm_tuning();
+  if (forced_by_env()) return heuristic;
+  const GemmShape shape{g.m, g.n, g.k, g.ta, g.tb};
+  if (auto known = tuning.find(shape)) return *known;
+  if (!tuning.enabled() || !tunable(r.device(), g)) return heuristic;
+  const GemmPlan plan = tune_plan(r, g, heuristic);
+  tuning.add(shape, plan);
+  return plan;
+}
+
 void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
   Device& dev = r.device();
   const uint32_t m = g.m, n = g.n, k = g.k;
   const bool ta = g.ta, tb = g.tb;
-  const uint64_t lda = g.lda, ldb = g.ldb, ldc = g.ldc;
+  const uint64_t lda = g.lda, ldb = g.ldb;
   const Buffer &a = *g.a, &b = *g.b, &c = *g.c;
-  const TileConfig t = choose_tiles(m, n, k);
   const uint64_t cap_floats = dev.limits().max_storage_binding / 4;
   const uint64_t slack = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
   if (e.ep == Epilogue::Plain && !ta && lda + slack > cap_floats && ldb == (tb ? k : n)) {
@@ -765,7 +928,7 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
       row.x_base = m0 * lda;
       row.b = &b;
       row.y = &c;
-      row.y_base = m0 * ldc;
+      row.y_base = m0 * g.ldc;
       row.n = n;
       row.k = k;
       row.tb = tb;
@@ -792,29 +955,23 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
     nn.ldb = n4;
     return record_gemm(r, nn, e);
   }
-  // Rows of each stored matrix are one of M, N, K; bound each block size by
-  // every operand whose rows run along that dimension.
-  uint64_t m_cap = rows_per_binding(dev, ldc, "C");
-  m_cap = std::min<uint64_t>(m_cap, uint64_t(dev.limits().max_workgroups_per_dim) * t.bm);
-  uint64_t n_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bn;
-  uint64_t k_cap = UINT64_MAX;
-  if (!ta)
-    m_cap = std::min(m_cap, rows_per_binding(dev, lda, "A"));
-  else
-    k_cap = std::min(k_cap, rows_per_binding(dev, lda, "A"));
-  if (tb)
-    n_cap = std::min(n_cap, rows_per_binding(dev, ldb, "B"));
-  else
-    k_cap = std::min(k_cap, rows_per_binding(dev, ldb, "B"));
-  const uint64_t mb = block_along(m, m_cap, t.bm), nb = block_along(n, n_cap, t.bn);
-  // Bounded K loops (dispatch_util.hpp): a K block takes at most as many
-  // kMaxKPerSplit splits as one pass may have and as fit the workspace binding
-  // beside an mb x nb output block; longer K runs as several blocks.
-  const uint64_t pass_splits = std::clamp<uint64_t>(cap_floats / (mb * nb), 1, kMaxSplits);
-  k_cap = std::min(k_cap, kMaxKPerSplit * pass_splits);
-  const uint64_t kb = block_along(k, k_cap, t.bk);
+  record_planned(r, g, e, gemm_plan(r, g));
+}
+
+void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const GemmPlan& plan) {
+  Device& dev = r.device();
+  const uint32_t m = g.m, n = g.n, k = g.k;
+  const bool ta = g.ta, tb = g.tb;
+  const uint64_t lda = g.lda, ldb = g.ldb, ldc = g.ldc;
+  const Buffer &a = *g.a, &b = *g.b, &c = *g.c;
+  const TileConfig t = plan.t;
+  const Blocks blk = blocks(dev, g, t);
+  const uint64_t mb = blk.m, nb = blk.n, kb = blk.k;
+  const bool whole_problem = kb == k && mb == m && nb == n;
+  // Bounded K loops: never fewer splits than keep each within kMaxKPerSplit.
+  const uint32_t whole_splits = uint32_t(std::max<uint64_t>(plan.splits, ceil_div(k, kMaxKPerSplit)));
   if (e.ep == Epilogue::RowSum &&
-      (kb < k || mb < m || nb < n || choose_splits(m, n, k, t) > 1 || uint64_t(m) * n * k > kRowSumMaxMacs)) {
+      (!whole_problem || whole_splits > 1 || uint64_t(m) * n * k > kRowSumMaxMacs)) {
     // The in-kernel row sums need the whole K in one workgroup and one grid,
     // and they slow the main loop by ~8% (H100, 4096x512x4096): large
     // products take a plain GEMM and a separate column-sum pass (A is K x M).
@@ -846,16 +1003,15 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
       padded.b = b_padded.get();
       padded.ldb = ldb4;
     }
-    return record_gemm(r, padded, e);
+    return record_planned(r, padded, e, plan);
   }
-  if (kb == k && mb == m && nb == n) {
-    const uint32_t splits = choose_splits(m, n, k, t);
-    if (splits > 1) {
+  if (whole_problem) {
+    if (whole_splits > 1) {
       Region whole_c;
       whole_c.mc = m;
       whole_c.nc = n;
       whole_c.kc = k;
-      return record_split_region(r, g, whole_c, t, splits, e);
+      return record_split_region(r, g, whole_c, t, whole_splits, e);
     }
     if (e.ep == Epilogue::Plain && ldc == n && record_ragged(r, g, t)) return;
   }
@@ -893,7 +1049,7 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
         const float beta = k0 == 0 ? g.beta : 1.0f;
         const Epilogue in_kernel = !k_blocks || (first_block_epilogue && k0 == 0) ? e.ep : Epilogue::Plain;
         variant.ep = in_kernel;
-        const uint32_t splits = choose_splits(uint32_t(mc), uint32_t(nc), kc, t);
+        const uint32_t splits = whole_problem ? whole_splits : choose_splits(uint32_t(mc), uint32_t(nc), kc, t);
         GemmProblem block = g;
         block.c = target;
         block.beta = beta;
@@ -960,6 +1116,28 @@ void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, u
 }
 
 }  // namespace
+
+void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_dir) {
+  // The signature: format, adapter, every embedded shader, and the heuristic
+  // plans of a grid of shapes (a changed heuristic re-tunes what it competes with).
+  std::string sig = "pywgtrain gemm plans v1 | ";
+  const AdapterSummary& a = dev.info();
+  sig += a.name + " | " + a.vendor + " | " + a.driver + " | " + a.backend + " | " + std::to_string(a.vendor_id) + ":" +
+         std::to_string(a.device_id) + " | slots " + std::to_string(wave_slots());
+  uint64_t digest = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) { digest = (digest ^ v) * 1099511628211ull; };
+  for (const auto& [name, text] : embedded_shaders())
+    for (unsigned char ch : name + text) mix(ch);
+  for (uint32_t m : {16u, 64u, 256u, 1024u, 4096u})
+    for (uint32_t n : {64u, 768u, 3072u, 50304u})
+      for (uint32_t k : {64u, 768u, 3072u, 16384u}) {
+        const GemmPlan p = heuristic_plan(m, n, k);
+        for (uint32_t v : {p.t.bm, p.t.bn, p.t.bk, p.t.tm, p.t.tn, p.t.warp_w, p.t.lean_loop, p.splits}) mix(v);
+      }
+  char hex[24];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(digest));
+  dev.gemm_tuning().configure(enabled, cache_dir, sig + " | " + hex);
+}
 
 void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k, bool ta,
           bool tb, float alpha, float beta) {

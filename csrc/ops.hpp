@@ -1,8 +1,10 @@
 // Kernel launchers: each validates sizes, picks a kernel variant from the
 // pipeline cache, splits work that exceeds binding or dispatch limits, and
-// records into the caller's Recorder. Nothing here waits on the GPU.
+// records into the caller's Recorder. Nothing here waits on the GPU but the
+// GEMM autotuner, which times a shape the first time it comes (gemm.cpp).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "recorder.hpp"
@@ -14,6 +16,12 @@ enum class Activation : uint32_t { None = 0, Relu = 1, GeluTanh = 2, GeluErf = 3
 // C[M,N] = alpha * op(A) op(B) + beta * C, row-major f32, op(A) is M x K.
 void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
           bool trans_a, bool trans_b, float alpha, float beta);
+
+// Turns GEMM autotuning on or off for dev (Device::gemm_tuning) and points
+// its plan cache at cache_dir ("": memory only). The cache file is named by
+// the adapter, the embedded shaders and the heuristic's own plans, so a new
+// driver, kernel or heuristic starts a fresh table (gemm.cpp).
+void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_dir);
 
 // C[i] = alpha * op(A[i]) op(B[i]) + beta * C[i] for i < batch; the matrices of
 // each operand packed one after another (bmm.cpp).

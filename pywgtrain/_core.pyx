@@ -5,7 +5,7 @@ kernels. Every call that can wait on the GPU releases the GIL."""
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
 from libcpp.memory cimport shared_ptr, unique_ptr
 from libcpp.string cimport string
-from libcpp.utility cimport move
+from libcpp.utility cimport move, pair
 from libcpp.vector cimport vector
 
 from ._corelib cimport (
@@ -96,6 +96,9 @@ cdef class _Device:
         with nogil:
             self.ptr.get().wait(submission)
 
+    def query(self):
+        return self.ptr.get().query()
+
     def destroy(self):
         self.ptr.get().destroy()
 
@@ -107,6 +110,32 @@ cdef class _Device:
         if reset_peak:
             self.ptr.get().reset_peak_bytes()
         return out
+
+    def configure_gemm_tuning(self, bint enabled, str cache_dir not None):
+        c.configure_gemm_tuning(self.ptr.get()[0], enabled, cache_dir.encode())
+
+    @property
+    def gemm_tuning_enabled(self):
+        return self.ptr.get().gemm_tuning().enabled()
+
+    @property
+    def gemm_tuning_path(self):
+        return _s(self.ptr.get().gemm_tuning().path())
+
+    def gemm_plans(self):
+        cdef vector[pair[c.GemmShape, c.GemmPlan]] entries = self.ptr.get().gemm_tuning().entries()
+        out = []
+        for e in entries:
+            t = e.second.t
+            out.append({
+                "m": e.first.m, "n": e.first.n, "k": e.first.k, "ta": e.first.ta, "tb": e.first.tb,
+                "tiles": (t.bm, t.bn, t.bk, t.tm, t.tn, t.warp_w, t.lean_loop),
+                "splits": e.second.splits, "us": e.second.us,
+            })
+        return out
+
+    def clear_gemm_plans(self):
+        self.ptr.get().gemm_tuning().clear()
 
     def grad_norm_scratch_floats(self, counts):
         cdef vector[uint64_t] v = counts

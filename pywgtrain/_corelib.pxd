@@ -23,7 +23,27 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
         uint32_t max_workgroups_per_dim, max_invocations, max_workgroup_storage
         uint32_t storage_offset_alignment, uniform_offset_alignment, max_storage_buffers_per_stage
 
+    cdef cppclass TileConfig:
+        uint32_t bm, bn, bk, tm, tn, warp_w, lean_loop
+
+    cdef cppclass GemmShape:
+        uint32_t m, n, k
+        bool ta, tb
+
+    cdef cppclass GemmPlan:
+        TileConfig t
+        uint32_t splits
+        double us
+
+    cdef cppclass GemmTuning:
+        bool enabled()
+        string path()
+        vector[pair[GemmShape, GemmPlan]] entries()
+        void clear()
+
     cdef cppclass Device:
+        GemmTuning& gemm_tuning()
+
         @staticmethod
         shared_ptr[Device] open(const string& selector) except +raise_py_error
 
@@ -35,6 +55,7 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
         bool lost()
         string lost_message()
         void wait(uint64_t submission) except +raise_py_error
+        bool query() except +raise_py_error
         uint32_t spin_wait_us()
         void destroy() except +raise_py_error
         uint64_t live_bytes()
@@ -99,6 +120,7 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
     cdef enum class Activation(uint32_t):
         pass
 
+    void configure_gemm_tuning(Device& dev, bool enabled, const string& cache_dir) except +raise_py_error
     void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
               bool trans_a, bool trans_b, float alpha, float beta) except +raise_py_error
     void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t batch, uint32_t m,

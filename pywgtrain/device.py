@@ -90,6 +90,23 @@ def _wayland_quiet():
                     del os.environ["XDG_RUNTIME_DIR"]
 
 
+def _gemm_autotune_default(info: dict[str, Any]) -> bool:
+    value = os.environ.get("PYWGTRAIN_GEMM_AUTOTUNE", "").strip()
+    if value in ("0", "1"):
+        return value == "1"
+    if value:
+        raise ValueError(f"PYWGTRAIN_GEMM_AUTOTUNE must be 0 or 1, got {value!r}")
+    return info.get("adapter_type") != "cpu"
+
+
+def _cache_dir() -> str:
+    """Where measured GEMM plans persist ("" keeps them in memory)."""
+    if "PYWGTRAIN_CACHE_DIR" in os.environ:
+        return os.environ["PYWGTRAIN_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pywgtrain")
+
+
 def list_adapters() -> list[dict[str, Any]]:
     """Every WebGPU adapter wgpu-native sees (Vulkan, Metal, DX12), as dicts."""
     with _wayland_quiet():
@@ -112,6 +129,7 @@ class Device:
             self._dev = _core._Device("" if adapter is None else str(adapter))
         self._local = threading.local()
         self._cache = DeviceCache()
+        self._dev.configure_gemm_tuning(_gemm_autotune_default(self._dev.info), _cache_dir())
         with _ordinal_lock:
             global _next_ordinal
             self.ordinal = _next_ordinal  # tells apart two Devices of one adapter in reprs
@@ -153,6 +171,38 @@ class Device:
 
     def __repr__(self):
         return f"<pywgtrain.Device #{self.ordinal} {self.name!r} ({self.backend})>"
+
+    # -- GEMM autotuning ---------------------------------------------------
+    @property
+    def gemm_autotune(self) -> bool:
+        """Whether the first matrix product of each shape times a set of tile
+        and split-K plans on this GPU and keeps the fastest (a few to a few
+        hundred milliseconds once per shape; later products of the shape, and
+        later processes through the plan cache, reuse the choice). On by
+        default on GPUs, off on CPU adapters; ``PYWGTRAIN_GEMM_AUTOTUNE=0``
+        or ``1`` sets the default. Plans persist under
+        ``$PYWGTRAIN_CACHE_DIR`` (default ``~/.cache/pywgtrain``; empty:
+        memory only) in a file per adapter, driver and kernel version. Results
+        are correct under any plan; the split-K count changes the order of
+        the sums, so bits may differ from a run with another plan."""
+        return self._dev.gemm_tuning_enabled
+
+    @gemm_autotune.setter
+    def gemm_autotune(self, enabled: bool) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"gemm_autotune must be a bool, got {type(enabled).__name__}")
+        self._dev.configure_gemm_tuning(enabled, _cache_dir())
+
+    def gemm_plans(self) -> list[dict[str, Any]]:
+        """The measured GEMM plans this device uses, one dict per shape: ``m``,
+        ``n``, ``k``, ``ta``, ``tb``, ``tiles`` (BM, BN, BK, TM, TN, WARP_W,
+        LEAN_LOOP), ``splits`` and ``us`` (the tuner's time for one call)."""
+        return self._dev.gemm_plans()
+
+    @property
+    def gemm_plan_cache(self) -> Optional[str]:
+        """The file the measured plans persist in (``None``: memory only)."""
+        return self._dev.gemm_tuning_path or None
 
     # -- recording ---------------------------------------------------------
     @contextlib.contextmanager
@@ -237,6 +287,12 @@ class Device:
         """Wait until all submitted work has finished."""
         self.flush()
         self._dev.wait(0)
+
+    def query(self) -> bool:
+        """Whether all submitted work has finished, without waiting (like
+        ``torch.cuda.Stream.query``). Work still being recorded in a batch
+        has not been submitted and does not count."""
+        return self._dev.query()
 
     def memory_stats(self, reset_peak: bool = False) -> dict[str, int]:
         """Bytes of device buffers pywgtrain allocated and still owns

@@ -101,6 +101,25 @@ def test_spinning_waits_return_finished_results(monkeypatch, rng, spin_us):
     np.testing.assert_allclose(tx.numpy(), ref, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("spin_us", ["0", "1", "5000000"])
+def test_synchronize_returns_only_when_the_gpu_is_done(monkeypatch, spin_us):
+    """query() after synchronize() must say the queue is done: the spin once
+    trusted wgpuDevicePoll's "queue empty" answer, which on the H100 read true
+    while 24 ms of submitted GEMMs still ran (reads were right, they wait on
+    their own map; wall-clock timings and synchronize() were not)."""
+    monkeypatch.setenv("PYWGTRAIN_SPIN_WAIT_US", spin_us)
+    spin_dev = pw.Device()
+    spin_dev.gemm_autotune = False
+    a = pw.zeros((384, 384), device=spin_dev)
+    c = pw.zeros((384, 384), device=spin_dev)
+    for _ in range(3):
+        with spin_dev.batch():
+            for _ in range(4):
+                pw.gemm(a, a, out=c)
+        spin_dev.synchronize()
+        assert spin_dev.query()
+
+
 @pytest.mark.parametrize("value", ["-1", "abc", "1e3", "10000001", " 5"])
 def test_bad_spin_setting_names_the_variable(monkeypatch, value):
     monkeypatch.setenv("PYWGTRAIN_SPIN_WAIT_US", value)

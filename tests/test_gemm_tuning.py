@@ -1,0 +1,112 @@
+"""GEMM autotuning: the plans it measures give correct products, persist per
+device in the cache directory, and a cache written under another signature
+(adapter, driver, shaders, heuristic) is ignored."""
+
+import os
+
+import numpy as np
+import pytest
+
+import pywgtrain as pw
+from helpers import assert_close, poisoned, rand
+
+
+def ref(a, b):
+    return a.astype(np.float64) @ b.astype(np.float64)
+
+
+@pytest.fixture
+def tuned(tmp_path, monkeypatch):
+    """A device of its own with autotuning on and its plan cache in tmp_path."""
+    monkeypatch.setenv("PYWGTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PYWGTRAIN_GEMM_AUTOTUNE", "1")
+    d = pw.Device()
+    assert d.gemm_autotune
+    return d
+
+
+def gemm_checked(d, rng, m, n, k, ta, tb):
+    a, b = rand(rng, m, k), rand(rng, k, n)
+    out = poisoned(d, (m, n))
+    a_s = np.ascontiguousarray(a.T) if ta else a
+    b_s = np.ascontiguousarray(b.T) if tb else b
+    pw.gemm(pw.tensor(a_s, d), pw.tensor(b_s, d), trans_a=ta, trans_b=tb, out=out)
+    assert_close(out.numpy(), ref(a, b), atol_scale=1e-5 * max(1.0, np.sqrt(k) / 4))
+
+
+@pytest.mark.parametrize("m,n,k,ta,tb", [(129, 200, 777, False, True), (65, 130, 1500, True, False)])
+def test_tuned_plan_is_recorded_and_correct(tuned, rng, m, n, k, ta, tb):
+    gemm_checked(tuned, rng, m, n, k, ta, tb)
+    plans = [p for p in tuned.gemm_plans() if (p["m"], p["n"], p["k"], p["ta"], p["tb"]) == (m, n, k, ta, tb)]
+    assert len(plans) == 1
+    plan = plans[0]
+    assert plan["splits"] >= 1 and plan["us"] > 0
+    assert plan["tiles"][:2] in ((64, 64), (64, 128))
+    # The second product of the shape reuses the plan (no new entry) and is right again.
+    gemm_checked(tuned, rng, m, n, k, ta, tb)
+    assert len(tuned.gemm_plans()) == 1
+
+
+def test_plans_persist_and_reload(tuned, rng, tmp_path):
+    gemm_checked(tuned, rng, 100, 300, 600, False, False)
+    path = tuned.gemm_plan_cache
+    assert path and os.path.dirname(path) == str(tmp_path) and os.path.exists(path)
+    before = tuned.gemm_plans()
+    with open(path) as f:
+        lines = f.read().splitlines()
+    assert lines[0].startswith("pywgtrain gemm plans v1 | ") and len(lines) == 2
+    again = pw.Device()
+    assert again.gemm_plans() == [dict(p, us=pytest.approx(p["us"], rel=1e-5)) for p in before]
+    gemm_checked(again, rng, 100, 300, 600, False, False)
+    assert len(again.gemm_plans()) == 1
+
+
+def test_stale_or_damaged_cache_is_ignored(tuned, rng, tmp_path):
+    gemm_checked(tuned, rng, 100, 300, 600, False, False)
+    path = tuned.gemm_plan_cache
+    with open(path) as f:
+        signature, line = f.read().splitlines()
+    # A cut-short line after a valid one: the valid one loads, the rest is skipped.
+    with open(path, "w") as f:
+        f.write(f"{signature}\n{line}\n100 300 60")
+    assert len(pw.Device().gemm_plans()) == 1
+    # Another signature (another driver or kernel version): nothing loads, and
+    # the first new plan rewrites the file under this signature.
+    with open(path, "w") as f:
+        f.write(f"pywgtrain gemm plans v0 | elsewhere\n{line}\n")
+    fresh = pw.Device()
+    assert fresh.gemm_plans() == []
+    gemm_checked(fresh, rng, 100, 300, 600, False, False)
+    with open(path) as f:
+        assert f.readline().rstrip("\n") == signature
+
+
+def test_autotune_off_and_small_products_keep_the_heuristic(tuned, rng, monkeypatch):
+    gemm_checked(tuned, rng, 20, 30, 40, False, False)  # below the tuning threshold
+    assert tuned.gemm_plans() == []
+    tuned.gemm_autotune = False
+    assert not tuned.gemm_autotune
+    gemm_checked(tuned, rng, 129, 200, 777, False, False)
+    assert tuned.gemm_plans() == []
+    # PYWGTRAIN_GEMM_TILES forces one configuration: no tuning under it.
+    tuned.gemm_autotune = True
+    monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,64,16,4,4")
+    gemm_checked(tuned, rng, 129, 200, 777, False, False)
+    assert tuned.gemm_plans() == []
+
+
+def test_autotune_settings_are_checked(dev, monkeypatch):
+    with pytest.raises(TypeError, match="gemm_autotune must be a bool"):
+        dev.gemm_autotune = 1
+    monkeypatch.setenv("PYWGTRAIN_GEMM_AUTOTUNE", "yes")
+    with pytest.raises(ValueError, match="PYWGTRAIN_GEMM_AUTOTUNE must be 0 or 1"):
+        pw.Device()
+
+
+def test_memory_only_cache(monkeypatch, rng):
+    monkeypatch.setenv("PYWGTRAIN_CACHE_DIR", "")
+    monkeypatch.setenv("PYWGTRAIN_GEMM_AUTOTUNE", "1")
+    d = pw.Device()
+    assert d.gemm_plan_cache is None
+    gemm_checked(d, rng, 100, 300, 600, True, True)
+    assert len(d.gemm_plans()) == 1
