@@ -23,7 +23,7 @@ import numpy as np
 
 import pywgtrain as pw
 from pywgtrain import _core
-from pywgtrain.bench import _torch_cuda
+from pywgtrain.bench import _torch_cuda, warm_up
 from pywgtrain.device import Device
 
 REPS = 300
@@ -106,6 +106,9 @@ def main():
     results = {"adapter": dev.info["name"], "shapes": {}}
     for k, n in ((4096, 4096), (4, 4)):
         name = f"1x{k}x{n} NT"
+        # Large GEMMs on both sides first: the first round otherwise ran on a
+        # GPU still at idle clocks (session 12: 133.9 us one call, then 75.4).
+        warm_up(dev, torch)
         rows = {}
         # Alternate twice so neither side always runs first.
         for rnd in range(2):

@@ -815,7 +815,11 @@ bool tunable(const Device& dev, const GemmProblem& g) {
   const uint64_t c_bytes = uint64_t(g.m) * g.n * 4;
   if (uint64_t(g.m) * g.n * g.k < kTuneMinMacs || c_bytes > kTuneMaxScratch || c_bytes > dev.limits().max_buffer)
     return false;
-  const GemmProblem packed_c = [&] { GemmProblem q = g; q.ldc = g.n; return q; }();
+  const GemmProblem packed_c = [&] {
+    GemmProblem q = g;
+    q.ldc = g.n;
+    return q;
+  }();
   for (const TileConfig& t : {TileConfig{64, 64, 16, 4, 4}, TileConfig{64, 128, 16, 8, 4, 8}}) {
     const Blocks b = blocks(dev, packed_c, t);
     if (b.m < g.m || b.n < g.n || b.k < g.k) return false;
@@ -866,7 +870,8 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
   // GPU timestamps around each call where the adapter has them (as `pywgtrain
   // bench` times), else wall clock over the batch.
   std::unique_ptr<PassTimer> timer;
-  if (dev.has_feature(WGPUFeatureName_TimestampQuery)) timer = std::make_unique<PassTimer>(outer.device_ptr(), kTuneMaxReps);
+  if (dev.has_feature(WGPUFeatureName_TimestampQuery))
+    timer = std::make_unique<PassTimer>(outer.device_ptr(), kTuneMaxReps);
   auto per_call_us = [&](const GemmPlan& p, uint32_t reps) {
     if (timer) {
       for (uint32_t i = 0; i < reps; ++i) {
@@ -970,8 +975,7 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
   const bool whole_problem = kb == k && mb == m && nb == n;
   // Bounded K loops: never fewer splits than keep each within kMaxKPerSplit.
   const uint32_t whole_splits = uint32_t(std::max<uint64_t>(plan.splits, ceil_div(k, kMaxKPerSplit)));
-  if (e.ep == Epilogue::RowSum &&
-      (!whole_problem || whole_splits > 1 || uint64_t(m) * n * k > kRowSumMaxMacs)) {
+  if (e.ep == Epilogue::RowSum && (!whole_problem || whole_splits > 1 || uint64_t(m) * n * k > kRowSumMaxMacs)) {
     // The in-kernel row sums need the whole K in one workgroup and one grid,
     // and they slow the main loop by ~8% (H100, 4096x512x4096): large
     // products take a plain GEMM and a separate column-sum pass (A is K x M).
@@ -1116,6 +1120,8 @@ void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, u
 }
 
 }  // namespace
+
+GemmPlan gemm_heuristic_plan(uint32_t m, uint32_t n, uint32_t k) { return heuristic_plan(m, n, k); }
 
 void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_dir) {
   // The signature: format, adapter, every embedded shader, and the heuristic
