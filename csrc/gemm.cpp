@@ -1,7 +1,6 @@
 // GEMM and GEMV launchers: variant choice, splitting of operands that exceed
 // the storage-binding limit into bindable pieces, and dispatch.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -792,7 +791,8 @@ GemmPlan heuristic_plan(uint32_t m, uint32_t n, uint32_t k) {
 // round counts. Tiny products (< kTuneMinMacs) keep the heuristic: launch
 // cost dominates them. Timing writes a scratch C (never the caller's, which
 // recorded work may still read), so products whose C exceeds kTuneMaxScratch
-// and those past one binding keep the heuristic too.
+// and those past one binding keep the heuristic too, as does every product on
+// an adapter without timestamp queries.
 constexpr uint64_t kTuneMinMacs = uint64_t(1) << 22;
 constexpr uint64_t kTuneMaxScratch = uint64_t(256) << 20;
 constexpr uint64_t kTuneMinKPerSplit = 64;
@@ -812,6 +812,7 @@ bool same_plan(const GemmPlan& a, const GemmPlan& b) {
 bool forced_by_env() { return std::getenv("PYWGTRAIN_GEMM_TILES") || std::getenv("PYWGTRAIN_GEMM_SPLITS"); }
 
 bool tunable(const Device& dev, const GemmProblem& g) {
+  if (!dev.has_feature(WGPUFeatureName_TimestampQuery)) return false;
   const uint64_t c_bytes = uint64_t(g.m) * g.n * 4;
   if (uint64_t(g.m) * g.n * g.k < kTuneMinMacs || c_bytes > kTuneMaxScratch || c_bytes > dev.limits().max_buffer)
     return false;
@@ -867,25 +868,17 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
   probe.alpha = 1.0f;
   probe.beta = 0.0f;
   Recorder rec(outer.device_ptr());
-  // GPU timestamps around each call where the adapter has them (as `pywgtrain
-  // bench` times), else wall clock over the batch.
-  std::unique_ptr<PassTimer> timer;
-  if (dev.has_feature(WGPUFeatureName_TimestampQuery))
-    timer = std::make_unique<PassTimer>(outer.device_ptr(), kTuneMaxReps);
+  // GPU timestamps around each call, as `pywgtrain bench` times (tunable()
+  // requires them: wall clock around a submission measures the host too).
+  PassTimer timer(outer.device_ptr(), kTuneMaxReps);
   auto per_call_us = [&](const GemmPlan& p, uint32_t reps) {
-    if (timer) {
-      for (uint32_t i = 0; i < reps; ++i) {
-        timer->time_next_pass(rec, i);
-        record_planned(rec, probe, EpilogueArgs{}, p);
-      }
-      std::vector<double> ns = timer->read(rec, reps);
-      std::nth_element(ns.begin(), ns.begin() + reps / 2, ns.end());
-      return ns[reps / 2] / 1e3;
+    for (uint32_t i = 0; i < reps; ++i) {
+      timer.time_next_pass(rec, i);
+      record_planned(rec, probe, EpilogueArgs{}, p);
     }
-    for (uint32_t i = 0; i < reps; ++i) record_planned(rec, probe, EpilogueArgs{}, p);
-    const auto t0 = std::chrono::steady_clock::now();
-    dev.wait(rec.submit());
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+    std::vector<double> ns = timer.read(rec, reps);
+    std::nth_element(ns.begin(), ns.begin() + reps / 2, ns.end());
+    return ns[reps / 2] / 1e3;
   };
   for (const GemmPlan& p : candidates) per_call_us(p, 1);  // compiles each variant once
   const double one = std::max(per_call_us(heuristic, 1), 1.0);
