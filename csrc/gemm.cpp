@@ -802,11 +802,23 @@ constexpr int kTuneRounds = 3;
 constexpr uint32_t kTuneMaxReps = 64;
 constexpr double kTuneMargin = 0.97;
 constexpr uint32_t kTuneSplits[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32};
+constexpr TileConfig kTuneTiles[] = {{64, 64, 16, 4, 4}, {64, 128, 16, 8, 4, 8}};
 // clang-format on
 
 bool same_plan(const GemmPlan& a, const GemmPlan& b) {
   return a.splits == b.splits && a.t.bm == b.t.bm && a.t.bn == b.t.bn && a.t.bk == b.t.bk && a.t.tm == b.t.tm &&
          a.t.tn == b.t.tn && a.t.warp_w == b.t.warp_w && a.t.lean_loop == b.t.lean_loop;
+}
+
+// Whether a plan (read from a cache file) is one the tuner could have chosen:
+// anything else is ignored rather than compiled.
+bool plan_supported(const GemmPlan& p) {
+  if (p.splits < 1 || p.splits > kMaxSplits) return false;
+  for (const TileConfig& t : kTuneTiles)
+    if (p.t.bm == t.bm && p.t.bn == t.bn && p.t.bk == t.bk && p.t.tm == t.tm && p.t.tn == t.tn &&
+        p.t.warp_w == t.warp_w && (p.t.lean_loop == 0 || (p.t.lean_loop == 1 && t.bn == 128)))
+      return true;
+  return false;
 }
 
 bool forced_by_env() { return std::getenv("PYWGTRAIN_GEMM_TILES") || std::getenv("PYWGTRAIN_GEMM_SPLITS"); }
@@ -821,7 +833,7 @@ bool tunable(const Device& dev, const GemmProblem& g) {
     q.ldc = g.n;
     return q;
   }();
-  for (const TileConfig& t : {TileConfig{64, 64, 16, 4, 4}, TileConfig{64, 128, 16, 8, 4, 8}}) {
+  for (const TileConfig& t : kTuneTiles) {
     const Blocks b = blocks(dev, packed_c, t);
     if (b.m < g.m || b.n < g.n || b.k < g.k) return false;
   }
@@ -838,7 +850,7 @@ std::vector<GemmPlan> tune_candidates(const GemmProblem& g, const GemmPlan& heur
       if (same_plan(p, q)) return;
     out.push_back(p);
   };
-  for (const TileConfig& t : {TileConfig{64, 64, 16, 4, 4}, TileConfig{64, 128, 16, 8, 4, 8}}) {
+  for (const TileConfig& t : kTuneTiles) {
     const uint64_t tiles = ceil_div(g.m, t.bm) * ceil_div(g.n, t.bn);
     for (uint32_t s : kTuneSplits) {
       s = std::max<uint32_t>(s, uint32_t(ceil_div(g.k, kMaxKPerSplit)));  // bounded K loops
@@ -902,7 +914,7 @@ GemmPlan gemm_plan(Recorder& r, const GemmProblem& g) {
   GemmTuning& tuning = r.device().gemm_tuning();
   if (forced_by_env()) return heuristic;
   const GemmShape shape{g.m, g.n, g.k, g.ta, g.tb};
-  if (auto known = tuning.find(shape)) return *known;
+  if (auto known = tuning.find(shape); known && plan_supported(*known)) return *known;
   if (!tuning.enabled() || !tunable(r.device(), g)) return heuristic;
   const GemmPlan plan = tune_plan(r, g, heuristic);
   tuning.add(shape, plan);

@@ -81,6 +81,22 @@ def test_stale_or_damaged_cache_is_ignored(tuned, rng, tmp_path):
         assert f.readline().rstrip("\n") == signature
 
 
+def test_unsupported_plans_in_the_cache_are_not_run(tuned, rng, tmp_path):
+    """A plan line with tiles the tuner never picks (a damaged or foreign
+    file) is ignored: the shape is tuned afresh and the product is right."""
+    gemm_checked(tuned, rng, 100, 300, 600, False, False)
+    path = tuned.gemm_plan_cache
+    with open(path) as f:
+        signature = f.readline().rstrip("\n")
+    with open(path, "w") as f:
+        f.write(f"{signature}\n129 200 777 0 0 48 48 16 3 3 0 0 1 1.0\n129 200 777 0 1 64 64 16 4 4 0 0 0 1.0\n")
+    again = pw.Device()
+    gemm_checked(again, rng, 129, 200, 777, False, False)
+    gemm_checked(again, rng, 129, 200, 777, False, True)
+    for plan in again.gemm_plans():
+        assert plan["tiles"][:5] in ((64, 64, 16, 4, 4), (64, 128, 16, 8, 4)) and plan["splits"] >= 1
+
+
 def test_autotune_off_and_small_products_keep_the_heuristic(tuned, rng, monkeypatch):
     gemm_checked(tuned, rng, 20, 30, 40, False, False)  # below the tuning threshold
     assert tuned.gemm_plans() == []
