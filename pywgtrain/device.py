@@ -176,12 +176,13 @@ class Device:
     @property
     def gemm_autotune(self) -> bool:
         """Whether the first matrix product of each shape times a set of tile
-        and split-K plans on this GPU and keeps the fastest (a few to a few
-        hundred milliseconds once per shape; later products of the shape, and
-        later processes through the plan cache, reuse the choice). It times
-        with GPU timestamps, so adapters without the ``timestamp-query``
-        feature keep the heuristic. On by default on GPUs, off on CPU adapters; ``PYWGTRAIN_GEMM_AUTOTUNE=0``
-        or ``1`` sets the default. Plans persist under
+        and split-K plans on this GPU and keeps the fastest (once per shape:
+        ~1 ms of GPU work per candidate and round for small products, ~30 runs
+        of the product in all for large ones; later products of the shape,
+        and later processes through the plan cache, reuse the choice). It
+        times with GPU timestamps, so adapters without the ``timestamp-query``
+        feature keep the heuristic. On by default on GPUs, off on CPU
+        adapters; ``PYWGTRAIN_GEMM_AUTOTUNE=0`` or ``1`` sets the default. Plans persist under
         ``$PYWGTRAIN_CACHE_DIR`` (default ``~/.cache/pywgtrain``; empty:
         memory only) in a file per adapter, driver and kernel version. Results
         are correct under any plan; the split-K count changes the order of
