@@ -729,17 +729,20 @@ void record_transpose(Recorder& r, const Buffer& src, uint64_t src_ld, uint32_t 
       q, uint32_t(ceil_div(cols, sh::TRANSPOSE_TILE)), uint32_t(ceil_div(rows, sh::TRANSPOSE_TILE)));
 }
 
-// NT products of at least this many rows run as NN on a transposed copy of
-// B (PYWGTRAIN_GEMM_NT_ROWS, read per call for experiments).
-uint64_t nt_as_nn_rows() {
-  const char* v = std::getenv("PYWGTRAIN_GEMM_NT_ROWS");
-  if (!v || !*v) return kNtAsNnRows;
+// A non-negative integer from the environment variable `name` (read per
+// call: experiments change it in-process); `fallback` when unset or empty.
+uint64_t env_count(const char* name, uint64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
   char* end = nullptr;
-  const unsigned long long rows = std::strtoull(v, &end, 10);
-  if (*end || *v == '-')
-    throw ArgumentError(std::string("PYWGTRAIN_GEMM_NT_ROWS must be a non-negative integer, got '") + v + "'");
-  return rows;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*end || *v == '-') throw ArgumentError(std::string(name) + " must be a non-negative integer, got '" + v + "'");
+  return n;
 }
+
+// NT products of at least this many rows run as NN on a transposed copy of
+// B (PYWGTRAIN_GEMM_NT_ROWS, for experiments).
+uint64_t nt_as_nn_rows() { return env_count("PYWGTRAIN_GEMM_NT_ROWS", kNtAsNnRows); }
 
 // Block sizes along M, N and K of what one set of bindings covers on tiles t.
 struct Blocks {
@@ -883,8 +886,18 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
   // GPU timestamps around each call, as `pywgtrain bench` times (tunable()
   // requires them: wall clock around a submission measures the host too).
   PassTimer timer(outer.device_ptr(), kTuneMaxReps);
+  // Experiment switch, off by default and not yet measured: clearing this
+  // many MiB before each timed call pushes the operands out of L2, as the
+  // bench's rotated operand sets do (the tuner otherwise times them warm in
+  // L2, which picked 5 splits for 777x2304x768 NN: 89.6 us in tuning, 109.7
+  // in the bench, against 94.4 with the heuristic's 3; docs/gemm_notes.md #65).
+  const uint64_t flush_bytes =
+      std::min<uint64_t>(env_count("PYWGTRAIN_GEMM_TUNE_FLUSH_MB", 0) << 20, dev.limits().max_buffer) & ~uint64_t(3);
+  std::unique_ptr<Buffer> flush;
+  if (flush_bytes) flush = std::make_unique<Buffer>(outer.device_ptr(), flush_bytes, "pywgtrain.gemm_tune_flush");
   auto per_call_us = [&](const GemmPlan& p, uint32_t reps) {
     for (uint32_t i = 0; i < reps; ++i) {
+      if (flush) rec.fill_zero(*flush, 0, flush_bytes);
       timer.time_next_pass(rec, i);
       record_planned(rec, probe, EpilogueArgs{}, p);
     }

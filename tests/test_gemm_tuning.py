@@ -111,6 +111,17 @@ def test_autotune_off_and_small_products_keep_the_heuristic(tuned, rng, monkeypa
     assert tuned.gemm_plans() == []
 
 
+def test_tuning_with_operands_flushed_from_cache(tuned, rng, monkeypatch):
+    """PYWGTRAIN_GEMM_TUNE_FLUSH_MB clears a buffer before each timed call;
+    the products and the recorded plan are as without it."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_TUNE_FLUSH_MB", "8")
+    gemm_checked(tuned, rng, 129, 200, 777, True, False)
+    assert len(tuned.gemm_plans()) == 1
+    monkeypatch.setenv("PYWGTRAIN_GEMM_TUNE_FLUSH_MB", "-1")
+    with pytest.raises(ValueError, match="PYWGTRAIN_GEMM_TUNE_FLUSH_MB must be a non-negative integer"):
+        gemm_checked(tuned, rng, 130, 200, 777, True, False)
+
+
 def test_autotune_settings_are_checked(dev, monkeypatch):
     with pytest.raises(TypeError, match="gemm_autotune must be a bool"):
         dev.gemm_autotune = 1
