@@ -808,19 +808,14 @@ constexpr uint32_t kTuneSplits[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32};
 constexpr TileConfig kTuneTiles[] = {{64, 64, 16, 4, 4}, {64, 128, 16, 8, 4, 8}};
 // clang-format on
 
-bool same_plan(const GemmPlan& a, const GemmPlan& b) {
-  return a.splits == b.splits && a.t.bm == b.t.bm && a.t.bn == b.t.bn && a.t.bk == b.t.bk && a.t.tm == b.t.tm &&
-         a.t.tn == b.t.tn && a.t.warp_w == b.t.warp_w && a.t.lean_loop == b.t.lean_loop;
-}
-
 // Whether a plan (read from a cache file) is one the tuner could have chosen:
 // anything else is ignored rather than compiled.
 bool plan_supported(const GemmPlan& p) {
-  if (p.splits < 1 || p.splits > kMaxSplits) return false;
+  if (p.splits < 1 || p.splits > kMaxSplits || p.t.lean_loop > 1) return false;
+  TileConfig base = p.t;
+  base.lean_loop = 0;
   for (const TileConfig& t : kTuneTiles)
-    if (p.t.bm == t.bm && p.t.bn == t.bn && p.t.bk == t.bk && p.t.tm == t.tm && p.t.tn == t.tn &&
-        p.t.warp_w == t.warp_w && (p.t.lean_loop == 0 || (p.t.lean_loop == 1 && t.bn == 128)))
-      return true;
+    if (base == t && (p.t.lean_loop == 0 || t.bn == 128)) return true;
   return false;
 }
 
@@ -850,7 +845,7 @@ std::vector<GemmPlan> tune_candidates(const GemmProblem& g, const GemmPlan& heur
     p.t = t;
     p.splits = splits;
     for (const GemmPlan& q : out)
-      if (same_plan(p, q)) return;
+      if (q.t == p.t && q.splits == p.splits) return;
     out.push_back(p);
   };
   for (const TileConfig& t : kTuneTiles) {
@@ -923,11 +918,11 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
 // device's measured plan for its shape (timed now if autotuning is on and the
 // shape is new), else the heuristic.
 GemmPlan gemm_plan(Recorder& r, const GemmProblem& g) {
-  const GemmPlan heuristic = heuristic_plan(g.m, g.n, g.k);
   GemmTuning& tuning = r.device().gemm_tuning();
-  if (forced_by_env()) return heuristic;
   const GemmShape shape{g.m, g.n, g.k, g.ta, g.tb};
+  if (forced_by_env()) return heuristic_plan(g.m, g.n, g.k);
   if (auto known = tuning.find(shape); known && plan_supported(*known)) return *known;
+  const GemmPlan heuristic = heuristic_plan(g.m, g.n, g.k);
   if (!tuning.enabled() || !tunable(r.device(), g)) return heuristic;
   const GemmPlan plan = tune_plan(r, g, heuristic);
   tuning.add(shape, plan);
@@ -1139,8 +1134,6 @@ void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, u
 
 }  // namespace
 
-GemmPlan gemm_heuristic_plan(uint32_t m, uint32_t n, uint32_t k) { return heuristic_plan(m, n, k); }
-
 void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_dir) {
   // The signature: format, adapter, every embedded shader, and the heuristic
   // plans of a grid of shapes (a changed heuristic re-tunes what it competes with).
@@ -1148,18 +1141,17 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
   const AdapterSummary& a = dev.info();
   sig += a.name + " | " + a.vendor + " | " + a.driver + " | " + a.backend + " | " + std::to_string(a.vendor_id) + ":" +
          std::to_string(a.device_id) + " | slots " + std::to_string(wave_slots());
-  uint64_t digest = 1469598103934665603ull;
-  auto mix = [&](uint64_t v) { digest = (digest ^ v) * 1099511628211ull; };
-  for (const auto& [name, text] : embedded_shaders())
-    for (unsigned char ch : name + text) mix(ch);
+  std::string material;
+  for (const auto& [name, text] : embedded_shaders()) material += name + "\n" + text + "\n";
   for (uint32_t m : {16u, 64u, 256u, 1024u, 4096u})
     for (uint32_t n : {64u, 768u, 3072u, 50304u})
       for (uint32_t k : {64u, 768u, 3072u, 16384u}) {
         const GemmPlan p = heuristic_plan(m, n, k);
-        for (uint32_t v : {p.t.bm, p.t.bn, p.t.bk, p.t.tm, p.t.tn, p.t.warp_w, p.t.lean_loop, p.splits}) mix(v);
+        for (uint32_t v : {p.t.bm, p.t.bn, p.t.bk, p.t.tm, p.t.tn, p.t.warp_w, p.t.lean_loop, p.splits})
+          material += std::to_string(v) + ",";
       }
   char hex[24];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(digest));
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(material)));
   dev.gemm_tuning().configure(enabled, cache_dir, sig + " | " + hex);
 }
 

@@ -10,13 +10,14 @@
 #include <memory>
 
 namespace pwt {
-namespace {
 
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
   return h;
 }
+
+namespace {
 
 void write_plan(std::FILE* f, const GemmShape& s, const GemmPlan& p) {
   std::fprintf(f, "%u %u %u %d %d %u %u %u %u %u %u %u %u %.9g\n", s.m, s.n, s.k, int(s.ta), int(s.tb), p.t.bm, p.t.bn,
@@ -102,11 +103,6 @@ void GemmTuning::add(const GemmShape& s, const GemmPlan& p) {
 std::vector<std::pair<GemmShape, GemmPlan>> GemmTuning::entries() const {
   std::lock_guard<std::mutex> lock(mu_);
   return {plans_.begin(), plans_.end()};
-}
-
-void GemmTuning::clear() {
-  std::lock_guard<std::mutex> lock(mu_);
-  plans_.clear();
 }
 
 }  // namespace pwt

@@ -20,6 +20,8 @@ namespace pwt {
 // loop of their own).
 struct TileConfig {
   uint32_t bm = 0, bn = 0, bk = 0, tm = 0, tn = 0, warp_w = 0, lean_loop = 0;
+  auto fields() const { return std::tie(bm, bn, bk, tm, tn, warp_w, lean_loop); }
+  bool operator==(const TileConfig& o) const { return fields() == o.fields(); }
 };
 
 struct GemmShape {
@@ -29,12 +31,16 @@ struct GemmShape {
 };
 
 // What runs a whole product: tiles and split-K count (>= 1), and the time the
-// tuner measured for one call of it (microseconds, wall clock in a batch).
+// tuner measured for one call of it (microseconds, GPU timestamps).
 struct GemmPlan {
   TileConfig t;
   uint32_t splits = 1;
   double us = 0;
 };
+
+// 64-bit FNV-1a: names the cache file after its signature, and condenses the
+// shader sources and heuristic plans that go into the signature.
+uint64_t fnv1a(const std::string& s);
 
 class GemmTuning {
  public:
@@ -49,7 +55,6 @@ class GemmTuning {
   // Records a measured plan (and appends it to the cache file, if any).
   void add(const GemmShape& s, const GemmPlan& p);
   std::vector<std::pair<GemmShape, GemmPlan>> entries() const;
-  void clear();
 
  private:
   mutable std::mutex mu_;

@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "gemm_tuning.hpp"
 #include "recorder.hpp"
 
 namespace pwt {
@@ -23,9 +22,6 @@ void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32
 // the adapter, the embedded shaders and the heuristic's own plans, so a new
 // driver, kernel or heuristic starts a fresh table (gemm.cpp).
 void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_dir);
-// The plan the heuristic picks for an M x N x K product (the autotuner's first
-// candidate, and what runs where tuning is off).
-GemmPlan gemm_heuristic_plan(uint32_t m, uint32_t n, uint32_t k);
 
 // C[i] = alpha * op(A[i]) op(B[i]) + beta * C[i] for i < batch; the matrices of
 // each operand packed one after another (bmm.cpp).

@@ -53,19 +53,6 @@ def list_adapters():
     return [_summary(s) for s in v]
 
 
-cdef dict _plan_dict(const c.GemmPlan& p):
-    return {
-        "tiles": (p.t.bm, p.t.bn, p.t.bk, p.t.tm, p.t.tn, p.t.warp_w, p.t.lean_loop),
-        "splits": p.splits,
-        "us": p.us,
-    }
-
-
-def gemm_heuristic_plan(uint32_t m, uint32_t n, uint32_t k):
-    """The heuristic's plan for an M x N x K product (tiles, splits; us 0)."""
-    return _plan_dict(c.gemm_heuristic_plan(m, n, k))
-
-
 cdef class _Device:
     cdef shared_ptr[Device] ptr
 
@@ -139,13 +126,13 @@ cdef class _Device:
         cdef vector[pair[c.GemmShape, c.GemmPlan]] entries = self.ptr.get().gemm_tuning().entries()
         out = []
         for e in entries:
-            row = {"m": e.first.m, "n": e.first.n, "k": e.first.k, "ta": e.first.ta, "tb": e.first.tb}
-            row.update(_plan_dict(e.second))
-            out.append(row)
+            t = e.second.t
+            out.append({
+                "m": e.first.m, "n": e.first.n, "k": e.first.k, "ta": e.first.ta, "tb": e.first.tb,
+                "tiles": (t.bm, t.bn, t.bk, t.tm, t.tn, t.warp_w, t.lean_loop),
+                "splits": e.second.splits, "us": e.second.us,
+            })
         return out
-
-    def clear_gemm_plans(self):
-        self.ptr.get().gemm_tuning().clear()
 
     def grad_norm_scratch_floats(self, counts):
         cdef vector[uint64_t] v = counts

@@ -39,7 +39,6 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
         bool enabled()
         string path()
         vector[pair[GemmShape, GemmPlan]] entries()
-        void clear()
 
     cdef cppclass Device:
         GemmTuning& gemm_tuning()
@@ -121,7 +120,6 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
         pass
 
     void configure_gemm_tuning(Device& dev, bool enabled, const string& cache_dir) except +raise_py_error
-    GemmPlan gemm_heuristic_plan(uint32_t m, uint32_t n, uint32_t k) except +raise_py_error
     void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
               bool trans_a, bool trans_b, float alpha, float beta) except +raise_py_error
     void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t batch, uint32_t m,
