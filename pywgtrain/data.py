@@ -10,6 +10,8 @@ import tempfile
 
 import numpy as np
 
+from ._cache import cache_dir
+
 
 class ByteTokenizer:
     """Bytes are tokens (vocabulary 256): any text encodes, nothing to train."""
@@ -37,10 +39,8 @@ def stdlib_sources(root=None):
     return files
 
 
-def _cache_dir():
-    base = os.environ.get("PYWGTRAIN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "pywgtrain"
-    )
+def _corpus_dir():
+    base = cache_dir()
     try:
         os.makedirs(base, exist_ok=True)
         return base
@@ -55,7 +55,7 @@ def stdlib_corpus_file(max_bytes=None):
     if not files:
         raise RuntimeError(f"no Python source files found under {sysconfig.get_paths()['stdlib']}")
     key = hashlib.sha1(f"{sys.version}|{len(files)}|{max_bytes}".encode()).hexdigest()[:12]
-    path = os.path.join(_cache_dir(), f"stdlib-{key}.bin")
+    path = os.path.join(_corpus_dir(), f"stdlib-{key}.bin")
     if os.path.exists(path):
         return path
     tmp = f"{path}.{os.getpid()}.tmp"

@@ -9,6 +9,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 from . import _core
+from ._cache import cache_dir
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -99,14 +100,6 @@ def _gemm_autotune_default(info: dict[str, Any]) -> bool:
     return info.get("adapter_type") != "cpu"
 
 
-def _cache_dir() -> str:
-    """Where measured GEMM plans persist ("" keeps them in memory)."""
-    if "PYWGTRAIN_CACHE_DIR" in os.environ:
-        return os.environ["PYWGTRAIN_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "pywgtrain")
-
-
 def list_adapters() -> list[dict[str, Any]]:
     """Every WebGPU adapter wgpu-native sees (Vulkan, Metal, DX12), as dicts."""
     with _wayland_quiet():
@@ -129,7 +122,7 @@ class Device:
             self._dev = _core._Device("" if adapter is None else str(adapter))
         self._local = threading.local()
         self._cache = DeviceCache()
-        self._dev.configure_gemm_tuning(_gemm_autotune_default(self._dev.info), _cache_dir())
+        self._dev.configure_gemm_tuning(_gemm_autotune_default(self._dev.info), cache_dir())
         with _ordinal_lock:
             global _next_ordinal
             self.ordinal = _next_ordinal  # tells apart two Devices of one adapter in reprs
@@ -183,8 +176,8 @@ class Device:
         times with GPU timestamps, so adapters without the ``timestamp-query``
         feature keep the heuristic. On by default on GPUs, off on CPU
         adapters; ``PYWGTRAIN_GEMM_AUTOTUNE=0`` or ``1`` sets the default. Plans persist under
-        ``$PYWGTRAIN_CACHE_DIR`` (default ``~/.cache/pywgtrain``; empty:
-        memory only) in a file per adapter, driver and kernel version. Results
+        ``$PYWGTRAIN_CACHE`` (default ``~/.cache/pywgtrain``, beside the main
+        job's corpus) in a file per adapter, driver and kernel version. Results
         are correct under any plan; the split-K count changes the order of
         the sums, so bits may differ from a run with another plan."""
         return self._dev.gemm_tuning_enabled
@@ -193,7 +186,7 @@ class Device:
     def gemm_autotune(self, enabled: bool) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(f"gemm_autotune must be a bool, got {type(enabled).__name__}")
-        self._dev.configure_gemm_tuning(enabled, _cache_dir())
+        self._dev.configure_gemm_tuning(enabled, cache_dir())
 
     def gemm_plans(self) -> list[dict[str, Any]]:
         """The measured GEMM plans this device uses, one dict per shape: ``m``,
@@ -202,9 +195,9 @@ class Device:
         return self._dev.gemm_plans()
 
     @property
-    def gemm_plan_cache(self) -> Optional[str]:
-        """The file the measured plans persist in (``None``: memory only)."""
-        return self._dev.gemm_tuning_path or None
+    def gemm_plan_cache(self) -> str:
+        """The file the measured plans persist in."""
+        return self._dev.gemm_tuning_path
 
     # -- recording ---------------------------------------------------------
     @contextlib.contextmanager

@@ -6,10 +6,6 @@ import pytest
 
 import pywgtrain as pw
 
-# GEMM plans measured during the suite stay in memory (tests of the plan cache
-# point it at a temporary directory of their own).
-os.environ.setdefault("PYWGTRAIN_CACHE_DIR", "")
-
 # Fixtures and hooks only; the helpers tests import are in tests/helpers.py.
 
 # Fresh random data every run; the seed is printed so a failure can be replayed

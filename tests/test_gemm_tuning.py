@@ -18,7 +18,7 @@ def ref(a, b):
 @pytest.fixture
 def tuned(tmp_path, monkeypatch):
     """A device of its own with autotuning on and its plan cache in tmp_path."""
-    monkeypatch.setenv("PYWGTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PYWGTRAIN_CACHE", str(tmp_path))
     monkeypatch.setenv("PYWGTRAIN_GEMM_AUTOTUNE", "1")
     d = pw.Device()
     assert d.gemm_autotune
@@ -128,12 +128,3 @@ def test_autotune_settings_are_checked(dev, monkeypatch):
     monkeypatch.setenv("PYWGTRAIN_GEMM_AUTOTUNE", "yes")
     with pytest.raises(ValueError, match="PYWGTRAIN_GEMM_AUTOTUNE must be 0 or 1"):
         pw.Device()
-
-
-def test_memory_only_cache(monkeypatch, rng):
-    monkeypatch.setenv("PYWGTRAIN_CACHE_DIR", "")
-    monkeypatch.setenv("PYWGTRAIN_GEMM_AUTOTUNE", "1")
-    d = pw.Device()
-    assert d.gemm_plan_cache is None
-    gemm_checked(d, rng, 100, 300, 600, True, True)
-    assert len(d.gemm_plans()) == 1
