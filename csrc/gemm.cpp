@@ -900,10 +900,17 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
     std::nth_element(ns.begin(), ns.begin() + reps / 2, ns.end());
     return ns[reps / 2] / 1e3;
   };
-  for (const GemmPlan& p : candidates) per_call_us(p, 1);  // compiles each variant once
+  // Untimed, one submission each: every candidate once (compiling each
+  // variant), then the heuristic's plan 4 x reps times (clocks up).
+  auto run_untimed = [&](const GemmPlan& p, uint32_t calls) {
+    for (uint32_t i = 0; i < calls; ++i) record_planned(rec, probe, EpilogueArgs{}, p);
+  };
+  for (const GemmPlan& p : candidates) run_untimed(p, 1);
+  dev.wait(rec.submit());
   const double one = std::max(per_call_us(heuristic, 1), 1.0);
   const uint32_t reps = uint32_t(std::clamp(kTuneBatchUs / one, 2.0, double(kTuneMaxReps)));
-  for (int i = 0; i < 4; ++i) per_call_us(heuristic, reps);  // warm-up
+  run_untimed(heuristic, 4 * reps);
+  dev.wait(rec.submit());
   std::vector<double> best(candidates.size(), 1e30);
   for (int round = 0; round < kTuneRounds; ++round)
     for (size_t i = 0; i < candidates.size(); ++i) best[i] = std::min(best[i], per_call_us(candidates[i], reps));
