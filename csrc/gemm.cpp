@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "dispatch_util.hpp"
@@ -212,12 +213,13 @@ struct EpilogueArgs {
   const Buffer* residual = nullptr;  // BiasResidual: at C's indices, windowed like C
 };
 
-// One pipeline of gemm.wgsl's tiled product.
+// One pipeline of gemm.wgsl's tiled product (the stream-K entry when stream_k).
 struct GemmVariant {
   TileConfig t;
   bool ta = false, tb = false;
   Epilogue ep = Epilogue::Plain;
   Activation act = Activation::None;
+  bool stream_k = false;
 };
 
 // What one tiled dispatch binds: windows of A, B and C, and the epilogue's
@@ -262,7 +264,7 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v) 
   const bool lean = t.lean_loop && (g.tb || v.b);
   KernelDesc d;
   d.shader = "gemm";
-  d.entry = "gemm";
+  d.entry = g.stream_k ? "gemm_stream_k" : "gemm";
   d.bindings = {sh::a,        sh::b,  sh::c,  sh::p,  sh::bias,    sh::preact,
                 sh::row_sums, sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual};
   d.constants = {{"BM", u32_literal(t.bm)},
@@ -369,22 +371,24 @@ uint64_t block_along(uint64_t extent, uint64_t limit, uint64_t tile) {
   return std::max<uint64_t>(b, 1);
 }
 
-// gemm.wgsl's elementwise entries (split-K reduce, repack): they ignore the
-// tile constants, so fixed values keep one pipeline each.
-KernelDesc elementwise_kernel(const char* entry, Epilogue ep, Activation act) {
+// gemm.wgsl's elementwise entries (split-K reduce, repack): most ignore the
+// tile constants, so fixed values keep one pipeline each; the stream-K
+// fixup takes the product's tiles.
+constexpr TileConfig kElementwiseTiles{64, 64, 16, 4, 4, 16};
+KernelDesc elementwise_kernel(const char* entry, Epilogue ep, Activation act, const TileConfig& t = kElementwiseTiles) {
   KernelDesc d;
   d.shader = "gemm";
   d.entry = entry;
-  d.constants = {{"BM", "64u"},
-                 {"BN", "64u"},
-                 {"BK", "16u"},
-                 {"TM", "4u"},
-                 {"TN", "4u"},
+  d.constants = {{"BM", u32_literal(t.bm)},
+                 {"BN", u32_literal(t.bn)},
+                 {"BK", u32_literal(t.bk)},
+                 {"TM", u32_literal(t.tm)},
+                 {"TN", u32_literal(t.tn)},
                  {"TRANS_A", "false"},
                  {"TRANS_B", "false"},
                  {"EPILOGUE", u32_literal(uint32_t(ep))},
                  {"ACT", u32_literal(uint32_t(act))},
-                 {"WARP_W", "16u"},
+                 {"WARP_W", u32_literal(t.warp_w ? t.warp_w : t.bn / t.tn)},
                  {"LEAN_LOOP", "false"},
                  {"A_VEC", "false"},
                  {"B_VEC", "false"},
@@ -401,10 +405,14 @@ struct SplitRanges {
 
 // C[m, n] (at q.c_off, leading dimension q.ldc) = epilogue(q.alpha * the sum
 // of q.splits partial products spaced q.split_stride floats apart); the
-// plain epilogue adds q.beta * C, the bias is read from q.bias_off on.
-void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ranges, const EpilogueArgs& e) {
+// plain epilogue adds q.beta * C, the bias is read from q.bias_off on. With
+// stream_k_tiles: the sum of each tile's stream-K slots (gemm.wgsl
+// stream_k_fixup) for a product on those tiles.
+void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ranges, const EpilogueArgs& e,
+                         const TileConfig* stream_k_tiles = nullptr) {
   Device& dev = r.device();
-  KernelDesc d = elementwise_kernel("splitk_reduce", e.ep, e.act);
+  KernelDesc d = stream_k_tiles ? elementwise_kernel("stream_k_fixup", e.ep, e.act, *stream_k_tiles)
+                                : elementwise_kernel("splitk_reduce", e.ep, e.act);
   d.bindings = {sh::c, sh::p, sh::partials, sh::bias, sh::preact, sh::residual};
   std::vector<Operand> operands{{sh::c, ranges.c}, {sh::partials, ranges.partials}};
   operands.push_back({sh::bias, or_placeholder(dev, has_bias(e.ep) ? whole(*e.bias) : Range{}, false)});
@@ -655,6 +663,70 @@ void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, c
   record_split_reduce(r, q, sr, e);
 }
 
+// Stream-K (gemm.wgsl gemm_stream_k): `workers` workgroups, one wave, share
+// the tiles' K steps in equal ranges, so a product whose tiles fill a wave
+// or two only in part keeps every slot busy to the end. Each tile gets a
+// partial slot per workgroup whose range meets it (`slots`: the most any tile
+// gets); the fixup pass sums them with the epilogue.
+struct StreamK {
+  uint64_t tiles = 0, slots = 0;
+  uint64_t partial_floats(const TileConfig& t) const { return tiles * slots * t.bm * t.bn; }
+};
+
+// The layout of stream-K for an m x n x k product on tiles t, or nothing
+// where it does not apply: more workers than K steps or one dispatch allows,
+// the shader's step indices past 32 bits, partials past one binding, or a
+// workgroup's range past half of kMaxKPerSplit (bounded loops: the range's
+// K steps plus, per tile it meets, the segment loop and the stores; lavapipe
+// counts them all, and 777x300x2304 on one worker came back with the last
+// third of its tiles missing).
+std::optional<StreamK> stream_k_layout(const Device& dev, uint32_t m, uint32_t n, uint32_t k, const TileConfig& t,
+                                       uint32_t workers) {
+  const uint64_t tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn), steps = ceil_div(k, t.bk), total = tiles * steps;
+  if (!workers || workers > dev.limits().max_workgroups_per_dim || total < workers ||
+      ceil_div(total, workers) * t.bk > kMaxKPerSplit / 2 || total * workers >= (uint64_t(1) << 32))
+    return std::nullopt;
+  // gemm.wgsl sk_worker_of: the workgroup whose range holds step x.
+  auto worker_of = [&](uint64_t x) { return ((x + 1) * workers - 1) / total; };
+  StreamK sk;
+  sk.tiles = tiles;
+  for (uint64_t tile = 0; tile < tiles; ++tile)
+    sk.slots = std::max(sk.slots, worker_of((tile + 1) * steps - 1) - worker_of(tile * steps) + 1);
+  if (sk.partial_floats(t) * 4 > dev.limits().max_storage_binding) return std::nullopt;
+  return sk;
+}
+
+// The whole product g (bindable at once) by stream-K, then the fixup into C.
+void record_stream_k(Recorder& r, const GemmProblem& g, const TileConfig& t, uint32_t workers, const StreamK& sk,
+                     const EpilogueArgs& e) {
+  Device& dev = r.device();
+  const uint64_t bytes = sk.partial_floats(t) * 4;
+  const Range ws{dev.workspace(bytes), 0, bytes};
+  Region whole_c;
+  whole_c.mc = g.m;
+  whole_c.nc = g.n;
+  whole_c.kc = g.k;
+  RegionBinding rb = bind_region(dev, g, whole_c);
+  GemmParams& p = rb.p;
+  p.splits = uint32_t(sk.slots);
+  p.sk_workers = workers;
+  p.ldc = t.bn;  // rows of a partial slot (vec_loads' C_VEC test)
+  GemmVariant v = plain_variant(t, g);
+  v.stream_k = true;
+  dispatch_gemm(r, v, p, abc_ranges(rb, ws), workers, 1);
+  RowWindow cw = row_window(dev, *g.c, 0, 0, g.m, g.ldc);
+  GemmParams q = p;
+  q.ldc = uint32_t(g.ldc);
+  q.c_off = cw.inner;
+  q.bias_off = 0;
+  SplitRanges sr;
+  sr.partials = ws;
+  sr.c = cw.range;
+  if (has_preact(e.ep)) sr.preact = row_window(dev, *e.preact, 0, 0, g.m, g.ldc).range;
+  if (has_residual(e.ep)) sr.residual = row_window(dev, *e.residual, 0, 0, g.m, g.ldc).range;
+  record_split_reduce(r, q, sr, e, &t);
+}
+
 // Ragged large products (e.g. 4097^3): a last tile row or column holding a
 // few rows would cost a whole extra wave of full-K workgroups. The aligned
 // part runs as usual; each thin strip runs as its own split-K product on
@@ -806,12 +878,22 @@ constexpr uint32_t kTuneMaxReps = 64;
 constexpr double kTuneMargin = 0.97;
 constexpr uint32_t kTuneSplits[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32};
 constexpr TileConfig kTuneTiles[] = {{64, 64, 16, 4, 4}, {64, 128, 16, 8, 4, 8}};
+// Stream-K candidates: 64x128 tiles (LEAN_LOOP both ways), one wave of
+// workers, on outputs of fewer than kTuneMaxWaves waves of tiles whose
+// workers get >= kTuneMinKPerSplit of K each.
+constexpr TileConfig kStreamKTiles = kTuneTiles[1];
 // clang-format on
+
+TileConfig with_lean_loop(TileConfig t) {
+  t.lean_loop = 1;
+  return t;
+}
 
 // Whether a plan (read from a cache file) is one the tuner could have chosen:
 // anything else is ignored rather than compiled.
 bool plan_supported(const GemmPlan& p) {
   if (p.splits < 1 || p.splits > kMaxSplits || p.t.lean_loop > 1) return false;
+  if (p.workers && (p.splits != 1 || !(p.t == kStreamKTiles || p.t == with_lean_loop(kStreamKTiles)))) return false;
   TileConfig base = p.t;
   base.lean_loop = 0;
   for (const TileConfig& t : kTuneTiles)
@@ -819,7 +901,10 @@ bool plan_supported(const GemmPlan& p) {
   return false;
 }
 
-bool forced_by_env() { return std::getenv("PYWGTRAIN_GEMM_TILES") || std::getenv("PYWGTRAIN_GEMM_SPLITS"); }
+bool forced_by_env() {
+  return std::getenv("PYWGTRAIN_GEMM_TILES") || std::getenv("PYWGTRAIN_GEMM_SPLITS") ||
+         std::getenv("PYWGTRAIN_GEMM_STREAM_K");
+}
 
 bool tunable(const Device& dev, const GemmProblem& g) {
   if (!dev.has_feature(WGPUFeatureName_TimestampQuery)) return false;
@@ -838,14 +923,15 @@ bool tunable(const Device& dev, const GemmProblem& g) {
   return true;
 }
 
-std::vector<GemmPlan> tune_candidates(const GemmProblem& g, const GemmPlan& heuristic) {
+std::vector<GemmPlan> tune_candidates(const Device& dev, const GemmProblem& g, const GemmPlan& heuristic) {
   std::vector<GemmPlan> out{heuristic};
-  auto add = [&](const TileConfig& t, uint32_t splits) {
+  auto add = [&](const TileConfig& t, uint32_t splits, uint32_t workers = 0) {
     GemmPlan p;
     p.t = t;
     p.splits = splits;
+    p.workers = workers;
     for (const GemmPlan& q : out)
-      if (q.t == p.t && q.splits == p.splits) return;
+      if (q.t == p.t && q.splits == p.splits && q.workers == p.workers) return;
     out.push_back(p);
   };
   for (const TileConfig& t : kTuneTiles) {
@@ -863,6 +949,14 @@ std::vector<GemmPlan> tune_candidates(const GemmProblem& g, const GemmPlan& heur
       add(v, s);
     }
   }
+  const uint64_t slots = wave_slots();
+  const uint64_t sk_tiles = ceil_div(g.m, kStreamKTiles.bm) * ceil_div(g.n, kStreamKTiles.bn);
+  if (sk_tiles < kTuneMaxWaves * slots &&
+      ceil_div(g.k, kStreamKTiles.bk) * sk_tiles * kStreamKTiles.bk >= slots * kTuneMinKPerSplit &&
+      stream_k_layout(dev, g.m, g.n, g.k, kStreamKTiles, uint32_t(slots))) {
+    add(kStreamKTiles, 1, uint32_t(slots));
+    add(with_lean_loop(kStreamKTiles), 1, uint32_t(slots));
+  }
   return out;
 }
 
@@ -870,7 +964,7 @@ std::vector<GemmPlan> tune_candidates(const GemmProblem& g, const GemmPlan& heur
 // whatever `outer` holds) and returns the plan to keep.
 GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuristic) {
   Device& dev = outer.device();
-  const std::vector<GemmPlan> candidates = tune_candidates(g, heuristic);
+  const std::vector<GemmPlan> candidates = tune_candidates(dev, g, heuristic);
   Buffer scratch(outer.device_ptr(), uint64_t(g.m) * g.n * 4, "pywgtrain.gemm_tune_output");
   GemmProblem probe = g;
   probe.c = &scratch;
@@ -927,7 +1021,11 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
 GemmPlan gemm_plan(Recorder& r, const GemmProblem& g) {
   GemmTuning& tuning = r.device().gemm_tuning();
   const GemmShape shape{g.m, g.n, g.k, g.ta, g.tb};
-  if (forced_by_env()) return heuristic_plan(g.m, g.n, g.k);
+  if (forced_by_env()) {
+    GemmPlan forced = heuristic_plan(g.m, g.n, g.k);
+    forced.workers = uint32_t(std::min<uint64_t>(env_count("PYWGTRAIN_GEMM_STREAM_K", 0), UINT32_MAX));
+    return forced;
+  }
   if (auto known = tuning.find(shape); known && plan_supported(*known)) return *known;
   const GemmPlan heuristic = heuristic_plan(g.m, g.n, g.k);
   if (!tuning.enabled() || !tunable(r.device(), g)) return heuristic;
@@ -995,7 +1093,10 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
   const bool whole_problem = kb == k && mb == m && nb == n;
   // Bounded K loops: never fewer splits than keep each within kMaxKPerSplit.
   const uint32_t whole_splits = uint32_t(std::max<uint64_t>(plan.splits, ceil_div(k, kMaxKPerSplit)));
-  if (e.ep == Epilogue::RowSum && (!whole_problem || whole_splits > 1 || uint64_t(m) * n * k > kRowSumMaxMacs)) {
+  // Stream-K where the plan asks for it and it applies; else the plan's tiles and splits.
+  const std::optional<StreamK> sk =
+      plan.workers && whole_problem ? stream_k_layout(dev, m, n, k, t, plan.workers) : std::nullopt;
+  if (e.ep == Epilogue::RowSum && (!whole_problem || whole_splits > 1 || sk || uint64_t(m) * n * k > kRowSumMaxMacs)) {
     // The in-kernel row sums need the whole K in one workgroup and one grid,
     // and they slow the main loop by ~8% (H100, 4096x512x4096): large
     // products take a plain GEMM and a separate column-sum pass (A is K x M).
@@ -1030,6 +1131,7 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
     return record_planned(r, padded, e, plan);
   }
   if (whole_problem) {
+    if (sk) return record_stream_k(r, g, t, plan.workers, *sk, e);
     if (whole_splits > 1) {
       Region whole_c;
       whole_c.mc = m;
@@ -1144,7 +1246,7 @@ void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, u
 void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_dir) {
   // The signature: format, adapter, every embedded shader, and the heuristic
   // plans of a grid of shapes (a changed heuristic re-tunes what it competes with).
-  std::string sig = "pywgtrain gemm plans v1 | ";
+  std::string sig = "pywgtrain gemm plans v2 | ";
   const AdapterSummary& a = dev.info();
   sig += a.name + " | " + a.vendor + " | " + a.driver + " | " + a.backend + " | " + std::to_string(a.vendor_id) + ":" +
          std::to_string(a.device_id) + " | slots " + std::to_string(wave_slots());

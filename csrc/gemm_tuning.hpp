@@ -30,11 +30,14 @@ struct GemmShape {
   bool operator<(const GemmShape& o) const { return std::tie(m, n, k, ta, tb) < std::tie(o.m, o.n, o.k, o.ta, o.tb); }
 };
 
-// What runs a whole product: tiles and split-K count (>= 1), and the time the
-// tuner measured for one call of it (microseconds, GPU timestamps).
+// What runs a whole product: tiles and split-K count (>= 1), or with
+// workers > 0 stream-K over that many workgroups (gemm.wgsl
+// gemm_stream_k; splits is then 1), and the time the tuner measured for one
+// call of it (microseconds, GPU timestamps).
 struct GemmPlan {
   TileConfig t;
   uint32_t splits = 1;
+  uint32_t workers = 0;
   double us = 0;
 };
 

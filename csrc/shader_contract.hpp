@@ -89,7 +89,7 @@ struct UniformTraits;  // defined for each uniform block below
 #define PWT_FIELDS_GemmParams(F)                                                                                  \
   F(m, u32, 0) F(n, u32, 4) F(k, u32, 8) F(lda, u32, 12) F(ldb, u32, 16) F(ldc, u32, 20) F(a_off, u32, 24)        \
   F(b_off, u32, 28) F(c_off, u32, 32) F(alpha, f32, 36) F(beta, f32, 40) F(bias_off, u32, 44) F(k_chunk, u32, 48) \
-  F(split_stride, u32, 52) F(splits, u32, 56) F(_pad, u32, 60)
+  F(split_stride, u32, 52) F(splits, u32, 56) F(sk_workers, u32, 60)
 #define PWT_FIELDS_GemvParams(F)                                                                                 \
   F(n, u32, 0) F(k, u32, 4) F(ldb, u32, 8) F(x_off, u32, 12) F(b_off, u32, 16) F(y_off, u32, 20) F(alpha, f32, 24) \
   F(beta, f32, 28) F(k_chunk, u32, 32) F(split_stride, u32, 36)

@@ -130,7 +130,7 @@ cdef class _Device:
             out.append({
                 "m": e.first.m, "n": e.first.n, "k": e.first.k, "ta": e.first.ta, "tb": e.first.tb,
                 "tiles": (t.bm, t.bn, t.bk, t.tm, t.tn, t.warp_w, t.lean_loop),
-                "splits": e.second.splits, "us": e.second.us,
+                "splits": e.second.splits, "stream_k_workers": e.second.workers, "us": e.second.us,
             })
         return out
 

@@ -33,6 +33,7 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
     cdef cppclass GemmPlan:
         TileConfig t
         uint32_t splits
+        uint32_t workers
         double us
 
     cdef cppclass GemmTuning:

@@ -191,7 +191,9 @@ class Device:
     def gemm_plans(self) -> list[dict[str, Any]]:
         """The measured GEMM plans this device uses, one dict per shape: ``m``,
         ``n``, ``k``, ``ta``, ``tb``, ``tiles`` (BM, BN, BK, TM, TN, WARP_W,
-        LEAN_LOOP), ``splits`` and ``us`` (the tuner's time for one call)."""
+        LEAN_LOOP), ``splits``, ``stream_k_workers`` (0: tiles and splits;
+        else stream-K over that many workgroups) and ``us`` (the tuner's time
+        for one call)."""
         return self._dev.gemm_plans()
 
     @property

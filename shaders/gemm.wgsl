@@ -27,7 +27,9 @@ struct GemmParams {
   // Split-K: workgroup z sums k in [z * k_chunk, (z + 1) * k_chunk) and writes
   // its partial product split_stride elements further on (plain entry only).
   k_chunk: u32, split_stride: u32, splits: u32,
-  _pad: u32,
+  // Stream-K (gemm_stream_k, stream_k_fixup): the workgroups sharing the
+  // product's K steps; `splits` is then the partial slots per tile.
+  sk_workers: u32,
 }
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
@@ -195,13 +197,11 @@ fn multiply_tiles(acc: ptr<function, array<vec4<f32>, TM * VN>>, xy: vec2<u32>) 
   }
 }
 
-fn tile_product(wid: vec3<u32>, tid: u32) -> array<vec4<f32>, TM * VN> {
+// The product of the tile at (m0, n0) over k in [k_begin, k_end), for this
+// thread's outputs (k_begin a multiple of BK).
+fn tile_product(m0: u32, n0: u32, k_begin: u32, k_end: u32, tid: u32) -> array<vec4<f32>, TM * VN> {
   let xy = thread_xy(tid);
-  let m0 = wid.y * BM;
-  let n0 = wid.x * BN;
   var acc: array<vec4<f32>, TM * VN>;
-  let k_begin = wid.z * p.k_chunk;
-  let k_end = min(p.k, k_begin + p.k_chunk);
   // Software pipelining: the next K tile is fetched into registers while the
   // current one is multiplied out of workgroup memory.
   var ra: array<vec4<f32>, A_SLOTS>;
@@ -264,8 +264,9 @@ fn tile_product(wid: vec3<u32>, tid: u32) -> array<vec4<f32>, TM * VN> {
   return acc;
 }
 
-fn out_row(wid: vec3<u32>, xy: vec2<u32>, i: u32, r: u32) -> u32 { return wid.y * BM + i * 4u * WG_Y + xy.y * 4u + r; }
-fn out_col(wid: vec3<u32>, xy: vec2<u32>, j: u32, q: u32) -> u32 { return wid.x * BN + j * 4u * WG_X + xy.x * 4u + q; }
+// Row (column) inside the tile of the thread's output block i (j), row r.
+fn tile_row(xy: vec2<u32>, i: u32, r: u32) -> u32 { return i * 4u * WG_Y + xy.y * 4u + r; }
+fn tile_col(xy: vec2<u32>, j: u32) -> u32 { return j * 4u * WG_X + xy.x * 4u; }
 
 // What happens to v = alpha * (op(A) op(B))[m, n] on its way to C[idx]
 // (EPILOGUE is a constant: each pipeline keeps one branch):
@@ -328,11 +329,12 @@ fn epilogue4(idx: u32, n: u32, v: vec4<f32>) {
 // workgroups, one thread per row group (unsplit K only: the sums must be complete).
 @compute @workgroup_size(WG_X, WG_Y)
 fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-  let acc = tile_product(wid, li);
+  let k_begin = wid.z * p.k_chunk;
+  let acc = tile_product(wid.y * BM, wid.x * BN, k_begin, min(p.k, k_begin + p.k_chunk), li);
   let xy = thread_xy(li);
   for (var i = 0u; i < VM; i++) {
     for (var r = 0u; r < 4u; r++) {
-      let m = out_row(wid, xy, i, r);
+      let m = wid.y * BM + tile_row(xy, i, r);
       if (m >= p.m) { continue; }
       if (ROWSUM && wid.x == 0u && xy.x == 0u) {
         var s = row_sum[i][r];
@@ -341,7 +343,7 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
       for (var j = 0u; j < VN; j++) {
         let v = p.alpha * acc[(i * 4u + r) * VN + j];
-        let n0 = out_col(wid, xy, j, 0u);
+        let n0 = wid.x * BN + tile_col(xy, j);
         let idx = p.c_off + wid.z * p.split_stride + m * p.ldc + n0;
         if (C_VEC && n0 + 4u <= p.n) {
           epilogue4(idx, n0, v);
@@ -368,6 +370,76 @@ fn splitk_reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   var s = 0.0;
   for (var z = 0u; z < p.splits; z++) { s += partials[z * p.split_stride + e]; }
   epilogue(p.c_off + (e / p.n) * p.ldc + e % p.n, e % p.n, p.alpha * s);
+}
+
+// Stream-K: the product's tiles times their K steps, in one tile-major
+// sequence, are cut into sk_workers equal ranges, one per workgroup of a
+// single wave, so products of few tiles keep every slot busy instead of
+// running a part-empty last wave or a whole split per tile. A range covers
+// the end of one tile's K steps, any whole tiles, and the start of another;
+// each such piece goes unscaled into the tile's partial slot for that
+// workgroup, and stream_k_fixup sums each tile's slots through the epilogue.
+// The host keeps tiles * steps * sk_workers below 2^32.
+fn sk_tiles_n() -> u32 { return (p.n + BN - 1u) / BN; }
+fn sk_steps() -> u32 { return (p.k + BK - 1u) / BK; }
+fn sk_total() -> u32 { return ((p.m + BM - 1u) / BM) * sk_tiles_n() * sk_steps(); }
+// The workgroup whose range holds step x of `total`: the last g with
+// g * total / sk_workers <= x.
+fn sk_worker_of(x: u32, total: u32) -> u32 { return ((x + 1u) * p.sk_workers - 1u) / total; }
+// First float of slot j of tile t (`splits` slots of BM x BN floats per tile).
+fn sk_slot(t: u32, j: u32) -> u32 { return (t * p.splits + j) * BM * BN; }
+
+@compute @workgroup_size(WG_X, WG_Y)
+fn gemm_stream_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+  let steps = sk_steps();
+  let total = sk_total();
+  let xy = thread_xy(li);
+  var it = wid.x * total / p.sk_workers;
+  let end = (wid.x + 1u) * total / p.sk_workers;
+  loop {
+    if (it >= end) { break; }
+    let t = it / steps;
+    let s0 = it % steps;
+    let s1 = min(steps, s0 + end - it);
+    let acc = tile_product((t / sk_tiles_n()) * BM, (t % sk_tiles_n()) * BN, s0 * BK, min(p.k, s1 * BK), li);
+    // Outputs outside C hold zeros (the tile loads read 0 there): the whole
+    // tile is stored, no checks.
+    let slot = sk_slot(t, wid.x - sk_worker_of(t * steps, total));
+    for (var i = 0u; i < VM; i++) {
+      for (var r = 0u; r < 4u; r++) {
+        for (var j = 0u; j < VN; j++) {
+          let idx = slot + tile_row(xy, i, r) * BN + tile_col(xy, j);
+          let v = acc[(i * 4u + r) * VN + j];
+          if (C_VEC) {
+            c4[idx / 4u] = v;
+          } else {
+            c[idx] = v.x; c[idx + 1u] = v.y; c[idx + 2u] = v.z; c[idx + 3u] = v.w;
+          }
+        }
+      }
+    }
+    it += s1 - s0;
+  }
+}
+
+// Stream-K second pass: C[m, n] = epilogue(alpha * the sum of its tile's
+// slots, one per workgroup whose range met the tile).
+@compute @workgroup_size(EW_WG)
+fn stream_k_fixup(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+  let e = split_element(wid, nwg, lid);
+  if (e >= p.m * p.n) { return; }
+  let row = e / p.n;
+  let col = e % p.n;
+  let steps = sk_steps();
+  let total = sk_total();
+  let t = (row / BM) * sk_tiles_n() + col / BN;
+  let first = sk_worker_of(t * steps, total);
+  let count = sk_worker_of((t + 1u) * steps - 1u, total) - first + 1u;
+  let inner = (row % BM) * BN + col % BN;
+  var s = 0.0;
+  for (var j = 0u; j < count; j++) { s += partials[sk_slot(t, j) + inner]; }
+  epilogue(p.c_off + row * p.ldc + col, col, p.alpha * s);
 }
 
 // Copies a rows x cols matrix (m x n in the params) from leading dimension

@@ -105,6 +105,99 @@ def test_forced_split_counts(dev, rng, monkeypatch, splits):
         assert_close(out.numpy(), ref_gemm(a, b, 1.0, 1.0, c), atol_scale=k_tolerance(k))
 
 
+def stream_k_kernels(dev, product):
+    """Runs product() inside a captured batch; returns how many stream-K
+    dispatches (main pass, fixup) it recorded."""
+    with dev.batch() as rec:
+        rec.begin_capture()
+        product()
+        names = rec.end_capture().kernel_names()
+    return sum(n.startswith("gemm:gemm_stream_k;") for n in names), sum(
+        n.startswith("gemm:stream_k_fixup;") for n in names
+    )
+
+
+@pytest.mark.parametrize("workers", ["1", "7", "264", "100000"])
+def test_forced_stream_k(dev, rng, monkeypatch, workers):
+    """PYWGTRAIN_GEMM_STREAM_K=W (read per call) runs products as stream-K
+    over W workgroups: ranges of K steps that start and end inside tiles,
+    ragged tiles, alpha and beta, every transpose mode, into C with NaN
+    where beta is 0. Where stream-K does not apply (more workers than K
+    steps, a workgroup's range past the bounded loops) the tiled path runs."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", workers)
+    ran = 0
+    for (m, n, k), (ta, tb) in zip(
+        [(129, 200, 777), (65, 130, 1500), (7, 33, 129), (777, 300, 2304), (200, 129, 64), (64, 128, 16)],
+        itertools.cycle(TRANS),
+    ):
+        for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
+            a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
+            out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
+            main, fixup = stream_k_kernels(
+                dev,
+                lambda: pw.gemm(
+                    pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, alpha, beta, out=out
+                ),
+            )
+            assert main == fixup and main <= 1
+            ran += main
+            expected = ref_gemm(a, b, alpha, beta, c if beta else None)
+            assert_close(out.numpy(), expected, atol_scale=k_tolerance(k))
+    assert ran >= {"1": 3, "7": 10, "264": 6, "100000": 0}[workers]
+
+
+@pytest.mark.parametrize("entry", ["bias_act", "bias_act_train", "act_grad", "bias_residual", "rowsum"])
+def test_stream_k_fused_epilogues(dev, rng, monkeypatch, entry):
+    """The stream-K fixup applies each fused epilogue once, over the summed
+    slots (the row-sum epilogue takes the plain product and a column-sum pass)."""
+    from pywgtrain import _core
+
+    from helpers import bias_residual
+
+    monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", "11")
+    m, n, k = 150, 260, 333
+    a, w = rand(rng, m, k), rand(rng, n, k)
+    z = a.astype(np.float64) @ w.T.astype(np.float64)
+    out = poisoned(dev, (m, n))
+    ta, tw = pw.tensor(a, dev), pw.tensor(w, dev)
+    bias, pre, res = rand(rng, n), rand(rng, m, n), rand(rng, m, n)
+    pre_out = poisoned(dev, (m, n))
+    if entry == "rowsum":  # dW = dZ^T X, db = dZ^T 1: dZ is k x m here
+        dz, x = rand(rng, k, m), rand(rng, k, n)
+        db = poisoned(dev, (m,))
+        main, fixup = stream_k_kernels(
+            dev,
+            lambda: _core.linear_weight_grads(
+                dev._local.recorder, pw.tensor(dz, dev)._buf, pw.tensor(x, dev)._buf, out._buf, db._buf, k, m, n, 0.0
+            ),
+        )
+        assert main == fixup == 1  # the plain product by stream-K; db in its own pass
+        assert_close(out.numpy(), dz.T.astype(np.float64) @ x, atol_scale=k_tolerance(k))
+        assert_close(db.numpy(), dz.astype(np.float64).sum(0), atol_scale=k_tolerance(k))
+        return
+    if entry == "bias_residual":
+        assert_close(bias_residual(dev, ta, tw, bias, res, out), z + bias + res, atol_scale=k_tolerance(k))
+        return
+
+    def product():
+        rec = dev._local.recorder
+        if entry == "act_grad":
+            _core.gemm_act_grad(rec, ta._buf, tw._buf, pw.tensor(pre, dev)._buf, out._buf, m, n, k, False, True, 1)
+        else:
+            keep = pre_out._buf if entry == "bias_act_train" else None
+            _core.gemm_bias_act(
+                rec, ta._buf, tw._buf, pw.tensor(bias, dev)._buf, out._buf, keep, m, n, k, False, True, 1
+            )
+
+    assert stream_k_kernels(dev, product) == (1, 1)
+    if entry == "act_grad":
+        assert_close(out.numpy(), z * (pre > 0), atol_scale=k_tolerance(k))
+        return
+    assert_close(out.numpy(), np.maximum(z + bias, 0), atol_scale=k_tolerance(k))
+    if entry == "bias_act_train":
+        assert_close(pre_out.numpy(), z + bias, atol_scale=k_tolerance(k))
+
+
 @pytest.mark.parametrize("rows", ["1", "777", "1000000000"])
 def test_nt_as_nn_on_transposed_b(dev, rng, monkeypatch, rows):
     """NT products with many rows run as NN on a transposed copy of B (PYWGTRAIN_GEMM_NT_ROWS, read per

@@ -54,7 +54,7 @@ def test_plans_persist_and_reload(tuned, rng, tmp_path):
     before = tuned.gemm_plans()
     with open(path) as f:
         lines = f.read().splitlines()
-    assert lines[0].startswith("pywgtrain gemm plans v1 | ") and len(lines) == 2
+    assert lines[0].startswith("pywgtrain gemm plans v2 | ") and len(lines) == 2
     again = pw.Device()
     assert again.gemm_plans() == [dict(p, us=pytest.approx(p["us"], rel=1e-5)) for p in before]
     gemm_checked(again, rng, 100, 300, 600, False, False)
@@ -89,12 +89,38 @@ def test_unsupported_plans_in_the_cache_are_not_run(tuned, rng, tmp_path):
     with open(path) as f:
         signature = f.readline().rstrip("\n")
     with open(path, "w") as f:
-        f.write(f"{signature}\n129 200 777 0 0 48 48 16 3 3 0 0 1 1.0\n129 200 777 0 1 64 64 16 4 4 0 0 0 1.0\n")
+        f.write(
+            f"{signature}\n"
+            "129 200 777 0 0 48 48 16 3 3 0 0 1 0 1.0\n"  # tiles the tuner never picks
+            "129 200 777 0 1 64 64 16 4 4 0 0 0 0 1.0\n"  # zero splits
+            "129 200 777 1 0 64 64 16 4 4 0 0 1 9 1.0\n"  # stream-K on tiles it never uses
+            "129 200 777 1 1 64 128 16 8 4 8 0 2 9 1.0\n"  # stream-K with splits
+        )
     again = pw.Device()
-    gemm_checked(again, rng, 129, 200, 777, False, False)
-    gemm_checked(again, rng, 129, 200, 777, False, True)
+    for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
+        gemm_checked(again, rng, 129, 200, 777, ta, tb)
     for plan in again.gemm_plans():
         assert plan["tiles"][:5] in ((64, 64, 16, 4, 4), (64, 128, 16, 8, 4)) and plan["splits"] >= 1
+        assert plan["stream_k_workers"] == 0 or (plan["tiles"][:2] == (64, 128) and plan["splits"] == 1)
+
+
+def test_stream_k_plan_from_the_cache_runs(tuned, rng, tmp_path):
+    """A stream-K plan read from the cache file runs as stream-K (its two
+    passes are recorded) and gives the product."""
+    gemm_checked(tuned, rng, 100, 300, 600, False, False)
+    path = tuned.gemm_plan_cache
+    with open(path) as f:
+        signature = f.readline().rstrip("\n")
+    with open(path, "w") as f:
+        f.write(f"{signature}\n129 200 777 0 1 64 128 16 8 4 8 1 1 9 1.0\n")
+    again = pw.Device()
+    assert [p["stream_k_workers"] for p in again.gemm_plans()] == [9]
+    with again.batch() as rec:
+        rec.begin_capture()
+        gemm_checked(again, rng, 129, 200, 777, False, True)
+        names = rec.end_capture().kernel_names()
+    assert sum(n.startswith("gemm:gemm_stream_k;") for n in names) == 1
+    assert sum(n.startswith("gemm:stream_k_fixup;") for n in names) == 1
 
 
 def test_autotune_off_and_small_products_keep_the_heuristic(tuned, rng, monkeypatch):
