@@ -860,8 +860,9 @@ GemmPlan heuristic_plan(uint32_t m, uint32_t n, uint32_t k) {
 // one). Candidates: 64x64 tiles (4x4 per thread) and 64x128 tiles (8x4, warps
 // on 8x4 thread blocks, LEAN_LOOP both ways when unsplit) over split counts
 // while each split keeps >= kTuneMinKPerSplit of K and the workgroups fit
-// kTuneMaxWaves waves. Each runs in batches of calls lasting about
-// kTuneBatchUs (the median call by GPU timestamps), kTuneRounds rounds
+// kTuneMaxWaves waves, and stream-K (kStreamKTiles). Each runs in batches of
+// calls lasting about kTuneBatchUs (the median call by GPU timestamps) on
+// operand copies rotated as the bench rotates its own, kTuneRounds rounds
 // interleaved, after a warm-up that brings the GPU's clocks up; the best
 // round counts. Tiny products (< kTuneMinMacs) keep the heuristic: launch
 // cost dominates them. Timing writes a scratch C (never the caller's, which
@@ -875,6 +876,8 @@ constexpr uint64_t kTuneMaxWaves = 4;
 constexpr double kTuneBatchUs = 1000;
 constexpr int kTuneRounds = 3;
 constexpr uint32_t kTuneMaxReps = 64;
+constexpr uint64_t kTuneRotateBytes = uint64_t(256) << 20;  // as `pywgtrain bench gemm`: > 5x the H100's L2
+constexpr uint64_t kTuneMaxSets = 8;
 constexpr double kTuneMargin = 0.97;
 constexpr uint32_t kTuneSplits[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32};
 constexpr TileConfig kTuneTiles[] = {{64, 64, 16, 4, 4}, {64, 128, 16, 8, 4, 8}};
@@ -965,30 +968,46 @@ std::vector<GemmPlan> tune_candidates(const Device& dev, const GemmProblem& g, c
 GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuristic) {
   Device& dev = outer.device();
   const std::vector<GemmPlan> candidates = tune_candidates(dev, g, heuristic);
-  Buffer scratch(outer.device_ptr(), uint64_t(g.m) * g.n * 4, "pywgtrain.gemm_tune_output");
-  GemmProblem probe = g;
-  probe.c = &scratch;
-  probe.ldc = g.n;
-  probe.alpha = 1.0f;
-  probe.beta = 0.0f;
   Recorder rec(outer.device_ptr());
+  // The timed calls rotate through copies of A and B (and scratch outputs:
+  // never the caller's C, which recorded work may still read), as `pywgtrain
+  // bench gemm` rotates its operand sets: on one set, warm in L2, plans that
+  // stream their operands read fast and ran slow in the bench (H100,
+  // 1024x768x3072 NN with LEAN_LOOP: 125.6 us warm, 161.3 rotated, against
+  // 129.8 / 130.4 without; docs/gemm_notes.md #66). Up to kTuneMaxSets sets
+  // within kTuneRotateBytes; where two do not fit, the caller's A and B alone.
+  auto extent = [](uint64_t rows, uint64_t cols, uint64_t ld) { return ((rows - 1) * ld + cols) * 4; };
+  const uint64_t a_bytes = g.ta ? extent(g.k, g.m, g.lda) : extent(g.m, g.k, g.lda);
+  const uint64_t b_bytes = g.tb ? extent(g.n, g.k, g.ldb) : extent(g.k, g.n, g.ldb);
+  const uint64_t c_bytes = uint64_t(g.m) * g.n * 4;
+  const uint64_t sets = std::clamp<uint64_t>(kTuneRotateBytes / (a_bytes + b_bytes + c_bytes), 1, kTuneMaxSets);
+  std::vector<std::unique_ptr<Buffer>> owned;
+  std::vector<GemmProblem> probes;
+  auto scratch = [&](uint64_t bytes, const char* label) {
+    owned.push_back(std::make_unique<Buffer>(outer.device_ptr(), bytes, label));
+    return owned.back().get();
+  };
+  for (uint64_t i = 0; i < sets; ++i) {
+    GemmProblem p = g;
+    p.c = scratch(c_bytes, "pywgtrain.gemm_tune_output");
+    p.ldc = g.n;
+    p.alpha = 1.0f;
+    p.beta = 0.0f;
+    if (sets > 1) {
+      p.a = scratch(a_bytes, "pywgtrain.gemm_tune_a");
+      p.b = scratch(b_bytes, "pywgtrain.gemm_tune_b");
+      rec.copy(*g.a, 0, *p.a, 0, a_bytes);
+      rec.copy(*g.b, 0, *p.b, 0, b_bytes);
+    }
+    probes.push_back(p);
+  }
   // GPU timestamps around each call, as `pywgtrain bench` times (tunable()
   // requires them: wall clock around a submission measures the host too).
   PassTimer timer(outer.device_ptr(), kTuneMaxReps);
-  // Experiment switch, off by default and not yet measured: clearing this
-  // many MiB before each timed call pushes the operands out of L2, as the
-  // bench's rotated operand sets do (the tuner otherwise times them warm in
-  // L2, which picked 5 splits for 777x2304x768 NN: 89.6 us in tuning, 109.7
-  // in the bench, against 94.4 with the heuristic's 3; docs/gemm_notes.md #65).
-  const uint64_t flush_bytes =
-      std::min<uint64_t>(env_count("PYWGTRAIN_GEMM_TUNE_FLUSH_MB", 0) << 20, dev.limits().max_buffer) & ~uint64_t(3);
-  std::unique_ptr<Buffer> flush;
-  if (flush_bytes) flush = std::make_unique<Buffer>(outer.device_ptr(), flush_bytes, "pywgtrain.gemm_tune_flush");
   auto per_call_us = [&](const GemmPlan& p, uint32_t reps) {
     for (uint32_t i = 0; i < reps; ++i) {
-      if (flush) rec.fill_zero(*flush, 0, flush_bytes);
       timer.time_next_pass(rec, i);
-      record_planned(rec, probe, EpilogueArgs{}, p);
+      record_planned(rec, probes[i % sets], EpilogueArgs{}, p);
     }
     std::vector<double> ns = timer.read(rec, reps);
     std::nth_element(ns.begin(), ns.begin() + reps / 2, ns.end());
@@ -997,7 +1016,7 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
   // Untimed, one submission each: every candidate once (compiling each
   // variant), then the heuristic's plan 4 x reps times (clocks up).
   auto run_untimed = [&](const GemmPlan& p, uint32_t calls) {
-    for (uint32_t i = 0; i < calls; ++i) record_planned(rec, probe, EpilogueArgs{}, p);
+    for (uint32_t i = 0; i < calls; ++i) record_planned(rec, probes[i % sets], EpilogueArgs{}, p);
   };
   for (const GemmPlan& p : candidates) run_untimed(p, 1);
   dev.wait(rec.submit());

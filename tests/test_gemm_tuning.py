@@ -137,15 +137,22 @@ def test_autotune_off_and_small_products_keep_the_heuristic(tuned, rng, monkeypa
     assert tuned.gemm_plans() == []
 
 
-def test_tuning_with_operands_flushed_from_cache(tuned, rng, monkeypatch):
-    """PYWGTRAIN_GEMM_TUNE_FLUSH_MB clears a buffer before each timed call;
-    the products and the recorded plan are as without it."""
-    monkeypatch.setenv("PYWGTRAIN_GEMM_TUNE_FLUSH_MB", "8")
-    gemm_checked(tuned, rng, 129, 200, 777, True, False)
-    assert len(tuned.gemm_plans()) == 1
-    monkeypatch.setenv("PYWGTRAIN_GEMM_TUNE_FLUSH_MB", "-1")
-    with pytest.raises(ValueError, match="PYWGTRAIN_GEMM_TUNE_FLUSH_MB must be a non-negative integer"):
-        gemm_checked(tuned, rng, 130, 200, 777, True, False)
+@pytest.mark.parametrize("ta,tb", [(False, True), (True, False)])
+def test_tuning_rotates_copies_and_leaves_the_operands_alone(tuned, rng, ta, tb):
+    """The tuner times on copies of A and B rotated like the bench's sets:
+    the caller's operands are unchanged, its output written once, by the
+    product, with a plan that is recorded."""
+    m, n, k = 131, 257, 600
+    a, b = rand(rng, m, k), rand(rng, k, n)
+    a_s = np.ascontiguousarray(a.T) if ta else a
+    b_s = np.ascontiguousarray(b.T) if tb else b
+    ta_t, tb_t = pw.tensor(a_s, tuned), pw.tensor(b_s, tuned)
+    out = poisoned(tuned, (m, n))
+    pw.gemm(ta_t, tb_t, trans_a=ta, trans_b=tb, out=out)
+    assert_close(out.numpy(), ref(a, b), atol_scale=1e-5 * max(1.0, np.sqrt(k) / 4))
+    np.testing.assert_array_equal(ta_t.numpy(), a_s)
+    np.testing.assert_array_equal(tb_t.numpy(), b_s)
+    assert [(p["m"], p["n"], p["k"]) for p in tuned.gemm_plans()] == [(m, n, k)]
 
 
 def test_autotune_settings_are_checked(dev, monkeypatch):
