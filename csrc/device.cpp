@@ -539,7 +539,8 @@ WGPUBuffer Device::grow(BufferHandle& buf, uint64_t& have, uint64_t bytes, const
     WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
     d.label = sv(label);
     d.size = (size + 255) & ~uint64_t(255);
-    d.usage = WGPUBufferUsage_Storage;
+    // CopySrc: the GEMM tuner copies its operands, and a repacked one lives here.
+    d.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopySrc;
     BufferHandle fresh;
     guarded("allocating " + std::to_string(d.size) + " bytes (" + label + ")",
             [&] { fresh = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });

@@ -155,6 +155,16 @@ def test_tuning_rotates_copies_and_leaves_the_operands_alone(tuned, rng, ta, tb)
     assert [(p["m"], p["n"], p["k"]) for p in tuned.gemm_plans()] == [(m, n, k)]
 
 
+def test_tuning_a_product_on_a_repacked_operand(tuned, rng, monkeypatch):
+    """NT products with many rows run as NN on a transposed copy of B in the
+    device's repack space (PYWGTRAIN_GEMM_NT_ROWS=1 sends small ones there):
+    the tuner's operand copies read it (the H100 sweep stopped on a
+    validation error here before the space allowed copies)."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_NT_ROWS", "1")
+    gemm_checked(tuned, rng, 300, 260, 400, False, True)
+    assert [(p["m"], p["n"], p["k"], p["tb"]) for p in tuned.gemm_plans()] == [(300, 260, 400, False)]
+
+
 def test_autotune_settings_are_checked(dev, monkeypatch):
     with pytest.raises(TypeError, match="gemm_autotune must be a bool"):
         dev.gemm_autotune = 1
