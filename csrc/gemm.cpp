@@ -984,7 +984,9 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
   std::vector<std::unique_ptr<Buffer>> owned;
   std::vector<GemmProblem> probes;
   auto scratch = [&](uint64_t bytes, const char* label) {
-    owned.push_back(std::make_unique<Buffer>(outer.device_ptr(), bytes, label));
+    // Whole vec4s: the kernels' 128-bit views of an operand bind past the
+    // last row's end up to the next 16 bytes.
+    owned.push_back(std::make_unique<Buffer>(outer.device_ptr(), (bytes + 15) & ~uint64_t(15), label));
     return owned.back().get();
   };
   for (uint64_t i = 0; i < sets; ++i) {
