@@ -167,6 +167,56 @@ def test_tuning_a_product_on_a_repacked_operand(tuned, rng, monkeypatch):
     assert [(p["m"], p["n"], p["k"], p["tb"]) for p in tuned.gemm_plans()] == [(300, 301, 257, False)]
 
 
+def test_tuned_products_on_views_and_fused_epilogues(tuned, rng):
+    """With autotuning on (the default on GPUs; the rest of the lavapipe suite
+    runs without it), products whose operands are views inside larger
+    buffers, and the fused epilogues, are tuned on copies and come out right;
+    nothing outside the output view is written."""
+    from pywgtrain import _core
+
+    from helpers import bias_residual
+
+    align = tuned.limits["min_storage_buffer_offset_alignment"]
+    m, n, k = 130, 200, 300
+    a, b = rand(rng, m, k), rand(rng, k, n)
+    host = rand(rng, 2 * (m * k + k * n) + 4 * align)
+    big = pw.tensor(host, tuned)
+    va = pw.Tensor(big._buf.view(align, a.nbytes), a.shape, np.float32, tuned).copy_(a)
+    b_at = (2 * align + a.nbytes) // align * align
+    vb = pw.Tensor(big._buf.view(b_at, b.nbytes), b.shape, np.float32, tuned).copy_(b)
+    out_host = rand(rng, m * n + 2 * align)
+    out_big = pw.tensor(out_host, tuned)
+    vc = pw.Tensor(out_big._buf.view(align, m * n * 4), (m, n), np.float32, tuned)
+    pw.gemm(va, vb, out=vc)
+    tol = 1e-5 * max(1.0, np.sqrt(k) / 4)
+    assert_close(vc.numpy(), ref(a, b), atol_scale=tol)
+    rest, lo = out_big.numpy(), align // 4
+    np.testing.assert_array_equal(
+        np.delete(rest, np.arange(lo, lo + m * n)), np.delete(out_host, np.arange(lo, lo + m * n))
+    )
+    # Fused epilogues on x @ W.T (the plan of that shape is tuned by the first).
+    w, bias, res = rand(rng, n, k), rand(rng, n), rand(rng, m, n)
+    z = ref(a, w.T)
+    y = pw.linear(pw.tensor(a, tuned), pw.tensor(w, tuned), pw.tensor(bias, tuned), activation="relu")
+    assert_close(y.numpy(), np.maximum(z + bias, 0), atol_scale=tol)
+    out = poisoned(tuned, (m, n))
+    assert_close(bias_residual(tuned, a, w, bias, res, out), z + bias + res, atol_scale=tol)
+    # dW = dZ^T X with db = dZ^T 1 beside it (row sums in the product, or its own pass).
+    dz, x = rand(rng, k, m), rand(rng, k, n)
+    dw, db = poisoned(tuned, (m, n)), poisoned(tuned, (m,))
+    with tuned.batch() as rec:
+        _core.linear_weight_grads(
+            rec, pw.tensor(dz, tuned)._buf, pw.tensor(x, tuned)._buf, dw._buf, db._buf, k, m, n, 0.0
+        )
+    assert_close(dw.numpy(), ref(dz.T, x), atol_scale=tol)
+    assert_close(db.numpy(), dz.astype(np.float64).sum(0), atol_scale=tol)
+    assert {(p["m"], p["n"], p["k"], p["ta"], p["tb"]) for p in tuned.gemm_plans()} == {
+        (m, n, k, False, False),
+        (m, n, k, False, True),
+        (m, n, k, True, False),
+    }
+
+
 def test_autotune_settings_are_checked(dev, monkeypatch):
     with pytest.raises(TypeError, match="gemm_autotune must be a bool"):
         dev.gemm_autotune = 1
