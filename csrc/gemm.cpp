@@ -904,9 +904,11 @@ bool plan_supported(const GemmPlan& p) {
   return false;
 }
 
+// Whether an experiment forces the plan (a variable set to a non-empty value).
 bool forced_by_env() {
-  return std::getenv("PYWGTRAIN_GEMM_TILES") || std::getenv("PYWGTRAIN_GEMM_SPLITS") ||
-         std::getenv("PYWGTRAIN_GEMM_STREAM_K");
+  for (const char* name : {"PYWGTRAIN_GEMM_TILES", "PYWGTRAIN_GEMM_SPLITS", "PYWGTRAIN_GEMM_STREAM_K"})
+    if (const char* v = std::getenv(name); v && *v) return true;
+  return false;
 }
 
 bool tunable(const Device& dev, const GemmProblem& g) {
@@ -974,7 +976,7 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
   // bench gemm` rotates its operand sets: on one set, warm in L2, plans that
   // stream their operands read fast and ran slow in the bench (H100,
   // 1024x768x3072 NN with LEAN_LOOP: 125.6 us warm, 161.3 rotated, against
-  // 129.8 / 130.4 without; docs/gemm_notes.md #66). Up to kTuneMaxSets sets
+  // 129.8 / 130.4 without; docs/gemm_notes.md #67). Up to kTuneMaxSets sets
   // within kTuneRotateBytes; where two do not fit, the caller's A and B alone.
   auto extent = [](uint64_t rows, uint64_t cols, uint64_t ld) { return ((rows - 1) * ld + cols) * 4; };
   const uint64_t a_bytes = g.ta ? extent(g.k, g.m, g.lda) : extent(g.m, g.k, g.lda);

@@ -2,6 +2,7 @@
 and sequences of AdamW and clip calls, against float64 NumPy."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -26,8 +27,11 @@ finite = st.floats(-2.0, 2.0, allow_nan=False, width=32)
     beta=finite,
     use_out=st.booleans(),
     seed=st.integers(0, 2**31),
+    stream_k=st.sampled_from(["", "1", "3", "17", "264"]),
 )
-def test_gemm_property(dev, m, n, k, ta, tb, alpha, beta, use_out, seed):
+def test_gemm_property(dev, m, n, k, ta, tb, alpha, beta, use_out, seed, stream_k):
+    """stream_k: PYWGTRAIN_GEMM_STREAM_K, the stream-K path over that many
+    workgroups where it applies ("" leaves the tiled plans)."""
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -38,7 +42,15 @@ def test_gemm_property(dev, m, n, k, ta, tb, alpha, beta, use_out, seed):
         beta = 0.0
     ref = alpha * (a.astype(np.float64) @ b) + (beta * c.astype(np.float64) if use_out else 0.0)
     out = pw.tensor(c, dev) if use_out else None
-    got = pw.gemm(pw.tensor(sa, dev), pw.tensor(sb, dev), ta, tb, alpha, beta, out=out)
+    saved = os.environ.get("PYWGTRAIN_GEMM_STREAM_K")
+    os.environ["PYWGTRAIN_GEMM_STREAM_K"] = stream_k
+    try:
+        got = pw.gemm(pw.tensor(sa, dev), pw.tensor(sb, dev), ta, tb, alpha, beta, out=out)
+    finally:
+        if saved is None:
+            del os.environ["PYWGTRAIN_GEMM_STREAM_K"]
+        else:
+            os.environ["PYWGTRAIN_GEMM_STREAM_K"] = saved
     scale = max(np.abs(ref).max(), 1.0)
     np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=2e-5 * scale * max(1, math.sqrt(k) / 4))
 
