@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "faults.hpp"
+
 namespace pwt {
 
 static uint64_t round4(uint64_t n) { return (n + 3) & ~uint64_t(3); }
@@ -14,6 +16,8 @@ Buffer::Buffer(std::shared_ptr<Device> dev, uint64_t bytes, const std::string& l
   if (size > lim.max_buffer)
     throw OutOfMemoryError("allocating " + std::to_string(bytes) + " bytes: exceeds the device's max_buffer_size of " +
                            std::to_string(lim.max_buffer) + " bytes");
+  if (fail_this_allocation(label))
+    throw OutOfMemoryError("allocating " + std::to_string(bytes) + " bytes (" + label + "): injected failure");
   WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
   d.label = WGPUStringView{label.data(), label.size()};
   d.size = size;

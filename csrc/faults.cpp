@@ -1,6 +1,9 @@
 // Fault injection for the reliability tests: provokes a genuine wgpu
-// validation error through the normal recording path.
+// validation error through the normal recording path, and failed allocations.
 #include "faults.hpp"
+
+#include <atomic>
+#include <mutex>
 
 #include "dispatch_util.hpp"
 
@@ -18,6 +21,32 @@ void inject_invalid_binding(Recorder& r, const Buffer& buf) {
   // A range past the end of the buffer at a misaligned offset: wgpu rejects the bind group.
   Range bad{buf.raw(), buf.offset() + 4, buf.bytes() + 256};
   r.dispatch(k, {{wgsl::reduce::src, bad}, {wgsl::reduce::dst, whole(buf)}}, p, 1);
+}
+
+namespace {
+std::mutex fail_mu;
+std::string fail_label;
+uint32_t fail_after = 0;
+std::atomic<uint32_t> fail_count{0};
+}  // namespace
+
+void inject_allocation_failures(const std::string& label, uint32_t after, uint32_t count) {
+  std::lock_guard<std::mutex> lock(fail_mu);
+  fail_label = label;
+  fail_after = after;
+  fail_count = count;
+}
+
+bool fail_this_allocation(const std::string& label) {
+  if (!fail_count.load(std::memory_order_relaxed)) return false;  // the common case: no lock
+  std::lock_guard<std::mutex> lock(fail_mu);
+  if (!fail_count || label != fail_label) return false;
+  if (fail_after) {
+    --fail_after;
+    return false;
+  }
+  --fail_count;
+  return true;
 }
 
 }  // namespace pwt

@@ -977,34 +977,45 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
   // stream their operands read fast and ran slow in the bench (H100,
   // 1024x768x3072 NN with LEAN_LOOP: 125.6 us warm, 161.3 rotated, against
   // 129.8 / 130.4 without; docs/gemm_notes.md #67). Up to kTuneMaxSets sets
-  // within kTuneRotateBytes; where two do not fit, the caller's A and B alone.
+  // within kTuneRotateBytes; where two do not fit, or the GPU has no memory
+  // for the copies, the caller's A and B alone (tuning must not fail a
+  // product that fits).
   auto extent = [](uint64_t rows, uint64_t cols, uint64_t ld) { return ((rows - 1) * ld + cols) * 4; };
   const uint64_t a_bytes = g.ta ? extent(g.k, g.m, g.lda) : extent(g.m, g.k, g.lda);
   const uint64_t b_bytes = g.tb ? extent(g.n, g.k, g.ldb) : extent(g.k, g.n, g.ldb);
   const uint64_t c_bytes = uint64_t(g.m) * g.n * 4;
-  const uint64_t sets = std::clamp<uint64_t>(kTuneRotateBytes / (a_bytes + b_bytes + c_bytes), 1, kTuneMaxSets);
+  uint64_t sets = std::clamp<uint64_t>(kTuneRotateBytes / (a_bytes + b_bytes + c_bytes), 1, kTuneMaxSets);
   std::vector<std::unique_ptr<Buffer>> owned;
-  std::vector<GemmProblem> probes;
   auto scratch = [&](uint64_t bytes, const char* label) {
     // Whole vec4s: the kernels' 128-bit views of an operand bind past the
     // last row's end up to the next 16 bytes.
     owned.push_back(std::make_unique<Buffer>(outer.device_ptr(), (bytes + 15) & ~uint64_t(15), label));
     return owned.back().get();
   };
-  for (uint64_t i = 0; i < sets; ++i) {
-    GemmProblem p = g;
-    p.c = scratch(c_bytes, "pywgtrain.gemm_tune_output");
-    p.ldc = g.n;
-    p.alpha = 1.0f;
-    p.beta = 0.0f;
-    if (sets > 1) {
-      p.a = scratch(a_bytes, "pywgtrain.gemm_tune_a");
-      p.b = scratch(b_bytes, "pywgtrain.gemm_tune_b");
-      rec.copy(*g.a, 0, *p.a, 0, a_bytes);
-      rec.copy(*g.b, 0, *p.b, 0, b_bytes);
+  GemmProblem base = g;  // the caller's A and B into a scratch C
+  base.c = scratch(c_bytes, "pywgtrain.gemm_tune_output");
+  base.ldc = g.n;
+  base.alpha = 1.0f;
+  base.beta = 0.0f;
+  std::vector<GemmProblem> probes{base};
+  if (sets > 1) {
+    std::vector<GemmProblem> copies;
+    try {
+      for (uint64_t i = 0; i < sets; ++i) {
+        GemmProblem p = base;
+        if (i) p.c = scratch(c_bytes, "pywgtrain.gemm_tune_output");
+        p.a = scratch(a_bytes, "pywgtrain.gemm_tune_a");
+        p.b = scratch(b_bytes, "pywgtrain.gemm_tune_b");
+        rec.copy(*g.a, 0, *p.a, 0, a_bytes);
+        rec.copy(*g.b, 0, *p.b, 0, b_bytes);
+        copies.push_back(p);
+      }
+    } catch (const OutOfMemoryError&) {
+      // Fewer sets: the copies made so far.
     }
-    probes.push_back(p);
+    if (!copies.empty()) probes = std::move(copies);
   }
+  sets = probes.size();
   // GPU timestamps around each call, as `pywgtrain bench` times (tunable()
   // requires them: wall clock around a submission measures the host too).
   PassTimer timer(outer.device_ptr(), kTuneMaxReps);

@@ -416,6 +416,12 @@ def _inject_invalid_binding(_Recorder r not None, _Buffer buf not None):
     c.inject_invalid_binding(r.ptr.get()[0], _b(buf)[0])
 
 
+def _inject_allocation_failures(str label, uint32_t after, uint32_t count):
+    """Test hook: after ``after`` more buffer allocations labelled ``label``, the next ``count`` raise
+    OutOfMemoryError (``count`` 0 clears)."""
+    c.inject_allocation_failures(label.encode(), after, count)
+
+
 # Tensor kernels of the autograd (csrc/tensor_ops.hpp). Ops are the numbers of
 # pywgtrain._opcodes; shapes and strides are lists of ints (strides in elements).
 

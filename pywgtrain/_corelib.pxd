@@ -182,6 +182,7 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
 
 cdef extern from "faults.hpp" namespace "pwt" nogil:
     void inject_invalid_binding(Recorder& r, const Buffer& buf) except +raise_py_error
+    void inject_allocation_failures(const string& label, uint32_t after, uint32_t count)
 
 
 cdef extern from "tensor_ops.hpp" namespace "pwt" nogil:

@@ -155,6 +155,24 @@ def test_tuning_rotates_copies_and_leaves_the_operands_alone(tuned, rng, ta, tb)
     assert [(p["m"], p["n"], p["k"]) for p in tuned.gemm_plans()] == [(m, n, k)]
 
 
+@pytest.mark.parametrize("after", [0, 2])
+def test_tuning_without_memory_for_the_copies(tuned, rng, after):
+    """The tuner's operand copies failing to allocate (out of GPU memory,
+    injected from the first or the third set on) leave it the caller's
+    operands or fewer sets: the product still runs right and a plan is recorded."""
+    from pywgtrain import _core
+
+    _core._inject_allocation_failures("pywgtrain.tensor", 0, 1)  # the hook itself works
+    with pytest.raises(pw.OutOfMemoryError, match=r"\(pywgtrain.tensor\): injected failure"):
+        pw.zeros((4,), device=tuned)
+    _core._inject_allocation_failures("pywgtrain.gemm_tune_a", after, 100)
+    try:
+        gemm_checked(tuned, rng, 129, 200, 777, False, True)
+    finally:
+        _core._inject_allocation_failures("", 0, 0)
+    assert [(p["m"], p["n"], p["k"]) for p in tuned.gemm_plans()] == [(129, 200, 777)]
+
+
 def test_tuning_a_product_on_a_repacked_operand(tuned, rng, monkeypatch):
     """NT products with many rows run as NN on a transposed copy of B in the
     device's repack space (PYWGTRAIN_GEMM_NT_ROWS=1 sends small ones there):
