@@ -416,7 +416,7 @@ def _inject_invalid_binding(_Recorder r not None, _Buffer buf not None):
     c.inject_invalid_binding(r.ptr.get()[0], _b(buf)[0])
 
 
-def _inject_allocation_failures(str label, uint32_t after, uint32_t count):
+def _inject_allocation_failures(str label not None, uint32_t after, uint32_t count):
     """Test hook: after ``after`` more buffer allocations labelled ``label``, the next ``count`` raise
     OutOfMemoryError (``count`` 0 clears)."""
     c.inject_allocation_failures(label.encode(), after, count)
