@@ -257,31 +257,41 @@ VecLoads vec_loads(bool ta, bool tb, bool act_grad, const GemmParams& p) {
           enabled && !act_grad && p.ldc % 4 == 0 && p.c_off % 4 == 0 && p.split_stride % 4 == 0};
 }
 
-const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v) {
-  const TileConfig& t = g.t;
-  // Non-transposed B takes the separate K loop only with 128-bit loads (#44;
-  // with scalar loads it cost NN 2%, #37).
-  const bool lean = t.lean_loop && (g.tb || v.b);
+// Entry `entry` of gemm.wgsl with its specialization constants (listed in
+// the shader's header).
+KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act, bool lean,
+                     const VecLoads& v) {
   KernelDesc d;
   d.shader = "gemm";
-  d.entry = g.stream_k ? "gemm_stream_k" : "gemm";
-  d.bindings = {sh::a,        sh::b,  sh::c,  sh::p,  sh::bias,    sh::preact,
-                sh::row_sums, sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual};
+  d.entry = entry;
+  // clang-format off
   d.constants = {{"BM", u32_literal(t.bm)},
                  {"BN", u32_literal(t.bn)},
                  {"BK", u32_literal(t.bk)},
                  {"TM", u32_literal(t.tm)},
                  {"TN", u32_literal(t.tn)},
-                 {"TRANS_A", bool_literal(g.ta)},
-                 {"TRANS_B", bool_literal(g.tb)},
-                 {"EPILOGUE", u32_literal(uint32_t(g.ep))},
-                 {"ACT", u32_literal(uint32_t(g.ep == Epilogue::Plain ? Activation::None : g.act))},
+                 {"TRANS_A", bool_literal(ta)},
+                 {"TRANS_B", bool_literal(tb)},
+                 {"EPILOGUE", u32_literal(uint32_t(ep))},
+                 {"ACT", u32_literal(uint32_t(act))},
                  {"WARP_W", u32_literal(t.warp_w ? t.warp_w : t.bn / t.tn)},
                  {"LEAN_LOOP", bool_literal(lean)},
                  {"A_VEC", bool_literal(v.a)},
                  {"B_VEC", bool_literal(v.b)},
                  {"C_VEC", bool_literal(v.c)}};
+  // clang-format on
   d.trusted = true;
+  return d;
+}
+
+const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v) {
+  // Non-transposed B takes the separate K loop only with 128-bit loads (#44;
+  // with scalar loads it cost NN 2%, #37).
+  const bool lean = g.t.lean_loop && (g.tb || v.b);
+  KernelDesc d = gemm_desc(g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.ep,
+                           g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v);
+  d.bindings = {sh::a,        sh::b,  sh::c,  sh::p,  sh::bias,    sh::preact,
+                sh::row_sums, sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual};
   return dev.pipelines().get(d);
 }
 
@@ -376,25 +386,7 @@ uint64_t block_along(uint64_t extent, uint64_t limit, uint64_t tile) {
 // fixup takes the product's tiles.
 constexpr TileConfig kElementwiseTiles{64, 64, 16, 4, 4, 16};
 KernelDesc elementwise_kernel(const char* entry, Epilogue ep, Activation act, const TileConfig& t = kElementwiseTiles) {
-  KernelDesc d;
-  d.shader = "gemm";
-  d.entry = entry;
-  d.constants = {{"BM", u32_literal(t.bm)},
-                 {"BN", u32_literal(t.bn)},
-                 {"BK", u32_literal(t.bk)},
-                 {"TM", u32_literal(t.tm)},
-                 {"TN", u32_literal(t.tn)},
-                 {"TRANS_A", "false"},
-                 {"TRANS_B", "false"},
-                 {"EPILOGUE", u32_literal(uint32_t(ep))},
-                 {"ACT", u32_literal(uint32_t(act))},
-                 {"WARP_W", u32_literal(t.warp_w ? t.warp_w : t.bn / t.tn)},
-                 {"LEAN_LOOP", "false"},
-                 {"A_VEC", "false"},
-                 {"B_VEC", "false"},
-                 {"C_VEC", "false"}};
-  d.trusted = true;
-  return d;
+  return gemm_desc(entry, t, false, false, ep, act, false, VecLoads{});
 }
 
 // What a split-K reduce binds: the partial products, C, and the
@@ -887,18 +879,13 @@ constexpr TileConfig kTuneTiles[] = {{64, 64, 16, 4, 4}, {64, 128, 16, 8, 4, 8}}
 constexpr TileConfig kStreamKTiles = kTuneTiles[1];
 // clang-format on
 
-TileConfig with_lean_loop(TileConfig t) {
-  t.lean_loop = 1;
-  return t;
-}
-
 // Whether a plan (read from a cache file) is one the tuner could have chosen:
 // anything else is ignored rather than compiled.
 bool plan_supported(const GemmPlan& p) {
   if (p.splits < 1 || p.splits > kMaxSplits || p.t.lean_loop > 1) return false;
-  if (p.workers && (p.splits != 1 || !(p.t == kStreamKTiles || p.t == with_lean_loop(kStreamKTiles)))) return false;
   TileConfig base = p.t;
   base.lean_loop = 0;
+  if (p.workers && (p.splits != 1 || !(base == kStreamKTiles))) return false;
   for (const TileConfig& t : kTuneTiles)
     if (base == t && (p.t.lean_loop == 0 || t.bn == 128)) return true;
   return false;
@@ -959,8 +946,10 @@ std::vector<GemmPlan> tune_candidates(const Device& dev, const GemmProblem& g, c
   if (sk_tiles < kTuneMaxWaves * slots &&
       ceil_div(g.k, kStreamKTiles.bk) * sk_tiles * kStreamKTiles.bk >= slots * kTuneMinKPerSplit &&
       stream_k_layout(dev, g.m, g.n, g.k, kStreamKTiles, uint32_t(slots))) {
+    TileConfig lean = kStreamKTiles;
+    lean.lean_loop = 1;
     add(kStreamKTiles, 1, uint32_t(slots));
-    add(with_lean_loop(kStreamKTiles), 1, uint32_t(slots));
+    add(lean, 1, uint32_t(slots));
   }
   return out;
 }
@@ -1049,7 +1038,7 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
   return chosen;
 }
 
-// The plan g runs with: PYWGTRAIN_GEMM_TILES / _SPLITS when set, else the
+// The plan g runs with: PYWGTRAIN_GEMM_TILES / _SPLITS / _STREAM_K when set, else the
 // device's measured plan for its shape (timed now if autotuning is on and the
 // shape is new), else the heuristic.
 GemmPlan gemm_plan(Recorder& r, const GemmProblem& g) {

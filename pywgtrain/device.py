@@ -168,8 +168,8 @@ class Device:
     # -- GEMM autotuning ---------------------------------------------------
     @property
     def gemm_autotune(self) -> bool:
-        """Whether the first matrix product of each shape times a set of tile
-        and split-K plans on this GPU and keeps the fastest (once per shape:
+        """Whether the first matrix product of each shape times a set of tile,
+        split-K and stream-K plans on this GPU and keeps the fastest (once per shape:
         ~1 ms of GPU work per candidate and round for small products, ~30 runs
         of the product in all for large ones; later products of the shape,
         and later processes through the plan cache, reuse the choice). It
