@@ -468,12 +468,12 @@ void Device::destroy() {
   }
 }
 
-BufferHandle Device::take_uniform_chunk() {
+Device::UniformChunk Device::take_uniform_chunk() {
   std::lock_guard<std::recursive_mutex> lk(mu_);
   if (!uniform_pool_.empty()) {
-    BufferHandle h = std::move(uniform_pool_.back());
+    UniformChunk c = std::move(uniform_pool_.back());
     uniform_pool_.pop_back();
-    return h;
+    return c;
   }
   WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
   d.label = sv("pywgtrain.uniforms");
@@ -481,10 +481,10 @@ BufferHandle Device::take_uniform_chunk() {
   d.usage = WGPUBufferUsage_Uniform | WGPUBufferUsage_CopyDst;
   BufferHandle h;
   guarded("allocating uniform memory", [&] { h = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
-  return h;
+  return UniformChunk{std::move(h), {}};
 }
 
-void Device::give_uniform_chunk(BufferHandle chunk) {
+void Device::give_uniform_chunk(UniformChunk chunk) {
   // Safe to reuse at once: queue writes and submissions execute in queue order.
   std::lock_guard<std::recursive_mutex> lk(mu_);
   if (uniform_pool_.size() < 64) uniform_pool_.push_back(std::move(chunk));

@@ -95,9 +95,15 @@ class Device : public std::enable_shared_from_this<Device> {
   // Deliberately destroys the device (tests of device loss use this).
   void destroy();
 
-  // Reused per-dispatch uniform memory (see Recorder).
-  BufferHandle take_uniform_chunk();
-  void give_uniform_chunk(BufferHandle chunk);
+  // Reused per-dispatch uniform memory (see Recorder). `written` mirrors
+  // the bytes the queue last wrote into the chunk's start, so that a
+  // recording whose blocks equal them (the same call again) writes nothing.
+  struct UniformChunk {
+    BufferHandle buffer;
+    std::vector<uint8_t> written;
+  };
+  UniformChunk take_uniform_chunk();
+  void give_uniform_chunk(UniformChunk chunk);
   static constexpr uint64_t kUniformChunkBytes = 64 * 1024;
 
   // Reused upload memory for data that belongs to one recording (a replayed
@@ -144,7 +150,7 @@ class Device : public std::enable_shared_from_this<Device> {
   std::vector<std::string> feature_names_;
   std::unique_ptr<PipelineCache> pipelines_;
   GemmTuning gemm_tuning_;
-  std::vector<BufferHandle> uniform_pool_;
+  std::vector<UniformChunk> uniform_pool_;
   std::vector<StageChunk> stage_pool_;
   BufferHandle staging_;
   uint64_t staging_bytes_ = 0;

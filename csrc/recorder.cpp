@@ -44,7 +44,7 @@ Range Recorder::uniform_block(const void* params, size_t bytes) {
   const uint64_t align = std::max<uint32_t>(dev_->limits().uniform_offset_alignment, 16);
   const uint64_t need = (bytes + align - 1) / align * align;
   if (uniforms_.empty() || uniforms_.back().data.size() + need > Device::kUniformChunkBytes) {
-    uniforms_.push_back(UniformChunk{dev_->take_uniform_chunk(), {}});
+    uniforms_.push_back(UniformChunk{dev_->take_uniform_chunk(), {}, false});
     uniforms_.back().data.reserve(Device::kUniformChunkBytes);
   }
   auto& c = uniforms_.back();
@@ -52,7 +52,7 @@ Range Recorder::uniform_block(const void* params, size_t bytes) {
   uniform_offset_ = offset;
   c.data.resize(offset + need, 0);
   std::memcpy(c.data.data() + offset, params, bytes);
-  return Range{c.buffer.get(), offset, (bytes + 15) & ~uint64_t(15)};
+  return Range{c.chunk.buffer.get(), offset, (bytes + 15) & ~uint64_t(15)};
 }
 
 Range Recorder::stage(const void* data, uint64_t bytes) {
@@ -200,8 +200,8 @@ std::unique_ptr<StepGraph> Recorder::end_capture() {
   // the pool. submit() writes this recording's bytes once; replays rebind
   // the blocks that change.
   for (auto& chunk : uniforms_) {
-    wgpuBufferAddRef(chunk.buffer.get());
-    g->chunks_.push_back(BufferHandle(chunk.buffer.get()));
+    wgpuBufferAddRef(chunk.chunk.buffer.get());
+    g->chunks_.push_back(BufferHandle(chunk.chunk.buffer.get()));
     g->data_.push_back(chunk.data);
     chunk.owned_by_graph = true;
   }
@@ -282,7 +282,7 @@ void Recorder::discard() {
   pass_.reset();
   encoder_.reset();
   for (auto& c : uniforms_)
-    if (!c.owned_by_graph) dev_->give_uniform_chunk(std::move(c.buffer));
+    if (!c.owned_by_graph) dev_->give_uniform_chunk(std::move(c.chunk));
   uniforms_.clear();
   for (auto& s : stages_) dev_->give_stage_chunk(std::move(s.chunk));
   stages_.clear();
@@ -332,16 +332,27 @@ uint64_t Recorder::submit() {
     dev_->guarded("finishing recorded GPU work",
                   [&] { cmd = CommandBufferHandle(wgpuCommandEncoderFinish(encoder.get(), nullptr)); });
     dev_->guarded("submitting recorded GPU work", [&] {
-      for (auto& c : chunks)
-        if (!c.data.empty()) wgpuQueueWriteBuffer(dev_->queue(), c.buffer.get(), 0, c.data.data(), c.data.size());
+      for (auto& c : chunks) {
+        // A chunk that already holds these bytes (the same calls as its
+        // last recording) needs no write: queue writes are ordered with
+        // submissions, so the last one written is what the GPU reads. This
+        // spares a one-call submission wgpu's staging buffer and copy.
+        auto& w = c.chunk.written;
+        if (c.data.empty() || (c.data.size() <= w.size() && std::memcmp(c.data.data(), w.data(), c.data.size()) == 0))
+          continue;
+        w.clear();  // unknown until the write below has been queued
+        wgpuQueueWriteBuffer(dev_->queue(), c.chunk.buffer.get(), 0, c.data.data(), c.data.size());
+        w.swap(c.data);
+      }
       WGPUCommandBuffer cmds[] = {cmd.get()};
       index = wgpuQueueSubmitForIndex(dev_->queue(), 1, cmds);
     });
   } catch (...) {
     err = std::current_exception();
+    for (auto& c : chunks) c.chunk.written.clear();
   }
   for (auto& c : chunks)
-    if (!c.owned_by_graph) dev_->give_uniform_chunk(std::move(c.buffer));
+    if (!c.owned_by_graph) dev_->give_uniform_chunk(std::move(c.chunk));
   for (auto& s : stages) dev_->give_stage_chunk(std::move(s.chunk));
   if (err) std::rethrow_exception(err);
   return index;

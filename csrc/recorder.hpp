@@ -152,8 +152,8 @@ class Recorder {
   CommandEncoderHandle encoder_;
   ComputePassHandle pass_;
   struct UniformChunk {
-    BufferHandle buffer;
-    std::vector<uint8_t> data;
+    Device::UniformChunk chunk;
+    std::vector<uint8_t> data;  // this recording's blocks, written at submit
     bool owned_by_graph = false;
   };
   std::vector<UniformChunk> uniforms_;

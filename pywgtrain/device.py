@@ -18,6 +18,33 @@ _ordinal_lock = threading.Lock()
 _next_ordinal = 0
 
 
+class _Recording:
+    """Device._recording()'s context manager (a class: an operation called on
+    its own pays its cost on every call, a generator's is several times it)."""
+
+    __slots__ = ("_dev", "_own")
+
+    def __init__(self, dev: "Device") -> None:
+        self._dev = dev
+        self._own = None
+
+    def __enter__(self) -> _core._Recorder:
+        dev = self._dev
+        rec = getattr(dev._local, "recorder", None)
+        if rec is not None:
+            return rec
+        dev._submit_deferred()
+        self._own = _core._Recorder(dev._dev)
+        return self._own
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        # On an exception the recording is dropped unsubmitted (discarded).
+        if exc_type is None and self._own is not None:
+            self._own.submit()
+        self._own = None
+        return False
+
+
 class BatchToken:
     """Marks the work a ``Device.batch()`` block recorded and has not yet
     submitted. Tensors created inside the block keep the token current at
@@ -239,16 +266,10 @@ class Device:
             return None
         return getattr(self._local, "batch_token", None)
 
-    @contextlib.contextmanager
-    def _recording(self):
-        rec = getattr(self._local, "recorder", None)
-        if rec is not None:
-            yield rec
-            return
-        self._submit_deferred()
-        rec = _core._Recorder(self._dev)
-        yield rec
-        rec.submit()
+    def _recording(self) -> "_Recording":
+        """Where one operation records: this thread's open batch, else a
+        recording of its own, submitted when the block ends without error."""
+        return _Recording(self)
 
     def _defer(self, rec):
         """Make `rec` this thread's deferred recording: work recorded into it

@@ -13,6 +13,8 @@ import pytest
 import pywgtrain as pw
 from pywgtrain.device import DeviceCache
 
+from helpers import assert_close, poisoned, rand
+
 PROBE = """
 import json, os, sys
 import numpy as np
@@ -125,3 +127,29 @@ def test_bad_spin_setting_names_the_variable(monkeypatch, value):
     monkeypatch.setenv("PYWGTRAIN_SPIN_WAIT_US", value)
     with pytest.raises(ValueError, match=r"PYWGTRAIN_SPIN_WAIT_US must be an integer from 0 to 10000000"):
         pw.Device()
+
+
+def test_uniform_blocks_are_written_whenever_they_change(rng):
+    """A submission whose uniform blocks equal what its (pooled) uniform
+    memory last held skips the write (Recorder::submit). Calls that reuse
+    that memory with other parameters (alpha, beta, shapes, fewer or more
+    blocks) must still see theirs: each result against float64."""
+    dev = pw.Device()
+    x = rand(rng, 7, 33)
+    w = rand(rng, 129, 33)
+    tx, tw = pw.tensor(x, dev), pw.tensor(w, dev)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    for alpha in (1.0, 1.0, 2.0, 2.0, -0.5, 1.0, 3.0, 3.0):
+        out = poisoned(dev, (7, 129))
+        pw.gemm(tx, tw, trans_b=True, alpha=alpha, out=out)
+        assert_close(out.numpy(), alpha * ref)
+    # Batches of several blocks, then a prefix of them, then other shapes.
+    for calls in ((1.0, 2.0, 3.0), (1.0, 2.0), (1.0, 2.0, 3.0), (4.0,), (1.0, 2.0, 5.0)):
+        outs = [poisoned(dev, (7, 129)) for _ in calls]
+        with dev.batch():
+            for alpha, out in zip(calls, outs):
+                pw.gemm(tx, tw, trans_b=True, alpha=alpha, out=out)
+        for alpha, out in zip(calls, outs):
+            assert_close(out.numpy(), alpha * ref)
+        y = rand(rng, 33, 5)
+        assert_close(pw.gemm(tx, pw.tensor(y, dev)).numpy(), x.astype(np.float64) @ y)
