@@ -41,7 +41,7 @@ def test_tuned_plan_is_recorded_and_correct(tuned, rng, m, n, k, ta, tb):
     assert len(plans) == 1
     plan = plans[0]
     assert plan["splits"] >= 1 and plan["us"] > 0
-    assert plan["tiles"][:2] in ((64, 64), (64, 128))
+    assert plan["tiles"][:2] in ((64, 64), (64, 128), (32, 128))
     # The second product of the shape reuses the plan (no new entry) and is right again.
     gemm_checked(tuned, rng, m, n, k, ta, tb)
     assert len(tuned.gemm_plans()) == 1
@@ -100,8 +100,30 @@ def test_unsupported_plans_in_the_cache_are_not_run(tuned, rng, tmp_path):
     for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
         gemm_checked(again, rng, 129, 200, 777, ta, tb)
     for plan in again.gemm_plans():
-        assert plan["tiles"][:5] in ((64, 64, 16, 4, 4), (64, 128, 16, 8, 4)) and plan["splits"] >= 1
+        assert plan["tiles"][:5] in ((64, 64, 16, 4, 4), (64, 128, 16, 8, 4), (32, 128, 16, 8, 4))
+        assert plan["splits"] >= 1
         assert plan["stream_k_workers"] == 0 or (plan["tiles"][:2] == (64, 128) and plan["splits"] == 1)
+
+
+@pytest.mark.parametrize("lean,splits", [(0, 1), (1, 1), (0, 3), (1, 2)])
+def test_32x128_plans_from_the_cache_run(tuned, rng, lean, splits):
+    """The 32x128 candidate (8x4 per thread on 128 threads), read from the
+    cache with and without LEAN_LOOP and split-K, runs as that plan in every
+    transpose mode and gives the product (lavapipe's suite otherwise never
+    tunes, so it would not run these tiles at all)."""
+    gemm_checked(tuned, rng, 100, 300, 600, False, False)
+    path = tuned.gemm_plan_cache
+    with open(path) as f:
+        signature = f.readline().rstrip("\n")
+    modes = [(False, False), (False, True), (True, False), (True, True)]
+    with open(path, "w") as f:
+        f.write(f"{signature}\n")
+        for ta, tb in modes:
+            f.write(f"97 260 777 {int(ta)} {int(tb)} 32 128 16 8 4 8 {lean} {splits} 0 1.0\n")
+    again = pw.Device()
+    assert {(p["tiles"], p["splits"]) for p in again.gemm_plans()} == {((32, 128, 16, 8, 4, 8, lean), splits)}
+    for ta, tb in modes:
+        gemm_checked(again, rng, 97, 260, 777, ta, tb)
 
 
 def test_stream_k_plan_from_the_cache_runs(tuned, rng, tmp_path):
