@@ -34,6 +34,8 @@ CPU_SQUARE = [64, 128, 255, 256, 257, 512]
 CPU_TRAINING = [(64, 256, 256), (128, 256, 512)]
 CPU_GEMV = [(1, 1024, 1024)]
 CPU_ROTATE_BYTES = 16 << 20
+# Alternating timing rounds per GEMM shape on GPUs (bench_gemm).
+GPU_ROUNDS = 2
 MAX_DIM = 2**31 - 1
 
 
@@ -78,7 +80,11 @@ def _sets(nbytes, rotate_bytes=ROTATE_BYTES):
     return int(min(8, max(1, rotate_bytes // max(nbytes, 1))))
 
 
-def time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps, warmup=3, rotate_bytes=ROTATE_BYTES):
+def pywgtrain_gemm_timer(dev, m, k, n, ta, tb, rotate_bytes=ROTATE_BYTES):
+    """Operand sets for m x k x n (rotated through ``rotate_bytes``), and a
+    function ``time(reps, warmup=3)`` giving the median GPU time of one call in
+    microseconds (each call in its own timed pass), callable repeatedly on
+    the same sets."""
     rng = np.random.default_rng(0)
     a_shape = (k, m) if ta else (m, k)
     b_shape = (n, k) if tb else (k, n)
@@ -91,18 +97,27 @@ def time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps, warmup=3, rotate_bytes=ROTAT
         )
         for _ in range(nsets)
     ]
-    timer = _core._PassTimer(dev._dev, reps)
-    rec = _core._Recorder(dev._dev)
-    for i in range(warmup):
-        a, b, c = sets[i % nsets]
-        _core.gemm(rec, a._buf, b._buf, c._buf, m, n, k, ta, tb, 1.0, 0.0)
-    rec.submit()
-    for i in range(reps):
-        a, b, c = sets[i % nsets]
-        timer.time_next_pass(rec, i)
-        _core.gemm(rec, a._buf, b._buf, c._buf, m, n, k, ta, tb, 1.0, 0.0)
-    ns = timer.read(rec, reps)
-    return statistics.median(ns) / 1e3  # microseconds
+
+    def time_calls(reps, warmup=3):
+        timer = _core._PassTimer(dev._dev, reps)
+        rec = _core._Recorder(dev._dev)
+        for i in range(warmup):
+            a, b, c = sets[i % nsets]
+            _core.gemm(rec, a._buf, b._buf, c._buf, m, n, k, ta, tb, 1.0, 0.0)
+        rec.submit()
+        for i in range(reps):
+            a, b, c = sets[i % nsets]
+            timer.time_next_pass(rec, i)
+            _core.gemm(rec, a._buf, b._buf, c._buf, m, n, k, ta, tb, 1.0, 0.0)
+        ns = timer.read(rec, reps)
+        return statistics.median(ns) / 1e3
+
+    return time_calls
+
+
+def time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps, warmup=3, rotate_bytes=ROTATE_BYTES):
+    """Median GPU time of one m x k x n product in microseconds (fresh operand sets)."""
+    return pywgtrain_gemm_timer(dev, m, k, n, ta, tb, rotate_bytes)(reps, warmup)
 
 
 def _time_cuda(torch, fn, reps, warmup=3):
@@ -124,7 +139,8 @@ def _time_cuda(torch, fn, reps, warmup=3):
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
 
 
-def time_torch_gemm(torch, m, k, n, ta, tb, reps):
+def torch_gemm_timer(torch, m, k, n, ta, tb):
+    """As pywgtrain_gemm_timer, for torch.mm (cuBLAS): ``time(reps)``."""
     nsets = _sets(4 * (m * k + k * n + m * n))
     g = torch.Generator(device="cuda").manual_seed(0)
     sets = []
@@ -137,7 +153,11 @@ def time_torch_gemm(torch, m, k, n, ta, tb, reps):
         a, b, c = sets[i % nsets]
         torch.mm(a, b, out=c)
 
-    return _time_cuda(torch, run, reps)
+    return lambda reps: _time_cuda(torch, run, reps)
+
+
+def time_torch_gemm(torch, m, k, n, ta, tb, reps):
+    return torch_gemm_timer(torch, m, k, n, ta, tb)(reps)
 
 
 def parse_shapes(text):
@@ -268,7 +288,19 @@ def bench_gemm(dev, quick, torch, shapes=None):
             # (docs/gemm_notes.md #36).
             warm_up(dev, torch, 0.1 if quick else 0.25)
             reps = 5 if quick else max(10, min(200, int(2e12 / flops * 4)))
-            us = time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps)
+            # Both sides in alternating rounds on the same operand sets, each
+            # keeping its best round: a single reading per side let one slow
+            # stretch of the GPU set a shape's ratio (H100, session 14:
+            # 1024x768x768 NT 56.8 us in a sweep, 48.3 alone, same plan).
+            ours = pywgtrain_gemm_timer(dev, m, k, n, ta, tb)
+            theirs = torch_gemm_timer(torch, m, k, n, ta, tb) if torch is not None else None
+            rounds, trounds = [], []
+            for _ in range(1 if quick else GPU_ROUNDS):
+                rounds.append(ours(reps))
+                if theirs is not None:
+                    trounds.append(theirs(reps))
+            del ours, theirs
+            us = min(rounds)
         row = {
             "m": m,
             "k": k,
@@ -279,9 +311,13 @@ def bench_gemm(dev, quick, torch, shapes=None):
             "pywgtrain_tflops": flops / us / 1e6,
             "reps": reps,
         }
+        if not cpu:
+            row["pywgtrain_rounds_us"] = rounds
         if torch is not None:
-            tus = time_torch_gemm(torch, m, k, n, ta, tb, reps)
+            tus = min(trounds) if not cpu else time_torch_gemm(torch, m, k, n, ta, tb, reps)
             row.update(cublas_us=tus, cublas_tflops=flops / tus / 1e6, time_ratio=us / tus)
+            if not cpu:
+                row["cublas_rounds_us"] = trounds
         rows.append(row)
         line = f"pywgtrain {us:9.1f} us {fmt_flops(flops / us)}"
         if torch is not None:
