@@ -537,3 +537,17 @@ def test_run_on_gpu_says_what_it_needs_and_stops_early(tmp_path):
         timeout=60,
     )
     assert elsewhere.returncode == 1 and "project's root" in elsewhere.stderr
+
+
+def test_bench_gemm_gpu_rounds_alternate_and_keep_the_best(dev, monkeypatch):
+    """The GPU branch of bench_gemm (two alternating timing rounds per side,
+    each keeping its faster one) runs here with the adapter taken for a GPU:
+    every round is recorded and the reported time is their minimum."""
+    from pywgtrain import bench
+
+    monkeypatch.setattr(bench, "is_cpu_adapter", lambda d: False)
+    monkeypatch.setattr(bench, "warm_up", lambda *a, **k: None)
+    rows = bench.bench_gemm(dev, False, None, [(33, 70, 17, True, False)])
+    (row,) = rows
+    assert len(row["pywgtrain_rounds_us"]) == bench.GPU_ROUNDS
+    assert row["pywgtrain_us"] == min(row["pywgtrain_rounds_us"]) > 0
