@@ -15,13 +15,15 @@ then here, with zstd installed and that nvdisasm on PATH:
     python3 bench/sass_dump.py tmp/glcache sass/
 
 writes one pipelineN.sass per compiled pipeline and prints each one's highest
-register and its counts of FFMA, LDS, LDG, STS, MOV and BAR.
+register and its counts of FFMA, LDS, LDG, STS, MOV, BAR and the local-memory
+loads and stores of spilled registers (LDL, STL).
 """
 
 import glob
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -34,6 +36,20 @@ def frames(blob):
     starts = [m.start() for m in re.finditer(re.escape(ZSTD_MAGIC), blob)]
     for i, s in enumerate(starts):
         yield blob[s : starts[i + 1] if i + 1 < len(starts) else len(blob)]
+
+
+def code_range(raw):
+    """Where the instructions lie in a container: 8 bytes past the offset the
+    header holds at 0x50 (u32), up to the last EXIT after it. Kernels with
+    more registers or local memory have a longer header (offset 0x1d0 or
+    0x1f0 instead of 0x190), so the start is read, not fixed."""
+    start = CODE_START
+    if len(raw) >= 0x54:
+        header = struct.unpack_from("<I", raw, 0x50)[0] + 8
+        if 0x100 <= header < len(raw) and header % 8 == 0:
+            start = header
+    exits = [i for i in range(start, len(raw) - 1, 16) if raw[i : i + 2] == EXIT]
+    return start, (exits[-1] + 16 if exits else 0)
 
 
 def decompress(frame):
@@ -62,18 +78,21 @@ def main(cache, out):
     for path in sorted(glob.glob(os.path.join(cache, "**", "*.bin"), recursive=True)):
         for frame in frames(open(path, "rb").read()):
             raw = decompress(frame)
-            exits = [i for i in range(CODE_START, len(raw) - 1, 16) if raw[i : i + 2] == EXIT]
-            if not raw.startswith(b"NVDA") or not exits:
+            if not raw.startswith(b"NVDA"):
+                continue
+            start, end = code_range(raw)
+            if end <= start:
                 continue
             code = os.path.join(out, f"pipeline{n}.bin")
             with open(code, "wb") as f:
-                f.write(raw[CODE_START : exits[-1] + 16])
+                f.write(raw[start:end])
             sass = subprocess.run([tool, "-b", "SM90", code], capture_output=True, text=True).stdout
             os.remove(code)
             with open(os.path.join(out, f"pipeline{n}.sass"), "w") as f:
                 f.write(sass)
             regs = max((int(r) for r in re.findall(r"\bR(\d+)\b", sass)), default=-1)
-            counts = {op: len(re.findall(rf"\s{op}[\s.]", sass)) for op in ("FFMA", "LDS", "LDG", "STS", "MOV", "BAR")}
+            ops = ("FFMA", "LDS", "LDG", "STS", "MOV", "BAR", "LDL", "STL")
+            counts = {op: len(re.findall(rf"\s{op}[\s.]", sass)) for op in ops}
             print(f"pipeline{n}: highest register R{regs}, " + ", ".join(f"{k} {v}" for k, v in counts.items()))
             n += 1
     print(f"{n} pipelines")
