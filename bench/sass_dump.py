@@ -1,8 +1,9 @@
 """Disassemble the SASS the NVIDIA Vulkan driver compiled for our pipelines,
 to read register use and the instruction mix of a kernel (docs/gemm_notes.md
 #34). The driver keeps compiled pipelines in its shader disk cache: zstd
-frames, each holding one pipeline's container, whose instructions start at
-byte 0x198 and end with EXIT (an observed layout, not a documented one).
+frames, each holding one pipeline's container, whose instructions start 8
+bytes past the offset its header holds at 0x50 (0x198 for the 8x4 GEMM) and
+end with EXIT (an observed layout, not a documented one).
 On the GPU machine, fill a cache and bring it back (that machine has no
 zstd; nvdisasm comes with the Triton wheel its PyTorch ships, copy it too):
 
