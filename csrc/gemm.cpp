@@ -203,6 +203,15 @@ struct Region {
   uint32_t kc = 0;
 };
 
+// The whole product as one region.
+Region whole_region(const GemmProblem& g) {
+  Region reg;
+  reg.mc = g.m;
+  reg.nc = g.n;
+  reg.kc = g.k;
+  return reg;
+}
+
 // Optional epilogue operands, bound whole.
 struct EpilogueArgs {
   Epilogue ep = Epilogue::Plain;
@@ -394,6 +403,21 @@ KernelDesc elementwise_kernel(const char* entry, Epilogue ep, Activation act, co
 struct SplitRanges {
   Range partials, c, preact, residual;
 };
+
+// The ranges a reduce into rows [m0, m0 + mc) of g's C binds: `partials`,
+// C's row window (its offset inside the window into c_inner) and the
+// epilogue's pre-activation and residual windows at C's indices.
+SplitRanges split_ranges(const Device& dev, const GemmProblem& g, const EpilogueArgs& e, const Range& partials,
+                         uint64_t m0, uint64_t mc, uint32_t& c_inner) {
+  const RowWindow cw = row_window(dev, *g.c, 0, m0, mc, g.ldc);
+  c_inner = cw.inner;
+  SplitRanges sr;
+  sr.partials = partials;
+  sr.c = cw.range;
+  if (has_preact(e.ep)) sr.preact = row_window(dev, *e.preact, 0, m0, mc, g.ldc).range;
+  if (has_residual(e.ep)) sr.residual = row_window(dev, *e.residual, 0, m0, mc, g.ldc).range;
+  return sr;
+}
 
 // C[m, n] (at q.c_off, leading dimension q.ldc) = epilogue(q.alpha * the sum
 // of q.splits partial products spaced q.split_stride floats apart); the
@@ -636,22 +660,17 @@ void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, c
   p.splits = splits;
   dispatch_gemm(r, plain_variant(t, g), p, abc_ranges(rb, ws), uint32_t(ceil_div(reg.nc, t.bn)),
                 uint32_t(ceil_div(reg.mc, t.bm)), splits);
-  RowWindow cw = row_window(dev, *g.c, 0, reg.m0, reg.mc, g.ldc);
   GemmParams q;
+  const SplitRanges sr = split_ranges(dev, g, e, ws, reg.m0, reg.mc, q.c_off);
   q.m = reg.mc;
   q.n = reg.nc;
   q.ldc = uint32_t(g.ldc);
-  q.c_off = cw.inner + reg.n0;
+  q.c_off += reg.n0;
   q.alpha = g.alpha;
   q.beta = g.beta;
   q.bias_off = reg.n0;
   q.split_stride = uint32_t(stride);
   q.splits = splits;
-  SplitRanges sr;
-  sr.partials = ws;
-  sr.c = cw.range;
-  if (has_preact(e.ep)) sr.preact = row_window(dev, *e.preact, 0, reg.m0, reg.mc, g.ldc).range;
-  if (has_residual(e.ep)) sr.residual = row_window(dev, *e.residual, 0, reg.m0, reg.mc, g.ldc).range;
   record_split_reduce(r, q, sr, e);
 }
 
@@ -694,11 +713,7 @@ void record_stream_k(Recorder& r, const GemmProblem& g, const TileConfig& t, uin
   Device& dev = r.device();
   const uint64_t bytes = sk.partial_floats(t) * 4;
   const Range ws{dev.workspace(bytes), 0, bytes};
-  Region whole_c;
-  whole_c.mc = g.m;
-  whole_c.nc = g.n;
-  whole_c.kc = g.k;
-  RegionBinding rb = bind_region(dev, g, whole_c);
+  RegionBinding rb = bind_region(dev, g, whole_region(g));
   GemmParams& p = rb.p;
   p.splits = uint32_t(sk.slots);
   p.sk_workers = workers;
@@ -706,16 +721,10 @@ void record_stream_k(Recorder& r, const GemmProblem& g, const TileConfig& t, uin
   GemmVariant v = plain_variant(t, g);
   v.stream_k = true;
   dispatch_gemm(r, v, p, abc_ranges(rb, ws), workers, 1);
-  RowWindow cw = row_window(dev, *g.c, 0, 0, g.m, g.ldc);
   GemmParams q = p;
+  const SplitRanges sr = split_ranges(dev, g, e, ws, 0, g.m, q.c_off);
   q.ldc = uint32_t(g.ldc);
-  q.c_off = cw.inner;
   q.bias_off = 0;
-  SplitRanges sr;
-  sr.partials = ws;
-  sr.c = cw.range;
-  if (has_preact(e.ep)) sr.preact = row_window(dev, *e.preact, 0, 0, g.m, g.ldc).range;
-  if (has_residual(e.ep)) sr.residual = row_window(dev, *e.residual, 0, 0, g.m, g.ldc).range;
   record_split_reduce(r, q, sr, e, &t);
 }
 
@@ -1159,11 +1168,7 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
   if (whole_problem) {
     if (sk) return record_stream_k(r, g, t, plan.workers, *sk, e);
     if (whole_splits > 1) {
-      Region whole_c;
-      whole_c.mc = m;
-      whole_c.nc = n;
-      whole_c.kc = k;
-      return record_split_region(r, g, whole_c, t, whole_splits, e);
+      return record_split_region(r, g, whole_region(g), t, whole_splits, e);
     }
     if (e.ep == Epilogue::Plain && ldc == n && record_ragged(r, g, t)) return;
   }

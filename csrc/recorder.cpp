@@ -340,7 +340,6 @@ uint64_t Recorder::submit() {
         auto& w = c.chunk.written;
         if (c.data.empty() || (c.data.size() <= w.size() && std::memcmp(c.data.data(), w.data(), c.data.size()) == 0))
           continue;
-        w.clear();  // unknown until the write below has been queued
         wgpuQueueWriteBuffer(dev_->queue(), c.chunk.buffer.get(), 0, c.data.data(), c.data.size());
         w.swap(c.data);
       }
@@ -348,6 +347,7 @@ uint64_t Recorder::submit() {
       index = wgpuQueueSubmitForIndex(dev_->queue(), 1, cmds);
     });
   } catch (...) {
+    // A failed write or submit leaves the chunks' contents unknown.
     err = std::current_exception();
     for (auto& c : chunks) c.chunk.written.clear();
   }
