@@ -276,31 +276,33 @@ def bench_gemm(dev, quick, torch, shapes=None):
         print(f"[{idx}/{len(shapes)}] {m}x{k}x{n} {mode}: ", end="", flush=True)
         flops = 2.0 * m * n * k
         if cpu:
+            ours = pywgtrain_gemm_timer(dev, m, k, n, ta, tb, CPU_ROTATE_BYTES)
             # One untimed run (kernel compilation included) tells how many
             # repetitions fit in ~0.5 s (quick: 3).
-            probe = time_pywgtrain_gemm(dev, m, k, n, ta, tb, 1, warmup=1, rotate_bytes=CPU_ROTATE_BYTES)
+            probe = ours(1, warmup=1)
             reps = 3 if quick else max(3, min(50, int(0.5e6 / max(probe, 1.0))))
-            us = time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps, warmup=0, rotate_bytes=CPU_ROTATE_BYTES)
+            warmup, rounds_per_side = 0, 1
         else:
             # Each shape starts from the same busy GPU: the idle gap while its
             # data is prepared otherwise lowers the clocks and short memory-bound
             # shapes read up to 2x slow depending on what ran before
             # (docs/gemm_notes.md #36).
             warm_up(dev, torch, 0.1 if quick else 0.25)
+            ours = pywgtrain_gemm_timer(dev, m, k, n, ta, tb)
             reps = 5 if quick else max(10, min(200, int(2e12 / flops * 4)))
             # Both sides in alternating rounds on the same operand sets, each
             # keeping its best round: a single reading per side let one slow
             # stretch of the GPU set a shape's ratio (H100, session 14:
             # 1024x768x768 NT 56.8 us in a sweep, 48.3 alone, same plan).
-            ours = pywgtrain_gemm_timer(dev, m, k, n, ta, tb)
-            theirs = torch_gemm_timer(torch, m, k, n, ta, tb) if torch is not None else None
-            rounds, trounds = [], []
-            for _ in range(1 if quick else GPU_ROUNDS):
-                rounds.append(ours(reps))
-                if theirs is not None:
-                    trounds.append(theirs(reps))
-            del ours, theirs
-            us = min(rounds)
+            warmup, rounds_per_side = 3, 1 if quick else GPU_ROUNDS
+        theirs = torch_gemm_timer(torch, m, k, n, ta, tb) if torch is not None else None
+        rounds, trounds = [], []
+        for _ in range(rounds_per_side):
+            rounds.append(ours(reps, warmup))
+            if theirs is not None:
+                trounds.append(theirs(reps))
+        del ours, theirs  # the operand sets
+        us = min(rounds)
         row = {
             "m": m,
             "k": k,
@@ -310,14 +312,11 @@ def bench_gemm(dev, quick, torch, shapes=None):
             "pywgtrain_us": us,
             "pywgtrain_tflops": flops / us / 1e6,
             "reps": reps,
+            "pywgtrain_rounds_us": rounds,
         }
-        if not cpu:
-            row["pywgtrain_rounds_us"] = rounds
         if torch is not None:
-            tus = min(trounds) if not cpu else time_torch_gemm(torch, m, k, n, ta, tb, reps)
-            row.update(cublas_us=tus, cublas_tflops=flops / tus / 1e6, time_ratio=us / tus)
-            if not cpu:
-                row["cublas_rounds_us"] = trounds
+            tus = min(trounds)
+            row.update(cublas_us=tus, cublas_tflops=flops / tus / 1e6, time_ratio=us / tus, cublas_rounds_us=trounds)
         rows.append(row)
         line = f"pywgtrain {us:9.1f} us {fmt_flops(flops / us)}"
         if torch is not None:
