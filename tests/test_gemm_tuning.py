@@ -34,6 +34,18 @@ def gemm_checked(d, rng, m, n, k, ta, tb):
     assert_close(out.numpy(), ref(a, b), atol_scale=1e-5 * max(1.0, np.sqrt(k) / 4))
 
 
+def device_with_plans(d, rng, lines):
+    """A fresh device reading d's plan cache rewritten to hold only `lines`
+    under d's signature (d tunes one product first so the file exists)."""
+    gemm_checked(d, rng, 100, 300, 600, False, False)
+    path = d.gemm_plan_cache
+    with open(path) as f:
+        signature = f.readline().rstrip("\n")
+    with open(path, "w") as f:
+        f.write("".join(line + "\n" for line in [signature, *lines]))
+    return pw.Device()
+
+
 @pytest.mark.parametrize("m,n,k,ta,tb", [(129, 200, 777, False, True), (65, 130, 1500, True, False)])
 def test_tuned_plan_is_recorded_and_correct(tuned, rng, m, n, k, ta, tb):
     gemm_checked(tuned, rng, m, n, k, ta, tb)
@@ -84,19 +96,16 @@ def test_stale_or_damaged_cache_is_ignored(tuned, rng, tmp_path):
 def test_unsupported_plans_in_the_cache_are_not_run(tuned, rng, tmp_path):
     """A plan line with tiles the tuner never picks (a damaged or foreign
     file) is ignored: the shape is tuned afresh and the product is right."""
-    gemm_checked(tuned, rng, 100, 300, 600, False, False)
-    path = tuned.gemm_plan_cache
-    with open(path) as f:
-        signature = f.readline().rstrip("\n")
-    with open(path, "w") as f:
-        f.write(
-            f"{signature}\n"
-            "129 200 777 0 0 48 48 16 3 3 0 0 1 0 1.0\n"  # tiles the tuner never picks
-            "129 200 777 0 1 64 64 16 4 4 0 0 0 0 1.0\n"  # zero splits
-            "129 200 777 1 0 64 64 16 4 4 0 0 1 9 1.0\n"  # stream-K on tiles it never uses
-            "129 200 777 1 1 64 128 16 8 4 8 0 2 9 1.0\n"  # stream-K with splits
-        )
-    again = pw.Device()
+    again = device_with_plans(
+        tuned,
+        rng,
+        [
+            "129 200 777 0 0 48 48 16 3 3 0 0 1 0 1.0",  # tiles the tuner never picks
+            "129 200 777 0 1 64 64 16 4 4 0 0 0 0 1.0",  # zero splits
+            "129 200 777 1 0 64 64 16 4 4 0 0 1 9 1.0",  # stream-K on tiles it never uses
+            "129 200 777 1 1 64 128 16 8 4 8 0 2 9 1.0",  # stream-K with splits
+        ],
+    )
     for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
         gemm_checked(again, rng, 129, 200, 777, ta, tb)
     for plan in again.gemm_plans():
@@ -111,16 +120,10 @@ def test_32x128_plans_from_the_cache_run(tuned, rng, lean, splits):
     cache with and without LEAN_LOOP and split-K, runs as that plan in every
     transpose mode and gives the product (lavapipe's suite otherwise never
     tunes, so it would not run these tiles at all)."""
-    gemm_checked(tuned, rng, 100, 300, 600, False, False)
-    path = tuned.gemm_plan_cache
-    with open(path) as f:
-        signature = f.readline().rstrip("\n")
     modes = [(False, False), (False, True), (True, False), (True, True)]
-    with open(path, "w") as f:
-        f.write(f"{signature}\n")
-        for ta, tb in modes:
-            f.write(f"97 260 777 {int(ta)} {int(tb)} 32 128 16 8 4 8 {lean} {splits} 0 1.0\n")
-    again = pw.Device()
+    again = device_with_plans(
+        tuned, rng, [f"97 260 777 {int(ta)} {int(tb)} 32 128 16 8 4 8 {lean} {splits} 0 1.0" for ta, tb in modes]
+    )
     assert {(p["tiles"], p["splits"]) for p in again.gemm_plans()} == {((32, 128, 16, 8, 4, 8, lean), splits)}
     for ta, tb in modes:
         gemm_checked(again, rng, 97, 260, 777, ta, tb)
@@ -129,13 +132,7 @@ def test_32x128_plans_from_the_cache_run(tuned, rng, lean, splits):
 def test_stream_k_plan_from_the_cache_runs(tuned, rng, tmp_path):
     """A stream-K plan read from the cache file runs as stream-K (its two
     passes are recorded) and gives the product."""
-    gemm_checked(tuned, rng, 100, 300, 600, False, False)
-    path = tuned.gemm_plan_cache
-    with open(path) as f:
-        signature = f.readline().rstrip("\n")
-    with open(path, "w") as f:
-        f.write(f"{signature}\n129 200 777 0 1 64 128 16 8 4 8 1 1 9 1.0\n")
-    again = pw.Device()
+    again = device_with_plans(tuned, rng, ["129 200 777 0 1 64 128 16 8 4 8 1 1 9 1.0"])
     assert [p["stream_k_workers"] for p in again.gemm_plans()] == [9]
     with again.batch() as rec:
         rec.begin_capture()
