@@ -707,13 +707,34 @@ std::optional<StreamK> stream_k_layout(const Device& dev, uint32_t m, uint32_t n
   return sk;
 }
 
-// The whole product g (bindable at once) by stream-K, then the fixup into C.
-void record_stream_k(Recorder& r, const GemmProblem& g, const TileConfig& t, uint32_t workers, const StreamK& sk,
-                     const EpilogueArgs& e) {
+// Region reg of g in one dispatch of tiles t, unsplit, epilogue e in-kernel.
+void record_region(Recorder& r, const GemmProblem& g, const Region& reg, const TileConfig& t, const EpilogueArgs& e) {
+  Device& dev = r.device();
+  RegionBinding rb = bind_region(dev, g, reg);
+  RowWindow cw = row_window(dev, *g.c, 0, reg.m0, reg.mc, g.ldc);
+  GemmParams& p = rb.p;
+  p.ldc = uint32_t(g.ldc);
+  p.c_off = cw.inner + reg.n0;
+  p.bias_off = reg.n0;
+  GemmRanges ranges = abc_ranges(rb, cw.range);
+  if (has_bias(e.ep)) ranges.bias = whole(*e.bias);
+  if (has_preact(e.ep)) ranges.preact = row_window(dev, *e.preact, 0, reg.m0, reg.mc, g.ldc).range;
+  if (e.ep == Epilogue::RowSum) ranges.row_sums = whole(*e.row_sums);
+  if (has_residual(e.ep)) ranges.residual = row_window(dev, *e.residual, 0, reg.m0, reg.mc, g.ldc).range;
+  GemmVariant v = plain_variant(t, g);
+  v.ep = e.ep;
+  v.act = e.act;
+  dispatch_gemm(r, v, p, ranges, uint32_t(ceil_div(reg.nc, t.bn)), uint32_t(ceil_div(reg.mc, t.bm)));
+}
+
+// Rows [reg.m0, reg.m0 + reg.mc) of g (bindable at once, whole N and K) by
+// stream-K, then the fixup into C.
+void record_stream_k(Recorder& r, const GemmProblem& g, const Region& reg, const TileConfig& t, uint32_t workers,
+                     const StreamK& sk, const EpilogueArgs& e) {
   Device& dev = r.device();
   const uint64_t bytes = sk.partial_floats(t) * 4;
   const Range ws{dev.workspace(bytes), 0, bytes};
-  RegionBinding rb = bind_region(dev, g, whole_region(g));
+  RegionBinding rb = bind_region(dev, g, reg);
   GemmParams& p = rb.p;
   p.splits = uint32_t(sk.slots);
   p.sk_workers = workers;
@@ -722,10 +743,25 @@ void record_stream_k(Recorder& r, const GemmProblem& g, const TileConfig& t, uin
   v.stream_k = true;
   dispatch_gemm(r, v, p, abc_ranges(rb, ws), workers, 1);
   GemmParams q = p;
-  const SplitRanges sr = split_ranges(dev, g, e, ws, 0, g.m, q.c_off);
+  const SplitRanges sr = split_ranges(dev, g, e, ws, reg.m0, reg.mc, q.c_off);
   q.ldc = uint32_t(g.ldc);
   q.bias_off = 0;
   record_split_reduce(r, q, sr, e, &t);
+}
+
+// Where stream-K takes over from whole tiles (the hybrid of the stream-K
+// paper): the tile rows that fill whole waves of `workers` run as plain tiles
+// with the epilogue in-kernel, and only the part wave's tiles after them
+// share K steps, so fewer tiles go through partial slots and the fixup (H100,
+// docs/gemm_notes.md #78: 777x4096x4096 NT 765 -> 726 us, 777x768x3072 NN
+// 129 -> 119). Returns that first stream-K row (a multiple of t.bm, below
+// m), or 0 (all stream-K) when the tiles fill less than a wave or the plain
+// tiles' K loop would pass the bounded loops' kMaxKPerSplit.
+uint32_t stream_k_first_row(uint32_t m, uint32_t n, uint32_t k, const TileConfig& t, uint32_t workers) {
+  if (k > kMaxKPerSplit) return 0;
+  const uint64_t tiles_m = ceil_div(m, t.bm), tiles_n = ceil_div(n, t.bn);
+  const uint64_t rows = std::min(tiles_m * tiles_n / workers * workers / tiles_n, tiles_m - 1);
+  return uint32_t(rows * t.bm);
 }
 
 // Ragged large products (e.g. 4097^3): a last tile row or column holding a
@@ -1129,8 +1165,9 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
   // Bounded K loops: never fewer splits than keep each within kMaxKPerSplit.
   const uint32_t whole_splits = uint32_t(std::max<uint64_t>(plan.splits, ceil_div(k, kMaxKPerSplit)));
   // Stream-K where the plan asks for it and it applies; else the plan's tiles and splits.
+  const uint32_t sk_m0 = plan.workers && whole_problem ? stream_k_first_row(m, n, k, t, plan.workers) : 0;
   const std::optional<StreamK> sk =
-      plan.workers && whole_problem ? stream_k_layout(dev, m, n, k, t, plan.workers) : std::nullopt;
+      plan.workers && whole_problem ? stream_k_layout(dev, m - sk_m0, n, k, t, plan.workers) : std::nullopt;
   if (e.ep == Epilogue::RowSum && (!whole_problem || whole_splits > 1 || sk || uint64_t(m) * n * k > kRowSumMaxMacs)) {
     // The in-kernel row sums need the whole K in one workgroup and one grid,
     // and they slow the main loop by ~8% (H100, 4096x512x4096): large
@@ -1166,7 +1203,17 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
     return record_planned(r, padded, e, plan);
   }
   if (whole_problem) {
-    if (sk) return record_stream_k(r, g, t, plan.workers, *sk, e);
+    if (sk) {
+      Region sk_rows = whole_region(g);
+      sk_rows.m0 = sk_m0;
+      sk_rows.mc = m - sk_m0;
+      if (sk_m0) {
+        Region tiled_rows = whole_region(g);
+        tiled_rows.mc = sk_m0;
+        record_region(r, g, tiled_rows, t, e);
+      }
+      return record_stream_k(r, g, sk_rows, t, plan.workers, *sk, e);
+    }
     if (whole_splits > 1) {
       return record_split_region(r, g, whole_region(g), t, whole_splits, e);
     }
@@ -1192,11 +1239,6 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
     }
     target = e.ep == Epilogue::BiasActTrain ? e.preact : scratch.get();
   }
-  GemmVariant variant;
-  variant.t = t;
-  variant.ta = ta;
-  variant.tb = tb;
-  variant.act = e.act;
   for (uint64_t m0 = 0; m0 < m; m0 += mb) {
     const uint64_t mc = std::min(mb, m - m0);
     for (uint64_t n0 = 0; n0 < n; n0 += nb) {
@@ -1205,7 +1247,6 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
         const uint64_t kc = std::min(kb, k - k0);
         const float beta = k0 == 0 ? g.beta : 1.0f;
         const Epilogue in_kernel = !k_blocks || (first_block_epilogue && k0 == 0) ? e.ep : Epilogue::Plain;
-        variant.ep = in_kernel;
         const uint32_t splits = whole_problem ? whole_splits : choose_splits(uint32_t(mc), uint32_t(nc), kc, t);
         GemmProblem block = g;
         block.c = target;
@@ -1217,24 +1258,12 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
         reg.nc = uint32_t(nc);
         reg.k0 = k0;
         reg.kc = uint32_t(kc);
-        if (splits > 1) {
-          EpilogueArgs pe = e;
-          pe.ep = in_kernel;
-          record_split_region(r, block, reg, t, splits, pe);
-          continue;
-        }
-        RegionBinding rb = bind_region(dev, block, reg);
-        RowWindow cw = row_window(dev, *target, 0, m0, mc, ldc);
-        GemmParams& p = rb.p;
-        p.ldc = uint32_t(ldc);
-        p.c_off = cw.inner + uint32_t(n0);
-        p.bias_off = uint32_t(n0);
-        GemmRanges ranges = abc_ranges(rb, cw.range);
-        if (has_bias(in_kernel)) ranges.bias = whole(*e.bias);
-        if (has_preact(in_kernel)) ranges.preact = row_window(dev, *e.preact, 0, m0, mc, ldc).range;
-        if (in_kernel == Epilogue::RowSum) ranges.row_sums = whole(*e.row_sums);
-        if (has_residual(in_kernel)) ranges.residual = row_window(dev, *e.residual, 0, m0, mc, ldc).range;
-        dispatch_gemm(r, variant, p, ranges, uint32_t(ceil_div(nc, t.bn)), uint32_t(ceil_div(mc, t.bm)));
+        EpilogueArgs be = e;
+        be.ep = in_kernel;
+        if (splits > 1)
+          record_split_region(r, block, reg, t, splits, be);
+        else
+          record_region(r, block, reg, t, be);
       }
     }
   }
@@ -1279,6 +1308,8 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
   // candidate tiles and the heuristic plans of a grid of shapes (a changed
   // heuristic or candidate set re-tunes what it competes with).
   std::string sig = "pywgtrain gemm plans v2 | ";
+  // How a stream-K plan runs (bump when it changes: cached plans were timed on the old form).
+  constexpr int kStreamKForm = 2;  // 2: whole waves as plain tiles, the rest stream-K
   const AdapterSummary& a = dev.info();
   sig += a.name + " | " + a.vendor + " | " + a.driver + " | " + a.backend + " | " + std::to_string(a.vendor_id) + ":" +
          std::to_string(a.device_id) + " | slots " + std::to_string(wave_slots());
@@ -1286,7 +1317,7 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
   for (const auto& [name, text] : embedded_shaders()) material += name + "\n" + text + "\n";
   for (const TileConfig& t : kTuneTiles)
     for (uint32_t v : {t.bm, t.bn, t.bk, t.tm, t.tn, t.warp_w}) material += std::to_string(v) + ",";
-  material += "|";
+  material += "| stream-K form " + std::to_string(kStreamKForm) + " |";
   for (uint32_t m : {16u, 64u, 256u, 1024u, 4096u})
     for (uint32_t n : {64u, 768u, 3072u, 50304u})
       for (uint32_t k : {64u, 768u, 3072u, 16384u}) {

@@ -105,13 +105,17 @@ def test_forced_split_counts(dev, rng, monkeypatch, splits):
         assert_close(out.numpy(), ref_gemm(a, b, 1.0, 1.0, c), atol_scale=k_tolerance(k))
 
 
-def stream_k_kernels(dev, product):
-    """Runs product() inside a captured batch; returns how many stream-K
-    dispatches (main pass, fixup) it recorded."""
+def captured_kernels(dev, product):
+    """Runs product() inside a captured batch; returns the kernel names it recorded."""
     with dev.batch() as rec:
         rec.begin_capture()
         product()
-        names = rec.end_capture().kernel_names()
+        return rec.end_capture().kernel_names()
+
+
+def stream_k_kernels(dev, product):
+    """How many stream-K dispatches (main pass, fixup) product() records."""
+    names = captured_kernels(dev, product)
     return sum(n.startswith("gemm:gemm_stream_k;") for n in names), sum(
         n.startswith("gemm:stream_k_fixup;") for n in names
     )
@@ -144,6 +148,83 @@ def test_forced_stream_k(dev, rng, monkeypatch, workers):
             expected = ref_gemm(a, b, alpha, beta, c if beta else None)
             assert_close(out.numpy(), expected, atol_scale=k_tolerance(k))
     assert ran >= {"1": 3, "7": 10, "264": 6, "100000": 0}[workers]
+
+
+@pytest.mark.parametrize("lean", ["0", "1"])
+@pytest.mark.parametrize("ta,tb", TRANS)
+def test_stream_k_after_whole_waves(dev, rng, monkeypatch, ta, tb, lean):
+    """Products whose 64x128 tiles fill whole waves of the W stream-K workers
+    and part of one more run those waves' tile rows as plain tiles (one
+    dispatch) and only the rows after them by stream-K (main pass + fixup),
+    with alpha, beta, and NaN in C where beta is 0. Shapes: 5x4 tiles on 4
+    workers (4 rows plain, then one tile row of 44 rows), 13x3 tiles on 7
+    workers (11 rows plain, then 73 rows)."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", f"64,128,16,8,4,8,{lean}")
+    for (m, n, k), workers in [((300, 400, 200), "4"), ((777, 300, 500), "7")]:
+        monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", workers)
+        for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
+            a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
+            out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
+            names = captured_kernels(
+                dev,
+                lambda: pw.gemm(
+                    pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, alpha, beta, out=out
+                ),
+            )
+            kinds = [n.split(";")[0] for n in names]
+            assert kinds == ["gemm:gemm", "gemm:gemm_stream_k", "gemm:stream_k_fixup"], names
+            assert_close(out.numpy(), ref_gemm(a, b, alpha, beta, c if beta else None), atol_scale=k_tolerance(k))
+
+
+@pytest.mark.parametrize("entry", ["bias_act", "bias_act_train", "act_grad", "bias_residual"])
+def test_stream_k_after_whole_waves_fused_epilogues(dev, rng, monkeypatch, entry):
+    """The plain tile rows before the stream-K rows apply each fused epilogue
+    in-kernel; the fixup applies it to the rest (x @ W.T, 5x3 tiles on 4 workers)."""
+    from pywgtrain import _core
+
+    monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,128,16,8,4,8")
+    monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", "4")
+    m, n, k = 300, 300, 150
+    a, w = rand(rng, m, k), rand(rng, n, k)
+    z = a.astype(np.float64) @ w.T.astype(np.float64)
+    ta, tw = pw.tensor(a, dev), pw.tensor(w, dev)
+    bias, pre, res = rand(rng, n), rand(rng, m, n), rand(rng, m, n)
+    out, pre_out = poisoned(dev, (m, n)), poisoned(dev, (m, n))
+
+    def product():
+        rec = dev._local.recorder
+        if entry == "act_grad":
+            _core.gemm_act_grad(rec, ta._buf, tw._buf, pw.tensor(pre, dev)._buf, out._buf, m, n, k, False, True, 1)
+        elif entry == "bias_residual":
+            _core.gemm_bias_residual(
+                rec,
+                ta._buf,
+                tw._buf,
+                pw.tensor(bias, dev)._buf,
+                pw.tensor(res, dev)._buf,
+                out._buf,
+                m,
+                n,
+                k,
+                False,
+                True,
+            )
+        else:
+            keep = pre_out._buf if entry == "bias_act_train" else None
+            _core.gemm_bias_act(
+                rec, ta._buf, tw._buf, pw.tensor(bias, dev)._buf, out._buf, keep, m, n, k, False, True, 1
+            )
+
+    kinds = [n.split(";")[0] for n in captured_kernels(dev, product)]
+    assert kinds == ["gemm:gemm", "gemm:gemm_stream_k", "gemm:stream_k_fixup"], kinds
+    if entry == "act_grad":
+        assert_close(out.numpy(), z * (pre > 0), atol_scale=k_tolerance(k))
+    elif entry == "bias_residual":
+        assert_close(out.numpy(), z + bias + res, atol_scale=k_tolerance(k))
+    else:
+        assert_close(out.numpy(), np.maximum(z + bias, 0), atol_scale=k_tolerance(k))
+        if entry == "bias_act_train":
+            assert_close(pre_out.numpy(), z + bias, atol_scale=k_tolerance(k))
 
 
 @pytest.mark.parametrize("entry", ["bias_act", "bias_act_train", "act_grad", "bias_residual", "rowsum"])
