@@ -898,7 +898,7 @@ GemmPlan heuristic_plan(uint32_t m, uint32_t n, uint32_t k) {
 // on 8x4 thread blocks) and 32x128 tiles (the same 8x4 on 128 threads: twice
 // the workgroups of 64x128 for outputs of under a wave or two; H100 256x768x3072
 // and 1024x768x768 NN 2 splits 44.8 us against 51-52 for the others; both
-// 128-column tiles LEAN_LOOP both ways when unsplit) over split counts
+// 128-column tiles LEAN_LOOP both ways) over split counts
 // while each split keeps >= kTuneMinKPerSplit of K and the workgroups fit
 // kTuneMaxWaves waves, and stream-K (kStreamKTiles). Each runs in batches of
 // calls lasting about kTuneBatchUs (the median call by GPU timestamps) on
@@ -979,14 +979,15 @@ std::vector<GemmPlan> tune_candidates(const Device& dev, const GemmProblem& g, c
     for (uint32_t s : kTuneSplits) {
       s = std::max<uint32_t>(s, uint32_t(ceil_div(g.k, kMaxKPerSplit)));  // bounded K loops
       if (s > 1 && (g.k / s < kTuneMinKPerSplit || tiles * s > kTuneMaxWaves * wave_slots())) continue;
+      // 128-wide tiles take LEAN_LOOP both ways: which K loop shape wins
+      // depends on the shape (1024x4096x1024 NT in 2 splits: 240.7 us plain,
+      // 228.5 lean; docs/gemm_notes.md #79).
       TileConfig v = t;
-      if (t.bn == 128 && s == 1) {
-        add(v, s);
-        v.lean_loop = 1;
-      } else if (t.bn == 128) {
-        v.lean_loop = tiles * s >= 512;
-      }
       add(v, s);
+      if (t.bn == 128) {
+        v.lean_loop = 1;
+        add(v, s);
+      }
     }
   }
   const uint64_t slots = wave_slots();
@@ -1308,8 +1309,11 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
   // candidate tiles and the heuristic plans of a grid of shapes (a changed
   // heuristic or candidate set re-tunes what it competes with).
   std::string sig = "pywgtrain gemm plans v2 | ";
-  // How a stream-K plan runs (bump when it changes: cached plans were timed on the old form).
-  constexpr int kStreamKForm = 2;  // 2: whole waves as plain tiles, the rest stream-K
+  // Bumped when the candidate set or the way a plan runs changes outside the
+  // shaders, tiles and heuristic below (cached plans competed under the old
+  // rules). 2: stream-K after whole waves of plain tiles; 3: LEAN_LOOP both
+  // ways at every split count.
+  constexpr int kPlanRules = 3;
   const AdapterSummary& a = dev.info();
   sig += a.name + " | " + a.vendor + " | " + a.driver + " | " + a.backend + " | " + std::to_string(a.vendor_id) + ":" +
          std::to_string(a.device_id) + " | slots " + std::to_string(wave_slots());
@@ -1317,7 +1321,7 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
   for (const auto& [name, text] : embedded_shaders()) material += name + "\n" + text + "\n";
   for (const TileConfig& t : kTuneTiles)
     for (uint32_t v : {t.bm, t.bn, t.bk, t.tm, t.tn, t.warp_w}) material += std::to_string(v) + ",";
-  material += "| stream-K form " + std::to_string(kStreamKForm) + " |";
+  material += "| rules " + std::to_string(kPlanRules) + " |";
   for (uint32_t m : {16u, 64u, 256u, 1024u, 4096u})
     for (uint32_t n : {64u, 768u, 3072u, 50304u})
       for (uint32_t k : {64u, 768u, 3072u, 16384u}) {
