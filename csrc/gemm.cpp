@@ -266,6 +266,24 @@ VecLoads vec_loads(bool ta, bool tb, bool act_grad, const GemmParams& p) {
           enabled && !act_grad && p.ldc % 4 == 0 && p.c_off % 4 == 0 && p.split_stride % 4 == 0};
 }
 
+// A non-negative integer from the environment variable `name` (read per
+// call: experiments change it in-process); `fallback` when unset or empty.
+uint64_t env_count(const char* name, uint64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (*end || *v == '-') throw ArgumentError(std::string(name) + " must be a non-negative integer, got '" + v + "'");
+  return n;
+}
+
+// gemm.wgsl's GROUP_M: tile rows consecutive workgroups walk down one tile
+// column (PYWGTRAIN_GEMM_GROUP_M for A/B runs, read per call; 1 is row-major).
+constexpr uint64_t kGroupRows = 8;
+uint32_t group_rows() {
+  return uint32_t(std::clamp<uint64_t>(env_count("PYWGTRAIN_GEMM_GROUP_M", kGroupRows), 1, 1u << 16));
+}
+
 // Entry `entry` of gemm.wgsl with its specialization constants (listed in
 // the shader's header).
 KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act, bool lean,
@@ -287,7 +305,8 @@ KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, E
                  {"LEAN_LOOP", bool_literal(lean)},
                  {"A_VEC", bool_literal(v.a)},
                  {"B_VEC", bool_literal(v.b)},
-                 {"C_VEC", bool_literal(v.c)}};
+                 {"C_VEC", bool_literal(v.c)},
+                 {"GROUP_M", u32_literal(group_rows())}};
   // clang-format on
   d.trusted = true;
   return d;
@@ -836,17 +855,6 @@ void record_transpose(Recorder& r, const Buffer& src, uint64_t src_ld, uint32_t 
       dev.pipelines().get(d),
       {{sh::c, floats(dst, 0, (cols - 1) * dst_ld + rows)}, {sh::partials, floats(src, 0, (rows - 1) * src_ld + cols)}},
       q, uint32_t(ceil_div(cols, sh::TRANSPOSE_TILE)), uint32_t(ceil_div(rows, sh::TRANSPOSE_TILE)));
-}
-
-// A non-negative integer from the environment variable `name` (read per
-// call: experiments change it in-process); `fallback` when unset or empty.
-uint64_t env_count(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (*end || *v == '-') throw ArgumentError(std::string(name) + " must be a non-negative integer, got '" + v + "'");
-  return n;
 }
 
 // NT products of at least this many rows run as NN on a transposed copy of

@@ -11,6 +11,7 @@
 //   C_VEC: bool, the epilogue stores C and the pre-activation (and reads C
 //     for beta) as vec4s where four columns are inside (the host found C's
 //     leading dimension, offset and split stride multiples of 4).
+//   GROUP_M: tile rows a run of workgroups walks per tile column (tile_of).
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
@@ -327,8 +328,26 @@ fn epilogue4(idx: u32, n: u32, v: vec4<f32>) {
 // product split_stride elements further on. ROWSUM: row_sums[bias_off + m] =
 // sum_k op(A)[m, k] + beta * row_sums[...], written by the first column of
 // workgroups, one thread per row group (unsplit K only: the sums must be complete).
+// The output tile (column, row) of workgroup wid in the gemm entry's grid:
+// consecutive workgroups walk GROUP_M tile rows down one tile column before
+// the next column, so the workgroups in flight share B's column blocks as
+// well as A's row blocks in L2. Row-major order (GROUP_M 1) streamed B once
+// per tile row on wide products: H100, 1024x768x50304 NT 2001 -> 1935 us,
+// 1024x768x3072 NN 161 -> 128 (docs/gemm_notes.md #84).
+fn tile_of(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
+  if (GROUP_M == 1u) { return wid.xy; }
+  let id = wid.y * nwg.x + wid.x;
+  let per_group = GROUP_M * nwg.x;
+  let first = (id / per_group) * GROUP_M;
+  let rows = min(GROUP_M, nwg.y - first);
+  let r = id % per_group;
+  return vec2<u32>(r / rows, first + r % rows);
+}
+
 @compute @workgroup_size(WG_X, WG_Y)
-fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn gemm(@builtin(workgroup_id) wid_in: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+  let wid = vec3<u32>(tile_of(wid_in, nwg), wid_in.z);
   let k_begin = wid.z * p.k_chunk;
   let acc = tile_product(wid.y * BM, wid.x * BN, k_begin, min(p.k, k_begin + p.k_chunk), li);
   let xy = thread_xy(li);

@@ -105,6 +105,44 @@ def test_forced_split_counts(dev, rng, monkeypatch, splits):
         assert_close(out.numpy(), ref_gemm(a, b, 1.0, 1.0, c), atol_scale=k_tolerance(k))
 
 
+@pytest.mark.parametrize("group", ["1", "3", "8"])
+def test_grouped_tile_order(dev, rng, monkeypatch, group):
+    """PYWGTRAIN_GEMM_GROUP_M=N (read per call): workgroups walk N tile rows
+    per tile column. Every output tile is computed once, with full groups, a
+    last group of fewer rows (11 rows of 64-row tiles in groups of 3 or 8),
+    fewer rows than one group, split-K planes, and a bias + ReLU epilogue."""
+    from pywgtrain import _core
+
+    monkeypatch.setenv("PYWGTRAIN_GEMM_GROUP_M", group)
+    monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,128,16,8,4,8")
+    for (m, n, k), splits in [((700, 300, 100), "1"), ((150, 1000, 50), "1"), ((700, 260, 600), "3")]:
+        monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", splits)
+        for ta, tb in TRANS:
+            a, b = rand(rng, m, k), rand(rng, k, n)
+            out = poisoned(dev, (m, n))
+            pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, out=out)
+            assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
+    m, n, k = 700, 300, 100
+    x, w, bias = rand(rng, m, k), rand(rng, n, k), rand(rng, n)
+    out = poisoned(dev, (m, n))
+    with dev.batch() as rec:
+        _core.gemm_bias_act(
+            rec,
+            pw.tensor(x, dev)._buf,
+            pw.tensor(w, dev)._buf,
+            pw.tensor(bias, dev)._buf,
+            out._buf,
+            None,
+            m,
+            n,
+            k,
+            False,
+            True,
+            1,
+        )
+    assert_close(out.numpy(), np.maximum(x.astype(np.float64) @ w.T + bias, 0), atol_scale=k_tolerance(k))
+
+
 def captured_kernels(dev, product):
     """Runs product() inside a captured batch; returns the kernel names it recorded."""
     with dev.batch() as rec:
