@@ -121,7 +121,14 @@ uint32_t wave_model_splits(uint64_t m, uint64_t n, uint64_t k) {
 TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
   const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");  // read per call: experiments change it in-process
   TileConfig t{};
-  if (forced && std::sscanf(forced, "%u,%u,%u,%u,%u,%u,%u", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn, &t.warp_w, &t.lean_loop) >= 5) {
+  if (forced && *forced) {
+    int used = 0;
+    const int fields = std::sscanf(forced, "%u,%u,%u,%u,%u%n,%u%n,%u%n", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn, &used,
+                                   &t.warp_w, &used, &t.lean_loop, &used);
+    if (fields < 5 || forced[used] != '\0' || t.lean_loop > 1)
+      throw ArgumentError(std::string("PYWGTRAIN_GEMM_TILES: expected BM,BN,BK,TM,TN[,WARP_W[,LEAN_LOOP]] (LEAN_LOOP 0 "
+                                      "or 1), got '") +
+                          forced + "'");
     const uint32_t wg_x = t.tn ? t.bn / t.tn : 0, wg_y = t.tm ? t.bm / t.tm : 0, threads = wg_x * wg_y;
     auto whole_slots = [&](uint32_t rows) { return threads && rows * t.bk / 4 >= threads && (rows * t.bk / 4) % threads == 0; };
     if (t.tm % 4 || t.tn % 4 || !whole_slots(t.bm) || !whole_slots(t.bn) || t.bm % 16 || t.bn % 16)

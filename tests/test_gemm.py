@@ -567,12 +567,17 @@ def test_forced_tile_configurations(tmp_path, tiles):
     [
         ("128,64,16,8,4,3", "WARP_W 3 must divide 32"),
         ("128,64,8,8,4", "whole number (>= 1) of vec4s"),
+        ("64,128,16,8,4,8,8,1", "expected BM,BN,BK,TM,TN[,WARP_W[,LEAN_LOOP]]"),
+        ("64,128,16,8,4,8,2", "(LEAN_LOOP 0 or 1)"),
+        ("64,128,16", "got '64,128,16'"),
     ],
 )
 def test_forced_tiles_must_fit_the_kernel(tmp_path, tiles, message):
     """A forced configuration the kernel cannot run (a WARP_W that does not
-    tile the thread grid, tiles with less than one vec4 per thread) is refused
-    with the rule, not compiled into a shader error or run with threads missing."""
+    tile the thread grid, tiles with less than one vec4 per thread) or that is
+    not the documented list (a field too many, LEAN_LOOP other than 0 or 1,
+    too few fields) is refused with the rule, not compiled into a shader
+    error, run with threads missing or silently read another way."""
     code = (
         "import numpy as np, pywgtrain as pw\n"
         "a = np.ones((130, 70), np.float32)\n"
