@@ -324,10 +324,6 @@ fn epilogue4(idx: u32, n: u32, v: vec4<f32>) {
   }
 }
 
-// The tiled product. Split-K (plain epilogue): workgroup z writes its partial
-// product split_stride elements further on. ROWSUM: row_sums[bias_off + m] =
-// sum_k op(A)[m, k] + beta * row_sums[...], written by the first column of
-// workgroups, one thread per row group (unsplit K only: the sums must be complete).
 // The output tile (column, row) of workgroup wid in the gemm entry's grid:
 // consecutive workgroups walk GROUP_M tile rows down one tile column before
 // the next column, so the workgroups in flight share B's column blocks as
@@ -344,6 +340,10 @@ fn tile_of(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
   return vec2<u32>(r / rows, first + r % rows);
 }
 
+// The tiled product. Split-K (plain epilogue): workgroup z writes its partial
+// product split_stride elements further on. ROWSUM: row_sums[bias_off + m] =
+// sum_k op(A)[m, k] + beta * row_sums[...], written by the first column of
+// workgroups, one thread per row group (unsplit K only: the sums must be complete).
 @compute @workgroup_size(WG_X, WG_Y)
 fn gemm(@builtin(workgroup_id) wid_in: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
