@@ -215,14 +215,24 @@ def test_stream_k_after_whole_waves(dev, rng, monkeypatch, ta, tb, lean):
 
 
 @pytest.mark.parametrize("entry", ["bias_act", "bias_act_train", "act_grad", "bias_residual"])
-def test_stream_k_after_whole_waves_fused_epilogues(dev, rng, monkeypatch, entry):
-    """The plain tile rows before the stream-K rows apply each fused epilogue
-    in-kernel; the fixup applies it to the rest (x @ W.T, 5x3 tiles on 4 workers)."""
+@pytest.mark.parametrize(
+    "shape,workers,kinds",
+    [
+        ((150, 260, 333), "11", ["gemm:gemm_stream_k", "gemm:stream_k_fixup"]),
+        ((300, 300, 150), "4", ["gemm:gemm", "gemm:gemm_stream_k", "gemm:stream_k_fixup"]),
+    ],
+    ids=["all_stream_k", "after_whole_waves"],
+)
+def test_stream_k_fused_epilogues(dev, rng, monkeypatch, entry, shape, workers, kinds):
+    """Each fused epilogue of x @ W.T is applied once: by the fixup over the
+    summed slots (3x3 tiles of 64x128 on 11 workers: all stream-K), and also
+    in-kernel by the plain tile rows before the stream-K rows (5x3 tiles on 4
+    workers)."""
     from pywgtrain import _core
 
     monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,128,16,8,4,8")
-    monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", "4")
-    m, n, k = 300, 300, 150
+    monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", workers)
+    m, n, k = shape
     a, w = rand(rng, m, k), rand(rng, n, k)
     z = a.astype(np.float64) @ w.T.astype(np.float64)
     ta, tw = pw.tensor(a, dev), pw.tensor(w, dev)
@@ -231,30 +241,18 @@ def test_stream_k_after_whole_waves_fused_epilogues(dev, rng, monkeypatch, entry
 
     def product():
         rec = dev._local.recorder
+        bias_buf = pw.tensor(bias, dev)._buf
         if entry == "act_grad":
             _core.gemm_act_grad(rec, ta._buf, tw._buf, pw.tensor(pre, dev)._buf, out._buf, m, n, k, False, True, 1)
         elif entry == "bias_residual":
-            _core.gemm_bias_residual(
-                rec,
-                ta._buf,
-                tw._buf,
-                pw.tensor(bias, dev)._buf,
-                pw.tensor(res, dev)._buf,
-                out._buf,
-                m,
-                n,
-                k,
-                False,
-                True,
-            )
+            res_buf = pw.tensor(res, dev)._buf
+            _core.gemm_bias_residual(rec, ta._buf, tw._buf, bias_buf, res_buf, out._buf, m, n, k, False, True)
         else:
             keep = pre_out._buf if entry == "bias_act_train" else None
-            _core.gemm_bias_act(
-                rec, ta._buf, tw._buf, pw.tensor(bias, dev)._buf, out._buf, keep, m, n, k, False, True, 1
-            )
+            _core.gemm_bias_act(rec, ta._buf, tw._buf, bias_buf, out._buf, keep, m, n, k, False, True, 1)
 
-    kinds = [n.split(";")[0] for n in captured_kernels(dev, product)]
-    assert kinds == ["gemm:gemm", "gemm:gemm_stream_k", "gemm:stream_k_fixup"], kinds
+    got = [name.split(";")[0] for name in captured_kernels(dev, product)]
+    assert got == kinds, got
     if entry == "act_grad":
         assert_close(out.numpy(), z * (pre > 0), atol_scale=k_tolerance(k))
     elif entry == "bias_residual":
@@ -265,56 +263,24 @@ def test_stream_k_after_whole_waves_fused_epilogues(dev, rng, monkeypatch, entry
             assert_close(pre_out.numpy(), z + bias, atol_scale=k_tolerance(k))
 
 
-@pytest.mark.parametrize("entry", ["bias_act", "bias_act_train", "act_grad", "bias_residual", "rowsum"])
-def test_stream_k_fused_epilogues(dev, rng, monkeypatch, entry):
-    """The stream-K fixup applies each fused epilogue once, over the summed
-    slots (the row-sum epilogue takes the plain product and a column-sum pass)."""
+def test_stream_k_rowsum_epilogue(dev, rng, monkeypatch):
+    """The row-sum epilogue under stream-K: the plain product by stream-K, the
+    bias gradient in a column-sum pass of its own (dW = dZ^T X, db = dZ^T 1)."""
     from pywgtrain import _core
-
-    from helpers import bias_residual
 
     monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", "11")
     m, n, k = 150, 260, 333
-    a, w = rand(rng, m, k), rand(rng, n, k)
-    z = a.astype(np.float64) @ w.T.astype(np.float64)
-    out = poisoned(dev, (m, n))
-    ta, tw = pw.tensor(a, dev), pw.tensor(w, dev)
-    bias, pre, res = rand(rng, n), rand(rng, m, n), rand(rng, m, n)
-    pre_out = poisoned(dev, (m, n))
-    if entry == "rowsum":  # dW = dZ^T X, db = dZ^T 1: dZ is k x m here
-        dz, x = rand(rng, k, m), rand(rng, k, n)
-        db = poisoned(dev, (m,))
-        main, fixup = stream_k_kernels(
-            dev,
-            lambda: _core.linear_weight_grads(
-                dev._local.recorder, pw.tensor(dz, dev)._buf, pw.tensor(x, dev)._buf, out._buf, db._buf, k, m, n, 0.0
-            ),
-        )
-        assert main == fixup == 1  # the plain product by stream-K; db in its own pass
-        assert_close(out.numpy(), dz.T.astype(np.float64) @ x, atol_scale=k_tolerance(k))
-        assert_close(db.numpy(), dz.astype(np.float64).sum(0), atol_scale=k_tolerance(k))
-        return
-    if entry == "bias_residual":
-        assert_close(bias_residual(dev, ta, tw, bias, res, out), z + bias + res, atol_scale=k_tolerance(k))
-        return
-
-    def product():
-        rec = dev._local.recorder
-        if entry == "act_grad":
-            _core.gemm_act_grad(rec, ta._buf, tw._buf, pw.tensor(pre, dev)._buf, out._buf, m, n, k, False, True, 1)
-        else:
-            keep = pre_out._buf if entry == "bias_act_train" else None
-            _core.gemm_bias_act(
-                rec, ta._buf, tw._buf, pw.tensor(bias, dev)._buf, out._buf, keep, m, n, k, False, True, 1
-            )
-
-    assert stream_k_kernels(dev, product) == (1, 1)
-    if entry == "act_grad":
-        assert_close(out.numpy(), z * (pre > 0), atol_scale=k_tolerance(k))
-        return
-    assert_close(out.numpy(), np.maximum(z + bias, 0), atol_scale=k_tolerance(k))
-    if entry == "bias_act_train":
-        assert_close(pre_out.numpy(), z + bias, atol_scale=k_tolerance(k))
+    dz, x = rand(rng, k, m), rand(rng, k, n)
+    out, db = poisoned(dev, (m, n)), poisoned(dev, (m,))
+    main, fixup = stream_k_kernels(
+        dev,
+        lambda: _core.linear_weight_grads(
+            dev._local.recorder, pw.tensor(dz, dev)._buf, pw.tensor(x, dev)._buf, out._buf, db._buf, k, m, n, 0.0
+        ),
+    )
+    assert main == fixup == 1
+    assert_close(out.numpy(), dz.T.astype(np.float64) @ x, atol_scale=k_tolerance(k))
+    assert_close(db.numpy(), dz.astype(np.float64).sum(0), atol_scale=k_tolerance(k))
 
 
 @pytest.mark.parametrize("rows", ["1", "777", "1000000000"])
