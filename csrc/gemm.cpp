@@ -705,13 +705,20 @@ void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, c
 // or two only in part keeps every slot busy to the end. Each tile gets a
 // partial slot per workgroup whose range meets it (`slots`: the most any tile
 // gets); the fixup pass sums them with the epilogue.
+// The tile rows that fill whole waves of workers run before it as plain
+// tiles with the epilogue in-kernel (the stream-K paper's hybrid), so only
+// the part wave's tiles go through partial slots and the fixup (H100,
+// docs/gemm_notes.md #78: 777x4096x4096 NT 765 -> 726 us, 777x768x3072 NN
+// 129 -> 119). `first_row`: where stream-K takes over (a multiple of the
+// tile height; 0 when the tiles fill less than a wave); `tiles`: those after it.
 struct StreamK {
+  uint32_t first_row = 0;
   uint64_t tiles = 0, slots = 0;
   uint64_t partial_floats(const TileConfig& t) const { return tiles * slots * t.bm * t.bn; }
 };
 
 // The layout of stream-K for an m x n x k product on tiles t, or nothing
-// where it does not apply: more workers than K steps or one dispatch allows,
+// where it does not apply: more workers than its K steps or one dispatch allows,
 // the shader's step indices past 32 bits, partials past one binding, or a
 // workgroup's range past half of kMaxKPerSplit (bounded loops: the range's
 // K steps plus, per tile it meets, the segment loop and the stores; lavapipe
@@ -719,13 +726,18 @@ struct StreamK {
 // third of its tiles missing).
 std::optional<StreamK> stream_k_layout(const Device& dev, uint32_t m, uint32_t n, uint32_t k, const TileConfig& t,
                                        uint32_t workers) {
-  const uint64_t tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn), steps = ceil_div(k, t.bk), total = tiles * steps;
-  if (!workers || workers > dev.limits().max_workgroups_per_dim || total < workers ||
-      ceil_div(total, workers) * t.bk > kMaxKPerSplit / 2 || total * workers >= (uint64_t(1) << 32))
+  if (!workers || workers > dev.limits().max_workgroups_per_dim) return std::nullopt;
+  const uint64_t tiles_m = ceil_div(m, t.bm), tiles_n = ceil_div(n, t.bn);
+  // The plain rows' K loop stays within the bounded loops' kMaxKPerSplit.
+  const uint64_t plain_rows =
+      k > kMaxKPerSplit ? 0 : std::min(tiles_m * tiles_n / workers * workers / tiles_n, tiles_m - 1);
+  const uint64_t tiles = (tiles_m - plain_rows) * tiles_n, steps = ceil_div(k, t.bk), total = tiles * steps;
+  if (total < workers || ceil_div(total, workers) * t.bk > kMaxKPerSplit / 2 || total * workers >= (uint64_t(1) << 32))
     return std::nullopt;
   // gemm.wgsl sk_worker_of: the workgroup whose range holds step x.
   auto worker_of = [&](uint64_t x) { return ((x + 1) * workers - 1) / total; };
   StreamK sk;
+  sk.first_row = uint32_t(plain_rows * t.bm);
   sk.tiles = tiles;
   for (uint64_t tile = 0; tile < tiles; ++tile)
     sk.slots = std::max(sk.slots, worker_of((tile + 1) * steps - 1) - worker_of(tile * steps) + 1);
@@ -753,11 +765,19 @@ void record_region(Recorder& r, const GemmProblem& g, const Region& reg, const T
   dispatch_gemm(r, v, p, ranges, uint32_t(ceil_div(reg.nc, t.bn)), uint32_t(ceil_div(reg.mc, t.bm)));
 }
 
-// Rows [reg.m0, reg.m0 + reg.mc) of g (bindable at once, whole N and K) by
-// stream-K, then the fixup into C.
-void record_stream_k(Recorder& r, const GemmProblem& g, const Region& reg, const TileConfig& t, uint32_t workers,
-                     const StreamK& sk, const EpilogueArgs& e) {
+// The whole product g (bindable at once) by stream-K with layout sk: the
+// rows before sk.first_row as plain tiles, the rest by stream-K, then the
+// fixup into C.
+void record_stream_k(Recorder& r, const GemmProblem& g, const TileConfig& t, uint32_t workers, const StreamK& sk,
+                     const EpilogueArgs& e) {
   Device& dev = r.device();
+  Region reg = whole_region(g);
+  if (sk.first_row) {
+    reg.mc = sk.first_row;
+    record_region(r, g, reg, t, e);
+    reg.m0 = sk.first_row;
+    reg.mc = g.m - sk.first_row;
+  }
   const uint64_t bytes = sk.partial_floats(t) * 4;
   const Range ws{dev.workspace(bytes), 0, bytes};
   RegionBinding rb = bind_region(dev, g, reg);
@@ -773,21 +793,6 @@ void record_stream_k(Recorder& r, const GemmProblem& g, const Region& reg, const
   q.ldc = uint32_t(g.ldc);
   q.bias_off = 0;
   record_split_reduce(r, q, sr, e, &t);
-}
-
-// Where stream-K takes over from whole tiles (the hybrid of the stream-K
-// paper): the tile rows that fill whole waves of `workers` run as plain tiles
-// with the epilogue in-kernel, and only the part wave's tiles after them
-// share K steps, so fewer tiles go through partial slots and the fixup (H100,
-// docs/gemm_notes.md #78: 777x4096x4096 NT 765 -> 726 us, 777x768x3072 NN
-// 129 -> 119). Returns that first stream-K row (a multiple of t.bm, below
-// m), or 0 (all stream-K) when the tiles fill less than a wave or the plain
-// tiles' K loop would pass the bounded loops' kMaxKPerSplit.
-uint32_t stream_k_first_row(uint32_t m, uint32_t n, uint32_t k, const TileConfig& t, uint32_t workers) {
-  if (k > kMaxKPerSplit) return 0;
-  const uint64_t tiles_m = ceil_div(m, t.bm), tiles_n = ceil_div(n, t.bn);
-  const uint64_t rows = std::min(tiles_m * tiles_n / workers * workers / tiles_n, tiles_m - 1);
-  return uint32_t(rows * t.bm);
 }
 
 // Ragged large products (e.g. 4097^3): a last tile row or column holding a
@@ -1181,9 +1186,8 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
   // Bounded K loops: never fewer splits than keep each within kMaxKPerSplit.
   const uint32_t whole_splits = uint32_t(std::max<uint64_t>(plan.splits, ceil_div(k, kMaxKPerSplit)));
   // Stream-K where the plan asks for it and it applies; else the plan's tiles and splits.
-  const uint32_t sk_m0 = plan.workers && whole_problem ? stream_k_first_row(m, n, k, t, plan.workers) : 0;
   const std::optional<StreamK> sk =
-      plan.workers && whole_problem ? stream_k_layout(dev, m - sk_m0, n, k, t, plan.workers) : std::nullopt;
+      plan.workers && whole_problem ? stream_k_layout(dev, m, n, k, t, plan.workers) : std::nullopt;
   if (e.ep == Epilogue::RowSum && (!whole_problem || whole_splits > 1 || sk || uint64_t(m) * n * k > kRowSumMaxMacs)) {
     // The in-kernel row sums need the whole K in one workgroup and one grid,
     // and they slow the main loop by ~8% (H100, 4096x512x4096): large
@@ -1219,17 +1223,7 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
     return record_planned(r, padded, e, plan);
   }
   if (whole_problem) {
-    if (sk) {
-      Region sk_rows = whole_region(g);
-      sk_rows.m0 = sk_m0;
-      sk_rows.mc = m - sk_m0;
-      if (sk_m0) {
-        Region tiled_rows = whole_region(g);
-        tiled_rows.mc = sk_m0;
-        record_region(r, g, tiled_rows, t, e);
-      }
-      return record_stream_k(r, g, sk_rows, t, plan.workers, *sk, e);
-    }
+    if (sk) return record_stream_k(r, g, t, plan.workers, *sk, e);
     if (whole_splits > 1) {
       return record_split_region(r, g, whole_region(g), t, whole_splits, e);
     }
