@@ -238,6 +238,17 @@ struct GemmVariant {
   bool stream_k = false;
 };
 
+// gemm.wgsl's ALIGNED for the gemm entry's dispatch with params p: whole
+// tiles along M and N, whole K steps in K and in every split. Not with
+// transposed B on 8x4 thread tiles: on the H100 those ran 2-6% slower aligned
+// (the other modes and tiles 0-12% faster; docs/gemm_notes.md #87).
+// PYWGTRAIN_GEMM_ALIGNED=0 turns it off for A/B runs (read per call).
+bool aligned_dispatch(const TileConfig& t, bool tb, const GemmParams& p) {
+  if (tb && t.tm == 8 && t.tn == 4) return false;
+  return p.m % t.bm == 0 && p.n % t.bn == 0 && p.k % t.bk == 0 && p.k_chunk % t.bk == 0 &&
+         !env_switched_off("PYWGTRAIN_GEMM_ALIGNED");
+}
+
 // What one tiled dispatch binds: windows of A, B and C, and the epilogue's
 // operands (an unset range: the epilogue never touches it, a placeholder is
 // bound). The vec4 views of A and B follow from the params.
@@ -294,7 +305,7 @@ uint32_t group_rows() {
 // Entry `entry` of gemm.wgsl with its specialization constants (listed in
 // the shader's header).
 KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act, bool lean,
-                     const VecLoads& v) {
+                     const VecLoads& v, bool aligned = false) {
   KernelDesc d;
   d.shader = "gemm";
   d.entry = entry;
@@ -313,18 +324,19 @@ KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, E
                  {"A_VEC", bool_literal(v.a)},
                  {"B_VEC", bool_literal(v.b)},
                  {"C_VEC", bool_literal(v.c)},
-                 {"GROUP_M", u32_literal(group_rows())}};
+                 {"GROUP_M", u32_literal(group_rows())},
+                 {"ALIGNED", bool_literal(aligned)}};
   // clang-format on
   d.trusted = true;
   return d;
 }
 
-const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v) {
+const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, bool aligned) {
   // Non-transposed B takes the separate K loop only with 128-bit loads (#44;
-  // with scalar loads it cost NN 2%, #37).
-  const bool lean = g.t.lean_loop && (g.tb || v.b);
+  // with scalar loads it cost NN 2%, #37). An aligned dispatch has one loop.
+  const bool lean = g.t.lean_loop && (g.tb || v.b) && !aligned;
   KernelDesc d = gemm_desc(g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.ep,
-                           g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v);
+                           g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v, aligned);
   d.bindings = {sh::a,        sh::b,  sh::c,  sh::p,  sh::bias,    sh::preact,
                 sh::row_sums, sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual};
   return dev.pipelines().get(d);
@@ -336,7 +348,8 @@ void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const
   Device& dev = r.device();
   const VecLoads v = vec_loads(g.ta, g.tb, g.ep == Epilogue::ActGrad, p);
   const Range unused{dev.placeholder(false), 0, 16};
-  r.dispatch(gemm_kernel(dev, g, v),
+  const bool aligned = !g.stream_k && aligned_dispatch(g.t, g.tb, p);
+  r.dispatch(gemm_kernel(dev, g, v, aligned),
              {{sh::a, ranges.a},
               {sh::b, ranges.b},
               {sh::c, ranges.c},

@@ -12,6 +12,8 @@
 //     for beta) as vec4s where four columns are inside (the host found C's
 //     leading dimension, offset and split stride multiples of 4).
 //   GROUP_M: tile rows a run of workgroups walks per tile column (tile_of).
+//   ALIGNED: bool, the dispatch's tiles and K ranges need no bounds checks
+//     (tile_product; the host checks M, N, K and the split size).
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
@@ -224,6 +226,26 @@ fn tile_product(m0: u32, n0: u32, k_begin: u32, k_end: u32, tid: u32) -> array<v
   let a_d = A_D * select(p.lda, 1u, TRANS_A);  // index distance of a slot's elements
   let b_d = B_D * select(1u, p.ldb, TRANS_B);
   var k0 = k_begin;
+  // ALIGNED: every tile of the dispatch lies inside op(A), op(B) and C and
+  // [k_begin, k_end) is whole K steps, so no load needs a bounds check and
+  // the checked loop is never compiled (H100: 8192^3 TN 25.02 -> 24.59 ms).
+  if (ALIGNED) {
+    for (; k0 + BK < k_end; k0 += BK) {
+      store_tiles(tid, &ra, &rb);
+      workgroupBarrier();
+      let oa = (k0 + BK - k_begin) * a_k_step;
+      let ob = (k0 + BK - k_begin) * b_k_step;
+      for (var i = 0u; i < A_SLOTS; i++) { ra[i] = load_a(a_first[i] + oa, a_d); }
+      for (var i = 0u; i < B_SLOTS; i++) { rb[i] = load_b(b_first[i] + ob, b_d); }
+      multiply_tiles(&acc, xy);
+      workgroupBarrier();
+    }
+    store_tiles(tid, &ra, &rb);
+    workgroupBarrier();
+    multiply_tiles(&acc, xy);
+    workgroupBarrier();
+    return acc;
+  }
   // LEAN_LOOP: inside workgroups run their K steps up to the last but one in
   // a loop of their own (#37: what the compiler makes of the register copies
   // at the loop's end differs with the loop's shape).

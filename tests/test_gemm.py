@@ -283,6 +283,100 @@ def test_stream_k_rowsum_epilogue(dev, rng, monkeypatch):
     assert_close(db.numpy(), dz.astype(np.float64).sum(0), atol_scale=k_tolerance(k))
 
 
+def aligned_flags(names):
+    """The ALIGNED constant of each recorded gemm-entry dispatch."""
+    return [n.split("ALIGNED=")[1].split(";")[0] == "true" for n in names if n.startswith("gemm:gemm;")]
+
+
+def thread_tile_8x4(names):
+    """Whether the recorded gemm-entry dispatches run 8x4 per thread."""
+    return all(";TM=8u;TN=4u;" in n for n in names if n.startswith("gemm:gemm;"))
+
+
+@pytest.mark.parametrize("tiles", ["", "64,128,16,8,4,8,1", "64,64,16,4,4,16"])
+@pytest.mark.parametrize("ta,tb", TRANS)
+def test_aligned_dispatches(dev, rng, monkeypatch, tiles, ta, tb):
+    """Dispatches whose tiles all lie inside the matrices and whose K ranges
+    (every split's) are whole K steps compile without bounds checks
+    (ALIGNED): one K step only, many, and three splits of 22, 22 and 21 K
+    steps, with alpha, beta and NaN in C where beta is 0. A ragged M or N, a
+    K that is not whole K steps, transposed B on 8x4 thread tiles (slower
+    aligned on the H100), or PYWGTRAIN_GEMM_ALIGNED=0 take the checked
+    kernel."""
+    if tiles:
+        monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", tiles)
+    cases = [((128, 256, 16), "1", True), ((192, 384, 1040), "1", True), ((192, 384, 1040), "3", True)]
+    cases += [((130, 256, 64), "1", False), ((128, 250, 64), "1", False), ((128, 256, 72), "1", False)]
+    for (m, n, k), splits, aligned in cases:
+        monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", splits)
+        for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
+            a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
+            out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
+            names = captured_kernels(
+                dev,
+                lambda: pw.gemm(
+                    pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, alpha, beta, out=out
+                ),
+            )
+            expected = aligned and not (tb and thread_tile_8x4(names))
+            assert aligned_flags(names) == [expected], ((m, n, k), splits, names)
+            assert_close(out.numpy(), ref_gemm(a, b, alpha, beta, c if beta else None), atol_scale=k_tolerance(k))
+    monkeypatch.setenv("PYWGTRAIN_GEMM_ALIGNED", "0")
+    monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", "1")
+    a, b = rand(rng, 128, 64), rand(rng, 64, 256)
+    out = poisoned(dev, (128, 256))
+    names = captured_kernels(
+        dev, lambda: pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, out=out)
+    )
+    assert aligned_flags(names) == [False], names
+    assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(64))
+
+
+@pytest.mark.parametrize("entry", ["bias_act_train", "act_grad", "bias_residual", "rowsum"])
+def test_aligned_fused_epilogues(dev, rng, monkeypatch, entry):
+    """Each fused epilogue on an aligned dispatch (192 x 256 x 320 on 64x64
+    tiles, x @ W.T; the row-sum one as dW = dZ^T X with db), into poisoned
+    outputs."""
+    from pywgtrain import _core
+
+    m, n, k = 192, 256, 320
+    a, w = rand(rng, m, k), rand(rng, n, k)
+    z = a.astype(np.float64) @ w.T.astype(np.float64)
+    ta, tw = pw.tensor(a, dev), pw.tensor(w, dev)
+    bias, pre, res = rand(rng, n), rand(rng, m, n), rand(rng, m, n)
+    out, pre_out, db = poisoned(dev, (m, n)), poisoned(dev, (m, n)), poisoned(dev, (m,))
+    dz, x = rand(rng, k, m), rand(rng, k, n)
+
+    def product():
+        rec = dev._local.recorder
+        bias_buf = pw.tensor(bias, dev)._buf
+        if entry == "act_grad":
+            _core.gemm_act_grad(rec, ta._buf, tw._buf, pw.tensor(pre, dev)._buf, out._buf, m, n, k, False, True, 1)
+        elif entry == "bias_residual":
+            res_buf = pw.tensor(res, dev)._buf
+            _core.gemm_bias_residual(rec, ta._buf, tw._buf, bias_buf, res_buf, out._buf, m, n, k, False, True)
+        elif entry == "rowsum":
+            _core.linear_weight_grads(
+                rec, pw.tensor(dz, dev)._buf, pw.tensor(x, dev)._buf, out._buf, db._buf, k, m, n, 0.0
+            )
+        else:
+            _core.gemm_bias_act(rec, ta._buf, tw._buf, bias_buf, out._buf, pre_out._buf, m, n, k, False, True, 1)
+
+    monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,64,16,4,4")
+    names = captured_kernels(dev, product)
+    assert aligned_flags(names) and all(aligned_flags(names)), names
+    if entry == "act_grad":
+        assert_close(out.numpy(), z * (pre > 0), atol_scale=k_tolerance(k))
+    elif entry == "bias_residual":
+        assert_close(out.numpy(), z + bias + res, atol_scale=k_tolerance(k))
+    elif entry == "rowsum":
+        assert_close(out.numpy(), dz.T.astype(np.float64) @ x, atol_scale=k_tolerance(k))
+        assert_close(db.numpy(), dz.astype(np.float64).sum(0), atol_scale=k_tolerance(k))
+    else:
+        assert_close(out.numpy(), np.maximum(z + bias, 0), atol_scale=k_tolerance(k))
+        assert_close(pre_out.numpy(), z + bias, atol_scale=k_tolerance(k))
+
+
 @pytest.mark.parametrize("rows", ["1", "777", "1000000000"])
 def test_nt_as_nn_on_transposed_b(dev, rng, monkeypatch, rows):
     """NT products with many rows run as NN on a transposed copy of B (PYWGTRAIN_GEMM_NT_ROWS, read per
@@ -507,12 +601,13 @@ def test_forced_tile_configurations(tmp_path, tiles):
     without the separate unchecked K loop (LEAN_LOOP), the tuner's 32x128
     (the same 8x4 on 128 threads), K steps of 32, 8x8 per
     thread, 4x4 with warps narrower than the workgroup's rows. Every transpose
-    mode, ragged shapes, workgroups inside and at the edges, a K tail, split-K
-    included."""
+    mode, ragged shapes, workgroups inside and at the edges, a K tail, split-K,
+    and shapes every tile configuration covers with whole tiles (ALIGNED)."""
     code = (
         "import numpy as np, pywgtrain as pw\n"
         "rng = np.random.default_rng(1)\n"
-        "for (m, n, k) in [(65, 127, 33), (130, 70, 600), (7, 300, 1000), (200, 300, 100), (130, 260, 1000)]:\n"
+        "for (m, n, k) in [(65, 127, 33), (130, 70, 600), (7, 300, 1000), (200, 300, 100), (130, 260, 1000),\n"
+        "                  (128, 256, 160), (256, 128, 1024)]:\n"
         "    for ta in (False, True):\n"
         "        for tb in (False, True):\n"
         "            a = rng.standard_normal((m, k)).astype(np.float32)\n"
