@@ -151,12 +151,70 @@ def captured_kernels(dev, product):
         return rec.end_capture().kernel_names()
 
 
-def stream_k_kernels(dev, product):
-    """How many stream-K dispatches (main pass, fixup) product() records."""
-    names = captured_kernels(dev, product)
+def gemm_kernels(dev, a, b, ta, tb, alpha=1.0, beta=0.0, out=None):
+    """pw.gemm of op(A) = a, op(B) = b stored per ta / tb into out, captured;
+    returns the kernel names it recorded."""
+    return captured_kernels(
+        dev, lambda: pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, alpha, beta, out=out)
+    )
+
+
+def stream_k_counts(names):
+    """How many stream-K dispatches (main pass, fixup) the names hold."""
     return sum(n.startswith("gemm:gemm_stream_k;") for n in names), sum(
         n.startswith("gemm:stream_k_fixup;") for n in names
     )
+
+
+def kinds(names):
+    """Shader and entry point of each recorded kernel."""
+    return [n.split(";")[0] for n in names]
+
+
+def fused_epilogue_kernels(dev, rng, entry, shape):
+    """One fused epilogue on fresh data of shape (m, n, k), into poisoned
+    outputs, checked against float64: x @ W.T with bias + ReLU ("bias_act"),
+    the same keeping the pre-activation ("bias_act_train"), times ReLU'(Z) of
+    a stored Z ("act_grad"), bias + residual ("bias_residual"), or dW = dZ^T X
+    with db = dZ^T 1 ("rowsum"). Returns the kernel names it recorded."""
+    from pywgtrain import _core
+
+    m, n, k = shape
+    a, w = rand(rng, m, k), rand(rng, n, k)
+    z = a.astype(np.float64) @ w.T.astype(np.float64)
+    ta, tw = pw.tensor(a, dev), pw.tensor(w, dev)
+    bias, pre, res = rand(rng, n), rand(rng, m, n), rand(rng, m, n)
+    dz, x = rand(rng, k, m), rand(rng, k, n)
+    out, pre_out, db = poisoned(dev, (m, n)), poisoned(dev, (m, n)), poisoned(dev, (m,))
+
+    def product():
+        rec = dev._local.recorder
+        bias_buf = pw.tensor(bias, dev)._buf
+        if entry == "act_grad":
+            _core.gemm_act_grad(rec, ta._buf, tw._buf, pw.tensor(pre, dev)._buf, out._buf, m, n, k, False, True, 1)
+        elif entry == "bias_residual":
+            res_buf = pw.tensor(res, dev)._buf
+            _core.gemm_bias_residual(rec, ta._buf, tw._buf, bias_buf, res_buf, out._buf, m, n, k, False, True)
+        elif entry == "rowsum":
+            dz_buf, x_buf = pw.tensor(dz, dev)._buf, pw.tensor(x, dev)._buf
+            _core.linear_weight_grads(rec, dz_buf, x_buf, out._buf, db._buf, k, m, n, 0.0)
+        else:
+            keep = pre_out._buf if entry == "bias_act_train" else None
+            _core.gemm_bias_act(rec, ta._buf, tw._buf, bias_buf, out._buf, keep, m, n, k, False, True, 1)
+
+    names = captured_kernels(dev, product)
+    if entry == "act_grad":
+        assert_close(out.numpy(), z * (pre > 0), atol_scale=k_tolerance(k))
+    elif entry == "bias_residual":
+        assert_close(out.numpy(), z + bias + res, atol_scale=k_tolerance(k))
+    elif entry == "rowsum":
+        assert_close(out.numpy(), dz.T.astype(np.float64) @ x, atol_scale=k_tolerance(k))
+        assert_close(db.numpy(), dz.astype(np.float64).sum(0), atol_scale=k_tolerance(k))
+    else:
+        assert_close(out.numpy(), np.maximum(z + bias, 0), atol_scale=k_tolerance(k))
+        if entry == "bias_act_train":
+            assert_close(pre_out.numpy(), z + bias, atol_scale=k_tolerance(k))
+    return names
 
 
 @pytest.mark.parametrize("workers", ["1", "7", "264", "100000"])
@@ -175,12 +233,7 @@ def test_forced_stream_k(dev, rng, monkeypatch, workers):
         for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
             a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
             out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
-            main, fixup = stream_k_kernels(
-                dev,
-                lambda: pw.gemm(
-                    pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, alpha, beta, out=out
-                ),
-            )
+            main, fixup = stream_k_counts(gemm_kernels(dev, a, b, ta, tb, alpha, beta, out))
             assert main == fixup and main <= 1
             ran += main
             expected = ref_gemm(a, b, alpha, beta, c if beta else None)
@@ -203,84 +256,37 @@ def test_stream_k_after_whole_waves(dev, rng, monkeypatch, ta, tb, lean):
         for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
             a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
             out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
-            names = captured_kernels(
-                dev,
-                lambda: pw.gemm(
-                    pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, alpha, beta, out=out
-                ),
-            )
-            kinds = [n.split(";")[0] for n in names]
-            assert kinds == ["gemm:gemm", "gemm:gemm_stream_k", "gemm:stream_k_fixup"], names
+            names = gemm_kernels(dev, a, b, ta, tb, alpha, beta, out)
+            assert kinds(names) == ["gemm:gemm", "gemm:gemm_stream_k", "gemm:stream_k_fixup"], names
             assert_close(out.numpy(), ref_gemm(a, b, alpha, beta, c if beta else None), atol_scale=k_tolerance(k))
 
 
 @pytest.mark.parametrize("entry", ["bias_act", "bias_act_train", "act_grad", "bias_residual"])
 @pytest.mark.parametrize(
-    "shape,workers,kinds",
+    "shape,workers,expected",
     [
         ((150, 260, 333), "11", ["gemm:gemm_stream_k", "gemm:stream_k_fixup"]),
         ((300, 300, 150), "4", ["gemm:gemm", "gemm:gemm_stream_k", "gemm:stream_k_fixup"]),
     ],
     ids=["all_stream_k", "after_whole_waves"],
 )
-def test_stream_k_fused_epilogues(dev, rng, monkeypatch, entry, shape, workers, kinds):
+def test_stream_k_fused_epilogues(dev, rng, monkeypatch, entry, shape, workers, expected):
     """Each fused epilogue of x @ W.T is applied once: by the fixup over the
     summed slots (3x3 tiles of 64x128 on 11 workers: all stream-K), and also
     in-kernel by the plain tile rows before the stream-K rows (5x3 tiles on 4
     workers)."""
-    from pywgtrain import _core
-
     monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,128,16,8,4,8")
     monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", workers)
-    m, n, k = shape
-    a, w = rand(rng, m, k), rand(rng, n, k)
-    z = a.astype(np.float64) @ w.T.astype(np.float64)
-    ta, tw = pw.tensor(a, dev), pw.tensor(w, dev)
-    bias, pre, res = rand(rng, n), rand(rng, m, n), rand(rng, m, n)
-    out, pre_out = poisoned(dev, (m, n)), poisoned(dev, (m, n))
-
-    def product():
-        rec = dev._local.recorder
-        bias_buf = pw.tensor(bias, dev)._buf
-        if entry == "act_grad":
-            _core.gemm_act_grad(rec, ta._buf, tw._buf, pw.tensor(pre, dev)._buf, out._buf, m, n, k, False, True, 1)
-        elif entry == "bias_residual":
-            res_buf = pw.tensor(res, dev)._buf
-            _core.gemm_bias_residual(rec, ta._buf, tw._buf, bias_buf, res_buf, out._buf, m, n, k, False, True)
-        else:
-            keep = pre_out._buf if entry == "bias_act_train" else None
-            _core.gemm_bias_act(rec, ta._buf, tw._buf, bias_buf, out._buf, keep, m, n, k, False, True, 1)
-
-    got = [name.split(";")[0] for name in captured_kernels(dev, product)]
-    assert got == kinds, got
-    if entry == "act_grad":
-        assert_close(out.numpy(), z * (pre > 0), atol_scale=k_tolerance(k))
-    elif entry == "bias_residual":
-        assert_close(out.numpy(), z + bias + res, atol_scale=k_tolerance(k))
-    else:
-        assert_close(out.numpy(), np.maximum(z + bias, 0), atol_scale=k_tolerance(k))
-        if entry == "bias_act_train":
-            assert_close(pre_out.numpy(), z + bias, atol_scale=k_tolerance(k))
+    got = kinds(fused_epilogue_kernels(dev, rng, entry, shape))
+    assert got == expected, got
 
 
 def test_stream_k_rowsum_epilogue(dev, rng, monkeypatch):
     """The row-sum epilogue under stream-K: the plain product by stream-K, the
     bias gradient in a column-sum pass of its own (dW = dZ^T X, db = dZ^T 1)."""
-    from pywgtrain import _core
-
     monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", "11")
-    m, n, k = 150, 260, 333
-    dz, x = rand(rng, k, m), rand(rng, k, n)
-    out, db = poisoned(dev, (m, n)), poisoned(dev, (m,))
-    main, fixup = stream_k_kernels(
-        dev,
-        lambda: _core.linear_weight_grads(
-            dev._local.recorder, pw.tensor(dz, dev)._buf, pw.tensor(x, dev)._buf, out._buf, db._buf, k, m, n, 0.0
-        ),
-    )
+    main, fixup = stream_k_counts(fused_epilogue_kernels(dev, rng, "rowsum", (150, 260, 333)))
     assert main == fixup == 1
-    assert_close(out.numpy(), dz.T.astype(np.float64) @ x, atol_scale=k_tolerance(k))
-    assert_close(db.numpy(), dz.astype(np.float64).sum(0), atol_scale=k_tolerance(k))
 
 
 def aligned_flags(names):
@@ -312,12 +318,7 @@ def test_aligned_dispatches(dev, rng, monkeypatch, tiles, ta, tb):
         for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
             a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
             out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
-            names = captured_kernels(
-                dev,
-                lambda: pw.gemm(
-                    pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, alpha, beta, out=out
-                ),
-            )
+            names = gemm_kernels(dev, a, b, ta, tb, alpha, beta, out)
             expected = aligned and not (tb and thread_tile_8x4(names))
             assert aligned_flags(names) == [expected], ((m, n, k), splits, names)
             assert_close(out.numpy(), ref_gemm(a, b, alpha, beta, c if beta else None), atol_scale=k_tolerance(k))
@@ -325,9 +326,7 @@ def test_aligned_dispatches(dev, rng, monkeypatch, tiles, ta, tb):
     monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", "1")
     a, b = rand(rng, 128, 64), rand(rng, 64, 256)
     out = poisoned(dev, (128, 256))
-    names = captured_kernels(
-        dev, lambda: pw.gemm(pw.tensor(stored(a, ta), dev), pw.tensor(stored(b, tb), dev), ta, tb, out=out)
-    )
+    names = gemm_kernels(dev, a, b, ta, tb, out=out)
     assert aligned_flags(names) == [False], names
     assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(64))
 
@@ -337,44 +336,9 @@ def test_aligned_fused_epilogues(dev, rng, monkeypatch, entry):
     """Each fused epilogue on an aligned dispatch (192 x 256 x 320 on 64x64
     tiles, x @ W.T; the row-sum one as dW = dZ^T X with db), into poisoned
     outputs."""
-    from pywgtrain import _core
-
-    m, n, k = 192, 256, 320
-    a, w = rand(rng, m, k), rand(rng, n, k)
-    z = a.astype(np.float64) @ w.T.astype(np.float64)
-    ta, tw = pw.tensor(a, dev), pw.tensor(w, dev)
-    bias, pre, res = rand(rng, n), rand(rng, m, n), rand(rng, m, n)
-    out, pre_out, db = poisoned(dev, (m, n)), poisoned(dev, (m, n)), poisoned(dev, (m,))
-    dz, x = rand(rng, k, m), rand(rng, k, n)
-
-    def product():
-        rec = dev._local.recorder
-        bias_buf = pw.tensor(bias, dev)._buf
-        if entry == "act_grad":
-            _core.gemm_act_grad(rec, ta._buf, tw._buf, pw.tensor(pre, dev)._buf, out._buf, m, n, k, False, True, 1)
-        elif entry == "bias_residual":
-            res_buf = pw.tensor(res, dev)._buf
-            _core.gemm_bias_residual(rec, ta._buf, tw._buf, bias_buf, res_buf, out._buf, m, n, k, False, True)
-        elif entry == "rowsum":
-            _core.linear_weight_grads(
-                rec, pw.tensor(dz, dev)._buf, pw.tensor(x, dev)._buf, out._buf, db._buf, k, m, n, 0.0
-            )
-        else:
-            _core.gemm_bias_act(rec, ta._buf, tw._buf, bias_buf, out._buf, pre_out._buf, m, n, k, False, True, 1)
-
     monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,64,16,4,4")
-    names = captured_kernels(dev, product)
+    names = fused_epilogue_kernels(dev, rng, entry, (192, 256, 320))
     assert aligned_flags(names) and all(aligned_flags(names)), names
-    if entry == "act_grad":
-        assert_close(out.numpy(), z * (pre > 0), atol_scale=k_tolerance(k))
-    elif entry == "bias_residual":
-        assert_close(out.numpy(), z + bias + res, atol_scale=k_tolerance(k))
-    elif entry == "rowsum":
-        assert_close(out.numpy(), dz.T.astype(np.float64) @ x, atol_scale=k_tolerance(k))
-        assert_close(db.numpy(), dz.astype(np.float64).sum(0), atol_scale=k_tolerance(k))
-    else:
-        assert_close(out.numpy(), np.maximum(z + bias, 0), atol_scale=k_tolerance(k))
-        assert_close(pre_out.numpy(), z + bias, atol_scale=k_tolerance(k))
 
 
 @pytest.mark.parametrize("rows", ["1", "777", "1000000000"])
