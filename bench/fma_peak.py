@@ -1,14 +1,16 @@
 """FFMA ceiling of a WGSL compute kernel through wgpu-native (via wgpu-py):
 eight independent vec4 FMA chains per thread, no memory traffic. The ceiling
-the GEMM is measured against (docs/gemm_notes.md #24). On the GPU machine:
+the GEMM is measured against (docs/gemm_notes.md #24), timed as
+bench/smem_fma_probe.py times its variants (`measure`: a trusted module,
+best of three runs of ten dispatches). On the GPU machine:
 
     source .gpu/prelude.sh && python3 bench/fma_peak.py [iterations]
 """
 
 import sys
-import time
 
 import wgpu
+from smem_fma_probe import measure  # this script's directory is on sys.path
 
 ITERS = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
 src = """
@@ -32,29 +34,4 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
 dev = adapter.request_device_sync()
 print(adapter.info["device"])
-mod = dev.create_shader_module(code=src)
-pipe = dev.create_compute_pipeline(layout="auto", compute={"module": mod, "entry_point": "main"})
-wgs = 132 * 8 * 4
-buf = dev.create_buffer(size=wgs * 256 * 4, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
-bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": buf}}])
-
-
-def run(n):
-    enc = dev.create_command_encoder()
-    for _ in range(n):
-        p = enc.begin_compute_pass()
-        p.set_pipeline(pipe)
-        p.set_bind_group(0, bg)
-        p.dispatch_workgroups(wgs)
-        p.end()
-    dev.queue.submit([enc.finish()])
-    dev.queue.read_buffer(buf, 0, 4)
-
-
-run(3)
-for n in (5, 20):
-    t = time.perf_counter()
-    run(n)
-    dt = time.perf_counter() - t
-    flops = 2.0 * 64 * ITERS * wgs * 256 * n
-    print(f"{n} dispatches: {dt * 1e3:.1f} ms  {flops / dt / 1e12:.1f} TFLOP/s")
+print(f"{measure(dev, src, 256, 2.0 * 64 * ITERS, 'fma_peak'):.1f} TFLOP/s")

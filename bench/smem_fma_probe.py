@@ -1,7 +1,8 @@
 """Ceiling of the GEMM's multiply loop through this stack: a synthetic kernel
 that runs only the inner product of a register-blocked GEMM out of workgroup
 memory (no global loads), for several per-thread tiles, thread counts and code
-shapes, beside the plain FMA ceiling. It answers whether any multiply loop the
+shapes (the plain FMA ceiling beside it: bench/fma_peak.py, through the same
+`measure`). It answers whether any multiply loop the
 driver compiles from WGSL runs far above the ~45 TFLOP/s that #77 measured for
 the GEMM's own loop (docs/gemm_notes.md #86). On the GPU machine:
 
@@ -27,10 +28,27 @@ SRC_VEC4 = 1 << 20  # 16 MB of tile data for the variants with loads: stays in L
 PITCH4 = 1024  # row pitch in vec4s of the operands the `global` variants read
 
 
-def shader(tm, tn, threads, wg_x, shape, barriers, iters, warp_w, bk, stores, dbuf=False, loads="", frag="shared"):
-    """WGSL for one variant: a wg_x x (threads / wg_x) grid of threads, laid
-    out as the GEMM lays out its tile (thread_xy, 4x4 blocks strided by the
-    grid)."""
+def shader(
+    tm,
+    tn,
+    threads,
+    wg_x,
+    shape="flat",
+    barriers=1,
+    warp_w=8,
+    bk=16,
+    stores=False,
+    dbuf=False,
+    loads="",
+    frag="shared",
+    iters=None,
+):
+    """WGSL for one variant and its multiply-adds per thread x 2: a wg_x x
+    (threads / wg_x) grid of threads, laid out as the GEMM lays out its tile
+    (thread_xy, 4x4 blocks strided by the grid). `iters` blocks of BK k steps
+    (two with dbuf); by default about 2^17 multiply-adds per thread."""
+    k_per_iter = bk * (2 if dbuf else 1)
+    iters = iters or max(1, 2**17 // (tm * tn * k_per_iter))
     vm, vn = tm // 4, tn // 4
     wg_y = threads // wg_x
     bm, bn = wg_y * tm, wg_x * tn
@@ -166,7 +184,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(global_invocation_id)
   out[g.x] = s.x + s.y + s.z + s.w;
 }}
 """
-    )
+    ), 2.0 * tm * tn * k_per_iter * iters
 
 
 def trusted_module(dev, code, label):
@@ -185,15 +203,18 @@ def trusted_module(dev, code, label):
 
 
 def measure(dev, code, threads, flops_per_thread, label):
+    """Best TFLOP/s of three runs of 10 dispatches of SMS * 16 workgroups of
+    `code`'s `main` (a trusted module); binding 0 is an output of one f32 per
+    thread, binding 1 (where the code declares it) SRC_VEC4 vec4s to read."""
     mod = trusted_module(dev, code, label)
     pipe = dev.create_compute_pipeline(layout="auto", compute={"module": mod, "entry_point": "main"})
     wgs = SMS * 16  # several waves at any occupancy
     buf = dev.create_buffer(size=wgs * threads * 4, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
-    src = dev.create_buffer(size=SRC_VEC4 * 16, usage=wgpu.BufferUsage.STORAGE)
-    bg = dev.create_bind_group(
-        layout=pipe.get_bind_group_layout(0),
-        entries=[{"binding": 0, "resource": {"buffer": buf}}, {"binding": 1, "resource": {"buffer": src}}],
-    )
+    entries = [{"binding": 0, "resource": {"buffer": buf}}]
+    if "@binding(1)" in code:
+        src = dev.create_buffer(size=SRC_VEC4 * 16, usage=wgpu.BufferUsage.STORAGE)
+        entries.append({"binding": 1, "resource": {"buffer": src}})
+    bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=entries)
 
     def run(n):
         enc = dev.create_command_encoder()
@@ -216,23 +237,9 @@ def measure(dev, code, threads, flops_per_thread, label):
     return best
 
 
-def variant(
-    tm, tn, threads, wg_x, shape="flat", barriers=1, warp_w=8, bk=16, stores=False, dbuf=False, loads="", frag="shared"
-):
-    return dict(
-        tm=tm,
-        tn=tn,
-        threads=threads,
-        wg_x=wg_x,
-        shape=shape,
-        barriers=barriers,
-        warp_w=warp_w,
-        bk=bk,
-        stores=stores,
-        dbuf=dbuf,
-        loads=loads,
-        frag=frag,
-    )
+def variant(*dims, **options):
+    """Keyword arguments of shader(): TM, TN, threads, grid width[, code shape], options."""
+    return dict(zip(("tm", "tn", "threads", "wg_x", "shape"), dims), **options)
 
 
 VARIANTS = {
@@ -304,10 +311,7 @@ def main():
     print(adapter.info["device"], adapter.info.get("driver_description", ""))
     for name in names:
         v = VARIANTS[name]
-        tm, tn, bk = v["tm"], v["tn"], v["bk"]
-        iters = max(1, int(2**17 // (tm * tn * bk * (2 if v["dbuf"] else 1))))
-        code = shader(iters=iters, **v)
-        flops = 2.0 * tm * tn * bk * iters * (2 if v["dbuf"] else 1)
+        code, flops = shader(**v)
         try:
             tf = measure(dev, code, v["threads"], flops, name)
             print(f"{name:24s} {tf:6.1f} TFLOP/s", flush=True)
