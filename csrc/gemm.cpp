@@ -333,7 +333,8 @@ KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, E
 
 const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, bool aligned) {
   // Non-transposed B takes the separate K loop only with 128-bit loads (#44;
-  // with scalar loads it cost NN 2%, #37). An aligned dispatch has one loop.
+  // with scalar loads it cost NN 2%, #37). An aligned dispatch always runs
+  // the unchecked loop: LEAN_LOOP off keeps one pipeline per aligned variant.
   const bool lean = g.t.lean_loop && (g.tb || v.b) && !aligned;
   KernelDesc d = gemm_desc(g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.ep,
                            g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v, aligned);
