@@ -238,17 +238,6 @@ struct GemmVariant {
   bool stream_k = false;
 };
 
-// gemm.wgsl's ALIGNED for the gemm entry's dispatch with params p: whole
-// tiles along M and N, whole K steps in K and in every split. Not with
-// transposed B on 8x4 thread tiles: on the H100 those ran 2-6% slower aligned
-// (the other modes and tiles 0-12% faster; docs/gemm_notes.md #87).
-// PYWGTRAIN_GEMM_ALIGNED=0 turns it off for A/B runs (read per call).
-bool aligned_dispatch(const TileConfig& t, bool tb, const GemmParams& p) {
-  if (tb && t.tm == 8 && t.tn == 4) return false;
-  return p.m % t.bm == 0 && p.n % t.bn == 0 && p.k % t.bk == 0 && p.k_chunk % t.bk == 0 &&
-         !env_switched_off("PYWGTRAIN_GEMM_ALIGNED");
-}
-
 // What one tiled dispatch binds: windows of A, B and C, and the epilogue's
 // operands (an unset range: the epilogue never touches it, a placeholder is
 // bound). The vec4 views of A and B follow from the params.
@@ -284,6 +273,36 @@ VecLoads vec_loads(bool ta, bool tb, bool act_grad, const GemmParams& p) {
           enabled && !act_grad && p.ldc % 4 == 0 && p.c_off % 4 == 0 && p.split_stride % 4 == 0};
 }
 
+// What gemm.wgsl's edge shifts can do for a dispatch with params p: move the
+// last tile row (column) inside where there is at least one whole tile and
+// A_VEC (B_VEC, C_VEC) loads and stores keep their vec4 alignment
+// (shift_rows / shift_cols in the shader).
+struct EdgeFit {
+  bool rows, cols;  // every tile row (column) inside, shifted or whole
+  bool ragged;      // a shift takes effect: M or N is ragged and shifts
+  bool k_tail;      // some split's K range ends in a partial K step
+};
+EdgeFit edge_fit(const TileConfig& t, const VecLoads& v, const GemmParams& p) {
+  const bool shift_rows = p.m >= t.bm && (!v.a || p.m % 4 == 0);
+  const bool shift_cols = p.n >= t.bn && (!(v.b || v.c) || p.n % 4 == 0);
+  const bool whole_rows = p.m % t.bm == 0, whole_cols = p.n % t.bn == 0;
+  return {whole_rows || shift_rows, whole_cols || shift_cols,
+          (!whole_rows && shift_rows) || (!whole_cols && shift_cols), p.k % t.bk != 0};
+}
+
+// gemm.wgsl's ALIGNED for the gemm entry's dispatch with params p: every tile
+// inside op(A), op(B) and C, whole or moved inside by EDGE_SHIFT, and whole K
+// steps in every split but the last (EDGE_SHIFT runs the last split's partial
+// step first). Not with transposed B on 8x4 thread tiles: on the H100 those
+// ran 2-6% slower aligned (the other modes and tiles 0-12% faster;
+// docs/gemm_notes.md #87). PYWGTRAIN_GEMM_ALIGNED=0 turns it off for A/B runs
+// (read per call).
+bool aligned_dispatch(const TileConfig& t, bool tb, const EdgeFit& e, const GemmParams& p) {
+  if (tb && t.tm == 8 && t.tn == 4) return false;
+  const bool whole_splits = p.k_chunk % t.bk == 0 || p.k_chunk >= p.k;
+  return e.rows && e.cols && whole_splits && !env_switched_off("PYWGTRAIN_GEMM_ALIGNED");
+}
+
 // A non-negative integer from the environment variable `name` (read per
 // call: experiments change it in-process); `fallback` when unset or empty.
 uint64_t env_count(const char* name, uint64_t fallback) {
@@ -305,7 +324,7 @@ uint32_t group_rows() {
 // Entry `entry` of gemm.wgsl with its specialization constants (listed in
 // the shader's header).
 KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act, bool lean,
-                     const VecLoads& v, bool aligned = false) {
+                     const VecLoads& v, bool aligned = false, bool edge_shift = false) {
   KernelDesc d;
   d.shader = "gemm";
   d.entry = entry;
@@ -325,19 +344,33 @@ KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, E
                  {"B_VEC", bool_literal(v.b)},
                  {"C_VEC", bool_literal(v.c)},
                  {"GROUP_M", u32_literal(group_rows())},
-                 {"ALIGNED", bool_literal(aligned)}};
+                 {"ALIGNED", bool_literal(aligned)},
+                 {"EDGE_SHIFT", bool_literal(edge_shift)}};
   // clang-format on
   d.trusted = true;
   return d;
 }
 
-const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, bool aligned) {
+// ALIGNED and EDGE_SHIFT of one dispatch (the gemm entry; stream-K takes
+// neither). EDGE_SHIFT only where it moves a ragged edge or, aligned, a
+// partial K step: whole-tile dispatches keep the kernel without it.
+struct EdgeChecks {
+  bool aligned = false, edge_shift = false;
+};
+EdgeChecks edge_checks(const GemmVariant& g, const VecLoads& v, const GemmParams& p) {
+  if (g.stream_k) return {};
+  const EdgeFit e = edge_fit(g.t, v, p);
+  const bool aligned = aligned_dispatch(g.t, g.tb, e, p);
+  return {aligned, e.ragged || (aligned && e.k_tail)};
+}
+
+const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, const EdgeChecks& c) {
   // Non-transposed B takes the separate K loop only with 128-bit loads (#44;
   // with scalar loads it cost NN 2%, #37). An aligned dispatch always runs
   // the unchecked loop: LEAN_LOOP off keeps one pipeline per aligned variant.
-  const bool lean = g.t.lean_loop && (g.tb || v.b) && !aligned;
+  const bool lean = g.t.lean_loop && (g.tb || v.b) && !c.aligned;
   KernelDesc d = gemm_desc(g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.ep,
-                           g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v, aligned);
+                           g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v, c.aligned, c.edge_shift);
   d.bindings = {sh::a,        sh::b,  sh::c,  sh::p,  sh::bias,    sh::preact,
                 sh::row_sums, sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual};
   return dev.pipelines().get(d);
@@ -349,8 +382,7 @@ void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const
   Device& dev = r.device();
   const VecLoads v = vec_loads(g.ta, g.tb, g.ep == Epilogue::ActGrad, p);
   const Range unused{dev.placeholder(false), 0, 16};
-  const bool aligned = !g.stream_k && aligned_dispatch(g.t, g.tb, p);
-  r.dispatch(gemm_kernel(dev, g, v, aligned),
+  r.dispatch(gemm_kernel(dev, g, v, edge_checks(g, v, p)),
              {{sh::a, ranges.a},
               {sh::b, ranges.b},
               {sh::c, ranges.c},
@@ -1345,8 +1377,9 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
   // Bumped when the candidate set or the way a plan runs changes outside the
   // shaders, tiles and heuristic below (cached plans competed under the old
   // rules). 2: stream-K after whole waves of plain tiles; 3: LEAN_LOOP both
-  // ways at every split count; 4: the median round decides, not the fastest.
-  constexpr int kPlanRules = 4;
+  // ways at every split count; 4: the median round decides, not the fastest;
+  // 5: ragged M, N and K run aligned with edge shifts.
+  constexpr int kPlanRules = 5;
   const AdapterSummary& a = dev.info();
   sig += a.name + " | " + a.vendor + " | " + a.driver + " | " + a.backend + " | " + std::to_string(a.vendor_id) + ":" +
          std::to_string(a.device_id) + " | slots " + std::to_string(wave_slots());

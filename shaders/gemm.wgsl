@@ -12,8 +12,11 @@
 //     for beta) as vec4s where four columns are inside (the host found C's
 //     leading dimension, offset and split stride multiples of 4).
 //   GROUP_M: tile rows a run of workgroups walks per tile column (tile_of).
-//   ALIGNED: bool, the dispatch's tiles and K ranges need no bounds checks
-//     (tile_product; the host checks M, N, K and the split size).
+//   ALIGNED: bool, the dispatch's tiles need no bounds checks (tile_product;
+//     the host checks M, N and the split size, with EDGE_SHIFT's shifts).
+//   EDGE_SHIFT: bool, gemm moves its last tile row and column inside and,
+//     when ALIGNED, runs a partial K step first (the host sets it only where
+//     M, N or K is ragged: whole-tile dispatches compile without it).
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
@@ -142,6 +145,17 @@ fn fetch_b(n0: u32, k0: u32, s: u32) -> vec4<f32> {
   let o = b_slot_origin(n0, k0, s);
   return vec4<f32>(op_b(o.x, o.y), op_b(o.x, o.y + B_D), op_b(o.x, o.y + 2u * B_D), op_b(o.x, o.y + 3u * B_D));
 }
+// The first K step's slot loads. With K_SHIFT the first step may start
+// before the workgroup's K range at k_lo (gemm puts a partial step first):
+// elements at k < k_lo read 0 (in both operands, so ROWSUM's sums of A stay
+// exact too). A start before k = 0 wraps past p.k, where op_a / op_b read
+// nothing.
+fn first_fetch_a(m0: u32, k0: u32, s: u32, k_lo: u32) -> vec4<f32> {
+  return select(vec4<f32>(0.0), fetch_a(m0, k0, s), !K_SHIFT || a_slot_origin(m0, k0, s).y >= k_lo);
+}
+fn first_fetch_b(n0: u32, k0: u32, s: u32, k_lo: u32) -> vec4<f32> {
+  return select(vec4<f32>(0.0), fetch_b(n0, k0, s), !K_SHIFT || b_slot_origin(n0, k0, s).x >= k_lo);
+}
 // Unchecked slot loads, for tiles wholly inside: four elements `d` indices
 // apart from index i, or with A_VEC (B_VEC) the i-th vec4.
 const A_UNIT: u32 = select(1u, 4u, A_VEC);  // elements per unit of the slot indices
@@ -200,27 +214,36 @@ fn multiply_tiles(acc: ptr<function, array<vec4<f32>, TM * VN>>, xy: vec2<u32>) 
   }
 }
 
-// The product of the tile at (m0, n0) over k in [k_begin, k_end), for this
-// thread's outputs (k_begin a multiple of BK).
-fn tile_product(m0: u32, n0: u32, k_begin: u32, k_end: u32, tid: u32) -> array<vec4<f32>, TM * VN> {
+// A partial K step runs first (gemm, aligned dispatches with EDGE_SHIFT).
+const K_SHIFT: bool = ALIGNED && EDGE_SHIFT;
+
+// The product of the tile at (m0, n0) over k in [k_lo, k_end), for this
+// thread's outputs, in K steps from k_begin: k_lo, or with K_SHIFT up to a
+// step before it (the first step masked below k_lo; u32 arithmetic, so
+// k_begin may wrap below 0).
+fn tile_product(m0: u32, n0: u32, k_lo: u32, k_begin: u32, k_end: u32, tid: u32) -> array<vec4<f32>, TM * VN> {
   let xy = thread_xy(tid);
   var acc: array<vec4<f32>, TM * VN>;
   // Software pipelining: the next K tile is fetched into registers while the
   // current one is multiplied out of workgroup memory.
   var ra: array<vec4<f32>, A_SLOTS>;
   var rb: array<vec4<f32>, B_SLOTS>;
-  for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k_begin, tid + i * THREADS); }
-  for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k_begin, tid + i * THREADS); }
+  for (var i = 0u; i < A_SLOTS; i++) { ra[i] = first_fetch_a(m0, k_begin, tid + i * THREADS, k_lo); }
+  for (var i = 0u; i < B_SLOTS; i++) { rb[i] = first_fetch_b(n0, k_begin, tid + i * THREADS, k_lo); }
   // Tiles wholly inside op(A) and op(B) (uniform across the workgroup) load
   // without bounds checks from slot indices computed here once: a K step adds
   // one offset (docs/gemm_notes.md #25, #35: +7% from skipping the checks,
   // +1-4% from not recomputing indices).
+  // The indices are those at k_ref: with K_SHIFT the second K step, as the
+  // first may start below k = 0 and the division by a vec4's four elements
+  // needs a true index.
   let rows_inside = m0 + BM <= p.m;
   let cols_inside = n0 + BN <= p.n;
+  let k_ref = select(k_begin, k_begin + BK, K_SHIFT);
   var a_first: array<u32, A_SLOTS>;
   var b_first: array<u32, B_SLOTS>;
-  for (var i = 0u; i < A_SLOTS; i++) { let o = a_slot_origin(m0, k_begin, tid + i * THREADS); a_first[i] = a_index(o.x, o.y) / A_UNIT; }
-  for (var i = 0u; i < B_SLOTS; i++) { let o = b_slot_origin(n0, k_begin, tid + i * THREADS); b_first[i] = b_index(o.x, o.y) / B_UNIT; }
+  for (var i = 0u; i < A_SLOTS; i++) { let o = a_slot_origin(m0, k_ref, tid + i * THREADS); a_first[i] = a_index(o.x, o.y) / A_UNIT; }
+  for (var i = 0u; i < B_SLOTS; i++) { let o = b_slot_origin(n0, k_ref, tid + i * THREADS); b_first[i] = b_index(o.x, o.y) / B_UNIT; }
   let a_k_step = select(1u, p.lda, TRANS_A) / A_UNIT;  // index distance of k to k + 1
   let b_k_step = select(p.ldb, 1u, TRANS_B) / B_UNIT;
   let a_d = A_D * select(p.lda, 1u, TRANS_A);  // index distance of a slot's elements
@@ -232,13 +255,13 @@ fn tile_product(m0: u32, n0: u32, k_begin: u32, k_end: u32, tid: u32) -> array<v
   // ALIGNED: every tile of the dispatch lies inside op(A), op(B) and C and
   // [k_begin, k_end) is whole K steps, so the last step needs no bounds check
   // either and the checked loop below is never compiled (H100: 8192^3 TN
-  // 25.02 -> 24.59 ms).
+  // 25.02 -> 24.59 ms). k0 + 2 BK is past any wrap of k_begin.
   if (ALIGNED || (LEAN_LOOP && rows_inside && cols_inside)) {
     for (; k0 + 2u * BK <= k_end; k0 += BK) {
       store_tiles(tid, &ra, &rb);
       workgroupBarrier();
-      let oa = (k0 + BK - k_begin) * a_k_step;
-      let ob = (k0 + BK - k_begin) * b_k_step;
+      let oa = (k0 + BK - k_ref) * a_k_step;
+      let ob = (k0 + BK - k_ref) * b_k_step;
       for (var i = 0u; i < A_SLOTS; i++) { ra[i] = load_a(a_first[i] + oa, a_d); }
       for (var i = 0u; i < B_SLOTS; i++) { rb[i] = load_b(b_first[i] + ob, b_d); }
       multiply_tiles(&acc, xy);
@@ -261,13 +284,13 @@ fn tile_product(m0: u32, n0: u32, k_begin: u32, k_end: u32, tid: u32) -> array<v
     let k_next = k0 + BK;
     let next_unchecked = !LEAN_LOOP && k_next + BK <= k_end;
     if (next_unchecked && rows_inside) {
-      let o = (k_next - k_begin) * a_k_step;
+      let o = (k_next - k_ref) * a_k_step;
       for (var i = 0u; i < A_SLOTS; i++) { ra[i] = load_a(a_first[i] + o, a_d); }
     } else {
       for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k_next, tid + i * THREADS); }
     }
     if (next_unchecked && cols_inside) {
-      let o = (k_next - k_begin) * b_k_step;
+      let o = (k_next - k_ref) * b_k_step;
       for (var i = 0u; i < B_SLOTS; i++) { rb[i] = load_b(b_first[i] + o, b_d); }
     } else {
       for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k_next, tid + i * THREADS); }
@@ -353,6 +376,15 @@ fn tile_of(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
   return vec2<u32>(r / rows, first + r % rows);
 }
 
+// Edge shifts: where op(A) has at least BM rows, the last tile row is moved
+// up to end at row m - 1, so it lies inside and loads without checks; its
+// rows that belong to the tile row above are computed again but not stored.
+// A_VEC loads need the moved origin a multiple of 4. Columns likewise (B_VEC
+// loads and C_VEC stores need it a multiple of 4). The host's
+// aligned_dispatch repeats these conditions.
+fn shift_rows() -> bool { return EDGE_SHIFT && p.m >= BM && (!A_VEC || p.m % 4u == 0u); }
+fn shift_cols() -> bool { return EDGE_SHIFT && p.n >= BN && (!(B_VEC || C_VEC) || p.n % 4u == 0u); }
+
 // The tiled product. Split-K (plain epilogue): workgroup z writes its partial
 // product split_stride elements further on. ROWSUM: row_sums[bias_off + m] =
 // sum_k op(A)[m, k] + beta * row_sums[...], written by the first column of
@@ -361,13 +393,23 @@ fn tile_of(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
 fn gemm(@builtin(workgroup_id) wid_in: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
   let wid = vec3<u32>(tile_of(wid_in, nwg), wid_in.z);
-  let k_begin = wid.z * p.k_chunk;
-  let acc = tile_product(wid.y * BM, wid.x * BN, k_begin, min(p.k, k_begin + p.k_chunk), li);
+  // The tile's own rows and columns start at (m_lo, n_lo); it is computed
+  // from (m0, n0) (edge shifts, above).
+  let m_lo = wid.y * BM;
+  let n_lo = wid.x * BN;
+  let m0 = select(m_lo, min(m_lo, p.m - BM), shift_rows());
+  let n0 = select(n_lo, min(n_lo, p.n - BN), shift_cols());
+  // K_SHIFT: a partial K step goes first, where the first step's loads mask
+  // it, so every later step is whole and the end of K needs no check.
+  let k_lo = wid.z * p.k_chunk;
+  let k_end = min(p.k, k_lo + p.k_chunk);
+  let k_begin = select(k_lo, k_end - (k_end - k_lo + BK - 1u) / BK * BK, K_SHIFT);
+  let acc = tile_product(m0, n0, k_lo, k_begin, k_end, li);
   let xy = thread_xy(li);
   for (var i = 0u; i < VM; i++) {
     for (var r = 0u; r < 4u; r++) {
-      let m = wid.y * BM + tile_row(xy, i, r);
-      if (m >= p.m) { continue; }
+      let m = m0 + tile_row(xy, i, r);
+      if (m >= p.m || m < m_lo) { continue; }
       if (ROWSUM && wid.x == 0u && xy.x == 0u) {
         var s = row_sum[i][r];
         if (p.beta != 0.0) { s = fma(p.beta, row_sums[p.bias_off + m], s); }
@@ -375,15 +417,16 @@ fn gemm(@builtin(workgroup_id) wid_in: vec3<u32>, @builtin(num_workgroups) nwg: 
       }
       for (var j = 0u; j < VN; j++) {
         let v = p.alpha * acc[(i * 4u + r) * VN + j];
-        let n0 = wid.x * BN + tile_col(xy, j);
-        let idx = p.c_off + wid.z * p.split_stride + m * p.ldc + n0;
-        if (C_VEC && n0 + 4u <= p.n) {
-          epilogue4(idx, n0, v);
+        let n = n0 + tile_col(xy, j);
+        let idx = p.c_off + wid.z * p.split_stride + m * p.ldc + n;
+        // With C_VEC, n and n_lo are multiples of 4: a group is stored whole or not at all.
+        if (C_VEC && n + 4u <= p.n && n >= n_lo) {
+          epilogue4(idx, n, v);
           continue;
         }
         for (var q = 0u; q < 4u; q++) {
-          if (n0 + q >= p.n) { continue; }
-          epilogue(idx + q, n0 + q, v[q]);
+          if (n + q >= p.n || n + q < n_lo) { continue; }
+          epilogue(idx + q, n + q, v[q]);
         }
       }
     }
@@ -433,7 +476,7 @@ fn gemm_stream_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     let t = it / steps;
     let s0 = it % steps;
     let s1 = min(steps, s0 + end - it);
-    let acc = tile_product((t / sk_tiles_n()) * BM, (t % sk_tiles_n()) * BN, s0 * BK, min(p.k, s1 * BK), li);
+    let acc = tile_product((t / sk_tiles_n()) * BM, (t % sk_tiles_n()) * BN, s0 * BK, s0 * BK, min(p.k, s1 * BK), li);
     // Outputs outside C hold zeros (the tile loads read 0 there): the whole
     // tile is stored, no checks.
     let slot = sk_slot(t, wid.x - sk_worker_of(t * steps, total));

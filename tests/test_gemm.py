@@ -289,9 +289,13 @@ def test_stream_k_rowsum_epilogue(dev, rng, monkeypatch):
     assert main == fixup == 1
 
 
+def gemm_flags(names, constant):
+    """A bool constant (ALIGNED, EDGE_SHIFT) of each recorded gemm-entry dispatch."""
+    return [n.split(f";{constant}=")[1].split(";")[0] == "true" for n in names if n.startswith("gemm:gemm;")]
+
+
 def aligned_flags(names):
-    """The ALIGNED constant of each recorded gemm-entry dispatch."""
-    return [n.split("ALIGNED=")[1].split(";")[0] == "true" for n in names if n.startswith("gemm:gemm;")]
+    return gemm_flags(names, "ALIGNED")
 
 
 def thread_tile_8x4(names):
@@ -299,28 +303,40 @@ def thread_tile_8x4(names):
     return all(";TM=8u;TN=4u;" in n for n in names if n.startswith("gemm:gemm;"))
 
 
+def tile_size(names):
+    """(BM, BN) of the recorded gemm-entry dispatch."""
+    (name,) = [n for n in names if n.startswith("gemm:gemm;")]
+    return tuple(int(name.split(f";{c}=")[1].split("u;")[0]) for c in ("BM", "BN"))
+
+
 @pytest.mark.parametrize("tiles", ["", "64,128,16,8,4,8,1", "64,64,16,4,4,16"])
 @pytest.mark.parametrize("ta,tb", TRANS)
 def test_aligned_dispatches(dev, rng, monkeypatch, tiles, ta, tb):
-    """Dispatches whose tiles all lie inside the matrices and whose K ranges
-    (every split's) are whole K steps compile without bounds checks
-    (ALIGNED): one K step only, many, and three splits of 22, 22 and 21 K
-    steps, with alpha, beta and NaN in C where beta is 0. A ragged M or N, a
-    K that is not whole K steps, transposed B on 8x4 thread tiles (slower
-    aligned on the H100), or PYWGTRAIN_GEMM_ALIGNED=0 take the checked
-    kernel."""
+    """Dispatches whose tiles all lie inside the matrices once the last tile
+    row and column are moved to end at the matrix's edge (EDGE_SHIFT, only
+    where M, N or K is ragged), compile without bounds checks (ALIGNED), a
+    partial K step running first: whole tiles and K steps; ragged M, N and K;
+    K shorter than one K step; three splits of
+    22, 22 and 21 K steps, and of 22, 22 and 21 1/4 (the partial step in the
+    last split only). With alpha, beta and NaN in C where beta is 0. M or N
+    below one tile, transposed B on 8x4 thread tiles (slower aligned on the
+    H100), or PYWGTRAIN_GEMM_ALIGNED=0 take the checked kernel."""
     if tiles:
         monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", tiles)
-    cases = [((128, 256, 16), "1", True), ((192, 384, 1040), "1", True), ((192, 384, 1040), "3", True)]
-    cases += [((130, 256, 64), "1", False), ((128, 250, 64), "1", False), ((128, 256, 72), "1", False)]
-    for (m, n, k), splits, aligned in cases:
+    cases = [((128, 256, 16), "1"), ((192, 384, 1040), "1"), ((192, 384, 1040), "3"), ((192, 384, 1044), "3")]
+    cases += [((130, 256, 64), "1"), ((128, 250, 64), "1"), ((128, 256, 72), "1"), ((197, 333, 9), "1")]
+    cases += [((40, 256, 64), "1"), ((128, 60, 64), "1")]
+    for (m, n, k), splits in cases:
         monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", splits)
         for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
             a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
             out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
             names = gemm_kernels(dev, a, b, ta, tb, alpha, beta, out)
-            expected = aligned and not (tb and thread_tile_8x4(names))
-            assert aligned_flags(names) == [expected], ((m, n, k), splits, names)
+            bm, bn = tile_size(names)
+            aligned = m >= bm and n >= bn and not (tb and thread_tile_8x4(names))
+            shifted = (m % bm and m >= bm) or (n % bn and n >= bn) or (aligned and k % 16)
+            assert aligned_flags(names) == [aligned], ((m, n, k), splits, names)
+            assert gemm_flags(names, "EDGE_SHIFT") == [bool(shifted)], ((m, n, k), splits, names)
             assert_close(out.numpy(), ref_gemm(a, b, alpha, beta, c if beta else None), atol_scale=k_tolerance(k))
     monkeypatch.setenv("PYWGTRAIN_GEMM_ALIGNED", "0")
     monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", "1")
@@ -333,12 +349,14 @@ def test_aligned_dispatches(dev, rng, monkeypatch, tiles, ta, tb):
 
 @pytest.mark.parametrize("entry", ["bias_act_train", "act_grad", "bias_residual", "rowsum"])
 def test_aligned_fused_epilogues(dev, rng, monkeypatch, entry):
-    """Each fused epilogue on an aligned dispatch (192 x 256 x 320 on 64x64
-    tiles, x @ W.T; the row-sum one as dW = dZ^T X with db), into poisoned
-    outputs."""
+    """Each fused epilogue on an aligned dispatch (x @ W.T on 64x64 tiles; the
+    row-sum one as dW = dZ^T X with db), into poisoned outputs: whole tiles
+    (192 x 256 x 320), and ragged M, N and K (197 x 250 x 333), whose last
+    tile row and column are moved inside and store only their own outputs."""
     monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,64,16,4,4")
-    names = fused_epilogue_kernels(dev, rng, entry, (192, 256, 320))
-    assert aligned_flags(names) and all(aligned_flags(names)), names
+    for shape in [(192, 256, 320), (197, 250, 333)]:
+        names = fused_epilogue_kernels(dev, rng, entry, shape)
+        assert aligned_flags(names) and all(aligned_flags(names)), (shape, names)
 
 
 @pytest.mark.parametrize("rows", ["1", "777", "1000000000"])
