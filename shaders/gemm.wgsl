@@ -409,7 +409,7 @@ fn gemm(@builtin(workgroup_id) wid_in: vec3<u32>, @builtin(num_workgroups) nwg: 
   for (var i = 0u; i < VM; i++) {
     for (var r = 0u; r < 4u; r++) {
       let m = m0 + tile_row(xy, i, r);
-      if (m >= p.m || m < m_lo) { continue; }
+      if (m >= p.m || (EDGE_SHIFT && m < m_lo)) { continue; }
       if (ROWSUM && wid.x == 0u && xy.x == 0u) {
         var s = row_sum[i][r];
         if (p.beta != 0.0) { s = fma(p.beta, row_sums[p.bias_off + m], s); }
@@ -420,12 +420,12 @@ fn gemm(@builtin(workgroup_id) wid_in: vec3<u32>, @builtin(num_workgroups) nwg: 
         let n = n0 + tile_col(xy, j);
         let idx = p.c_off + wid.z * p.split_stride + m * p.ldc + n;
         // With C_VEC, n and n_lo are multiples of 4: a group is stored whole or not at all.
-        if (C_VEC && n + 4u <= p.n && n >= n_lo) {
+        if (C_VEC && n + 4u <= p.n && (!EDGE_SHIFT || n >= n_lo)) {
           epilogue4(idx, n, v);
           continue;
         }
         for (var q = 0u; q < 4u; q++) {
-          if (n + q >= p.n || n + q < n_lo) { continue; }
+          if (n + q >= p.n || (EDGE_SHIFT && n + q < n_lo)) { continue; }
           epilogue(idx + q, n + q, v[q]);
         }
       }
