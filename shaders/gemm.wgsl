@@ -380,8 +380,8 @@ fn tile_of(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
 // up to end at row m - 1, so it lies inside and loads without checks; its
 // rows that belong to the tile row above are computed again but not stored.
 // A_VEC loads need the moved origin a multiple of 4. Columns likewise (B_VEC
-// loads and C_VEC stores need it a multiple of 4). The host's
-// aligned_dispatch repeats these conditions.
+// loads and C_VEC stores need it a multiple of 4). The host's edge_fit
+// repeats these conditions.
 fn shift_rows() -> bool { return EDGE_SHIFT && p.m >= BM && (!A_VEC || p.m % 4u == 0u); }
 fn shift_cols() -> bool { return EDGE_SHIFT && p.n >= BN && (!(B_VEC || C_VEC) || p.n % 4u == 0u); }
 
