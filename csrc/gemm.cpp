@@ -273,36 +273,6 @@ VecLoads vec_loads(bool ta, bool tb, bool act_grad, const GemmParams& p) {
           enabled && !act_grad && p.ldc % 4 == 0 && p.c_off % 4 == 0 && p.split_stride % 4 == 0};
 }
 
-// What gemm.wgsl's edge shifts can do for a dispatch with params p: move the
-// last tile row (column) inside where there is at least one whole tile and
-// A_VEC (B_VEC, C_VEC) loads and stores keep their vec4 alignment
-// (shift_rows / shift_cols in the shader).
-struct EdgeFit {
-  bool rows, cols;  // every tile row (column) inside, shifted or whole
-  bool ragged;      // a shift takes effect: M or N is ragged and shifts
-  bool k_tail;      // some split's K range ends in a partial K step
-};
-EdgeFit edge_fit(const TileConfig& t, const VecLoads& v, const GemmParams& p) {
-  const bool shift_rows = p.m >= t.bm && (!v.a || p.m % 4 == 0);
-  const bool shift_cols = p.n >= t.bn && (!(v.b || v.c) || p.n % 4 == 0);
-  const bool whole_rows = p.m % t.bm == 0, whole_cols = p.n % t.bn == 0;
-  return {whole_rows || shift_rows, whole_cols || shift_cols,
-          (!whole_rows && shift_rows) || (!whole_cols && shift_cols), p.k % t.bk != 0};
-}
-
-// gemm.wgsl's ALIGNED for the gemm entry's dispatch with params p: every tile
-// inside op(A), op(B) and C, whole or moved inside by EDGE_SHIFT, and whole K
-// steps in every split but the last (EDGE_SHIFT runs the last split's partial
-// step first). Not with transposed B on 8x4 thread tiles: on the H100 those
-// ran 2-6% slower aligned (the other modes and tiles 0-12% faster;
-// docs/gemm_notes.md #87). PYWGTRAIN_GEMM_ALIGNED=0 turns it off for A/B runs
-// (read per call).
-bool aligned_dispatch(const TileConfig& t, bool tb, const EdgeFit& e, const GemmParams& p) {
-  if (tb && t.tm == 8 && t.tn == 4) return false;
-  const bool whole_splits = p.k_chunk % t.bk == 0 || p.k_chunk >= p.k;
-  return e.rows && e.cols && whole_splits && !env_switched_off("PYWGTRAIN_GEMM_ALIGNED");
-}
-
 // A non-negative integer from the environment variable `name` (read per
 // call: experiments change it in-process); `fallback` when unset or empty.
 uint64_t env_count(const char* name, uint64_t fallback) {
@@ -351,17 +321,29 @@ KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, E
   return d;
 }
 
-// ALIGNED and EDGE_SHIFT of one dispatch (the gemm entry; stream-K takes
-// neither). EDGE_SHIFT only where it moves a ragged edge or, aligned, a
-// partial K step: whole-tile dispatches keep the kernel without it.
+// gemm.wgsl's ALIGNED and EDGE_SHIFT for one dispatch of the gemm entry with
+// params p (stream-K takes neither). Both need every tile row (column) inside
+// op(A), op(B) and C: whole tiles, or a ragged edge that EDGE_SHIFT moves
+// inside, which needs at least one whole tile that way and a vec4-aligned
+// moved origin where A (B) loads or C stores as vec4s. EDGE_SHIFT is set only
+// where it moves something (a ragged M or N, or an aligned dispatch's partial
+// K step, which it runs first), so whole-tile dispatches keep the kernel
+// without it. ALIGNED not with transposed B on 8x4 thread tiles: on the H100
+// those ran 2-6% slower aligned (the other modes and tiles 0-12% faster;
+// docs/gemm_notes.md #87). PYWGTRAIN_GEMM_ALIGNED=0 turns it off for A/B runs
+// (read per call).
 struct EdgeChecks {
   bool aligned = false, edge_shift = false;
 };
 EdgeChecks edge_checks(const GemmVariant& g, const VecLoads& v, const GemmParams& p) {
-  if (g.stream_k) return {};
-  const EdgeFit e = edge_fit(g.t, v, p);
-  const bool aligned = aligned_dispatch(g.t, g.tb, e, p);
-  return {aligned, e.ragged || (aligned && e.k_tail)};
+  const TileConfig& t = g.t;
+  const bool whole_rows = p.m % t.bm == 0, whole_cols = p.n % t.bn == 0;
+  const bool rows = whole_rows || (p.m >= t.bm && (!v.a || p.m % 4 == 0));
+  const bool cols = whole_cols || (p.n >= t.bn && (!(v.b || v.c) || p.n % 4 == 0));
+  if (g.stream_k || !rows || !cols) return {};
+  const bool aligned = !(g.tb && t.tm == 8 && t.tn == 4) && !env_switched_off("PYWGTRAIN_GEMM_ALIGNED");
+  const bool k_tail = p.k % t.bk != 0 || p.k_chunk % t.bk != 0;  // some split ends in a partial K step
+  return {aligned, !whole_rows || !whole_cols || (aligned && k_tail)};
 }
 
 const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, const EdgeChecks& c) {

@@ -13,10 +13,11 @@
 //     leading dimension, offset and split stride multiples of 4).
 //   GROUP_M: tile rows a run of workgroups walks per tile column (tile_of).
 //   ALIGNED: bool, the dispatch's tiles need no bounds checks (tile_product;
-//     the host checks M, N and the split size, with EDGE_SHIFT's shifts).
+//     the host checks M and N, with EDGE_SHIFT's shifts).
 //   EDGE_SHIFT: bool, gemm moves its last tile row and column inside and,
-//     when ALIGNED, runs a partial K step first (the host sets it only where
-//     M, N or K is ragged: whole-tile dispatches compile without it).
+//     when ALIGNED, runs a partial K step first (the host's edge_checks sets
+//     it only where M, N or K is ragged and every ragged edge can move:
+//     whole-tile dispatches compile without it).
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
@@ -376,15 +377,6 @@ fn tile_of(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
   return vec2<u32>(r / rows, first + r % rows);
 }
 
-// Edge shifts: where op(A) has at least BM rows, the last tile row is moved
-// up to end at row m - 1, so it lies inside and loads without checks; its
-// rows that belong to the tile row above are computed again but not stored.
-// A_VEC loads need the moved origin a multiple of 4. Columns likewise (B_VEC
-// loads and C_VEC stores need it a multiple of 4). The host's edge_fit
-// repeats these conditions.
-fn shift_rows() -> bool { return EDGE_SHIFT && p.m >= BM && (!A_VEC || p.m % 4u == 0u); }
-fn shift_cols() -> bool { return EDGE_SHIFT && p.n >= BN && (!(B_VEC || C_VEC) || p.n % 4u == 0u); }
-
 // The tiled product. Split-K (plain epilogue): workgroup z writes its partial
 // product split_stride elements further on. ROWSUM: row_sums[bias_off + m] =
 // sum_k op(A)[m, k] + beta * row_sums[...], written by the first column of
@@ -394,11 +386,15 @@ fn gemm(@builtin(workgroup_id) wid_in: vec3<u32>, @builtin(num_workgroups) nwg: 
         @builtin(local_invocation_index) li: u32) {
   let wid = vec3<u32>(tile_of(wid_in, nwg), wid_in.z);
   // The tile's own rows and columns start at (m_lo, n_lo); it is computed
-  // from (m0, n0) (edge shifts, above).
+  // from (m0, n0). EDGE_SHIFT: the last tile row is moved up to end at row
+  // m - 1, so it lies inside and loads without checks, and its rows that
+  // belong to the tile row above are computed again but not stored; the last
+  // tile column likewise (the host found at least one whole tile each way and
+  // vec4-aligned moved origins where the vec4 views are used).
   let m_lo = wid.y * BM;
   let n_lo = wid.x * BN;
-  let m0 = select(m_lo, min(m_lo, p.m - BM), shift_rows());
-  let n0 = select(n_lo, min(n_lo, p.n - BN), shift_cols());
+  let m0 = select(m_lo, min(m_lo, p.m - BM), EDGE_SHIFT);
+  let n0 = select(n_lo, min(n_lo, p.n - BN), EDGE_SHIFT);
   // K_SHIFT: a partial K step goes first, where the first step's loads mask
   // it, so every later step is whole and the end of K needs no check.
   let k_lo = wid.z * p.k_chunk;

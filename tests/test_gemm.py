@@ -333,8 +333,9 @@ def test_aligned_dispatches(dev, rng, monkeypatch, tiles, ta, tb):
             out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
             names = gemm_kernels(dev, a, b, ta, tb, alpha, beta, out)
             bm, bn = tile_size(names)
-            aligned = m >= bm and n >= bn and not (tb and thread_tile_8x4(names))
-            shifted = (m % bm and m >= bm) or (n % bn and n >= bn) or (aligned and k % 16)
+            inside = m >= bm and n >= bn  # whole tiles or a ragged edge that moves
+            aligned = inside and not (tb and thread_tile_8x4(names))
+            shifted = inside and (m % bm or n % bn or (aligned and k % 16))
             assert aligned_flags(names) == [aligned], ((m, n, k), splits, names)
             assert gemm_flags(names, "EDGE_SHIFT") == [bool(shifted)], ((m, n, k), splits, names)
             assert_close(out.numpy(), ref_gemm(a, b, alpha, beta, c if beta else None), atol_scale=k_tolerance(k))
