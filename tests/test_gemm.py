@@ -289,9 +289,15 @@ def test_stream_k_rowsum_epilogue(dev, rng, monkeypatch):
     assert main == fixup == 1
 
 
+def constant_of(name, constant):
+    """The value of a specialization constant in a recorded kernel's name
+    ("gemm:gemm;BM=64u;...;ALIGNED=true;..."), as written there."""
+    return name.split(f";{constant}=")[1].split(";")[0]
+
+
 def gemm_flags(names, constant):
     """A bool constant (ALIGNED, EDGE_SHIFT) of each recorded gemm-entry dispatch."""
-    return [n.split(f";{constant}=")[1].split(";")[0] == "true" for n in names if n.startswith("gemm:gemm;")]
+    return [constant_of(n, constant) == "true" for n in names if n.startswith("gemm:gemm;")]
 
 
 def aligned_flags(names):
@@ -306,7 +312,7 @@ def thread_tile_8x4(names):
 def tile_size(names):
     """(BM, BN) of the recorded gemm-entry dispatch."""
     (name,) = [n for n in names if n.startswith("gemm:gemm;")]
-    return tuple(int(name.split(f";{c}=")[1].split("u;")[0]) for c in ("BM", "BN"))
+    return tuple(int(constant_of(name, c).rstrip("u")) for c in ("BM", "BN"))
 
 
 @pytest.mark.parametrize("tiles", ["", "64,128,16,8,4,8,1", "64,64,16,4,4,16"])
