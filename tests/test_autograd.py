@@ -35,9 +35,10 @@ def _close(actual, expected, what, rtol=RTOL, terms=None):
 def run_both(rng, fn, shapes, positive=False, grad=True, rtol=RTOL, seed_grad=True, summed=False):
     """fn(lib, *tensors) on pywgtrain and on torch (float64); compare the
     outputs and the input gradients for a random upstream gradient. summed:
-    the gradients sum over broadcast dimensions, so each is held to the
-    magnitude of its terms (torch's gradient at |inputs| for |upstream|): a
-    sum that cancels to near 0 keeps float32's error of its terms."""
+    fn's outputs or gradients are sums (reductions, products, broadcasting),
+    so each is held to the magnitude of its terms (torch's fn at |inputs|,
+    and its gradient for |upstream|): a sum that cancels to near 0 keeps
+    float32's error of its terms."""
     arrays = []
     for s in shapes:
         a = rng.standard_normal(s).astype(np.float32)
@@ -48,26 +49,30 @@ def run_both(rng, fn, shapes, positive=False, grad=True, rtol=RTOL, seed_grad=Tr
     theirs = [torch.tensor(a.astype(np.float64), requires_grad=grad) for a in arrays]
     out = fn(pw, *ours)
     ref = fn(torch, *theirs)
-    _close(out.numpy(), ref.detach().numpy(), "forward", rtol)
+    terms = None
+    if summed:
+        absolute = [torch.tensor(np.abs(a).astype(np.float64), requires_grad=grad) for a in arrays]
+        ref_terms = fn(torch, *absolute)
+        terms = ref_terms.detach().numpy()
+    _close(out.numpy(), ref.detach().numpy(), "forward", rtol, terms)
     if not grad:
         return out
     g = rng.standard_normal(ref.shape).astype(np.float32)
     if ref.dim() == 0:
+        g = np.ones((), np.float32)  # backward() seeds 1
         out.backward()
         ref.backward()
     else:
         out.backward(pw.tensor(g.reshape(ref.shape) if g.ndim else g.reshape(1)))
         ref.backward(torch.tensor(g.astype(np.float64)))
-    terms = [None] * len(arrays)
     if summed:
-        absolute = [torch.tensor(np.abs(a).astype(np.float64), requires_grad=True) for a in arrays]
-        fn(torch, *absolute).backward(torch.tensor(np.abs(g).astype(np.float64)))
-        terms = [t.grad.numpy() if t.grad is not None else None for t in absolute]
+        ref_terms.backward(torch.tensor(np.abs(g).astype(np.float64)))
     for i, (o, t) in enumerate(zip(ours, theirs)):
         if t.grad is None:
             assert o.grad is None
             continue
-        _close(o.grad.numpy(), t.grad.numpy(), f"grad of input {i}", rtol, terms[i])
+        terms = absolute[i].grad.numpy() if summed else None
+        _close(o.grad.numpy(), t.grad.numpy(), f"grad of input {i}", rtol, terms)
     return out
 
 
@@ -146,7 +151,7 @@ def test_where_and_comparisons(rng):
         cond = a > b
         return L.where(cond, a * 2.0, b - 1.0)
 
-    run_both(rng, fn, [(6, 7), (7,)])
+    run_both(rng, fn, [(6, 7), (7,)], summed=True)
 
 
 @pytest.mark.parametrize(
@@ -172,7 +177,7 @@ def test_reductions(rng, shape, dim, keepdim, op):
             return getattr(x, op)()
         return getattr(x, op)(dim, keepdim=keepdim)
 
-    run_both(rng, fn, [shape])
+    run_both(rng, fn, [shape], summed=op != "var")
 
 
 @pytest.mark.parametrize("shape,dim", [((7,), 0), ((33, 5), 1), ((33, 5), 0), ((2, 3, 129), -1), ((4, 5, 6), 1)])
@@ -201,10 +206,10 @@ def test_softmax_other_axis(rng):
 
 
 def test_matmul_2d_and_batched(rng):
-    run_both(rng, lambda L, a, b: a @ b, [(7, 33), (33, 5)])
-    run_both(rng, lambda L, a, b: a @ b, [(3, 7, 33), (3, 33, 5)])
-    run_both(rng, lambda L, a, b: a @ b, [(2, 3, 7, 9), (9, 4)])
-    run_both(rng, lambda L, a, b: a @ b, [(9,), (9, 4)])
+    run_both(rng, lambda L, a, b: a @ b, [(7, 33), (33, 5)], summed=True)
+    run_both(rng, lambda L, a, b: a @ b, [(3, 7, 33), (3, 33, 5)], summed=True)
+    run_both(rng, lambda L, a, b: a @ b, [(2, 3, 7, 9), (9, 4)], summed=True)
+    run_both(rng, lambda L, a, b: a @ b, [(9,), (9, 4)], summed=True)
 
 
 @pytest.mark.parametrize("ta", [False, True])
@@ -304,7 +309,7 @@ def test_mse_loss(rng):
 
 # -- graph semantics ---------------------------------------------------------------
 def test_tensor_used_twice_gradients_add(rng):
-    run_both(rng, lambda L, x: (x * x + x.exp() * x).sum(), [(4, 5)])
+    run_both(rng, lambda L, x: (x * x + x.exp() * x).sum(), [(4, 5)], summed=True)
 
 
 def _layer_norm(L, x):
