@@ -33,6 +33,17 @@ constexpr uint32_t kLongK = 2048;
 // 754 -> 785 us).
 constexpr uint64_t kNtAsNnRows = 4096;
 constexpr uint32_t kNtAsNnMinCols = 256;
+// NT products with fewer rows, at least kNtSwapMinRows of them, at least
+// kNtSwapMinCols columns (a vocabulary projection) and kNtSwapMinMacs
+// multiply-adds run as C^T = B A^T: NN on a transposed copy of A, storing C
+// transposed (record_gemm), where the swapped product's last 128-wide tile
+// column wastes no more than the direct product's last 64-high tile row.
+// H100, tuned plans, swapped / direct (docs/gemm_notes.md #95): 1024x50304x768
+// 1856 / 1935 us, 256x50304x768 479 / 498; but with M = 777 (1683 / 1576) or
+// N = 4096 (256x4096x4096 233 / 231, 1024x4096x1024 226 / 223) slower.
+constexpr uint32_t kNtSwapMinRows = 256;
+constexpr uint64_t kNtSwapMinCols = 8192;
+constexpr uint64_t kNtSwapMinMacs = uint64_t(1) << 30;
 // From this K on, outputs of few tiles may split K 32 ways instead of 16 (choose_splits).
 constexpr uint64_t kVeryLongK = 32768;
 // Row sums ride along in the GEMM up to this many multiply-adds, where the
@@ -172,13 +183,13 @@ bool has_residual(Epilogue ep) { return ep == Epilogue::BiasResidual; }
 
 // C = alpha * op(A) op(B) + beta * C with C M x N, op(A) M x K, op(B) K x N;
 // each matrix stored row-major with its leading dimension (A is K x M when
-// ta, B is N x K when tb).
+// ta, B is N x K when tb; C is N x M when tc, element (m, n) at n * ldc + m).
 struct GemmProblem {
   const Buffer* a = nullptr;
   const Buffer* b = nullptr;
   const Buffer* c = nullptr;
   uint32_t m = 0, n = 0, k = 0;
-  bool ta = false, tb = false;
+  bool ta = false, tb = false, tc = false;
   uint64_t lda = 0, ldb = 0, ldc = 0;
   float alpha = 1.0f, beta = 0.0f;
 };
@@ -232,7 +243,7 @@ struct EpilogueArgs {
 // One pipeline of gemm.wgsl's tiled product (the stream-K entry when stream_k).
 struct GemmVariant {
   TileConfig t;
-  bool ta = false, tb = false;
+  bool ta = false, tb = false, tc = false;
   Epilogue ep = Epilogue::Plain;
   Activation act = Activation::None;
   bool stream_k = false;
@@ -293,8 +304,8 @@ uint32_t group_rows() {
 
 // Entry `entry` of gemm.wgsl with its specialization constants (listed in
 // the shader's header).
-KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, Epilogue ep, Activation act, bool lean,
-                     const VecLoads& v, bool aligned = false, bool edge_shift = false) {
+KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, bool tc, Epilogue ep, Activation act,
+                     bool lean, const VecLoads& v, bool aligned = false, bool edge_shift = false) {
   KernelDesc d;
   d.shader = "gemm";
   d.entry = entry;
@@ -306,6 +317,7 @@ KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, E
                  {"TN", u32_literal(t.tn)},
                  {"TRANS_A", bool_literal(ta)},
                  {"TRANS_B", bool_literal(tb)},
+                 {"TRANS_C", bool_literal(tc)},
                  {"EPILOGUE", u32_literal(uint32_t(ep))},
                  {"ACT", u32_literal(uint32_t(act))},
                  {"WARP_W", u32_literal(t.warp_w ? t.warp_w : t.bn / t.tn)},
@@ -324,8 +336,11 @@ KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, E
 // gemm.wgsl's ALIGNED and EDGE_SHIFT for one dispatch of the gemm entry with
 // params p (stream-K takes neither). Both need every tile row (column) inside
 // op(A), op(B) and C: whole tiles, or a ragged edge that EDGE_SHIFT moves
-// inside, which needs at least one whole tile that way and a vec4-aligned
-// moved origin where A (B) loads or C stores as vec4s. EDGE_SHIFT is set only
+// inside, which needs at least one whole tile that way. The moved tile ends
+// at the last loadable row (column): M (N) rounded up to 4 where A (B) loads
+// as vec4s, so its origin is a multiple of 4 there; where C stores vec4s
+// along that edge (along n, or along m when tc) the origin must be a
+// multiple of 4 too: M (N) a multiple of 4, or rounded. EDGE_SHIFT is set only
 // where it moves something (a ragged M or N, or an aligned dispatch's partial
 // K step, which it runs first), so whole-tile dispatches keep the kernel
 // without it. ALIGNED not with transposed B on 8x4 thread tiles: on the H100
@@ -338,8 +353,8 @@ struct EdgeChecks {
 EdgeChecks edge_checks(const GemmVariant& g, const VecLoads& v, const GemmParams& p) {
   const TileConfig& t = g.t;
   const bool whole_rows = p.m % t.bm == 0, whole_cols = p.n % t.bn == 0;
-  const bool rows = whole_rows || (p.m >= t.bm && (!v.a || p.m % 4 == 0));
-  const bool cols = whole_cols || (p.n >= t.bn && (!(v.b || v.c) || p.n % 4 == 0));
+  const bool rows = whole_rows || (p.m >= t.bm && (!(v.c && g.tc) || v.a || p.m % 4 == 0));
+  const bool cols = whole_cols || (p.n >= t.bn && (!(v.c && !g.tc) || v.b || p.n % 4 == 0));
   if (g.stream_k || !rows || !cols) return {};
   const bool aligned = !(g.tb && t.tm == 8 && t.tn == 4) && !env_switched_off("PYWGTRAIN_GEMM_ALIGNED");
   const bool k_tail = p.k % t.bk != 0 || p.k_chunk % t.bk != 0;  // some split ends in a partial K step
@@ -351,7 +366,7 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, 
   // with scalar loads it cost NN 2%, #37). An aligned dispatch always runs
   // the unchecked loop: LEAN_LOOP off keeps one pipeline per aligned variant.
   const bool lean = g.t.lean_loop && (g.tb || v.b) && !c.aligned;
-  KernelDesc d = gemm_desc(g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.ep,
+  KernelDesc d = gemm_desc(g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.tc, g.ep,
                            g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v, c.aligned, c.edge_shift);
   d.bindings = {sh::a,        sh::b,  sh::c,  sh::p,  sh::bias,    sh::preact,
                 sh::row_sums, sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual};
@@ -448,8 +463,10 @@ uint64_t block_along(uint64_t extent, uint64_t limit, uint64_t tile) {
 // tile constants, so fixed values keep one pipeline each; the stream-K
 // fixup takes the product's tiles.
 constexpr TileConfig kElementwiseTiles{64, 64, 16, 4, 4, 16};
-KernelDesc elementwise_kernel(const char* entry, Epilogue ep, Activation act, const TileConfig& t = kElementwiseTiles) {
-  return gemm_desc(entry, t, false, false, ep, act, false, VecLoads{});
+// tc: the entry writes C transposed (the stream-K fixup of a product with tc).
+KernelDesc elementwise_kernel(const char* entry, Epilogue ep, Activation act, const TileConfig& t = kElementwiseTiles,
+                              bool tc = false) {
+  return gemm_desc(entry, t, false, false, tc, ep, act, false, VecLoads{});
 }
 
 // What a split-K reduce binds: the partial products, C, and the
@@ -458,18 +475,29 @@ struct SplitRanges {
   Range partials, c, preact, residual;
 };
 
-// The ranges a reduce into rows [m0, m0 + mc) of g's C binds: `partials`,
-// C's row window (its offset inside the window into c_inner) and the
-// epilogue's pre-activation and residual windows at C's indices.
+// The window of g's C that region reg writes, `inner` at the region's
+// element (m0, n0): its rows (its columns, when tc). The epilogue's
+// pre-activation and residual windows are C's rows too (row_window, the
+// same offset inside before the region's n0 is added; never with tc).
+RowWindow c_window(const Device& dev, const GemmProblem& g, const Region& reg) {
+  if (g.tc) return block_window(dev, *g.c, 0, reg.n0, reg.nc, reg.m0, reg.mc, g.ldc);
+  RowWindow w = row_window(dev, *g.c, 0, reg.m0, reg.mc, g.ldc);
+  w.inner += reg.n0;
+  return w;
+}
+
+// The ranges a reduce into region reg of g's C binds: `partials`, C's
+// window (its offset inside the window into c_inner) and the epilogue's
+// pre-activation and residual windows at C's indices.
 SplitRanges split_ranges(const Device& dev, const GemmProblem& g, const EpilogueArgs& e, const Range& partials,
-                         uint64_t m0, uint64_t mc, uint32_t& c_inner) {
-  const RowWindow cw = row_window(dev, *g.c, 0, m0, mc, g.ldc);
+                         const Region& reg, uint32_t& c_inner) {
+  const RowWindow cw = c_window(dev, g, reg);
   c_inner = cw.inner;
   SplitRanges sr;
   sr.partials = partials;
   sr.c = cw.range;
-  if (has_preact(e.ep)) sr.preact = row_window(dev, *e.preact, 0, m0, mc, g.ldc).range;
-  if (has_residual(e.ep)) sr.residual = row_window(dev, *e.residual, 0, m0, mc, g.ldc).range;
+  if (has_preact(e.ep)) sr.preact = row_window(dev, *e.preact, 0, reg.m0, reg.mc, g.ldc).range;
+  if (has_residual(e.ep)) sr.residual = row_window(dev, *e.residual, 0, reg.m0, reg.mc, g.ldc).range;
   return sr;
 }
 
@@ -477,11 +505,11 @@ SplitRanges split_ranges(const Device& dev, const GemmProblem& g, const Epilogue
 // of q.splits partial products spaced q.split_stride floats apart); the
 // plain epilogue adds q.beta * C, the bias is read from q.bias_off on. With
 // stream_k_tiles: the sum of each tile's stream-K slots (gemm.wgsl
-// stream_k_fixup) for a product on those tiles.
+// stream_k_fixup) for a product on those tiles, into C transposed when tc.
 void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ranges, const EpilogueArgs& e,
-                         const TileConfig* stream_k_tiles = nullptr) {
+                         const TileConfig* stream_k_tiles = nullptr, bool tc = false) {
   Device& dev = r.device();
-  KernelDesc d = stream_k_tiles ? elementwise_kernel("stream_k_fixup", e.ep, e.act, *stream_k_tiles)
+  KernelDesc d = stream_k_tiles ? elementwise_kernel("stream_k_fixup", e.ep, e.act, *stream_k_tiles, tc)
                                 : elementwise_kernel("splitk_reduce", e.ep, e.act);
   d.bindings = {sh::c, sh::p, sh::partials, sh::bias, sh::preact, sh::residual};
   std::vector<Operand> operands{{sh::c, ranges.c}, {sh::partials, ranges.partials}};
@@ -677,6 +705,7 @@ GemmVariant plain_variant(const TileConfig& t, const GemmProblem& g) {
   v.t = t;
   v.ta = g.ta;
   v.tb = g.tb;
+  v.tc = g.tc;
   return v;
 }
 GemmRanges abc_ranges(const RegionBinding& rb, const Range& c) {
@@ -688,9 +717,10 @@ GemmRanges abc_ranges(const RegionBinding& rb, const Range& c) {
 }
 
 // Split-K over region `reg` of g's C: each split writes its partial product
-// (compact, nc wide) to the device workspace, the reduce pass sums them into
-// C with the epilogue (bias from column n0 on, the pre-activation at C's
-// indices).
+// (compact, nc wide; with tc transposed, mc wide) to the device workspace,
+// the reduce pass sums them into C with the epilogue (bias from column n0
+// on, the pre-activation at C's indices). With tc the reduce runs over C's
+// own layout, the region's transpose, so both of its passes stay row-major.
 void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, const TileConfig& t, uint32_t splits,
                          const EpilogueArgs& e) {
   Device& dev = r.device();
@@ -706,7 +736,7 @@ void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, c
   // Partials: compact (nc wide), unscaled; alpha, beta and the epilogue come in the reduce.
   RegionBinding rb = bind_region(dev, g, reg);
   GemmParams& p = rb.p;
-  p.ldc = reg.nc;
+  p.ldc = g.tc ? reg.mc : reg.nc;
   p.alpha = 1.0f;
   p.beta = 0.0f;
   p.k_chunk = k_chunk;
@@ -715,11 +745,10 @@ void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, c
   dispatch_gemm(r, plain_variant(t, g), p, abc_ranges(rb, ws), uint32_t(ceil_div(reg.nc, t.bn)),
                 uint32_t(ceil_div(reg.mc, t.bm)), splits);
   GemmParams q;
-  const SplitRanges sr = split_ranges(dev, g, e, ws, reg.m0, reg.mc, q.c_off);
-  q.m = reg.mc;
-  q.n = reg.nc;
+  const SplitRanges sr = split_ranges(dev, g, e, ws, reg, q.c_off);
+  q.m = g.tc ? reg.nc : reg.mc;
+  q.n = g.tc ? reg.mc : reg.nc;
   q.ldc = uint32_t(g.ldc);
-  q.c_off += reg.n0;
   q.alpha = g.alpha;
   q.beta = g.beta;
   q.bias_off = reg.n0;
@@ -777,10 +806,10 @@ std::optional<StreamK> stream_k_layout(const Device& dev, uint32_t m, uint32_t n
 void record_region(Recorder& r, const GemmProblem& g, const Region& reg, const TileConfig& t, const EpilogueArgs& e) {
   Device& dev = r.device();
   RegionBinding rb = bind_region(dev, g, reg);
-  RowWindow cw = row_window(dev, *g.c, 0, reg.m0, reg.mc, g.ldc);
+  const RowWindow cw = c_window(dev, g, reg);
   GemmParams& p = rb.p;
   p.ldc = uint32_t(g.ldc);
-  p.c_off = cw.inner + reg.n0;
+  p.c_off = cw.inner;
   p.bias_off = reg.n0;
   GemmRanges ranges = abc_ranges(rb, cw.range);
   if (has_bias(e.ep)) ranges.bias = whole(*e.bias);
@@ -815,20 +844,23 @@ void record_stream_k(Recorder& r, const GemmProblem& g, const TileConfig& t, uin
   p.ldc = t.bn;  // rows of a partial slot (vec_loads' C_VEC test)
   GemmVariant v = plain_variant(t, g);
   v.stream_k = true;
+  v.tc = false;  // its partial slots hold the product's tiles; the fixup transposes
   dispatch_gemm(r, v, p, abc_ranges(rb, ws), workers, 1);
   GemmParams q = p;
-  const SplitRanges sr = split_ranges(dev, g, e, ws, reg.m0, reg.mc, q.c_off);
+  const SplitRanges sr = split_ranges(dev, g, e, ws, reg, q.c_off);
   q.ldc = uint32_t(g.ldc);
   q.bias_off = 0;
-  record_split_reduce(r, q, sr, e, &t);
+  record_split_reduce(r, q, sr, e, &t, g.tc);
 }
 
 // Ragged large products (e.g. 4097^3): a last tile row or column holding a
 // few rows would cost a whole extra wave of full-K workgroups. The aligned
 // part runs as usual; each thin strip runs as its own split-K product on
-// small tiles. Plain epilogue, everything bindable at once, C packed.
+// small tiles. Plain epilogue, everything bindable at once, C packed (and
+// not transposed).
 bool record_ragged(Recorder& r, const GemmProblem& g, const TileConfig& t) {
   const uint32_t m = g.m, n = g.n, k = g.k;
+  if (g.tc) return false;
   const uint32_t rm = m % t.bm, rn = n % t.bn;
   const bool thin_m = rm && rm <= t.bm / 8 && m / t.bm >= 8, thin_n = rn && rn <= t.bn / 8 && n / t.bn >= 8;
   if (!(thin_m || thin_n) || k < kSplitMinK) return false;
@@ -900,6 +932,15 @@ void record_transpose(Recorder& r, const Buffer& src, uint64_t src_ld, uint32_t 
 // NT products of at least this many rows run as NN on a transposed copy of
 // B (PYWGTRAIN_GEMM_NT_ROWS, for experiments).
 uint64_t nt_as_nn_rows() { return env_count("PYWGTRAIN_GEMM_NT_ROWS", kNtAsNnRows); }
+// Whether an NT product with fewer rows runs swapped (C^T = B A^T).
+// PYWGTRAIN_GEMM_NT_SWAP_COLS=N (for experiments and tests, read per call):
+// every one with at least N columns does.
+bool nt_swapped(uint64_t m, uint64_t n, uint64_t k) {
+  if (const char* v = std::getenv("PYWGTRAIN_GEMM_NT_SWAP_COLS"); v && *v)
+    return n >= env_count("PYWGTRAIN_GEMM_NT_SWAP_COLS", 0);
+  const bool same_waste = 2 * ceil_div(m, 128) == ceil_div(m, 64);
+  return m >= kNtSwapMinRows && n >= kNtSwapMinCols && m * n * k >= kNtSwapMinMacs && same_waste;
+}
 
 // Block sizes along M, N and K of what one set of bindings covers on tiles t.
 struct Blocks {
@@ -908,9 +949,10 @@ struct Blocks {
 Blocks blocks(const Device& dev, const GemmProblem& g, const TileConfig& t) {
   // Rows of each stored matrix are one of M, N, K; bound each block size by
   // every operand whose rows run along that dimension.
-  uint64_t m_cap = rows_per_binding(dev, g.ldc, "C");
-  m_cap = std::min<uint64_t>(m_cap, uint64_t(dev.limits().max_workgroups_per_dim) * t.bm);
+  const uint64_t c_rows = rows_per_binding(dev, g.ldc, "C");
+  uint64_t m_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bm;
   uint64_t n_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bn;
+  (g.tc ? n_cap : m_cap) = std::min((g.tc ? n_cap : m_cap), c_rows);
   uint64_t k_cap = UINT64_MAX;
   if (!g.ta)
     m_cap = std::min(m_cap, rows_per_binding(dev, g.lda, "A"));
@@ -1001,7 +1043,7 @@ bool tunable(const Device& dev, const GemmProblem& g) {
     return false;
   const GemmProblem packed_c = [&] {
     GemmProblem q = g;
-    q.ldc = g.n;
+    q.ldc = g.tc ? g.m : g.n;
     return q;
   }();
   for (const TileConfig& t : kTuneTiles) {
@@ -1080,7 +1122,7 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
   };
   GemmProblem base = g;  // the caller's A and B into a scratch C
   base.c = scratch(c_bytes, "pywgtrain.gemm_tune_output");
-  base.ldc = g.n;
+  base.ldc = g.tc ? g.m : g.n;
   base.alpha = 1.0f;
   base.beta = 0.0f;
   std::vector<GemmProblem> probes{base};
@@ -1150,7 +1192,7 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
 // shape is new), else the heuristic.
 GemmPlan gemm_plan(Recorder& r, const GemmProblem& g) {
   GemmTuning& tuning = r.device().gemm_tuning();
-  const GemmShape shape{g.m, g.n, g.k, g.ta, g.tb};
+  const GemmShape shape{g.m, g.n, g.k, g.ta, g.tb, g.tc};
   if (forced_by_env()) {
     GemmPlan forced = heuristic_plan(g.m, g.n, g.k);
     forced.workers = uint32_t(std::min<uint64_t>(env_count("PYWGTRAIN_GEMM_STREAM_K", 0), UINT32_MAX));
@@ -1162,6 +1204,59 @@ GemmPlan gemm_plan(Recorder& r, const GemmProblem& g) {
   const GemmPlan plan = tune_plan(r, g, heuristic);
   tuning.add(shape, plan);
   return plan;
+}
+
+// Ragged M in NN and NT (A's rows contiguous): the whole 64-row tile rows
+// and the last few rows can run faster as two products on plans of their own
+// than as one whose last tile row is mostly empty (H100: 777x4096x4096 NT
+// 753 us, its first 768 rows 663 and last 9 51; 777x1024x4096 NT 191 against
+// 179 + 23, docs/gemm_notes.md #96). Where the tuner has timed all three
+// shapes (products of at least kRowSplitMinRows rows and kRowSplitMinMacs
+// multiply-adds: tuning two more shapes costs too much for smaller ones),
+// the split runs when its two plans beat the whole product's by kTuneMargin.
+// PYWGTRAIN_GEMM_ROW_SPLIT=1 (=0) always (never) splits, read per call. The
+// lower part binds views of A, C and the epilogue's per-element operands
+// from its first row, so those offsets must be aligned.
+constexpr uint32_t kRowSplitTile = 64;
+constexpr uint32_t kRowSplitMinRows = 256;
+constexpr uint64_t kRowSplitMinMacs = uint64_t(1) << 30;
+bool record_row_split(Recorder& r, const GemmProblem& g, const EpilogueArgs& e) {
+  const uint32_t low_rows = g.m % kRowSplitTile, top_rows = g.m - low_rows;
+  if (g.ta || g.tc || e.ep == Epilogue::RowSum || !low_rows || !top_rows ||
+      env_switched_off("PYWGTRAIN_GEMM_ROW_SPLIT"))
+    return false;
+  const uint64_t align = std::max<uint32_t>(r.device().limits().storage_offset_alignment, 4);
+  const uint64_t a_at = uint64_t(top_rows) * g.lda * 4, c_at = uint64_t(top_rows) * g.ldc * 4;
+  if (a_at % align || c_at % align) return false;
+  GemmProblem top = g, low = g;
+  top.m = top_rows;
+  low.m = low_rows;
+  GemmPlan top_plan, low_plan;
+  const char* forced = std::getenv("PYWGTRAIN_GEMM_ROW_SPLIT");
+  if (forced && *forced) {
+    if (std::string(forced) != "1")
+      throw ArgumentError(std::string("PYWGTRAIN_GEMM_ROW_SPLIT must be 0 or 1, got '") + forced + "'");
+    top_plan = gemm_plan(r, top);
+    low_plan = gemm_plan(r, low);
+  } else {
+    if (g.m < kRowSplitMinRows || uint64_t(g.m) * g.n * g.k < kRowSplitMinMacs) return false;
+    const GemmPlan whole = gemm_plan(r, g);
+    if (!whole.us) return false;  // not timed: the heuristic's plan, or forced ones
+    top_plan = gemm_plan(r, top);
+    low_plan = gemm_plan(r, low);
+    if (!top_plan.us || !low_plan.us || top_plan.us + low_plan.us >= kTuneMargin * whole.us) return false;
+  }
+  auto rest = [](const Buffer* b, uint64_t at) { return std::make_unique<Buffer>(*b, at, b->bytes() - at); };
+  const auto a_low = rest(g.a, a_at), c_low = rest(g.c, c_at);
+  std::unique_ptr<Buffer> preact_low, residual_low;
+  EpilogueArgs e_low = e;
+  if (e.preact) e_low.preact = (preact_low = rest(e.preact, c_at)).get();
+  if (e.residual) e_low.residual = (residual_low = rest(e.residual, c_at)).get();
+  low.a = a_low.get();
+  low.c = c_low.get();
+  record_planned(r, top, e, top_plan);
+  record_planned(r, low, e_low, low_plan);
+  return true;
 }
 
 void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
@@ -1208,6 +1303,27 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
     nn.ldb = n4;
     return record_gemm(r, nn, e);
   }
+  // Fewer rows and many columns: C^T = B A^T instead, NN on a transposed
+  // copy of A, the small operand (4 MB at 256 x 4096, where B is 64 MB), with
+  // C stored transposed (gemm.wgsl TRANS_C).
+  const uint64_t m4 = (uint64_t(m) + 3) & ~uint64_t(3);
+  if (!ta && tb && !g.tc && e.ep == Epilogue::Plain && nt_swapped(m, n, k) && uint64_t(m) * lda <= binding_floats &&
+      uint64_t(k) * m4 <= binding_floats &&
+      ceil_div(std::max(m, k), sh::TRANSPOSE_TILE) <= dev.limits().max_workgroups_per_dim) {
+    auto at = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(0, k * m4 * 4), k * m4 * 4);
+    record_transpose(r, a, lda, m, k, *at, m4);
+    GemmProblem swapped = g;
+    swapped.a = &b;
+    swapped.lda = ldb;
+    swapped.b = at.get();
+    swapped.ldb = m4;
+    swapped.tb = false;
+    swapped.tc = true;
+    swapped.m = n;
+    swapped.n = m;
+    return record_planned(r, swapped, e, gemm_plan(r, swapped));
+  }
+  if (record_row_split(r, g, e)) return;
   record_planned(r, g, e, gemm_plan(r, g));
 }
 
@@ -1355,13 +1471,14 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
   // The signature: format, adapter, every embedded shader, the tuner's
   // candidate tiles and the heuristic plans of a grid of shapes (a changed
   // heuristic or candidate set re-tunes what it competes with).
-  std::string sig = "pywgtrain gemm plans v2 | ";
+  std::string sig = "pywgtrain gemm plans v3 | ";  // v3: a tc column
   // Bumped when the candidate set or the way a plan runs changes outside the
   // shaders, tiles and heuristic below (cached plans competed under the old
   // rules). 2: stream-K after whole waves of plain tiles; 3: LEAN_LOOP both
   // ways at every split count; 4: the median round decides, not the fastest;
-  // 5: ragged M, N and K run aligned with edge shifts.
-  constexpr int kPlanRules = 5;
+  // 5: ragged M, N and K run aligned with edge shifts; 6: NT products run
+  // swapped (C^T = B A^T), edges shifted to vec4-rounded ends.
+  constexpr int kPlanRules = 6;
   const AdapterSummary& a = dev.info();
   sig += a.name + " | " + a.vendor + " | " + a.driver + " | " + a.backend + " | " + std::to_string(a.vendor_id) + ":" +
          std::to_string(a.device_id) + " | slots " + std::to_string(wave_slots());

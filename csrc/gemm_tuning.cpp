@@ -1,5 +1,5 @@
 // The GEMM plan table and its cache file: a signature line, then one line per
-// shape, "m n k ta tb bm bn bk tm tn warp_w lean_loop splits workers us" (later lines
+// shape, "m n k ta tb tc bm bn bk tm tn warp_w lean_loop splits workers us" (later lines
 // win). Failing to read or write the file only costs re-tuning. C stdio, not
 // iostreams: formatting numbers through an ostream crashed in libstdc++'s
 // locale code on the H100 machine's toolchain (GCC 13), inside this module.
@@ -20,8 +20,8 @@ uint64_t fnv1a(const std::string& s) {
 namespace {
 
 void write_plan(std::FILE* f, const GemmShape& s, const GemmPlan& p) {
-  std::fprintf(f, "%u %u %u %d %d %u %u %u %u %u %u %u %u %u %.9g\n", s.m, s.n, s.k, int(s.ta), int(s.tb), p.t.bm,
-               p.t.bn, p.t.bk, p.t.tm, p.t.tn, p.t.warp_w, p.t.lean_loop, p.splits, p.workers, p.us);
+  std::fprintf(f, "%u %u %u %d %d %d %u %u %u %u %u %u %u %u %u %.9g\n", s.m, s.n, s.k, int(s.ta), int(s.tb), int(s.tc),
+               p.t.bm, p.t.bn, p.t.bk, p.t.tm, p.t.tn, p.t.warp_w, p.t.lean_loop, p.splits, p.workers, p.us);
 }
 
 using File = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
@@ -54,14 +54,15 @@ void GemmTuning::configure(bool enabled, const std::string& cache_dir, const std
   while (read_line(in.get(), line)) {
     GemmShape s;
     GemmPlan p;
-    int ta = 0, tb = 0;
+    int ta = 0, tb = 0, tc = 0;
     // A line cut short by a process that died while appending does not parse.
-    if (std::sscanf(line.c_str(), "%u %u %u %d %d %u %u %u %u %u %u %u %u %u %lf", &s.m, &s.n, &s.k, &ta, &tb, &p.t.bm,
-                    &p.t.bn, &p.t.bk, &p.t.tm, &p.t.tn, &p.t.warp_w, &p.t.lean_loop, &p.splits, &p.workers,
-                    &p.us) != 15)
+    if (std::sscanf(line.c_str(), "%u %u %u %d %d %d %u %u %u %u %u %u %u %u %u %lf", &s.m, &s.n, &s.k, &ta, &tb, &tc,
+                    &p.t.bm, &p.t.bn, &p.t.bk, &p.t.tm, &p.t.tn, &p.t.warp_w, &p.t.lean_loop, &p.splits, &p.workers,
+                    &p.us) != 16)
       continue;
     s.ta = ta != 0;
     s.tb = tb != 0;
+    s.tc = tc != 0;
     if (p.t.bm && p.t.bn && p.t.bk && p.t.tm && p.t.tn && p.splits) plans_[s] = p;
   }
 }

@@ -24,10 +24,12 @@ struct TileConfig {
   bool operator==(const TileConfig& o) const { return fields() == o.fields(); }
 };
 
+// A product's shape; tc: C stored transposed (an NT product run as C^T = B A^T).
 struct GemmShape {
   uint32_t m = 0, n = 0, k = 0;
-  bool ta = false, tb = false;
-  bool operator<(const GemmShape& o) const { return std::tie(m, n, k, ta, tb) < std::tie(o.m, o.n, o.k, o.ta, o.tb); }
+  bool ta = false, tb = false, tc = false;
+  auto fields() const { return std::tie(m, n, k, ta, tb, tc); }
+  bool operator<(const GemmShape& o) const { return fields() < o.fields(); }
 };
 
 // What runs a whole product: tiles and split-K count (>= 1), or with

@@ -129,6 +129,7 @@ cdef class _Device:
             t = e.second.t
             out.append({
                 "m": e.first.m, "n": e.first.n, "k": e.first.k, "ta": e.first.ta, "tb": e.first.tb,
+                "tc": e.first.tc,
                 "tiles": (t.bm, t.bn, t.bk, t.tm, t.tn, t.warp_w, t.lean_loop),
                 "splits": e.second.splits, "stream_k_workers": e.second.workers, "us": e.second.us,
             })

@@ -28,7 +28,7 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
 
     cdef cppclass GemmShape:
         uint32_t m, n, k
-        bool ta, tb
+        bool ta, tb, tc
 
     cdef cppclass GemmPlan:
         TileConfig t

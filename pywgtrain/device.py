@@ -217,7 +217,9 @@ class Device:
 
     def gemm_plans(self) -> list[dict[str, Any]]:
         """The measured GEMM plans this device uses, one dict per shape: ``m``,
-        ``n``, ``k``, ``ta``, ``tb``, ``tiles`` (BM, BN, BK, TM, TN, WARP_W,
+        ``n``, ``k``, ``ta``, ``tb``, ``tc`` (C stored transposed: an NT product
+        run as C^T = B A^T, whose m and n are the product's N and M),
+        ``tiles`` (BM, BN, BK, TM, TN, WARP_W,
         LEAN_LOOP), ``splits``, ``stream_k_workers`` (0: tiles and splits;
         else stream-K over that many workgroups) and ``us`` (the tuner's time
         for one call)."""

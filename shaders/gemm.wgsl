@@ -18,6 +18,9 @@
 //     when ALIGNED, runs a partial K step first (the host's edge_checks sets
 //     it only where M, N or K is ragged and every ragged edge can move:
 //     whole-tile dispatches compile without it).
+//   TRANS_C: bool, the pass that writes C stores element (m, n) of the
+//     product at C[n * ldc + m] (the host runs an NT product C = A B^T as
+//     C^T = B A^T, NN on a transposed copy of A; see store_transposed).
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
@@ -90,6 +93,12 @@ var<workgroup> tile_b: array<vec4<f32>, BK * B_STRIDE>;  // [k][n], n packed by 
 // Element index of op(A)[m, k] / op(B)[k, n] in the bound operand.
 fn a_index(m: u32, k: u32) -> u32 { return p.a_off + select(m * p.lda + k, k * p.lda + m, TRANS_A); }
 fn b_index(k: u32, n: u32) -> u32 { return p.b_off + select(k * p.ldb + n, n * p.ldb + k, TRANS_B); }
+// The rows of op(A) (columns of op(B)) that tiles may load unchecked: with
+// A_VEC (B_VEC) the operand's rows hold whole vec4s (the host binds whole
+// rows of a leading dimension that is a multiple of 4), so M (N) rounded up
+// to 4; the elements past M (N) feed only outputs that are never stored.
+fn m_loadable() -> u32 { return select(p.m, (p.m + 3u) & ~3u, A_VEC); }
+fn n_loadable() -> u32 { return select(p.n, (p.n + 3u) & ~3u, B_VEC); }
 fn op_a(m: u32, k: u32) -> f32 {
   if (m >= p.m || k >= p.k) { return 0.0; }
   return a[a_index(m, k)];
@@ -238,8 +247,8 @@ fn tile_product(m0: u32, n0: u32, k_lo: u32, k_begin: u32, k_end: u32, tid: u32)
   // The indices are those at k_ref: with K_SHIFT the second K step, as the
   // first may start below k = 0 and the division by a vec4's four elements
   // needs a true index.
-  let rows_inside = m0 + BM <= p.m;
-  let cols_inside = n0 + BN <= p.n;
+  let rows_inside = m0 + BM <= m_loadable();
+  let cols_inside = n0 + BN <= n_loadable();
   let k_ref = select(k_begin, k_begin + BK, K_SHIFT);
   var a_first: array<u32, A_SLOTS>;
   var b_first: array<u32, B_SLOTS>;
@@ -377,6 +386,35 @@ fn tile_of(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
   return vec2<u32>(r / rows, first + r % rows);
 }
 
+// TRANS_C's stores of a thread's outputs (tile origin o, own rows and columns
+// from lo, as in gemm): column q of each 4x4 block is four consecutive
+// floats of C, one 128-bit store with C_VEC. The epilogue's column (the
+// bias index) is C's column, the product's row.
+fn store_transposed(acc: array<vec4<f32>, TM * VN>, xy: vec2<u32>, o: vec2<u32>, lo: vec2<u32>, z: u32) {
+  for (var i = 0u; i < VM; i++) {
+    let m = o.x + tile_row(xy, i, 0u);
+    // With C_VEC, m and lo.x are multiples of 4: a group is stored whole or not at all.
+    let whole = m + 4u <= p.m && (!EDGE_SHIFT || m >= lo.x);
+    for (var j = 0u; j < VN; j++) {
+      for (var q = 0u; q < 4u; q++) {
+        let n = o.y + tile_col(xy, j) + q;
+        if (n >= p.n || (EDGE_SHIFT && n < lo.y)) { continue; }
+        let b = i * 4u * VN + j;
+        let v = p.alpha * vec4<f32>(acc[b][q], acc[b + VN][q], acc[b + 2u * VN][q], acc[b + 3u * VN][q]);
+        let idx = p.c_off + z * p.split_stride + n * p.ldc + m;
+        if (C_VEC && whole) {
+          epilogue4(idx, m, v);
+          continue;
+        }
+        for (var r = 0u; r < 4u; r++) {
+          if (m + r >= p.m || (EDGE_SHIFT && m + r < lo.x)) { continue; }
+          epilogue(idx + r, m + r, v[r]);
+        }
+      }
+    }
+  }
+}
+
 // The tiled product. Split-K (plain epilogue): workgroup z writes its partial
 // product split_stride elements further on. ROWSUM: row_sums[bias_off + m] =
 // sum_k op(A)[m, k] + beta * row_sums[...], written by the first column of
@@ -386,15 +424,16 @@ fn gemm(@builtin(workgroup_id) wid_in: vec3<u32>, @builtin(num_workgroups) nwg: 
         @builtin(local_invocation_index) li: u32) {
   let wid = vec3<u32>(tile_of(wid_in, nwg), wid_in.z);
   // The tile's own rows and columns start at (m_lo, n_lo); it is computed
-  // from (m0, n0). EDGE_SHIFT: the last tile row is moved up to end at row
-  // m - 1, so it lies inside and loads without checks, and its rows that
-  // belong to the tile row above are computed again but not stored; the last
-  // tile column likewise (the host found at least one whole tile each way and
-  // vec4-aligned moved origins where the vec4 views are used).
+  // from (m0, n0). EDGE_SHIFT: the last tile row is moved up to end at the
+  // last loadable row (m_loadable), so it lies inside and loads without
+  // checks, and its rows that belong to the tile row above are computed again
+  // but not stored; the last tile column likewise (the host found at least
+  // one whole tile each way and vec4-aligned moved origins where C stores
+  // vec4s along that edge).
   let m_lo = wid.y * BM;
   let n_lo = wid.x * BN;
-  let m0 = select(m_lo, min(m_lo, p.m - BM), EDGE_SHIFT);
-  let n0 = select(n_lo, min(n_lo, p.n - BN), EDGE_SHIFT);
+  let m0 = select(m_lo, min(m_lo, m_loadable() - BM), EDGE_SHIFT);
+  let n0 = select(n_lo, min(n_lo, n_loadable() - BN), EDGE_SHIFT);
   // K_SHIFT: a partial K step goes first, where the first step's loads mask
   // it, so every later step is whole and the end of K needs no check.
   let k_lo = wid.z * p.k_chunk;
@@ -402,6 +441,10 @@ fn gemm(@builtin(workgroup_id) wid_in: vec3<u32>, @builtin(num_workgroups) nwg: 
   let k_begin = select(k_lo, k_end - (k_end - k_lo + BK - 1u) / BK * BK, K_SHIFT);
   let acc = tile_product(m0, n0, k_lo, k_begin, k_end, li);
   let xy = thread_xy(li);
+  if (TRANS_C) {
+    store_transposed(acc, xy, vec2<u32>(m0, n0), vec2<u32>(m_lo, n_lo), wid.z);
+    return;
+  }
   for (var i = 0u; i < VM; i++) {
     for (var r = 0u; r < 4u; r++) {
       let m = m0 + tile_row(xy, i, r);
@@ -500,8 +543,9 @@ fn stream_k_fixup(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
                   @builtin(local_invocation_index) lid: u32) {
   let e = split_element(wid, nwg, lid);
   if (e >= p.m * p.n) { return; }
-  let row = e / p.n;
-  let col = e % p.n;
+  // TRANS_C: e walks C's rows (the product's columns), so the stores coalesce.
+  let row = select(e / p.n, e % p.m, TRANS_C);
+  let col = select(e % p.n, e / p.m, TRANS_C);
   let steps = sk_steps();
   let total = sk_total();
   let t = (row / BM) * sk_tiles_n() + col / BN;
@@ -510,7 +554,11 @@ fn stream_k_fixup(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
   let inner = (row % BM) * BN + col % BN;
   var s = 0.0;
   for (var j = 0u; j < count; j++) { s += partials[sk_slot(t, j) + inner]; }
-  epilogue(p.c_off + row * p.ldc + col, col, p.alpha * s);
+  if (TRANS_C) {
+    epilogue(p.c_off + col * p.ldc + row, row, p.alpha * s);
+  } else {
+    epilogue(p.c_off + row * p.ldc + col, col, p.alpha * s);
+  }
 }
 
 // Copies a rows x cols matrix (m x n in the params) from leading dimension

@@ -384,10 +384,123 @@ def test_nt_as_nn_on_transposed_b(dev, rng, monkeypatch, rows):
     assert_close(y.numpy(), ref, atol_scale=k_tolerance(384))
 
 
-def test_nt_rows_setting_is_checked(dev, rng, monkeypatch):
-    monkeypatch.setenv("PYWGTRAIN_GEMM_NT_ROWS", "many")
+def gemm_dispatches(names):
+    return sum(n.startswith("gemm:gemm;") for n in names)
+
+
+@pytest.mark.parametrize("tb", [False, True])
+def test_row_split(dev, rng, monkeypatch, tb):
+    """Ragged M in NN and NT products, run as its whole 64-row tile rows and
+    the rest (PYWGTRAIN_GEMM_ROW_SPLIT=1; the lower part binds views of A and
+    C from its first row), with alpha and beta, into NaN-poisoned outputs
+    where beta is 0; =0 keeps one product. M below one tile row, whole tile
+    rows and transposed A never split."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", "1")
+    cases = [((65, 130, 77), False), ((777, 300, 200), False), ((129, 4, 3), False), ((197, 250, 9), False)]
+    cases += [((63, 130, 77), False), ((128, 70, 33), False), ((777, 300, 200), True)]
+    for split in ["1", "0"]:
+        monkeypatch.setenv("PYWGTRAIN_GEMM_ROW_SPLIT", split)
+        for (m, n, k), ta in cases:
+            for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
+                a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
+                out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
+                names = gemm_kernels(dev, a, b, ta, tb, alpha, beta, out)
+                splits = split == "1" and m % 64 and m > 64 and not ta
+                assert gemm_dispatches(names) == (2 if splits else 1), ((m, n, k), names)
+                assert_close(out.numpy(), ref_gemm(a, b, alpha, beta, c if beta else None), atol_scale=k_tolerance(k))
+    monkeypatch.setenv("PYWGTRAIN_GEMM_ROW_SPLIT", "yes")
+    with pytest.raises(ValueError, match="PYWGTRAIN_GEMM_ROW_SPLIT must be 0 or 1, got 'yes'"):
+        pw.gemm(rand(rng, 65, 8), rand(rng, 8, 9))
+
+
+@pytest.mark.parametrize("entry", ["bias_act_train", "act_grad", "bias_residual"])
+def test_row_split_fused_epilogues(dev, rng, monkeypatch, entry):
+    """The fused epilogues on a row-split product (197 = 3 x 64 + 5 rows): the
+    lower part's pre-activation and residual are views like its C."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", "1")
+    monkeypatch.setenv("PYWGTRAIN_GEMM_ROW_SPLIT", "1")
+    names = fused_epilogue_kernels(dev, rng, entry, (197, 250, 333))
+    assert gemm_dispatches(names) == 2, names
+
+
+def swapped_flags(names):
+    """TRANS_C of each recorded gemm-entry dispatch, and whether a transpose ran."""
+    return gemm_flags(names, "TRANS_C"), any(n.startswith("gemm:transpose;") for n in names)
+
+
+@pytest.mark.parametrize("tiles", ["", "64,128,16,8,4,8,1", "64,64,16,4,4,16"])
+@pytest.mark.parametrize("splits", ["1", "3"])
+def test_nt_swapped(dev, rng, monkeypatch, tiles, splits):
+    """NT products with fewer rows than that and many columns run as
+    C^T = B A^T: NN on a transposed copy of A, storing C transposed
+    (TRANS_C; PYWGTRAIN_GEMM_NT_SWAP_COLS=1 sends every NT product there, read
+    per call), unsplit and in three splits (whose partials are stored
+    transposed), with alpha and beta, into NaN-poisoned outputs where beta is
+    0. M = 777: the copy's rows are padded to 780 floats, and the ragged last
+    tile column of the swapped product moves to end at column 780 (the vec4
+    loads of the copy need an origin that is a multiple of 4) and stores only
+    its own columns. The swapped products whose tiles all fit run aligned."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_NT_SWAP_COLS", "1")
+    monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", splits)
+    if tiles:
+        monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", tiles)
+    for m, n, k in [(777, 1025, 999), (777, 1024, 130), (130, 257, 31), (7, 257, 300), (256, 260, 64), (65, 65, 777)]:
+        for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
+            a, b, c = rand(rng, m, k), rand(rng, n, k), rand(rng, m, n)
+            out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
+            names = gemm_kernels(dev, a, b.T, False, True, alpha, beta, out)
+            flags, transposed = swapped_flags(names)
+            assert transposed and flags and all(flags), ((m, n, k), names)
+            bm, bn = tile_size(names)
+            assert aligned_flags(names) == [n >= bm and m >= bn], ((m, n, k), names)
+            assert_close(out.numpy(), ref_gemm(a, b.T, alpha, beta, c if beta else None), atol_scale=k_tolerance(k))
+    monkeypatch.setenv("PYWGTRAIN_GEMM_NT_SWAP_COLS", "1000000000")
+    a, b = rand(rng, 777, 99), rand(rng, 1025, 99)
+    out = poisoned(dev, (777, 1025))
+    flags, transposed = swapped_flags(gemm_kernels(dev, a, b.T, False, True, out=out))
+    assert not transposed and not any(flags)
+    assert_close(out.numpy(), ref_gemm(a, b.T), atol_scale=k_tolerance(99))
+
+
+@pytest.mark.parametrize("workers", ["7", "16"])
+def test_nt_swapped_stream_k(dev, rng, monkeypatch, workers):
+    """A swapped NT product by stream-K: the partial slots hold the swapped
+    product's tiles, and the fixup stores C transposed (walking C's rows);
+    4097 x 300 swapped runs its first 64 tile rows as plain tiles (storing
+    C transposed in the gemm entry) and the last by stream-K."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_NT_SWAP_COLS", "1")
+    monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", workers)
+    for m, n, k in [(133, 700, 401), (300, 4097, 100)]:
+        a, b = rand(rng, m, k), rand(rng, n, k)
+        out = poisoned(dev, (m, n))
+        names = gemm_kernels(dev, a, b.T, False, True, out=out)
+        assert stream_k_counts(names) == (1, 1), names
+        assert all(constant_of(x, "TRANS_C") == "true" for x in names if x.startswith("gemm:stream_k_fixup;"))
+        assert_close(out.numpy(), ref_gemm(a, b.T), atol_scale=k_tolerance(k))
+
+
+def test_nt_swapped_by_default(dev, rng, monkeypatch):
+    """The default rule: from 256 rows (below the 4096 of the transposed-B
+    path), 8192 columns and 2^30 multiply-adds, where M's last 128 (the
+    swapped product's tile columns) are no emptier than its last 64 (the
+    direct product's tile rows): 480 = 3 x 128 + 96 swaps, 320 = 2 x 128 + 64
+    does not."""
+    monkeypatch.delenv("PYWGTRAIN_GEMM_NT_SWAP_COLS", raising=False)
+    cases = [((256, 8192, 512), True), ((480, 8192, 300), True), ((320, 8192, 512), False)]
+    cases += [((255, 8192, 600), False), ((256, 8188, 600), False), ((256, 8192, 500), False)]
+    for (m, n, k), swapped in cases:
+        a, b = rand(rng, m, k), rand(rng, n, k)
+        out = poisoned(dev, (m, n))
+        flags, transposed = swapped_flags(gemm_kernels(dev, a, b.T, False, True, out=out))
+        assert transposed == swapped and flags == [swapped] * len(flags), (m, n, k)
+        assert_close(out.numpy(), ref_gemm(a, b.T), atol_scale=k_tolerance(k))
+
+
+@pytest.mark.parametrize("name", ["PYWGTRAIN_GEMM_NT_ROWS", "PYWGTRAIN_GEMM_NT_SWAP_COLS"])
+def test_nt_rows_setting_is_checked(dev, rng, monkeypatch, name):
+    monkeypatch.setenv(name, "many")
     a, b = rand(rng, 8, 300), rand(rng, 260, 300)
-    with pytest.raises(ValueError, match="PYWGTRAIN_GEMM_NT_ROWS must be a non-negative integer, got 'many'"):
+    with pytest.raises(ValueError, match=f"{name} must be a non-negative integer, got 'many'"):
         pw.gemm(a, b, trans_b=True)
 
 

@@ -66,7 +66,7 @@ def test_plans_persist_and_reload(tuned, rng, tmp_path):
     before = tuned.gemm_plans()
     with open(path) as f:
         lines = f.read().splitlines()
-    assert lines[0].startswith("pywgtrain gemm plans v2 | ") and len(lines) == 2
+    assert lines[0].startswith("pywgtrain gemm plans v3 | ") and len(lines) == 2
     again = pw.Device()
     assert again.gemm_plans() == [dict(p, us=pytest.approx(p["us"], rel=1e-5)) for p in before]
     gemm_checked(again, rng, 100, 300, 600, False, False)
@@ -100,10 +100,10 @@ def test_unsupported_plans_in_the_cache_are_not_run(tuned, rng, tmp_path):
         tuned,
         rng,
         [
-            "129 200 777 0 0 48 48 16 3 3 0 0 1 0 1.0",  # tiles the tuner never picks
-            "129 200 777 0 1 64 64 16 4 4 0 0 0 0 1.0",  # zero splits
-            "129 200 777 1 0 64 64 16 4 4 0 0 1 9 1.0",  # stream-K on tiles it never uses
-            "129 200 777 1 1 64 128 16 8 4 8 0 2 9 1.0",  # stream-K with splits
+            "129 200 777 0 0 0 48 48 16 3 3 0 0 1 0 1.0",  # tiles the tuner never picks
+            "129 200 777 0 1 0 64 64 16 4 4 0 0 0 0 1.0",  # zero splits
+            "129 200 777 1 0 0 64 64 16 4 4 0 0 1 9 1.0",  # stream-K on tiles it never uses
+            "129 200 777 1 1 0 64 128 16 8 4 8 0 2 9 1.0",  # stream-K with splits
         ],
     )
     for ta, tb in [(False, False), (False, True), (True, False), (True, True)]:
@@ -122,7 +122,7 @@ def test_32x128_plans_from_the_cache_run(tuned, rng, lean, splits):
     tunes, so it would not run these tiles at all)."""
     modes = [(False, False), (False, True), (True, False), (True, True)]
     again = device_with_plans(
-        tuned, rng, [f"97 260 777 {int(ta)} {int(tb)} 32 128 16 8 4 8 {lean} {splits} 0 1.0" for ta, tb in modes]
+        tuned, rng, [f"97 260 777 {int(ta)} {int(tb)} 0 32 128 16 8 4 8 {lean} {splits} 0 1.0" for ta, tb in modes]
     )
     assert {(p["tiles"], p["splits"]) for p in again.gemm_plans()} == {((32, 128, 16, 8, 4, 8, lean), splits)}
     for ta, tb in modes:
@@ -132,7 +132,7 @@ def test_32x128_plans_from_the_cache_run(tuned, rng, lean, splits):
 def test_stream_k_plan_from_the_cache_runs(tuned, rng, tmp_path):
     """A stream-K plan read from the cache file runs as stream-K (its two
     passes are recorded) and gives the product."""
-    again = device_with_plans(tuned, rng, ["129 200 777 0 1 64 128 16 8 4 8 1 1 9 1.0"])
+    again = device_with_plans(tuned, rng, ["129 200 777 0 1 0 64 128 16 8 4 8 1 1 9 1.0"])
     assert [p["stream_k_workers"] for p in again.gemm_plans()] == [9]
     with again.batch() as rec:
         rec.begin_capture()
@@ -202,6 +202,44 @@ def test_tuning_a_product_on_a_repacked_operand(tuned, rng, monkeypatch):
     monkeypatch.setenv("PYWGTRAIN_GEMM_NT_ROWS", "1")
     gemm_checked(tuned, rng, 300, 301, 257, False, True)
     assert [(p["m"], p["n"], p["k"], p["tb"]) for p in tuned.gemm_plans()] == [(300, 301, 257, False)]
+
+
+@pytest.mark.parametrize("low_us,splits", [(300.0, True), (600.0, False)])
+def test_row_split_by_measured_plans(tuned, rng, low_us, splits):
+    """A product with ragged M (260 = 4 x 64 + 4 rows, 2^30 multiply-adds or
+    more) runs as its whole tile rows and the rest where the tuner's times of
+    the two (here read from the cache: 400 us and low_us) beat the whole
+    product's (1000 us) by the tuner's margin."""
+    again = device_with_plans(
+        tuned,
+        rng,
+        [
+            "260 2048 2048 0 1 0 64 128 16 8 4 8 0 1 0 1000",
+            "256 2048 2048 0 1 0 64 128 16 8 4 8 0 1 0 400",
+            f"4 2048 2048 0 1 0 64 64 16 4 4 0 0 1 0 {low_us}",
+        ],
+    )
+    with again.batch() as rec:
+        rec.begin_capture()
+        gemm_checked(again, rng, 260, 2048, 2048, False, True)
+        names = rec.end_capture().kernel_names()
+    assert sum(n.startswith("gemm:gemm;") for n in names) == (2 if splits else 1), names
+    assert len(again.gemm_plans()) == 3  # nothing tuned afresh
+
+
+def test_tuning_a_swapped_product(tuned, rng, monkeypatch, tmp_path):
+    """An NT product run as C^T = B A^T (PYWGTRAIN_GEMM_NT_SWAP_COLS=1 sends
+    small ones there) is tuned as the swapped product, N x M x K NN with C
+    transposed, on copies of B and of the transposed A (rows padded from 301
+    to 304 floats), and its plan persists with the transposed-C flag."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_NT_SWAP_COLS", "1")
+    gemm_checked(tuned, rng, 301, 300, 257, False, True)
+    key = [(p["m"], p["n"], p["k"], p["ta"], p["tb"], p["tc"]) for p in tuned.gemm_plans()]
+    assert key == [(300, 301, 257, False, False, True)]
+    again = pw.Device()
+    assert [(p["m"], p["n"], p["tc"]) for p in again.gemm_plans()] == [(300, 301, True)]
+    gemm_checked(again, rng, 301, 300, 257, False, True)
+    assert len(again.gemm_plans()) == 1
 
 
 def test_tuned_products_on_views_and_fused_epilogues(tuned, rng):
