@@ -952,7 +952,10 @@ Blocks blocks(const Device& dev, const GemmProblem& g, const TileConfig& t) {
   const uint64_t c_rows = rows_per_binding(dev, g.ldc, "C");
   uint64_t m_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bm;
   uint64_t n_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bn;
-  (g.tc ? n_cap : m_cap) = std::min((g.tc ? n_cap : m_cap), c_rows);
+  if (g.tc)
+    n_cap = std::min(n_cap, c_rows);
+  else
+    m_cap = std::min(m_cap, c_rows);
   uint64_t k_cap = UINT64_MAX;
   if (!g.ta)
     m_cap = std::min(m_cap, rows_per_binding(dev, g.lda, "A"));
@@ -1329,6 +1332,9 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
 
 void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const GemmPlan& plan) {
   Device& dev = r.device();
+  // A transposed C is written only by the swapped NT path, with the plain
+  // epilogue: the bias and row-sum offsets below index C's columns.
+  if (g.tc && e.ep != Epilogue::Plain) throw std::logic_error("gemm: a transposed C takes the plain epilogue only");
   const uint32_t m = g.m, n = g.n, k = g.k;
   const bool ta = g.ta, tb = g.tb;
   const uint64_t lda = g.lda, ldb = g.ldb, ldc = g.ldc;
