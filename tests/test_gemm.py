@@ -605,6 +605,31 @@ def test_gemm_operand_past_binding_limit(dev, rng, ta, tb, case):
     assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
 
 
+@pytest.mark.parametrize("path", ["swapped", "row split"])
+def test_gemm_output_past_binding_limit_swapped_or_row_split(dev, rng, monkeypatch, path):
+    """C past one binding on the two-product paths: an NT product run as
+    C^T = B A^T (PYWGTRAIN_GEMM_NT_SWAP_COLS=1), whose transposed C is cut
+    along the swapped product's columns, and a ragged-M product run as its
+    whole tile rows and the rest (PYWGTRAIN_GEMM_ROW_SPLIT=1), whose lower
+    part's C view starts 8192 rows in."""
+    if path == "swapped":
+        monkeypatch.setenv("PYWGTRAIN_GEMM_NT_SWAP_COLS", "1")
+        (m, n, k), tb = (300, 120000, 8), True
+    else:
+        monkeypatch.setenv("PYWGTRAIN_GEMM_ROW_SPLIT", "1")
+        (m, n, k), tb = (8207, 4100, 9), False
+    if m * n * 4 <= dev.limits["max_storage_buffer_binding_size"]:
+        pytest.skip("binding limit larger than the output on this adapter")
+    a, b = rand(rng, m, k), rand(rng, k, n)
+    out = poisoned(dev, (m, n))
+    names = gemm_kernels(dev, a, b, False, tb, out=out)
+    if path == "swapped":  # C cut in two blocks, both stored transposed
+        assert swapped_flags(names) == ([True, True], True), names
+    else:  # the upper 8192 rows cut in two blocks, then the lower 15
+        assert gemm_dispatches(names) == 3, names
+    assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
+
+
 @pytest.mark.parametrize("tb", [False, True])
 def test_gemv_matrix_past_binding_limit(dev, rng, tb):
     k, n = 4100, 8200
