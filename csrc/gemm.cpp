@@ -929,6 +929,24 @@ void record_transpose(Recorder& r, const Buffer& src, uint64_t src_ld, uint32_t 
       q, uint32_t(ceil_div(cols, sh::TRANSPOSE_TILE)), uint32_t(ceil_div(rows, sh::TRANSPOSE_TILE)));
 }
 
+// The rows x cols matrix `src` (leading dimension ld) transposed into the
+// device's repack space `slot`, its rows padded to a multiple of 4 floats
+// (the product's 128-bit loads), recorded on r; null where the source or the
+// copy exceeds one binding or the transpose's grid one dispatch.
+std::unique_ptr<Buffer> transposed_copy(Recorder& r, const Buffer& src, uint64_t ld, uint32_t rows, uint32_t cols,
+                                        int slot) {
+  Device& dev = r.device();
+  const uint64_t binding_floats = dev.limits().max_storage_binding / 4;
+  const uint64_t rows4 = (uint64_t(rows) + 3) & ~uint64_t(3);
+  if (uint64_t(rows) * ld > binding_floats || uint64_t(cols) * rows4 > binding_floats ||
+      ceil_div(std::max(rows, cols), sh::TRANSPOSE_TILE) > dev.limits().max_workgroups_per_dim)
+    return nullptr;
+  const uint64_t bytes = cols * rows4 * 4;
+  auto copy = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(slot, bytes), bytes);
+  record_transpose(r, src, ld, rows, cols, *copy, rows4);
+  return copy;
+}
+
 // NT products of at least this many rows run as NN on a transposed copy of
 // B (PYWGTRAIN_GEMM_NT_ROWS, for experiments).
 uint64_t nt_as_nn_rows() { return env_count("PYWGTRAIN_GEMM_NT_ROWS", kNtAsNnRows); }
@@ -1225,8 +1243,7 @@ constexpr uint32_t kRowSplitMinRows = 256;
 constexpr uint64_t kRowSplitMinMacs = uint64_t(1) << 30;
 bool record_row_split(Recorder& r, const GemmProblem& g, const EpilogueArgs& e) {
   const uint32_t low_rows = g.m % kRowSplitTile, top_rows = g.m - low_rows;
-  if (g.ta || g.tc || e.ep == Epilogue::RowSum || !low_rows || !top_rows ||
-      env_switched_off("PYWGTRAIN_GEMM_ROW_SPLIT"))
+  if (g.ta || e.ep == Epilogue::RowSum || !low_rows || !top_rows || env_switched_off("PYWGTRAIN_GEMM_ROW_SPLIT"))
     return false;
   const uint64_t align = std::max<uint32_t>(r.device().limits().storage_offset_alignment, 4);
   const uint64_t a_at = uint64_t(top_rows) * g.lda * 4, c_at = uint64_t(top_rows) * g.ldc * 4;
@@ -1291,41 +1308,32 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
   }
   // NT (x @ W.T, a linear layer's forward) loads both operands k-major, as
   // scalars; NN loads B n-major as vec4s. Products with many rows repay
-  // transposing B into the device workspace first (rows padded to a multiple
-  // of 4): the copy reads and writes B once, the product reads it M / BM times.
-  const uint64_t binding_floats = dev.limits().max_storage_binding / 4;
-  const uint64_t n4 = (uint64_t(n) + 3) & ~uint64_t(3);
-  if (!ta && tb && m >= nt_as_nn_rows() && n >= kNtAsNnMinCols && k >= kNtAsNnMinCols &&
-      uint64_t(n) * ldb <= binding_floats && uint64_t(k) * n4 <= binding_floats &&
-      ceil_div(std::max(n, k), sh::TRANSPOSE_TILE) <= dev.limits().max_workgroups_per_dim) {
-    auto bt = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(1, k * n4 * 4), k * n4 * 4);
-    record_transpose(r, b, ldb, n, k, *bt, n4);
-    GemmProblem nn = g;
-    nn.b = bt.get();
-    nn.tb = false;
-    nn.ldb = n4;
-    return record_gemm(r, nn, e);
-  }
+  // transposing B into the device workspace first: the copy reads and writes
+  // B once, the product reads it M / BM times.
+  if (!ta && tb && m >= nt_as_nn_rows() && n >= kNtAsNnMinCols && k >= kNtAsNnMinCols)
+    if (const auto bt = transposed_copy(r, b, ldb, n, k, 1)) {
+      GemmProblem nn = g;
+      nn.b = bt.get();
+      nn.tb = false;
+      nn.ldb = (uint64_t(n) + 3) & ~uint64_t(3);
+      return record_gemm(r, nn, e);
+    }
   // Fewer rows and many columns: C^T = B A^T instead, NN on a transposed
   // copy of A, the small operand (4 MB at 256 x 4096, where B is 64 MB), with
   // C stored transposed (gemm.wgsl TRANS_C).
-  const uint64_t m4 = (uint64_t(m) + 3) & ~uint64_t(3);
-  if (!ta && tb && !g.tc && e.ep == Epilogue::Plain && nt_swapped(m, n, k) && uint64_t(m) * lda <= binding_floats &&
-      uint64_t(k) * m4 <= binding_floats &&
-      ceil_div(std::max(m, k), sh::TRANSPOSE_TILE) <= dev.limits().max_workgroups_per_dim) {
-    auto at = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(0, k * m4 * 4), k * m4 * 4);
-    record_transpose(r, a, lda, m, k, *at, m4);
-    GemmProblem swapped = g;
-    swapped.a = &b;
-    swapped.lda = ldb;
-    swapped.b = at.get();
-    swapped.ldb = m4;
-    swapped.tb = false;
-    swapped.tc = true;
-    swapped.m = n;
-    swapped.n = m;
-    return record_planned(r, swapped, e, gemm_plan(r, swapped));
-  }
+  if (!ta && tb && e.ep == Epilogue::Plain && nt_swapped(m, n, k))
+    if (const auto at = transposed_copy(r, a, lda, m, k, 0)) {
+      GemmProblem swapped = g;
+      swapped.a = &b;
+      swapped.lda = ldb;
+      swapped.b = at.get();
+      swapped.ldb = (uint64_t(m) + 3) & ~uint64_t(3);
+      swapped.tb = false;
+      swapped.tc = true;
+      swapped.m = n;
+      swapped.n = m;
+      return record_planned(r, swapped, e, gemm_plan(r, swapped));
+    }
   if (record_row_split(r, g, e)) return;
   record_planned(r, g, e, gemm_plan(r, g));
 }
