@@ -509,14 +509,21 @@ SplitRanges split_ranges(const Device& dev, const GemmProblem& g, const Epilogue
 void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ranges, const EpilogueArgs& e,
                          const TileConfig* stream_k_tiles = nullptr, bool tc = false) {
   Device& dev = r.device();
+  // Four columns per thread (splitk_reduce4) where whole vec4s line up.
+  const bool quads = !stream_k_tiles && e.ep != Epilogue::ActGrad && q.n % 4 == 0 && q.ldc % 4 == 0 &&
+                     q.c_off % 4 == 0 && q.split_stride % 4 == 0;
   KernelDesc d = stream_k_tiles ? elementwise_kernel("stream_k_fixup", e.ep, e.act, *stream_k_tiles, tc)
+                 : quads        ? elementwise_kernel("splitk_reduce4", e.ep, e.act)
                                 : elementwise_kernel("splitk_reduce", e.ep, e.act);
-  d.bindings = {sh::c, sh::p, sh::partials, sh::bias, sh::preact, sh::residual};
-  std::vector<Operand> operands{{sh::c, ranges.c}, {sh::partials, ranges.partials}};
+  const auto c_slot = quads ? sh::c4 : sh::c;
+  const auto preact_slot = quads ? sh::preact4 : sh::preact;
+  const auto partials_slot = quads ? sh::partials4 : sh::partials;
+  d.bindings = {c_slot, sh::p, partials_slot, sh::bias, preact_slot, sh::residual};
+  std::vector<Operand> operands{{c_slot, ranges.c}, {partials_slot, ranges.partials}};
   operands.push_back({sh::bias, or_placeholder(dev, has_bias(e.ep) ? whole(*e.bias) : Range{}, false)});
-  operands.push_back({sh::preact, or_placeholder(dev, has_preact(e.ep) ? ranges.preact : Range{}, true)});
+  operands.push_back({preact_slot, or_placeholder(dev, has_preact(e.ep) ? ranges.preact : Range{}, true)});
   operands.push_back({sh::residual, or_placeholder(dev, has_residual(e.ep) ? ranges.residual : Range{}, false)});
-  auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(q.m) * q.n, sh::EW_WG));
+  auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(q.m) * q.n, quads ? 4 * sh::EW_WG : sh::EW_WG));
   r.dispatch(dev.pipelines().get(d), operands, q, gx, gy);
 }
 

@@ -59,6 +59,8 @@ struct GemmParams {
 // A matrix added to the result at C's indices (BIAS_RESIDUAL: a transformer
 // block's residual stream, x + proj(branch) in one pass).
 @group(0) @binding(12) var<storage, read> residual: array<f32>;
+// The split-K partials again as vec4s (splitk_reduce4).
+@group(0) @binding(13) var<storage, read> partials4: array<vec4<f32>>;
 
 // ROWSUM: tile_product also sums op(A) over k for the thread's rows (the bias
 // gradient comes with the weight gradient: db = dZ^T 1 next to dW = dZ^T X).
@@ -484,6 +486,22 @@ fn splitk_reduce(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   var s = 0.0;
   for (var z = 0u; z < p.splits; z++) { s += partials[z * p.split_stride + e]; }
   epilogue(p.c_off + (e / p.n) * p.ldc + e % p.n, e % p.n, p.alpha * s);
+}
+
+// splitk_reduce for four consecutive columns per thread, where the host
+// found N, C's leading dimension and offset and the split stride multiples
+// of 4 (not ACT_GRAD, which has no epilogue4): one 128-bit load per split and
+// one 128-bit store (H100, 256x4096x4096 NN in 2 splits: 222.8 -> 221.2 us,
+// docs/gemm_notes.md #101).
+@compute @workgroup_size(EW_WG)
+fn splitk_reduce4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+  let e = split_element(wid, nwg, lid) * 4u;
+  if (e >= p.m * p.n) { return; }
+  var s = vec4<f32>(0.0);
+  for (var z = 0u; z < p.splits; z++) { s += partials4[(z * p.split_stride + e) / 4u]; }
+  let n = e % p.n;
+  epilogue4(p.c_off + (e / p.n) * p.ldc + n, n, p.alpha * s);
 }
 
 // Stream-K: the product's tiles times their K steps, in one tile-major

@@ -105,6 +105,28 @@ def test_forced_split_counts(dev, rng, monkeypatch, splits):
         assert_close(out.numpy(), ref_gemm(a, b, 1.0, 1.0, c), atol_scale=k_tolerance(k))
 
 
+@pytest.mark.parametrize("entry", ["plain", "bias_act", "bias_act_train", "act_grad", "bias_residual"])
+def test_split_reduce_quads(dev, rng, monkeypatch, entry):
+    """The split-K reduce sums four columns per thread (splitk_reduce4) where
+    N is a multiple of 4, one column per thread otherwise and always for the
+    activation gradient (no vec4 epilogue); each fused epilogue is applied
+    once, into NaN-poisoned outputs (the plain one with alpha and beta too)."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", "3")
+    for m, n, k in [(197, 252, 333), (197, 250, 333), (5, 4, 100)]:
+        quads = n % 4 == 0 and entry != "act_grad"
+        expected = ["gemm:gemm", "gemm:splitk_reduce4" if quads else "gemm:splitk_reduce"]
+        if entry != "plain":
+            names = fused_epilogue_kernels(dev, rng, entry, (m, n, k))
+            assert kinds(names) == expected, (m, n, k, names)
+            continue
+        for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
+            a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
+            out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
+            names = gemm_kernels(dev, a, b, False, True, alpha, beta, out)
+            assert kinds(names) == expected, (m, n, k, names)
+            assert_close(out.numpy(), ref_gemm(a, b, alpha, beta, c if beta else None), atol_scale=k_tolerance(k))
+
+
 @pytest.mark.parametrize("group", ["1", "3", "8"])
 def test_grouped_tile_order(dev, rng, monkeypatch, group):
     """PYWGTRAIN_GEMM_GROUP_M=N (read per call): workgroups walk N tile rows
