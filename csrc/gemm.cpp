@@ -118,7 +118,17 @@ uint32_t wave_model_splits(uint64_t m, uint64_t n, uint64_t k) {
   return tiles >= kMidKMinTiles || 5 * tiles * splits >= 4 * wave_slots() ? splits : 0;
 }
 
-// 64x128 tiles (8x4 per thread, warps on 8x4 thread blocks) when the output
+// The warp block of 64x128 tiles for a transpose mode: TN products (the
+// weight gradients) run warps on 4x8 thread blocks, the other modes on 8x4.
+// H100, the same plans both ways (docs/gemm_notes.md #103): TN 1-2.5% faster
+// on 4x8 (4096x1024x777 165.6 -> 161.5 us, 4096^3 3189 -> 3141), NN and NT
+// 0.3-1% slower (4096^3 NN 3232 -> 3251).
+TileConfig with_mode_warps(TileConfig t, bool ta, bool tb) {
+  if (t.bm == 64 && t.bn == 128 && t.tm == 8 && t.tn == 4 && t.warp_w == 8 && ta && !tb) t.warp_w = 4;
+  return t;
+}
+
+// 64x128 tiles (8x4 per thread, warps on 8x4 thread blocks; TN: 4x8) when the output
 // gives >= 256 tiles of 128x64, or >= 64 with K too short to split or long;
 // else 64x64 (4x4), which split-K (below) multiplies. Measured on the H100
 // (docs/gemm_notes.md #16, #25-#33): 8x4 per thread beat 8x8 everywhere once
@@ -129,7 +139,7 @@ uint32_t wave_model_splits(uint64_t m, uint64_t n, uint64_t k) {
 // with 128-bit tile loads +3-6% at 4096^3 in NN, TN and NT, but -10% at
 // 512x4096x4096 NT (256 tiles), so outputs of >= 512 tiles take it.
 // PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN[,WARP_W[,LEAN_LOOP]]" forces one configuration.
-TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
+TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
   const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");  // read per call: experiments change it in-process
   TileConfig t{};
   if (forced && *forced) {
@@ -154,11 +164,12 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k) {
     return t;
   }
   const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
-  if (const uint32_t splits = wave_model_splits(m, n, k)) return {64, 128, 16, 8, 4, 8, long_k_tiles(m, n) * splits >= 512};
+  if (const uint32_t splits = wave_model_splits(m, n, k))
+    return with_mode_warps({64, 128, 16, 8, 4, 8, long_k_tiles(m, n) * splits >= 512}, ta, tb);
   // LEAN_LOOP from 512 of the tiles it runs (#61: counted in 128x64 tiles
   // before, so 64x768x50304 NT, 393 tiles, took it: 177 us against 142).
   if (wide >= 256 || (wide >= 64 && (k < kSplitMinK || k >= kLongK)))
-    return {64, 128, 16, 8, 4, 8, long_k_tiles(m, n) >= 512};
+    return with_mode_warps({64, 128, 16, 8, 4, 8, long_k_tiles(m, n) >= 512}, ta, tb);
   return {64, 64, 16, 4, 4};
 }
 // clang-format on
@@ -886,7 +897,7 @@ bool record_ragged(Recorder& r, const GemmProblem& g, const TileConfig& t) {
   GemmProblem strips = g;
   strips.ldc = n;
   auto strip = [&](uint32_t m0, uint32_t mc, uint32_t n0, uint32_t nc) {
-    const TileConfig ts = choose_tiles(mc, nc, k);
+    const TileConfig ts = choose_tiles(mc, nc, k, g.ta, g.tb);
     Region reg;
     reg.m0 = m0;
     reg.mc = mc;
@@ -1001,9 +1012,9 @@ Blocks blocks(const Device& dev, const GemmProblem& g, const TileConfig& t) {
 
 void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const GemmPlan& plan);
 
-GemmPlan heuristic_plan(uint32_t m, uint32_t n, uint32_t k) {
+GemmPlan heuristic_plan(uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
   GemmPlan p;
-  p.t = choose_tiles(m, n, k);
+  p.t = choose_tiles(m, n, k, ta, tb);
   p.splits = choose_splits(m, n, k, p.t);
   return p;
 }
@@ -1013,7 +1024,7 @@ GemmPlan heuristic_plan(uint32_t m, uint32_t n, uint32_t k) {
 // plans below and keeps the fastest, unless the heuristic plan is within
 // kTuneMargin of it (timing noise must not trade a known plan for an equal
 // one). Candidates: 64x64 tiles (4x4 per thread), 64x128 tiles (8x4, warps
-// on 8x4 thread blocks) and 32x128 tiles (the same 8x4 on 128 threads: twice
+// on 8x4 thread blocks, 4x8 in TN: with_mode_warps) and 32x128 tiles (the same 8x4 on 128 threads: twice
 // the workgroups of 64x128 for outputs of under a wave or two; H100 256x768x3072
 // and 1024x768x768 NN 2 splits 44.8 us against 51-52 for the others; both
 // 128-column tiles LEAN_LOOP both ways) over split counts
@@ -1047,13 +1058,13 @@ constexpr TileConfig kStreamKTiles = kTuneTiles[1];
 
 // Whether a plan (read from a cache file) is one the tuner could have chosen:
 // anything else is ignored rather than compiled.
-bool plan_supported(const GemmPlan& p) {
+bool plan_supported(const GemmPlan& p, bool ta, bool tb) {
   if (p.splits < 1 || p.splits > kMaxSplits || p.t.lean_loop > 1) return false;
   TileConfig base = p.t;
   base.lean_loop = 0;
-  if (p.workers && (p.splits != 1 || !(base == kStreamKTiles))) return false;
+  if (p.workers && (p.splits != 1 || !(base == with_mode_warps(kStreamKTiles, ta, tb)))) return false;
   for (const TileConfig& t : kTuneTiles)
-    if (base == t && (p.t.lean_loop == 0 || t.bn == 128)) return true;
+    if (base == with_mode_warps(t, ta, tb) && (p.t.lean_loop == 0 || t.bn == 128)) return true;
   return false;
 }
 
@@ -1100,7 +1111,7 @@ std::vector<GemmPlan> tune_candidates(const Device& dev, const GemmProblem& g, c
       // 128-wide tiles take LEAN_LOOP both ways: which K loop shape wins
       // depends on the shape (1024x4096x1024 NT in 2 splits: 240.7 us plain,
       // 228.5 lean; docs/gemm_notes.md #79).
-      TileConfig v = t;
+      TileConfig v = with_mode_warps(t, g.ta, g.tb);
       add(v, s);
       if (t.bn == 128) {
         v.lean_loop = 1;
@@ -1113,9 +1124,10 @@ std::vector<GemmPlan> tune_candidates(const Device& dev, const GemmProblem& g, c
   if (sk_tiles < kTuneMaxWaves * slots &&
       ceil_div(g.k, kStreamKTiles.bk) * sk_tiles * kStreamKTiles.bk >= slots * kTuneMinKPerSplit &&
       stream_k_layout(dev, g.m, g.n, g.k, kStreamKTiles, uint32_t(slots))) {
-    TileConfig lean = kStreamKTiles;
+    const TileConfig plain = with_mode_warps(kStreamKTiles, g.ta, g.tb);
+    TileConfig lean = plain;
     lean.lean_loop = 1;
-    add(kStreamKTiles, 1, uint32_t(slots));
+    add(plain, 1, uint32_t(slots));
     add(lean, 1, uint32_t(slots));
   }
   return out;
@@ -1222,12 +1234,12 @@ GemmPlan gemm_plan(Recorder& r, const GemmProblem& g) {
   GemmTuning& tuning = r.device().gemm_tuning();
   const GemmShape shape{g.m, g.n, g.k, g.ta, g.tb, g.tc};
   if (forced_by_env()) {
-    GemmPlan forced = heuristic_plan(g.m, g.n, g.k);
+    GemmPlan forced = heuristic_plan(g.m, g.n, g.k, g.ta, g.tb);
     forced.workers = uint32_t(std::min<uint64_t>(env_count("PYWGTRAIN_GEMM_STREAM_K", 0), UINT32_MAX));
     return forced;
   }
-  if (auto known = tuning.find(shape); known && plan_supported(*known)) return *known;
-  const GemmPlan heuristic = heuristic_plan(g.m, g.n, g.k);
+  if (auto known = tuning.find(shape); known && plan_supported(*known, g.ta, g.tb)) return *known;
+  const GemmPlan heuristic = heuristic_plan(g.m, g.n, g.k, g.ta, g.tb);
   if (!tuning.enabled() || !tunable(r.device(), g)) return heuristic;
   const GemmPlan plan = tune_plan(r, g, heuristic);
   tuning.add(shape, plan);
@@ -1498,8 +1510,9 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
   // rules). 2: stream-K after whole waves of plain tiles; 3: LEAN_LOOP both
   // ways at every split count; 4: the median round decides, not the fastest;
   // 5: ragged M, N and K run aligned with edge shifts; 6: NT products run
-  // swapped (C^T = B A^T), edges shifted to vec4-rounded ends.
-  constexpr int kPlanRules = 6;
+  // swapped (C^T = B A^T), edges shifted to vec4-rounded ends; 7: TN products
+  // on 64x128 tiles run warps on 4x8 thread blocks (with_mode_warps).
+  constexpr int kPlanRules = 7;
   const AdapterSummary& a = dev.info();
   sig += a.name + " | " + a.vendor + " | " + a.driver + " | " + a.backend + " | " + std::to_string(a.vendor_id) + ":" +
          std::to_string(a.device_id) + " | slots " + std::to_string(wave_slots());
@@ -1511,7 +1524,7 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
   for (uint32_t m : {16u, 64u, 256u, 1024u, 4096u})
     for (uint32_t n : {64u, 768u, 3072u, 50304u})
       for (uint32_t k : {64u, 768u, 3072u, 16384u}) {
-        const GemmPlan p = heuristic_plan(m, n, k);
+        const GemmPlan p = heuristic_plan(m, n, k, false, false);
         for (uint32_t v : {p.t.bm, p.t.bn, p.t.bk, p.t.tm, p.t.tn, p.t.warp_w, p.t.lean_loop, p.splits})
           material += std::to_string(v) + ",";
       }

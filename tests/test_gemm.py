@@ -105,6 +105,22 @@ def test_forced_split_counts(dev, rng, monkeypatch, splits):
         assert_close(out.numpy(), ref_gemm(a, b, 1.0, 1.0, c), atol_scale=k_tolerance(k))
 
 
+def test_heuristic_warps_by_mode(dev, rng, monkeypatch):
+    """Untuned, a product on 64x128 tiles runs warps on 4x8 thread blocks in
+    TN and on 8x4 in the other modes; a forced WARP_W is kept as given."""
+    m, n, k = 1024, 2048, 16
+    for ta, tb in TRANS:
+        a, b = rand(rng, m, k), rand(rng, k, n)
+        out = poisoned(dev, (m, n))
+        names = [x for x in gemm_kernels(dev, a, b, ta, tb, out=out) if x.startswith("gemm:gemm;")]
+        assert [tile_size([x]) for x in names] == [(64, 128)], names
+        assert constant_of(names[0], "WARP_W") == ("4u" if (ta, tb) == (True, False) else "8u"), (ta, tb, names)
+        assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
+    monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,128,16,8,4,8")
+    names = gemm_kernels(dev, rand(rng, m, k), rand(rng, k, n), True, False)
+    assert [constant_of(x, "WARP_W") for x in names if x.startswith("gemm:gemm;")] == ["8u"]
+
+
 @pytest.mark.parametrize("entry", ["plain", "bias_act", "bias_act_train", "act_grad", "bias_residual"])
 def test_split_reduce_quads(dev, rng, monkeypatch, entry):
     """The split-K reduce sums four columns per thread (splitk_reduce4) where
@@ -741,12 +757,21 @@ def run_with_tiles(tmp_path, tiles, code):
 
 @pytest.mark.parametrize(
     "tiles",
-    ["64,64,32,4,4", "64,128,16,8,4,8", "64,128,16,8,4,8,1", "32,128,16,8,4,8,1", "128,128,16,8,8,8", "64,64,16,4,4,4"],
+    [
+        "64,64,32,4,4",
+        "64,128,16,8,4,8",
+        "64,128,16,8,4,8,1",
+        "64,128,16,8,4,4,1",
+        "32,128,16,8,4,8,1",
+        "128,128,16,8,8,8",
+        "64,64,16,4,4,4",
+    ],
 )
 def test_forced_tile_configurations(tmp_path, tiles):
     """Tile configurations forced through PYWGTRAIN_GEMM_TILES in a fresh
     process, so every one runs here whatever lavapipe's shapes pick: the
-    H100's large-output tiles (64x128, warps on 8x4 thread blocks), with and
+    H100's large-output tiles (64x128, warps on 8x4 thread blocks, and on
+    4x8 as TN products run them), with and
     without the separate unchecked K loop (LEAN_LOOP), the tuner's 32x128
     (the same 8x4 on 128 threads), K steps of 32, 8x8 per
     thread, 4x4 with warps narrower than the workgroup's rows. Every transpose
