@@ -1024,11 +1024,12 @@ GemmPlan heuristic_plan(uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
 // plans below and keeps the fastest, unless the heuristic plan is within
 // kTuneMargin of it (timing noise must not trade a known plan for an equal
 // one). Candidates: 64x64 tiles (4x4 per thread), 64x128 tiles (8x4, warps
-// on 8x4 thread blocks, 4x8 in TN: with_mode_warps) and 32x128 tiles (the same 8x4 on 128 threads: twice
-// the workgroups of 64x128 for outputs of under a wave or two; H100 256x768x3072
-// and 1024x768x768 NN 2 splits 44.8 us against 51-52 for the others; both
-// 128-column tiles LEAN_LOOP both ways) over split counts
-// while each split keeps >= kTuneMinKPerSplit of K and the workgroups fit
+// on 8x4 thread blocks, 4x8 in TN: with_mode_warps) and 32x128 tiles (the
+// same 8x4 on 128 threads: twice the workgroups of 64x128 for outputs of
+// under a wave or two; H100 256x768x3072 and 1024x768x768 NN 2 splits 44.8
+// us against 51-52 for the others; both 128-column tiles LEAN_LOOP both
+// ways) over split counts while each split keeps >= kTuneMinKPerSplit of K
+// and the workgroups fit
 // kTuneMaxWaves waves, and stream-K (kStreamKTiles). Each runs in batches of
 // calls lasting about kTuneBatchUs (the median call by GPU timestamps) on
 // operand copies rotated as the bench rotates its own, kTuneRounds rounds
@@ -1523,11 +1524,13 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
   material += "| rules " + std::to_string(kPlanRules) + " |";
   for (uint32_t m : {16u, 64u, 256u, 1024u, 4096u})
     for (uint32_t n : {64u, 768u, 3072u, 50304u})
-      for (uint32_t k : {64u, 768u, 3072u, 16384u}) {
-        const GemmPlan p = heuristic_plan(m, n, k, false, false);
-        for (uint32_t v : {p.t.bm, p.t.bn, p.t.bk, p.t.tm, p.t.tn, p.t.warp_w, p.t.lean_loop, p.splits})
-          material += std::to_string(v) + ",";
-      }
+      for (uint32_t k : {64u, 768u, 3072u, 16384u})
+        for (bool ta : {false, true})
+          for (bool tb : {false, true}) {
+            const GemmPlan p = heuristic_plan(m, n, k, ta, tb);
+            for (uint32_t v : {p.t.bm, p.t.bn, p.t.bk, p.t.tm, p.t.tn, p.t.warp_w, p.t.lean_loop, p.splits})
+              material += std::to_string(v) + ",";
+          }
   char hex[24];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a(material)));
   dev.gemm_tuning().configure(enabled, cache_dir, sig + " | " + hex);
