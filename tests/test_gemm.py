@@ -105,9 +105,13 @@ def test_forced_split_counts(dev, rng, monkeypatch, splits):
         assert_close(out.numpy(), ref_gemm(a, b, 1.0, 1.0, c), atol_scale=k_tolerance(k))
 
 
-def test_heuristic_warps_by_mode(dev, rng, monkeypatch):
-    """Untuned, a product on 64x128 tiles runs warps on 4x8 thread blocks in
-    TN and on 8x4 in the other modes; a forced WARP_W is kept as given."""
+def test_heuristic_warps_by_mode(rng, monkeypatch, tmp_path):
+    """Untuned (autotuning off, an empty plan cache), a product on 64x128
+    tiles runs warps on 4x8 thread blocks in TN and on 8x4 in the other
+    modes; a forced WARP_W is kept as given."""
+    monkeypatch.setenv("PYWGTRAIN_CACHE", str(tmp_path))
+    monkeypatch.setenv("PYWGTRAIN_GEMM_AUTOTUNE", "0")
+    dev = pw.Device()
     m, n, k = 1024, 2048, 16
     for ta, tb in TRANS:
         a, b = rand(rng, m, k), rand(rng, k, n)
