@@ -775,8 +775,8 @@ def test_forced_tile_configurations(tmp_path, tiles):
     """Tile configurations forced through PYWGTRAIN_GEMM_TILES in a fresh
     process, so every one runs here whatever lavapipe's shapes pick: the
     H100's large-output tiles (64x128, warps on 8x4 thread blocks, and on
-    4x8 as TN products run them), with and
-    without the separate unchecked K loop (LEAN_LOOP), the tuner's 32x128
+    4x8 as TN products run them), with and without the separate unchecked K
+    loop (LEAN_LOOP), the tuner's 32x128
     (the same 8x4 on 128 threads), K steps of 32, 8x8 per
     thread, 4x4 with warps narrower than the workgroup's rows. Every transpose
     mode, ragged shapes, workgroups inside and at the edges, a K tail, split-K,
