@@ -17,12 +17,13 @@ def poisoned(dev, shape):
     return pw.tensor(np.full(shape, np.nan, np.float32), dev)
 
 
-def assert_close(actual, expected, rtol=1e-5, atol_scale=1e-5):
-    """float32 result vs float64 reference; atol scales with the reference's magnitude."""
+def assert_close(actual, expected, rtol=1e-5, atol_scale=1e-5, magnitude=None):
+    """float32 result vs float64 reference; atol scales with the reference's
+    magnitude, or with `magnitude` where terms of that size may cancel in it."""
     actual = np.asarray(actual)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     assert np.all(np.isfinite(actual)), "non-finite values in the result (unwritten or poisoned elements)"
-    scale = max(float(np.max(np.abs(expected))), 1e-30)
+    scale = max(float(np.max(np.abs(expected))) if magnitude is None else magnitude, 1e-30)
     np.testing.assert_allclose(actual, expected, rtol=rtol, atol=atol_scale * scale)
 
 
