@@ -1503,6 +1503,19 @@ void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, u
 
 }  // namespace
 
+std::vector<GemmPlan> gemm_tune_candidates(const Device& dev, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
+  GemmProblem g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.ta = ta;
+  g.tb = tb;
+  g.lda = ta ? m : k;
+  g.ldb = tb ? k : n;
+  g.ldc = n;
+  return tune_candidates(dev, g, heuristic_plan(m, n, k, ta, tb));
+}
+
 void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_dir) {
   // The signature: format, adapter, every embedded shader, the tuner's
   // candidate tiles and the heuristic plans of a grid of shapes (a changed

@@ -23,6 +23,11 @@ void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32
 // driver, kernel or heuristic starts a fresh table (gemm.cpp).
 void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_dir);
 
+// The plans the tuner would time for a packed m x n x k product, the
+// heuristic's first: what tests read to check the candidate set without
+// depending on which one a timing picks.
+std::vector<GemmPlan> gemm_tune_candidates(const Device& dev, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb);
+
 // C[i] = alpha * op(A[i]) op(B[i]) + beta * C[i] for i < batch; the matrices of
 // each operand packed one after another (bmm.cpp).
 void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t batch, uint32_t m,

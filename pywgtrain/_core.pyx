@@ -37,6 +37,11 @@ def _s(string v):
     return v.decode("utf-8", "replace")
 
 
+cdef dict _plan(const c.GemmPlan& p):
+    return {"tiles": (p.t.bm, p.t.bn, p.t.bk, p.t.tm, p.t.tn, p.t.warp_w, p.t.lean_loop), "splits": p.splits,
+            "stream_k_workers": p.workers, "us": p.us}
+
+
 cdef dict _summary(const c.AdapterSummary& s):
     return {
         "index": s.index, "name": _s(s.name), "vendor": _s(s.vendor), "architecture": _s(s.architecture),
@@ -124,16 +129,16 @@ cdef class _Device:
 
     def gemm_plans(self):
         cdef vector[pair[c.GemmShape, c.GemmPlan]] entries = self.ptr.get().gemm_tuning().entries()
-        out = []
-        for e in entries:
-            t = e.second.t
-            out.append({
-                "m": e.first.m, "n": e.first.n, "k": e.first.k, "ta": e.first.ta, "tb": e.first.tb,
-                "tc": e.first.tc,
-                "tiles": (t.bm, t.bn, t.bk, t.tm, t.tn, t.warp_w, t.lean_loop),
-                "splits": e.second.splits, "stream_k_workers": e.second.workers, "us": e.second.us,
-            })
-        return out
+        return [
+            {"m": e.first.m, "n": e.first.n, "k": e.first.k, "ta": e.first.ta, "tb": e.first.tb, "tc": e.first.tc,
+             **_plan(e.second)}
+            for e in entries
+        ]
+
+    def gemm_tune_candidates(self, uint32_t m, uint32_t n, uint32_t k, bint ta, bint tb):
+        """The plans the tuner would time for a packed product, the heuristic's first (for tests)."""
+        cdef vector[c.GemmPlan] plans = c.gemm_tune_candidates(self.ptr.get()[0], m, n, k, ta, tb)
+        return [_plan(p) for p in plans]
 
     def grad_norm_scratch_floats(self, counts):
         cdef vector[uint64_t] v = counts

@@ -121,6 +121,8 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
         pass
 
     void configure_gemm_tuning(Device& dev, bool enabled, const string& cache_dir) except +raise_py_error
+    vector[GemmPlan] gemm_tune_candidates(const Device& dev, uint32_t m, uint32_t n, uint32_t k, bool ta,
+                                          bool tb) except +raise_py_error
     void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
               bool trans_a, bool trans_b, float alpha, float beta) except +raise_py_error
     void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t batch, uint32_t m,
