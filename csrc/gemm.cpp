@@ -205,13 +205,9 @@ struct GemmProblem {
   float alpha = 1.0f, beta = 0.0f;
 };
 
-// The problem of the public entry points: packed operands.
-GemmProblem packed_problem(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
-                           bool ta, bool tb, float alpha, float beta) {
+// The shape of a product of packed operands (no buffers yet).
+GemmProblem packed_shape(uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
   GemmProblem g;
-  g.a = &a;
-  g.b = &b;
-  g.c = &c;
   g.m = m;
   g.n = n;
   g.k = k;
@@ -220,6 +216,16 @@ GemmProblem packed_problem(const Buffer& a, const Buffer& b, const Buffer& c, ui
   g.lda = ta ? m : k;
   g.ldb = tb ? k : n;
   g.ldc = n;
+  return g;
+}
+
+// The problem of the public entry points: packed operands.
+GemmProblem packed_problem(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+                           bool ta, bool tb, float alpha, float beta) {
+  GemmProblem g = packed_shape(m, n, k, ta, tb);
+  g.a = &a;
+  g.b = &b;
+  g.c = &c;
   g.alpha = alpha;
   g.beta = beta;
   return g;
@@ -1504,16 +1510,7 @@ void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, u
 }  // namespace
 
 std::vector<GemmPlan> gemm_tune_candidates(const Device& dev, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
-  GemmProblem g;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.ta = ta;
-  g.tb = tb;
-  g.lda = ta ? m : k;
-  g.ldb = tb ? k : n;
-  g.ldc = n;
-  return tune_candidates(dev, g, heuristic_plan(m, n, k, ta, tb));
+  return tune_candidates(dev, packed_shape(m, n, k, ta, tb), heuristic_plan(m, n, k, ta, tb));
 }
 
 void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_dir) {
