@@ -292,13 +292,21 @@ const char* bool_literal(bool v) { return v ? "true" : "false"; }
 // bias + GELU + pre-activation NT 663 -> 616 us). Not for the activation-
 // gradient epilogue, whose vec4 pre-activation reads made it slower
 // (3.47 -> 3.70 ms over a char step's 6 calls).
+// B_PAIR: transposed B loads as 64-bit pairs along k where its leading
+// dimension and offset are even, splits start at even k, and each thread holds an even
+// number of slots of a 16-deep tile (PYWGTRAIN_GEMM_PAIR=0 turns it off, read
+// per call).
 struct VecLoads {
-  bool a, b, c;
+  bool a = false, b = false, c = false, b_pair = false;
 };
-VecLoads vec_loads(bool ta, bool tb, bool act_grad, const GemmParams& p) {
+VecLoads vec_loads(const TileConfig& t, bool ta, bool tb, bool act_grad, const GemmParams& p) {
   static const bool enabled = !env_switched_off("PYWGTRAIN_GEMM_VEC");
+  const uint32_t threads = (t.bm / t.tm) * (t.bn / t.tn);
+  const uint32_t b_slots = t.bn * t.bk / 4 / threads;
   return {enabled && ta && p.lda % 4 == 0 && p.a_off % 4 == 0, enabled && !tb && p.ldb % 4 == 0 && p.b_off % 4 == 0,
-          enabled && !act_grad && p.ldc % 4 == 0 && p.c_off % 4 == 0 && p.split_stride % 4 == 0};
+          enabled && !act_grad && p.ldc % 4 == 0 && p.c_off % 4 == 0 && p.split_stride % 4 == 0,
+          tb && t.bk == 16 && b_slots % 2 == 0 && p.ldb % 2 == 0 && p.b_off % 2 == 0 &&
+              (p.k_chunk % 2 == 0 || p.k_chunk >= p.k) && !env_switched_off("PYWGTRAIN_GEMM_PAIR")};
 }
 
 // A non-negative integer from the environment variable `name` (read per
@@ -341,6 +349,7 @@ KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, b
                  {"LEAN_LOOP", bool_literal(lean)},
                  {"A_VEC", bool_literal(v.a)},
                  {"B_VEC", bool_literal(v.b)},
+                 {"B_PAIR", bool_literal(v.b_pair)},
                  {"C_VEC", bool_literal(v.c)},
                  {"GROUP_M", u32_literal(group_rows())},
                  {"ALIGNED", bool_literal(aligned)},
@@ -385,8 +394,8 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, 
   const bool lean = g.t.lean_loop && (g.tb || v.b) && !c.aligned;
   KernelDesc d = gemm_desc(g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.tc, g.ep,
                            g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v, c.aligned, c.edge_shift);
-  d.bindings = {sh::a,        sh::b,  sh::c,  sh::p,  sh::bias,    sh::preact,
-                sh::row_sums, sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual};
+  d.bindings = {sh::a,  sh::b,  sh::c,  sh::p,       sh::bias,     sh::preact, sh::row_sums,
+                sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual, sh::b2};
   return dev.pipelines().get(d);
 }
 
@@ -394,7 +403,7 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, 
 void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const GemmRanges& ranges, uint32_t gx,
                    uint32_t gy, uint32_t gz = 1) {
   Device& dev = r.device();
-  const VecLoads v = vec_loads(g.ta, g.tb, g.ep == Epilogue::ActGrad, p);
+  const VecLoads v = vec_loads(g.t, g.ta, g.tb, g.ep == Epilogue::ActGrad, p);
   const Range unused{dev.placeholder(false), 0, 16};
   r.dispatch(gemm_kernel(dev, g, v, edge_checks(g, v, p)),
              {{sh::a, ranges.a},
@@ -405,6 +414,7 @@ void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const
               {sh::row_sums, or_placeholder(dev, ranges.row_sums, true)},
               {sh::a4, v.a ? ranges.a : unused},
               {sh::b4, v.b ? ranges.b : unused},
+              {sh::b2, v.b_pair ? ranges.b : unused},
               {sh::c4, or_placeholder(dev, v.c ? ranges.c : Range{}, true)},
               {sh::preact4, or_placeholder(dev, v.c ? ranges.preact : Range{}, true)},
               {sh::residual, or_placeholder(dev, ranges.residual, false)}},

@@ -177,6 +177,7 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   WRITE(row_sums, 7, "array<f32>") READ(a4, 8, "array<vec4<f32>>") READ(b4, 9, "array<vec4<f32>>")                \
   WRITE(c4, 10, "array<vec4<f32>>") WRITE(preact4, 11, "array<vec4<f32>>") READ(residual, 12, "array<f32>")       \
   READ(partials4, 13, "array<vec4<f32>>") /* splitk_reduce4: the partials as vec4s */                             \
+  READ(b2, 14, "array<vec2<f32>>") /* B as pairs of floats (B_PAIR) */                                             \
   CONST(EW_WG, 256) /* threads of the elementwise entries (split-K reduce, repack), one element each */        \
   CONST(TRANSPOSE_TILE, 32) /* transpose: square tile per workgroup */                                          \
   CONST(TRANSPOSE_ROWS, 8)  /* transpose: thread rows (TRANSPOSE_TILE x TRANSPOSE_ROWS threads) */             \

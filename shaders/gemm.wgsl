@@ -8,6 +8,8 @@
 //   ACT: activation of the fused epilogues; WARP_W: thread_xy below;
 //   LEAN_LOOP: bool, the K loop shape of tile_product;
 //   A_VEC, B_VEC: bool, whole-vec4 unchecked tile loads (below);
+//   B_PAIR: bool, transposed B's unchecked tile loads as 64-bit k pairs
+//     (load_b_pair);
 //   C_VEC: bool, the epilogue stores C and the pre-activation (and reads C
 //     for beta) as vec4s where four columns are inside (the host found C's
 //     leading dimension, offset and split stride multiples of 4).
@@ -61,6 +63,8 @@ struct GemmParams {
 @group(0) @binding(12) var<storage, read> residual: array<f32>;
 // The split-K partials again as vec4s (splitk_reduce4).
 @group(0) @binding(13) var<storage, read> partials4: array<vec4<f32>>;
+// B again as pairs of floats (B_PAIR).
+@group(0) @binding(14) var<storage, read> b2: array<vec2<f32>>;
 
 // ROWSUM: tile_product also sums op(A) over k for the thread's rows (the bias
 // gradient comes with the weight gradient: db = dZ^T 1 next to dW = dZ^T X).
@@ -133,6 +137,16 @@ fn a_slot(s: u32) -> vec2<u32> {  // (kk, column of the slot)
   return vec2<u32>(s % BK, s / BK);
 }
 fn b_slot(s: u32) -> vec2<u32> {
+  if (B_PAIR) {
+    // Slots 2q and 2q + 1 of thread t: k steps 2p and 2p + 1 of one column
+    // quad. Lane bits: column, pair, pair, pair, column; so each 8-lane phase
+    // of a 128-bit store hits 8 distinct bank groups (row stride 33 vec4s).
+    let t = s % THREADS;
+    let i = s / THREADS;
+    let pair = ((t >> 1u) & 3u) | (((t >> 3u) & 1u) << 2u);
+    let quad = (t & 1u) | (((t >> 4u) & 1u) << 1u) | ((t >> 5u) << 2u);
+    return vec2<u32>(2u * pair + i % 2u, quad + (i / 2u) * (THREADS / 8u));
+  }
   if (TRANS_B) { return vec2<u32>(s % BK, s / BK); }
   return vec2<u32>(s / (BN / 4u), s % (BN / 4u));
 }
@@ -171,7 +185,7 @@ fn first_fetch_b(n0: u32, k0: u32, s: u32, k_lo: u32) -> vec4<f32> {
 // Unchecked slot loads, for tiles wholly inside: four elements `d` indices
 // apart from index i, or with A_VEC (B_VEC) the i-th vec4.
 const A_UNIT: u32 = select(1u, 4u, A_VEC);  // elements per unit of the slot indices
-const B_UNIT: u32 = select(1u, 4u, B_VEC);
+const B_UNIT: u32 = select(select(1u, 2u, B_PAIR), 4u, B_VEC);
 fn load_a(i: u32, d: u32) -> vec4<f32> {
   if (A_VEC) { return a4[i]; }
   return vec4<f32>(a[i], a[i + d], a[i + 2u * d], a[i + 3u * d]);
@@ -179,6 +193,17 @@ fn load_a(i: u32, d: u32) -> vec4<f32> {
 fn load_b(i: u32, d: u32) -> vec4<f32> {
   if (B_VEC) { return b4[i]; }
   return vec4<f32>(b[i], b[i + d], b[i + 2u * d], b[i + 3u * d]);
+}
+// B_PAIR: transposed B (stored along k) with an even leading dimension and
+// offset, BK 16 and an even number of slots per thread: two slots (k and
+// k + 1 of one column quad) load as four 64-bit pairs, pair index i, the
+// quad's rows d pairs apart.
+fn load_b_pair(i: u32, d: u32) -> array<vec4<f32>, 2> {
+  let r0 = b2[i];
+  let r1 = b2[i + d];
+  let r2 = b2[i + 2u * d];
+  let r3 = b2[i + 3u * d];
+  return array<vec4<f32>, 2>(vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y));
 }
 // Spread slots land as four scalars a quarter tile (BM/16 vec4s) apart.
 fn store_a(s: u32, v: vec4<f32>) {
@@ -256,6 +281,7 @@ fn tile_product(m0: u32, n0: u32, k_lo: u32, k_begin: u32, k_end: u32, tid: u32)
   var b_first: array<u32, B_SLOTS>;
   for (var i = 0u; i < A_SLOTS; i++) { let o = a_slot_origin(m0, k_ref, tid + i * THREADS); a_first[i] = a_index(o.x, o.y) / A_UNIT; }
   for (var i = 0u; i < B_SLOTS; i++) { let o = b_slot_origin(n0, k_ref, tid + i * THREADS); b_first[i] = b_index(o.x, o.y) / B_UNIT; }
+  let b_pair_d = p.ldb / 2u;
   let a_k_step = select(1u, p.lda, TRANS_A) / A_UNIT;  // index distance of k to k + 1
   let b_k_step = select(p.ldb, 1u, TRANS_B) / B_UNIT;
   let a_d = A_D * select(p.lda, 1u, TRANS_A);  // index distance of a slot's elements
@@ -275,7 +301,16 @@ fn tile_product(m0: u32, n0: u32, k_lo: u32, k_begin: u32, k_end: u32, tid: u32)
       let oa = (k0 + BK - k_ref) * a_k_step;
       let ob = (k0 + BK - k_ref) * b_k_step;
       for (var i = 0u; i < A_SLOTS; i++) { ra[i] = load_a(a_first[i] + oa, a_d); }
-      for (var i = 0u; i < B_SLOTS; i++) { rb[i] = load_b(b_first[i] + ob, b_d); }
+      if (B_PAIR) {
+        let oq = (k0 + BK - k_ref) / 2u;
+        for (var q = 0u; q < B_SLOTS / 2u; q++) {
+          let v = load_b_pair(b_first[2u * q] + oq, b_pair_d);
+          rb[2u * q] = v[0];
+          rb[2u * q + 1u] = v[1];
+        }
+      } else {
+        for (var i = 0u; i < B_SLOTS; i++) { rb[i] = load_b(b_first[i] + ob, b_d); }
+      }
       multiply_tiles(&acc, xy);
       workgroupBarrier();
     }
@@ -302,8 +337,17 @@ fn tile_product(m0: u32, n0: u32, k_lo: u32, k_begin: u32, k_end: u32, tid: u32)
       for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k_next, tid + i * THREADS); }
     }
     if (next_unchecked && cols_inside) {
-      let o = (k_next - k_ref) * b_k_step;
-      for (var i = 0u; i < B_SLOTS; i++) { rb[i] = load_b(b_first[i] + o, b_d); }
+      if (B_PAIR) {
+        let oq = (k_next - k_ref) / 2u;
+        for (var q = 0u; q < B_SLOTS / 2u; q++) {
+          let v = load_b_pair(b_first[2u * q] + oq, b_pair_d);
+          rb[2u * q] = v[0];
+          rb[2u * q + 1u] = v[1];
+        }
+      } else {
+        let o = (k_next - k_ref) * b_k_step;
+        for (var i = 0u; i < B_SLOTS; i++) { rb[i] = load_b(b_first[i] + o, b_d); }
+      }
     } else {
       for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k_next, tid + i * THREADS); }
     }

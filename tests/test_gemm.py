@@ -357,6 +357,33 @@ def tile_size(names):
     return tuple(int(constant_of(name, c).rstrip("u")) for c in ("BM", "BN"))
 
 
+@pytest.mark.parametrize("tiles", ["64,128,16,8,4,8,0", "64,128,16,8,4,8,1", "32,128,16,8,4,8,1", "64,64,16,4,4"])
+def test_transposed_b_loads_in_pairs(dev, rng, monkeypatch, tiles):
+    """B stored along k (NT) loads as 64-bit k pairs (B_PAIR) where K, its
+    leading dimension, is even and a thread holds an even number of B slots
+    (64x128 and 32x128 tiles, not 64x64): plain and lean K loops, edge tiles,
+    split-K and stream-K, each into a NaN-poisoned output; with
+    PYWGTRAIN_GEMM_PAIR=0 the same product runs without it."""
+    monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", tiles)
+    pairs_fit = not tiles.startswith("64,64")
+    cases = [(130, 300, 200, {}), (130, 300, 201, {}), (70, 260, 510, {"PYWGTRAIN_GEMM_SPLITS": "3"})]
+    if tiles.startswith("64,128"):
+        cases.append((70, 260, 510, {"PYWGTRAIN_GEMM_STREAM_K": "5"}))
+    for m, n, k, env in cases:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        for pair_switch in ("", "0"):
+            monkeypatch.setenv("PYWGTRAIN_GEMM_PAIR", pair_switch)
+            a, b = rand(rng, m, k), rand(rng, k, n)
+            out = poisoned(dev, (m, n))
+            names = [x for x in gemm_kernels(dev, a, b, False, True, out=out) if x.startswith("gemm:gemm")]
+            expected = pairs_fit and k % 2 == 0 and pair_switch == ""
+            assert names and all(constant_of(x, "B_PAIR") == str(expected).lower() for x in names), (m, n, k, names)
+            assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
+        for name in env:
+            monkeypatch.delenv(name)
+
+
 @pytest.mark.parametrize("tiles", ["", "64,128,16,8,4,8,1", "64,64,16,4,4,16"])
 @pytest.mark.parametrize("ta,tb", TRANS)
 def test_aligned_dispatches(dev, rng, monkeypatch, tiles, ta, tb):
