@@ -403,9 +403,16 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, 
 void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const GemmRanges& ranges, uint32_t gx,
                    uint32_t gy, uint32_t gz = 1) {
   Device& dev = r.device();
-  const VecLoads v = vec_loads(g.t, g.ta, g.tb, g.ep == Epilogue::ActGrad, p);
+  VecLoads v = vec_loads(g.t, g.ta, g.tb, g.ep == Epilogue::ActGrad, p);
+  const EdgeChecks checks = edge_checks(g, v, p);
+  // No B_PAIR in aligned dispatches: on the H100 (driver 580.159.04) those
+  // with a partial first K step (128x128 tiles, NT 200x300x96) ran the last K
+  // step on the previous step's A tile; the same SPIR-V is exact on lavapipe
+  // and with scalar B loads (docs/gemm_notes.md #107). NT's tuned tiles (8x4
+  // per thread) never run aligned, so they keep the pairs.
+  v.b_pair = v.b_pair && !checks.aligned;
   const Range unused{dev.placeholder(false), 0, 16};
-  r.dispatch(gemm_kernel(dev, g, v, edge_checks(g, v, p)),
+  r.dispatch(gemm_kernel(dev, g, v, checks),
              {{sh::a, ranges.a},
               {sh::b, ranges.b},
               {sh::c, ranges.c},
