@@ -370,7 +370,12 @@ def test_transposed_b_loads_in_pairs(dev, rng, monkeypatch, tiles):
     PYWGTRAIN_GEMM_PAIR=0 the same product runs without it."""
     monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", tiles)
     pairs_fit = not tiles.startswith("64,64")
-    cases = [(130, 300, 200, {}), (130, 300, 201, {}), (200, 300, 100, {}), (70, 260, 510, {"PYWGTRAIN_GEMM_SPLITS": "3"})]
+    cases = [
+        (130, 300, 200, {}),
+        (130, 300, 201, {}),
+        (200, 300, 100, {}),
+        (70, 260, 510, {"PYWGTRAIN_GEMM_SPLITS": "3"}),
+    ]
     if tiles.startswith("64,128"):
         cases.append((70, 260, 510, {"PYWGTRAIN_GEMM_STREAM_K": "5"}))
     for m, n, k, env in cases:
