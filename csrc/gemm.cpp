@@ -294,8 +294,9 @@ const char* bool_literal(bool v) { return v ? "true" : "false"; }
 // (3.47 -> 3.70 ms over a char step's 6 calls).
 // B_PAIR: transposed B loads as 64-bit pairs along k where its leading
 // dimension and offset are even, splits start at even k, and each thread holds an even
-// number of slots of a 16-deep tile (PYWGTRAIN_GEMM_PAIR=0 turns it off, read
-// per call).
+// number of slots of a 16-deep tile; dispatch_gemm drops it where the dispatch
+// runs aligned (H100: NT 256x4096x4096 231.6 -> 227.0 us, docs/gemm_notes.md
+// #107, #108; PYWGTRAIN_GEMM_PAIR=0 turns it off, read per call).
 struct VecLoads {
   bool a = false, b = false, c = false, b_pair = false;
 };
@@ -408,7 +409,7 @@ void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const
   // No B_PAIR in aligned dispatches: on the H100 (driver 580.159.04) those
   // with a partial first K step (128x128 tiles, NT 200x300x96) ran the last K
   // step on the previous step's A tile; the same SPIR-V is exact on lavapipe
-  // and with scalar B loads (docs/gemm_notes.md #107). NT's tuned tiles (8x4
+  // and with scalar B loads (docs/gemm_notes.md #108). NT's tuned tiles (8x4
   // per thread) never run aligned, so they keep the pairs.
   v.b_pair = v.b_pair && !checks.aligned;
   const Range unused{dev.placeholder(false), 0, 16};

@@ -197,7 +197,8 @@ fn load_b(i: u32, d: u32) -> vec4<f32> {
 // B_PAIR: transposed B (stored along k) with an even leading dimension and
 // offset, BK 16 and an even number of slots per thread: two slots (k and
 // k + 1 of one column quad) load as four 64-bit pairs, pair index i, the
-// quad's rows d pairs apart.
+// quad's rows d pairs apart. The host leaves it off in ALIGNED dispatches
+// (wrong on the H100 there, docs/gemm_notes.md #108).
 fn load_b_pair(i: u32, d: u32) -> array<vec4<f32>, 2> {
   let r0 = b2[i];
   let r1 = b2[i + d];
