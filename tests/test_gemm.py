@@ -365,7 +365,7 @@ def test_transposed_b_loads_in_pairs(dev, rng, monkeypatch, tiles):
     leading dimension, is even, a thread holds an even number of B slots
     (64x128, 32x128 and 128x128 tiles, not 64x64) and the dispatch is not
     ALIGNED (128x128 tiles run NT aligned; on the H100 pairs there went wrong,
-    gemm_notes #107): plain and lean K loops, edge tiles, a partial first K
+    gemm_notes #108): plain and lean K loops, edge tiles, a partial first K
     step, split-K and stream-K, each into a NaN-poisoned output; with
     PYWGTRAIN_GEMM_PAIR=0 the same product runs without it."""
     monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", tiles)
