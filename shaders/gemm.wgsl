@@ -206,6 +206,21 @@ fn load_b_pair(i: u32, d: u32) -> array<vec4<f32>, 2> {
   let r3 = b2[i + 3u * d];
   return array<vec4<f32>, 2>(vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y));
 }
+// The thread's B slots of a tile wholly inside op(B), dk elements of k past
+// the K step whose slot indices b_first holds (k_ref in tile_product).
+fn load_b_slots(rb: ptr<function, array<vec4<f32>, B_SLOTS>>, b_first: ptr<function, array<u32, B_SLOTS>>, dk: u32) {
+  if (B_PAIR) {
+    for (var q = 0u; q < B_SLOTS / 2u; q++) {
+      let v = load_b_pair((*b_first)[2u * q] + dk / 2u, p.ldb / 2u);
+      (*rb)[2u * q] = v[0];
+      (*rb)[2u * q + 1u] = v[1];
+    }
+  } else {
+    let o = dk * (select(p.ldb, 1u, TRANS_B) / B_UNIT);  // index distance of dk
+    let d = B_D * select(1u, p.ldb, TRANS_B);  // index distance of a slot's elements
+    for (var i = 0u; i < B_SLOTS; i++) { (*rb)[i] = load_b((*b_first)[i] + o, d); }
+  }
+}
 // Spread slots land as four scalars a quarter tile (BM/16 vec4s) apart.
 fn store_a(s: u32, v: vec4<f32>) {
   let c = a_slot(s);
@@ -282,11 +297,8 @@ fn tile_product(m0: u32, n0: u32, k_lo: u32, k_begin: u32, k_end: u32, tid: u32)
   var b_first: array<u32, B_SLOTS>;
   for (var i = 0u; i < A_SLOTS; i++) { let o = a_slot_origin(m0, k_ref, tid + i * THREADS); a_first[i] = a_index(o.x, o.y) / A_UNIT; }
   for (var i = 0u; i < B_SLOTS; i++) { let o = b_slot_origin(n0, k_ref, tid + i * THREADS); b_first[i] = b_index(o.x, o.y) / B_UNIT; }
-  let b_pair_d = p.ldb / 2u;
   let a_k_step = select(1u, p.lda, TRANS_A) / A_UNIT;  // index distance of k to k + 1
-  let b_k_step = select(p.ldb, 1u, TRANS_B) / B_UNIT;
   let a_d = A_D * select(p.lda, 1u, TRANS_A);  // index distance of a slot's elements
-  let b_d = B_D * select(1u, p.ldb, TRANS_B);
   var k0 = k_begin;
   // The unchecked K loop, up to the last K step. LEAN_LOOP: inside
   // workgroups run it as a loop of their own (#37: what the compiler makes of
@@ -300,18 +312,8 @@ fn tile_product(m0: u32, n0: u32, k_lo: u32, k_begin: u32, k_end: u32, tid: u32)
       store_tiles(tid, &ra, &rb);
       workgroupBarrier();
       let oa = (k0 + BK - k_ref) * a_k_step;
-      let ob = (k0 + BK - k_ref) * b_k_step;
       for (var i = 0u; i < A_SLOTS; i++) { ra[i] = load_a(a_first[i] + oa, a_d); }
-      if (B_PAIR) {
-        let oq = (k0 + BK - k_ref) / 2u;
-        for (var q = 0u; q < B_SLOTS / 2u; q++) {
-          let v = load_b_pair(b_first[2u * q] + oq, b_pair_d);
-          rb[2u * q] = v[0];
-          rb[2u * q + 1u] = v[1];
-        }
-      } else {
-        for (var i = 0u; i < B_SLOTS; i++) { rb[i] = load_b(b_first[i] + ob, b_d); }
-      }
+      load_b_slots(&rb, &b_first, k0 + BK - k_ref);
       multiply_tiles(&acc, xy);
       workgroupBarrier();
     }
@@ -338,17 +340,7 @@ fn tile_product(m0: u32, n0: u32, k_lo: u32, k_begin: u32, k_end: u32, tid: u32)
       for (var i = 0u; i < A_SLOTS; i++) { ra[i] = fetch_a(m0, k_next, tid + i * THREADS); }
     }
     if (next_unchecked && cols_inside) {
-      if (B_PAIR) {
-        let oq = (k_next - k_ref) / 2u;
-        for (var q = 0u; q < B_SLOTS / 2u; q++) {
-          let v = load_b_pair(b_first[2u * q] + oq, b_pair_d);
-          rb[2u * q] = v[0];
-          rb[2u * q + 1u] = v[1];
-        }
-      } else {
-        let o = (k_next - k_ref) * b_k_step;
-        for (var i = 0u; i < B_SLOTS; i++) { rb[i] = load_b(b_first[i] + o, b_d); }
-      }
+      load_b_slots(&rb, &b_first, k_next - k_ref);
     } else {
       for (var i = 0u; i < B_SLOTS; i++) { rb[i] = fetch_b(n0, k_next, tid + i * THREADS); }
     }
