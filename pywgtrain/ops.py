@@ -24,18 +24,34 @@ def _device_of(*xs, device=None):
     return _resolve_device(device)
 
 
-def _as_tensor(x, name, device, ndim=None, dtype=np.float32):
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _as_tensor(x, name, device, ndim=None, dtype=_FLOAT32):
     if isinstance(x, Tensor):
         if x.device is not device:
             raise ValueError(f"{name} lives on {x.device!r}, but the operation runs on {device!r}")
-        if x.dtype != np.dtype(dtype):
+        # Tensor dtypes are numpy's canonical dtype objects: identity first, it is the common case.
+        if x.dtype is not dtype and x.dtype != dtype:
             raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {x.dtype.name}")
         t = x
     else:
         t = tensor(_check_array(x, name, dtype), device)
-    if ndim is not None and t.ndim != ndim:
+    if ndim is not None and len(t.shape) != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {t.shape}")
     return t
+
+
+def _check_flag(fn, name, flag):
+    if not isinstance(flag, (bool, np.bool_)):
+        raise TypeError(f"{fn}: {name} must be a bool, got {type(flag).__name__} {flag!r}")
+    return bool(flag)
+
+
+def _check_real(fn, name, scalar):
+    if isinstance(scalar, (bool, np.bool_)) or not isinstance(scalar, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{fn}: {name} must be a real number, got {type(scalar).__name__} {scalar!r}")
+    return float(scalar)
 
 
 def gemm(
@@ -52,13 +68,15 @@ def gemm(
     ``trans_a`` / ``trans_b``. ``a``, ``b``: 2-D float32. ``beta != 0`` needs
     ``out``. Returns ``out`` if given, a NumPy array if ``a`` and ``b`` are NumPy
     arrays, else a Tensor."""
-    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"gemm: {name} must be a bool, got {type(flag).__name__} {flag!r}")
-    for name, scalar in (("alpha", alpha), ("beta", beta)):
-        if isinstance(scalar, (bool, np.bool_)) or not isinstance(scalar, (int, float, np.integer, np.floating)):
-            raise TypeError(f"gemm: {name} must be a real number, got {type(scalar).__name__} {scalar!r}")
-    trans_a, trans_b = bool(trans_a), bool(trans_b)
+    # `type(x) is` first: this runs on every call, and a GEMV's whole call is ~50 us.
+    if type(trans_a) is not bool:
+        trans_a = _check_flag("gemm", "trans_a", trans_a)
+    if type(trans_b) is not bool:
+        trans_b = _check_flag("gemm", "trans_b", trans_b)
+    if type(alpha) is not float:
+        alpha = _check_real("gemm", "alpha", alpha)
+    if type(beta) is not float:
+        beta = _check_real("gemm", "beta", beta)
     dev = _device_of(a, b, out, device=device)
     ta = _as_tensor(a, "a", dev, ndim=2)
     tb = _as_tensor(b, "b", dev, ndim=2)
@@ -66,7 +84,6 @@ def gemm(
     k2, n = tb.shape[::-1] if trans_b else tb.shape
     if k != k2:
         raise ValueError(f"gemm: inner dimensions differ: op(a) is {m}x{k}, op(b) is {k2}x{n}")
-    alpha, beta = float(alpha), float(beta)
     if not (math.isfinite(alpha) and math.isfinite(beta)):
         raise ValueError(f"gemm: alpha and beta must be finite, got alpha={alpha}, beta={beta}")
     if beta != 0.0 and out is None:
@@ -91,7 +108,7 @@ def gemm(
         if tc.shape != (m, n):
             raise ValueError(f"gemm: out has shape {tc.shape}, expected ({m}, {n})")
     with dev._recording() as rec:
-        _core.gemm(rec, ta._buf, tb._buf, tc._buf, m, n, k, bool(trans_a), bool(trans_b), alpha, beta)
+        _core.gemm(rec, ta._buf, tb._buf, tc._buf, m, n, k, trans_a, trans_b, alpha, beta)
     if out is not None:
         if isinstance(out, np.ndarray):
             out[...] = tc.numpy()
