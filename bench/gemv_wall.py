@@ -11,7 +11,11 @@ It also splits the single call into recording, submission and waiting, and
 times the same path for 1x4x4 (no GPU work to speak of: the host's floor).
 On the GPU machine, after installing the package:
 
-    source .gpu/prelude.sh && python3 bench/gemv_wall.py [--json FILE]
+    source .gpu/prelude.sh && python3 bench/gemv_wall.py [--json FILE] [--only pywgtrain|torch]
+
+``--only`` times one side in a process without the other (no CUDA context
+beside the Vulkan device, or no Vulkan device beside CUDA); the issue's
+measure is both in one process.
 """
 
 import argparse
@@ -100,10 +104,13 @@ def theirs(torch, k, n):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--only", choices=["pywgtrain", "torch"], help="time one side only, in a process without the other")
     args = ap.parse_args()
-    dev = Device()
-    torch = _torch_cuda()
-    results = {"adapter": dev.info["name"], "shapes": {}}
+    dev = None if args.only == "torch" else Device()
+    torch = None if args.only == "pywgtrain" else _torch_cuda()
+    if dev is None and torch is None:
+        raise SystemExit("gemv_wall: --only torch needs PyTorch with CUDA")
+    results = {"adapter": dev.info["name"] if dev else None, "only": args.only, "shapes": {}}
     for k, n in ((4096, 4096), (4, 4)):
         name = f"1x{k}x{n} NT"
         # Large GEMMs on both sides first: the first round otherwise ran on a
@@ -112,7 +119,8 @@ def main():
         rows = {}
         # Alternate twice so neither side always runs first.
         for rnd in range(2):
-            rows[f"pywgtrain_{rnd}"] = ours(dev, k, n)
+            if dev is not None:
+                rows[f"pywgtrain_{rnd}"] = ours(dev, k, n)
             if torch is not None:
                 rows[f"torch_{rnd}"] = theirs(torch, k, n)
         results["shapes"][name] = rows

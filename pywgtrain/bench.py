@@ -199,15 +199,18 @@ def default_shapes(quick, cpu):
 def warm_up(dev, torch, seconds=1.0):
     """Run large GEMMs until the GPU has left its idle clocks: the first shape
     of a process otherwise measured up to 5x slow on the H100. Not for CPU
-    adapters (no idle clocks; one 2048^3 GEMM takes seconds there)."""
-    a = zeros((2048, 2048), device=dev)
-    c = zeros((2048, 2048), device=dev)
+    adapters (no idle clocks; one 2048^3 GEMM takes seconds there). Either
+    side may be None."""
+    if dev is not None:
+        a = zeros((2048, 2048), device=dev)
+        c = zeros((2048, 2048), device=dev)
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        rec = _core._Recorder(dev._dev)
-        for _ in range(20):
-            _core.gemm(rec, a._buf, a._buf, c._buf, 2048, 2048, 2048, False, False, 1.0, 0.0)
-        dev._dev.wait(rec.submit())
+        if dev is not None:
+            rec = _core._Recorder(dev._dev)
+            for _ in range(20):
+                _core.gemm(rec, a._buf, a._buf, c._buf, 2048, 2048, 2048, False, False, 1.0, 0.0)
+            dev._dev.wait(rec.submit())
         if torch is not None:
             x = torch.zeros(2048, 2048, device="cuda")
             for _ in range(20):
