@@ -39,6 +39,9 @@ def _device_of(*xs):
 
 
 def _is_scalar(x):
+    # type() first: numbers.Real is an ABC, whose isinstance is slow, and this runs per operand.
+    if type(x) is float or type(x) is int:
+        return True
     return isinstance(x, numbers.Real) and not isinstance(x, bool) or isinstance(x, (np.floating, np.integer))
 
 
@@ -57,7 +60,7 @@ def _float_tensor(x, dev, op, name):
 
 
 def _dim(d, ndim, op):
-    if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+    if type(d) is not int and (isinstance(d, bool) or not isinstance(d, numbers.Integral)):
         raise TypeError(f"{op}: dim must be an int, got {d!r}")
     n = builtins.max(ndim, 1)
     if not -n <= d < n:

@@ -55,8 +55,10 @@ class Tensor:
         self, buf: _core._Buffer, shape: Sequence[int], dtype: DTypeLike, device: Device, requires_grad: bool = False
     ) -> None:
         self._buf = buf
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = np.dtype(dtype)
+        self.shape = (
+            shape if type(shape) is tuple and all(type(s) is int for s in shape) else tuple(int(s) for s in shape)
+        )
+        self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.device = device
         self.size = math.prod(self.shape)
         self.requires_grad = bool(requires_grad)
@@ -507,6 +509,10 @@ def _resolve_device(device):
 
 
 def _shape_arg(shape, name="shape"):
+    # Every new tensor passes here: a tuple of plain ints (the common case)
+    # skips the numbers.Integral checks, which go through the ABC machinery.
+    if type(shape) is tuple and all(type(s) is int for s in shape):
+        return shape
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         shape = (shape,)
     try:

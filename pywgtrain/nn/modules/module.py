@@ -105,7 +105,7 @@ class Module:
         dev = self.__dict__.get("_device")
         if dev is not None:
             return dev
-        for p in self.parameters():
+        for _, p in self.named_parameters():  # the first one only: no list of them all
             return p.device
         return None
 
