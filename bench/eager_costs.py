@@ -1,0 +1,54 @@
+"""Host cost of small eager operations: what Python, recording and submitting
+cost per call when the GPU work is trivial (one row of a 384-wide model).
+Inside ``dev.batch()`` a call records into the open batch; outside it each
+call records and submits on its own. Nothing waits inside the timed loops.
+
+    python bench/eager_costs.py          # any adapter; on the GPU machine after the prelude
+"""
+
+import statistics
+import time
+
+import numpy as np
+
+import pywgtrain as pw
+import pywgtrain.nn.functional as F
+from pywgtrain import _core
+
+
+def main():
+    dev = pw.Device()
+    x = pw.tensor(np.ones((1, 384), np.float32), dev)
+    y = pw.tensor(np.ones((1, 384), np.float32), dev)
+    w = pw.tensor(np.ones((1536, 384), np.float32), dev)
+    b = pw.tensor(np.ones((1536,), np.float32), dev)
+    print(f"adapter: {dev.info['name']}")
+
+    def timed(name, fn, batch, n=2000):
+        per_call = []
+        for _ in range(5):
+            dev.synchronize()
+            t0 = time.perf_counter()
+            if batch:
+                with dev.batch():
+                    for _ in range(n):
+                        fn()
+            else:
+                for _ in range(n):
+                    fn()
+            per_call.append((time.perf_counter() - t0) * 1e6 / n)
+            dev.synchronize()
+        where = "in a batch" if batch else "on its own"
+        print(f"{name + ' ' + where:52s} {min(per_call):7.2f} us per call (median {statistics.median(per_call):7.2f})")
+
+    timed("_core._Buffer(1536 bytes), created and freed", lambda: _core._Buffer(dev._dev, 1536), batch=False)
+    timed("pw.empty((1, 384)), created and freed", lambda: pw.empty((1, 384), np.float32, dev), batch=False)
+    for batch in (True, False):
+        timed("x + y", lambda: x + y, batch)
+        timed("F.linear(x, w, b)", lambda: F.linear(x, w, b), batch)
+    timed("x[:, :128]", lambda: x[:, :128], batch=True)
+    timed("x.reshape(1, 6, 64).permute(1, 0, 2)", lambda: x.reshape(1, 6, 64).permute(1, 0, 2), batch=True)
+
+
+if __name__ == "__main__":
+    main()
