@@ -873,3 +873,44 @@ def test_forced_tiles_must_fit_the_kernel(tmp_path, tiles, message):
     )
     out = run_with_tiles(tmp_path, tiles, code)
     assert "refused: PYWGTRAIN_GEMM_TILES: " in out and message in out, out
+
+
+def ref_batched(a, b, ta, tb, alpha=1.0, beta=0.0, c=None):
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    r = alpha * ((a64.transpose(0, 2, 1) if ta else a64) @ (b64.transpose(0, 2, 1) if tb else b64))
+    return r if c is None else r + beta * c.astype(np.float64)
+
+
+@pytest.mark.parametrize("ta,tb", TRANS)
+@pytest.mark.parametrize(
+    "batch,m,n,k",
+    # one row against a growing cache (decoding), tiles partial along every
+    # dimension, K of one and of many 16-steps, a single matrix
+    [(6, 1, 20, 64), (3, 1, 7, 1), (5, 65, 33, 17), (2, 129, 130, 7), (4, 7, 1, 129), (1, 33, 65, 31)],
+)
+def test_batched_gemm_kernel(dev, rng, batch, m, n, k, ta, tb):
+    """_core.gemm_batched (bmm.wgsl, compiled without wgpu's injected bounds
+    checks) against float64: outputs poisoned, operands read through buffer
+    views that start past other data, alpha and beta both ways."""
+    from pywgtrain import _core
+
+    a = rand(rng, batch, k, m) if ta else rand(rng, batch, m, k)
+    b = rand(rng, batch, n, k) if tb else rand(rng, batch, k, n)
+    align = max(dev.limits["min_storage_buffer_offset_alignment"], 4)
+    lead = align // 4 * 3  # floats of other data ahead of each operand
+
+    def placed(x):
+        """A view of x placed inside a larger buffer, after `lead` floats of NaN."""
+        whole = pw.tensor(np.concatenate([np.full(lead, np.nan, np.float32), x.ravel()]), dev)
+        return whole._buf.view(lead * 4, x.size * 4)
+
+    va, vb = placed(a), placed(b)
+    out = poisoned(dev, (batch, m, n))
+    with dev.batch() as rec:
+        _core.gemm_batched(rec, va, vb, out._buf, batch, m, n, k, ta, tb, 1.0, 0.0)
+    assert_close(out.numpy(), ref_batched(a, b, ta, tb), atol_scale=k_tolerance(k))
+    c0 = rand(rng, batch, m, n)
+    acc = pw.tensor(c0, dev)
+    with dev.batch() as rec:
+        _core.gemm_batched(rec, va, vb, acc._buf, batch, m, n, k, ta, tb, -0.5, 2.0)
+    assert_close(acc.numpy(), ref_batched(a, b, ta, tb, -0.5, 2.0, c0), atol_scale=k_tolerance(k))

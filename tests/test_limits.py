@@ -427,3 +427,22 @@ def test_adamw_at_piece_limit(dev, rng, extra):
     assert_close(tp.numpy(), rp)
     assert_close(tm.numpy(), rm)
     assert_close(tv.numpy(), rv)
+
+
+@pytest.mark.slow
+def test_batched_gemm_in_chunks_past_one_binding(dev, rng):
+    """_core.gemm_batched binds the batch in chunks whose matrices fit one
+    storage binding (bmm.cpp): A here holds more floats than one binding, so
+    the batch is split; every matrix of every chunk must come out right."""
+    m, k, n = 1024, 2048, 4
+    per_binding = rows_fitting(dev, m * k)  # whole A matrices one binding holds (15 on lavapipe)
+    batch = per_binding + 2
+    skip_if_huge(4 * batch * m * k)
+    a = tern(rng, batch, m, k)
+    b = tern(rng, batch, k, n)
+    out = poisoned(dev, (batch, m, n))
+    with dev.batch() as rec:
+        _core.gemm_batched(
+            rec, pw.tensor(a, dev)._buf, pw.tensor(b, dev)._buf, out._buf, batch, m, n, k, False, False, 1.0, 0.0
+        )
+    assert_exact(out.numpy(), a.astype(np.float64) @ b.astype(np.float64))
