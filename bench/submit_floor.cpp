@@ -29,7 +29,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -254,7 +253,6 @@ int main(int argc, char** argv) {
       std::printf("Device::guarded with an empty body: %.2f us (median of %zu)\n", median(t), t.size());
     }
     std::unique_ptr<Recorder> rec;
-    uint64_t index = 0;
     for (int r = 0; r < rounds; ++r) {
       auto report = [&](const char* name, Times& t) {
         std::printf("round %d %-16s record %6.1f  submit %6.1f  wait %6.1f  total %6.1f us (median of %zu)\n", r, name,
@@ -288,7 +286,7 @@ int main(int argc, char** argv) {
               rec = std::make_unique<Recorder>(dev);
               gemm(*rec, *g.x, *g.w, *g.y, 1, g.n, g.k, false, true, 1.0f, 0.0f);
             },
-            [&] { index = rec->submit(); }, [&] { dev->wait(0); });
+            [&] { rec->submit(); }, [&] { dev->wait(0); });
         const std::string name = "core 1x" + std::to_string(g.k) + "x" + std::to_string(g.n);
         report(name.c_str(), t);
       }

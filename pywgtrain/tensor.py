@@ -55,9 +55,7 @@ class Tensor:
         self, buf: _core._Buffer, shape: Sequence[int], dtype: DTypeLike, device: Device, requires_grad: bool = False
     ) -> None:
         self._buf = buf
-        self.shape = (
-            shape if type(shape) is tuple and all(type(s) is int for s in shape) else tuple(int(s) for s in shape)
-        )
+        self.shape = shape if _is_int_tuple(shape) else tuple(int(s) for s in shape)
         self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.device = device
         self.size = math.prod(self.shape)
@@ -508,10 +506,14 @@ def _resolve_device(device):
     return device
 
 
+def _is_int_tuple(shape):
+    """A tuple of plain ints: the common shape, checked without the
+    numbers.Integral ABC machinery (every new tensor passes here)."""
+    return type(shape) is tuple and all(type(s) is int for s in shape)
+
+
 def _shape_arg(shape, name="shape"):
-    # Every new tensor passes here: a tuple of plain ints (the common case)
-    # skips the numbers.Integral checks, which go through the ABC machinery.
-    if type(shape) is tuple and all(type(s) is int for s in shape):
+    if _is_int_tuple(shape):
         return shape
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         shape = (shape,)
