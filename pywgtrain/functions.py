@@ -22,7 +22,7 @@ from . import _core
 from ._opcodes import BINARY, REDUCE, UNARY
 from .autograd import attach, needs_grad
 from ._typing import Dims, Labels, Operand, ShapeLike, TensorLike
-from .tensor import Tensor, _shape_arg, empty, full, tensor
+from .tensor import Tensor, _check_flag, _shape_arg, empty, full, tensor
 
 MAX_DIMS = 6  # kernels index up to this many dimensions (tensor_ops.hpp kMaxDims)
 ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu_tanh": 2, "gelu": 3, "silu": 4}
@@ -935,16 +935,14 @@ def bmm(a: TensorLike, b: TensorLike, trans_a: bool = False, trans_b: bool = Fal
     ta, tb = _float_tensor(a, dev, "bmm", "input"), _float_tensor(b, dev, "bmm", "other")
     if ta.ndim != 3 or tb.ndim != 3 or ta.shape[0] != tb.shape[0]:
         raise ValueError(f"bmm: operands must be 3-D with equal batch sizes, got {ta.shape} and {tb.shape}")
-    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"bmm: {name} must be a bool, got {flag!r}")
+    trans_a, trans_b = _check_flag("bmm", "trans_a", trans_a), _check_flag("bmm", "trans_b", trans_b)
     ka = ta.shape[1] if trans_a else ta.shape[2]
     kb = tb.shape[2] if trans_b else tb.shape[1]
     if ka != kb:
         raise ValueError(
             f"bmm: inner dimensions differ: {ta.shape} (trans_a={trans_a}) and {tb.shape} (trans_b={trans_b})"
         )
-    return _bmm(ta, tb, bool(trans_a), bool(trans_b), ta.shape[0])
+    return _bmm(ta, tb, trans_a, trans_b, ta.shape[0])
 
 
 def _gemm_raw(rec, a, b, c, batch, m, n, k, ta, tb, alpha, beta):

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _core
 from .device import Device
-from .tensor import Tensor, _check_array, _resolve_device, empty, tensor
+from .tensor import Tensor, _check_array, _check_flag, _resolve_device, empty, tensor
 
 
 def _device_of(*xs, device=None):
@@ -40,12 +40,6 @@ def _as_tensor(x, name, device, ndim=None, dtype=_FLOAT32):
     if ndim is not None and len(t.shape) != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {t.shape}")
     return t
-
-
-def _check_flag(fn, name, flag):
-    if not isinstance(flag, (bool, np.bool_)):
-        raise TypeError(f"{fn}: {name} must be a bool, got {type(flag).__name__} {flag!r}")
-    return bool(flag)
 
 
 def _check_real(fn, name, scalar):

@@ -491,6 +491,13 @@ def _check_array(x, name, dtype=np.float32):
     return x
 
 
+def _check_flag(fn, name, flag):
+    """A bool or NumPy bool, as a bool; TypeError naming the function and argument otherwise."""
+    if not isinstance(flag, (bool, np.bool_)):
+        raise TypeError(f"{fn}: {name} must be a bool, got {type(flag).__name__} {flag!r}")
+    return bool(flag)
+
+
 def _check_same(a, b, name):
     if a.device is not b.device:
         raise ValueError(f"{name} lives on {b.device!r}, expected {a.device!r}")

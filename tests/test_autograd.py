@@ -231,6 +231,13 @@ def test_bmm_transpose_modes(rng, ta, tb):
     _close(pb.grad.numpy(), Bt.grad.numpy(), "dB")
 
 
+def test_bmm_flags_must_be_bools():
+    a = pw.tensor(np.ones((2, 3, 3), np.float32))
+    with pytest.raises(TypeError, match="bmm: trans_b must be a bool, got str 'yes'"):
+        pw.bmm(a, a, trans_b="yes")
+    np.testing.assert_array_equal(pw.bmm(a, a, trans_a=np.bool_(True)).numpy(), np.full((2, 3, 3), 3.0, np.float32))
+
+
 SHAPE_OPS = {
     "reshape": lambda L, x: x.reshape(5, -1) * 1.0,
     "transpose": lambda L, x: x.transpose(0, 2),
