@@ -69,22 +69,39 @@ class enable_grad(set_grad_enabled):
 class Node:
     """One recorded op: ``backward(grad, sinks, preact)`` records the input
     gradients. ``inputs`` are the op's tensor inputs (None where an input
-    takes no gradient); ``saved`` whatever backward reads."""
+    takes no gradient); ``edges`` the nodes that produced them when the op
+    ran (None for leaves): an in-place op later gives its tensor a new node,
+    and the ops that read the old value must still reach the old one.
+    ``saved`` is whatever backward reads; ``versions`` the (storage, version)
+    of each tensor whose values backward reads, checked before it runs."""
 
-    __slots__ = ("name", "inputs", "backward_fn", "saved", "released", "__weakref__")
+    __slots__ = ("name", "inputs", "edges", "backward_fn", "saved", "versions", "released", "__weakref__")
 
-    def __init__(self, name, inputs, backward_fn, saved=None):
+    def __init__(self, name, inputs, backward_fn, saved=None, keep=()):
         self.name = name
         self.inputs = tuple(inputs)
+        self.edges = tuple(None if t is None else t._node for t in self.inputs)
         self.backward_fn = backward_fn
         self.saved = saved
+        self.versions = tuple((t._store, t._store.version) for t in keep if t is not None)
         self.released = False
 
     def release(self):
         self.inputs = ()
+        self.edges = ()
         self.backward_fn = None
         self.saved = None
         self.released = True
+
+    def check_versions(self):
+        for store, version in self.versions:
+            if store.version != version:
+                raise RuntimeError(
+                    f"one of the variables needed for gradient computation has been modified by an inplace "
+                    f"operation: the input or output of {self.name} is at version {store.version}; expected "
+                    f"version {version} instead (clone it before the in-place operation, or do the in-place "
+                    "operation after backward)"
+                )
 
     def __repr__(self):
         return f"<{self.name}Backward>"
@@ -97,11 +114,15 @@ def needs_grad(*tensors):
     return any(t is not None and getattr(t, "requires_grad", False) for t in tensors)
 
 
-def attach(out, name, inputs, backward_fn, saved=None):
-    """Make ``out`` the result of a recorded op (when any input requires grad)."""
+def attach(out, name, inputs, backward_fn, saved=None, keep=()):
+    """Make ``out`` the result of a recorded op (when any input requires grad).
+    ``keep``: the tensors (inputs or ``out``) whose values ``backward_fn``
+    reads; writing one of them in place before backward makes backward raise."""
     if needs_grad(*inputs):
         out.requires_grad = True
-        out._node = Node(name, [t if t is not None and t.requires_grad else None for t in inputs], backward_fn, saved)
+        out._node = Node(
+            name, [t if t is not None and t.requires_grad else None for t in inputs], backward_fn, saved, keep
+        )
     return out
 
 
@@ -110,16 +131,16 @@ class _Slot:
 
     __slots__ = ("tensor", "shape", "leaf", "value", "owned", "share", "preact", "uses", "producer")
 
-    def __init__(self, tensor, uses):
+    def __init__(self, tensor, uses, producer):
         self.tensor = tensor
         self.shape = tensor.shape
-        self.leaf = tensor._node is None
+        self.leaf = producer is None
         self.value = None  # intermediate: the gradient so far
         self.owned = False  # whether `value` may be written in place
         self.share = None  # the _Share of a value other slots may hold too (owned is then False)
         self.preact = False  # value is the gradient of the producer's pre-activation (fused Linear)
         self.uses = uses
-        self.producer = tensor._node
+        self.producer = producer
 
     # -- leaves: .grad as in PyTorch -----------------------------------------
     def _leaf_target(self):
@@ -277,14 +298,14 @@ def _topo_nodes(root_node):
                 "first backward() (compute the result again for a second backward)"
             )
         stack.append((node, True))
-        for t in node.inputs:
-            if t is not None and t._node is not None and id(t._node) not in seen:
-                stack.append((t._node, False))
+        for e in node.edges:
+            if e is not None and id(e) not in seen:
+                stack.append((e, False))
     order.reverse()  # root first
     return order
 
 
-def backward(root, gradient=None):
+def backward(root, gradient=None, retain_graph=None):
     """Run the backward pass from ``root`` (see ``Tensor.backward``)."""
     from .tensor import Tensor, tensor
 
@@ -313,40 +334,48 @@ def backward(root, gradient=None):
         if gradient.dtype != np.float32:
             raise TypeError(f"backward(): gradient must be float32, got {gradient.dtype.name}")
     if root._node is None:  # a leaf: its gradient is the seed itself
-        _Slot(root, 1).put(gradient, owned=False)
+        with root.device._cache.grad_lock:
+            _Slot(root, 1, None).put(gradient, owned=False)
         return
     nodes = _topo_nodes(root._node)
+    for node in nodes:  # before anything is recorded: a refused pass changes no .grad
+        node.check_versions()
+    # A slot per gradient: keyed by the node that produced the tensor, or by the leaf tensor itself.
     uses = {}
     for node in nodes:
-        for t in node.inputs:
+        for t, e in zip(node.inputs, node.edges):
             if t is not None:
-                uses[id(t)] = uses.get(id(t), 0) + 1
-    slots = {}  # id(tensor) -> _Slot; tensors are kept alive by their consumers' inputs
+                key = id(t) if e is None else id(e)
+                uses[key] = uses.get(key, 0) + 1
+    slots = {}  # tensors are kept alive by their consumers' inputs
 
-    def slot_of(t):
-        s = slots.get(id(t))
+    def slot_of(t, e):
+        key = id(t) if e is None else id(e)
+        s = slots.get(key)
         if s is None:
-            s = slots[id(t)] = _Slot(t, uses.get(id(t), 1))
+            s = slots[key] = _Slot(t, uses.get(key, 1), e)
         return s
 
-    root_slot = slot_of(root)
+    root_slot = slot_of(root, root._node)
     root_slot.put(gradient, owned=False)
-    by_node = {id(root._node): root_slot}
-    with root.device.batch():
+    # The device's gradient lock spans the pass and its submission: threads
+    # accumulating into one leaf then reach the GPU in the order they decided
+    # whether to create or add to its .grad.
+    with root.device._cache.grad_lock, root.device.batch():
         for node in nodes:
-            slot = by_node.pop(id(node), None)
+            slot = slots.get(id(node))
             if slot is None or slot.value is None:
-                node.release()  # no gradient reached it
+                if not retain_graph:
+                    node.release()  # no gradient reached it
                 continue
-            sinks = []
-            for t in node.inputs:
-                if t is None:
-                    sinks.append(None)
-                    continue
-                s = slot_of(t)
-                if t._node is not None:
-                    by_node[id(t._node)] = s
-                sinks.append(Sink(s, slot))
+            t = slot.tensor
+            if t._retains_grad and t._node is node and not slot.preact:
+                if t.grad is None:
+                    t.grad = _copy(slot.value)
+                else:
+                    _copy_into(slot.value, t.grad, 1.0)
+            sinks = [None if t is None else Sink(slot_of(t, e), slot) for t, e in zip(node.inputs, node.edges)]
             node.backward_fn(slot.value, sinks, slot.preact)
             slot.drop()
-            node.release()
+            if not retain_graph:
+                node.release()

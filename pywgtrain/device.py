@@ -77,11 +77,13 @@ class DeviceCache:
     as the Device. Threads sharing a Device may race to fill an entry: both
     objects are equivalent and the last one written stays."""
 
-    __slots__ = ("scratch", "one")
+    __slots__ = ("scratch", "one", "offset_align", "grad_lock")
 
-    def __init__(self) -> None:
+    def __init__(self, offset_align: int = 256) -> None:
         self.scratch: dict[str, Tensor] = {}  # key -> float32 Tensor of at least the requested size
         self.one: Optional[Tensor] = None  # float32 Tensor [1.0], uploaded on first backward of a scalar
+        self.offset_align = offset_align  # bytes: where a view may start and still be bound as it is
+        self.grad_lock = threading.RLock()  # held by backward(): leaf gradients accumulate atomically
 
     def __repr__(self):
         return f"<DeviceCache scratch={sorted(self.scratch)} one={'set' if self.one is not None else 'unset'}>"
@@ -148,7 +150,7 @@ class Device:
         with _wayland_quiet():
             self._dev = _core._Device("" if adapter is None else str(adapter))
         self._local = threading.local()
-        self._cache = DeviceCache()
+        self._cache = DeviceCache(self._dev.limits["min_storage_buffer_offset_alignment"])
         self._dev.configure_gemm_tuning(_gemm_autotune_default(self._dev.info), cache_dir())
         with _ordinal_lock:
             global _next_ordinal

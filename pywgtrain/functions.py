@@ -22,7 +22,7 @@ from . import _core
 from ._opcodes import BINARY, REDUCE, UNARY
 from .autograd import attach, needs_grad
 from ._typing import Dims, Labels, Operand, ShapeLike, TensorLike
-from .tensor import Tensor, _check_flag, _shape_arg, empty, full, tensor
+from .tensor import Tensor, _check_flag, _make_view, _shape_arg, empty, full, tensor
 
 MAX_DIMS = 6  # kernels index up to this many dimensions (tensor_ops.hpp kMaxDims)
 ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu_tanh": 2, "gelu": 3, "silu": 4}
@@ -51,7 +51,7 @@ def _float_tensor(x, dev, op, name):
             raise ValueError(f"{op}: {name} lives on {x.device!r}, the other operand on {dev!r}")
         if x.dtype != np.float32:
             raise TypeError(f"{op}: {name} must be float32, got {x.dtype.name} (int32 tensors hold ids and labels)")
-        return x
+        return _dense(x)
     if isinstance(x, np.ndarray):
         if x.dtype != np.float32:  # no silent casts (torch refuses mixed dtypes too)
             raise TypeError(f"{op}: {name} must have dtype float32, got {x.dtype.name}")
@@ -171,17 +171,22 @@ def _squeeze_shape(s):
     return tuple(d for d in s if d != 1)
 
 
-def _attach_launch(out, name, x, launch):
+def _attach_launch(out, name, x, launch, keep=()):
     """Attach to ``out`` a backward that is one recorded kernel launch writing
     ``x``'s gradient: ``launch(rec, g, dst, beta)`` with the upstream gradient's
-    and the target's buffers (``beta`` 1.0 accumulates into the target)."""
+    and the target's buffers (``beta`` 1.0 accumulates into the target);
+    ``keep``: the tensors whose values the launch reads (see autograd.attach)."""
 
     def backward(g, sinks, _):
         dst, beta = sinks[0].target()
         with _rec(g.device) as rec:
             launch(rec, g._buf, dst._buf, float(beta))
 
-    return attach(out, name, [x], backward)
+    return attach(out, name, [x], backward, keep=keep)
+
+
+# Unary ops whose gradient does not read x or y.
+_UNARY_LINEAR = frozenset(("copy", "neg", "add_scalar", "rsub_scalar", "mul_scalar"))
 
 
 # -- element-wise ----------------------------------------------------------------
@@ -193,7 +198,11 @@ def _unary(name, x, a=0.0, b=0.0):
     if needs_grad(x):
         xb, yb, n, fa, fb = x._buf, out._buf, x.size, float(a), float(b)
         _attach_launch(
-            out, name, x, lambda rec, g, dst, beta: _core.unary_backward(rec, code, xb, yb, g, dst, n, fa, fb, beta)
+            out,
+            name,
+            x,
+            lambda rec, g, dst, beta: _core.unary_backward(rec, code, xb, yb, g, dst, n, fa, fb, beta),
+            keep=() if name in _UNARY_LINEAR else (x, out),
         )
     return out
 
@@ -248,6 +257,18 @@ def clamp(
 
 def clone(x: TensorLike) -> Tensor:
     return _unary("copy", x)
+
+
+def _filled(x: Tensor) -> Tensor:
+    """The autograd record of ``x.fill_(v)`` on a graph tensor: a result over
+    x's memory whose gradient to x's earlier value is zero."""
+
+    def backward(g, sinks, _):
+        dst, beta = sinks[0].target()
+        if beta == 0.0:
+            _zero(dst)
+
+    return attach(_make_view(x, x.shape, x.stride(), x._offset), "fill", [x], backward)
 
 
 def _scalar_op(name, x, s):
@@ -332,7 +353,7 @@ def _binary(name, a, b):
             if not full_shape:
                 _sum_to_sink(dst, sink, owned=True)
 
-    return attach(out, name, [ta, tb], backward)
+    return attach(out, name, [ta, tb], backward, keep=() if name in ("add", "sub") else (ta, tb))
 
 
 def add(a: Operand, b: Operand, alpha: float = 1) -> Tensor:
@@ -410,7 +431,7 @@ def where(condition: Operand, input: Operand, other: Operand) -> Tensor:  # noqa
             if not full_shape:
                 _sum_to_sink(dst, sink, owned=True)
 
-    return attach(out, "where", [None, ta, tb], backward)
+    return attach(out, "where", [None, ta, tb], backward, keep=(tc,))
 
 
 # -- reductions --------------------------------------------------------------------
@@ -568,7 +589,11 @@ def _softmax(x, dim, log):
     if needs_grad(x):
         yb = out._buf
         _attach_launch(
-            out, op, x, lambda rec, g, dst, beta: _core.softmax_backward(rec, yb, g, dst, rows, cols, log, beta)
+            out,
+            op,
+            x,
+            lambda rec, g, dst, beta: _core.softmax_backward(rec, yb, g, dst, rows, cols, log, beta),
+            keep=(out,),
         )
     return out
 
@@ -582,30 +607,79 @@ def log_softmax(x: TensorLike, dim: int = -1) -> Tensor:
 
 
 # -- shape -------------------------------------------------------------------------
-def reshape(x: Tensor, *shape: ShapeLike) -> Tensor:
+def _new_shape(x, shape, op):
+    """The target shape of reshape/view, with -1 filled in, checked against x's size."""
     if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
         shape = tuple(shape[0])
     shape = list(_shape_arg(shape))
     if shape.count(-1) > 1:
-        raise ValueError(f"reshape: only one dimension can be -1, got {tuple(shape)}")
+        raise ValueError(f"{op}: only one dimension can be -1, got {tuple(shape)}")
     if any(s < -1 or s == 0 for s in shape):
-        raise ValueError(f"reshape: dimensions must be >= 1 (or one -1), got {tuple(shape)}")
+        raise ValueError(f"{op}: dimensions must be >= 1 (or one -1), got {tuple(shape)}")
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
         if x.size % known:
-            raise ValueError(f"reshape: cannot reshape a tensor of shape {x.shape} into {tuple(shape)}")
+            raise ValueError(f"{op}: cannot reshape a tensor of shape {x.shape} into {tuple(shape)}")
         shape[shape.index(-1)] = x.size // known
     if math.prod(shape) != x.size:
-        raise ValueError(f"reshape: cannot reshape a tensor of shape {x.shape} ({x.size} elements) into {tuple(shape)}")
-    out = Tensor(x._buf, shape, x.dtype, x.device)
-    out._batch = x._batch  # a view is as written as its source
-    if needs_grad(x):
-        in_shape = x.shape
+        raise ValueError(f"{op}: cannot reshape a tensor of shape {x.shape} ({x.size} elements) into {tuple(shape)}")
+    return tuple(shape)
 
-        def backward(g, sinks, _):
-            sinks[0].put(g.detach().reshape(in_shape), owned=False)
 
-        attach(out, "reshape", [x], backward)
+def _view_op(x, shape, strides, offset, name, backward):
+    """A view of x (shared memory) recorded by autograd with ``backward``."""
+    out = _make_view(x, shape, strides, offset)
+    if x.dtype == np.float32 and needs_grad(x):
+        attach(out, name, [x], backward)
+    return out
+
+
+def _reshape_view(x, shape, name):
+    in_shape = x.shape
+
+    def backward(g, sinks, _):
+        sinks[0].put(g.detach().reshape(in_shape), owned=False)
+
+    return _view_op(x, shape, _strides(shape), x._offset, name, backward)
+
+
+def reshape(x: Tensor, *shape: ShapeLike) -> Tensor:
+    """A view with the new shape when x is contiguous, else a contiguous copy reshaped (as torch.reshape)."""
+    shape = _new_shape(x, shape, "reshape")
+    if not x.is_contiguous():
+        x = contiguous(x)
+    return _reshape_view(x, shape, "reshape")
+
+
+def view(x: Tensor, *shape: ShapeLike) -> Tensor:
+    """A view with the new shape; a non-contiguous tensor raises (use reshape), as torch.Tensor.view."""
+    shape = _new_shape(x, shape, "view")
+    if not x.is_contiguous():
+        raise RuntimeError(
+            f"view: the tensor of shape {x.shape} and strides {x.stride()} is not contiguous, so view() cannot "
+            "reshape it; use .reshape(...) (which copies) or .contiguous() first"
+        )
+    return _reshape_view(x, shape, "view")
+
+
+def contiguous(x: Tensor) -> Tensor:
+    """x when contiguous, else a contiguous copy whose gradient flows back to x."""
+    if x.is_contiguous():
+        return x
+    out = Tensor(x._view_buffer(), x.shape, x.dtype, x.device)
+    if x.dtype == np.float32 and needs_grad(x):
+        attach(out, "contiguous", [x], lambda g, sinks, _: sinks[0].put(g, owned=False))
+    return out
+
+
+def _dense(x):
+    """x itself when the kernels can bind its memory as it is (contiguous at an
+    aligned offset), else a contiguous copy (differentiable)."""
+    if x._whole or (x._strides is None and x._offset * 4 % x.device._cache.offset_align == 0):
+        return x
+    out = Tensor(x._view_buffer(), x.shape, x.dtype, x.device)
+    if x.dtype == np.float32 and needs_grad(x):
+        attach(out, "contiguous", [x], lambda g, sinks, _: sinks[0].put(g, owned=False))
     return out
 
 
@@ -618,25 +692,33 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
     d = _dim(dim, x.ndim + 1, "unsqueeze")
-    return reshape(x, x.shape[:d] + (1,) + x.shape[d:])
+    st = x.stride()
+    inner = st[d] * x.shape[d] if d < x.ndim else 1
+    return _reshape_like(x, x.shape[:d] + (1,) + x.shape[d:], st[:d] + (inner,) + st[d:], "unsqueeze")
 
 
 def squeeze(x: Tensor, dim: Optional[int] = None) -> Tensor:
+    st = x.stride()
     if dim is None:
-        return reshape(x, tuple(s for s in x.shape if s != 1))
-    d = _dim(dim, x.ndim, "squeeze")
-    return reshape(x, x.shape[:d] + x.shape[d + 1 :]) if x.shape[d] == 1 else x
+        keep = [i for i, s in enumerate(x.shape) if s != 1]
+    else:
+        d = _dim(dim, x.ndim, "squeeze")
+        if x.shape[d] != 1:
+            return x
+        keep = [i for i in range(x.ndim) if i != d]
+    if len(keep) == x.ndim:
+        return x
+    return _reshape_like(x, tuple(x.shape[i] for i in keep), tuple(st[i] for i in keep), "squeeze")
 
 
-def _strided_gather(x, out_shape, src_off, src_strides, name, backward_fn):
-    _check_dims(out_shape, name)
-    out = empty(out_shape, x.dtype, x.device)
-    ks = _kshape(out_shape)
-    with _rec(x.device) as rec:
-        _core.strided_copy(rec, x._buf, src_off, list(src_strides) or [0], out._buf, 0, list(_strides(ks)), ks, 0.0)
-    if backward_fn is not None and x.dtype == np.float32 and needs_grad(x):
-        attach(out, name, [x], backward_fn)
-    return out
+def _reshape_like(x, shape, strides, name):
+    """A view that only adds or drops size-1 dimensions (strided x stays strided)."""
+    in_shape = x.shape
+
+    def backward(g, sinks, _):
+        sinks[0].put(g.detach().reshape(in_shape), owned=False)
+
+    return _view_op(x, shape, strides, x._offset, name, backward)
 
 
 def permute(x: Tensor, *dims: Union[int, Sequence[int]]) -> Tensor:
@@ -645,7 +727,7 @@ def permute(x: Tensor, *dims: Union[int, Sequence[int]]) -> Tensor:
     perm = [_dim(d, x.ndim, "permute") for d in dims]
     if sorted(perm) != list(range(x.ndim)):
         raise ValueError(f"permute: dims {dims} are not a permutation of the {x.ndim} dimensions of {x.shape}")
-    st = _strides(x.shape)
+    st = x.stride()
     out_shape = tuple(x.shape[p] for p in perm)
     inverse = [perm.index(i) for i in range(x.ndim)]
 
@@ -658,9 +740,7 @@ def permute(x: Tensor, *dims: Union[int, Sequence[int]]) -> Tensor:
                 rec, g._buf, 0, [gst[i] for i in inverse] or [0], dst._buf, 0, list(_strides(ks)), ks, float(beta)
             )
 
-    if perm == list(range(x.ndim)):
-        return x
-    return _strided_gather(x, out_shape, 0, [st[p] for p in perm], "permute", backward)
+    return _view_op(x, out_shape, [st[p] for p in perm], x._offset, "permute", backward)
 
 
 def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
@@ -683,18 +763,23 @@ def expand(x: Tensor, *shape: ShapeLike) -> Tensor:
             raise ValueError(f"expand: a tensor of shape {x.shape} cannot be expanded to {shape}")
     if shape == x.shape:
         return x
+    pst = (0,) * (len(shape) - x.ndim) + tuple(x.stride())
+    strides = [0 if p == 1 and s != 1 else t for p, s, t in zip(pad, shape, pst)]
 
     def backward(g, sinks, _):
         _sum_to_sink(g, sinks[0], owned=False)
 
-    return _strided_gather(x, shape, 0, _bstrides(x.shape, shape), "expand", backward)
+    return _view_op(x, shape, strides, x._offset, "expand", backward)
 
 
-def _slice_region(x, starts, steps, out_shape, name):
-    """Copy of x[starts[d] :: steps[d]] with out_shape; backward writes into that region."""
-    st = _strides(x.shape)
+def _slice_view(x, starts, steps, out_shape, name):
+    """The view x[starts[d] :: steps[d]] of out_shape; backward writes the gradient into that region."""
+    st = x.stride()
     off = builtins.sum(s * t for s, t in zip(starts, st))
-    src_strides = [t * k for t, k in zip(st, steps)]
+    # The gradient's region in x's own (contiguous) coordinates.
+    cst = _strides(x.shape)
+    goff = builtins.sum(s * t for s, t in zip(starts, cst))
+    gstrides = [t * k for t, k in zip(cst, steps)]
 
     def backward(g, sinks, _):
         dst, beta = sinks[0].target()
@@ -702,9 +787,9 @@ def _slice_region(x, starts, steps, out_shape, name):
             _zero(dst)
         ks = _kshape(out_shape)
         with _rec(x.device) as rec:
-            _core.strided_copy(rec, g._buf, 0, list(_strides(ks)), dst._buf, off, src_strides or [0], ks, 1.0)
+            _core.strided_copy(rec, g._buf, 0, list(_strides(ks)), dst._buf, goff, gstrides or [0], ks, 1.0)
 
-    return _strided_gather(x, out_shape, off, src_strides, name, backward)
+    return _view_op(x, out_shape, [t * k for t, k in zip(st, steps)], x._offset + off, name, backward)
 
 
 def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
@@ -718,12 +803,23 @@ def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
     starts[d] = start
     shape = list(x.shape)
     shape[d] = length
-    return _slice_region(x, starts, [1] * x.ndim, tuple(shape), "narrow")
+    return _slice_view(x, starts, [1] * x.ndim, tuple(shape), "narrow")
+
+
+def select(x: Tensor, dim: int, index: int) -> Tensor:
+    """The view of x at ``index`` along ``dim``, that dimension removed (torch.select)."""
+    d = _dim(dim, x.ndim, "select")
+    size = x.shape[d]
+    i = int(index)
+    if not -size <= i < size:
+        raise IndexError(f"select: index {i} is out of range for dimension {d} of size {size}")
+    return squeeze(narrow(x, d, i % size, 1), d)
 
 
 def getitem(x: Tensor, index: object) -> Tensor:
-    """Basic indexing: ints, slices (positive steps), None and Ellipsis; an
-    int32 Tensor or integer array on the first axis gathers rows (embedding)."""
+    """Basic indexing returns a view: ints, slices (positive steps), None and
+    Ellipsis; an int32 Tensor or integer array on the first axis gathers rows
+    (a copy, as in PyTorch)."""
     if isinstance(index, (Tensor, np.ndarray, list)):
         return index_select(x, 0, index)
     if not isinstance(index, tuple):
@@ -740,10 +836,11 @@ def getitem(x: Tensor, index: object) -> Tensor:
         else:
             expanded.append(i)
     expanded += [slice(None)] * (x.ndim - builtins.sum(1 for i in expanded if i is not None))
-    starts, steps, region, out_shape = [], [], [], []
+    starts, steps, region, out_shape, out_dims = [], [], [], [], []
     d = 0
     for i in expanded:
         if i is None:
+            out_dims.append(None)
             out_shape.append(1)
             continue
         size = x.shape[d]
@@ -760,6 +857,7 @@ def getitem(x: Tensor, index: object) -> Tensor:
             steps.append(step)
             region.append(n)
             out_shape.append(n)
+            out_dims.append(d)
         elif isinstance(i, numbers.Integral) and not isinstance(i, bool):
             j = int(i) + (size if int(i) < 0 else 0)
             if not 0 <= j < size:
@@ -771,9 +869,14 @@ def getitem(x: Tensor, index: object) -> Tensor:
             raise TypeError(f"index: unsupported index {i!r} (ints, slices, None, ... and integer tensors on axis 0)")
         d += 1
     if starts == [0] * x.ndim and steps == [1] * x.ndim and tuple(region) == x.shape:
-        return reshape(x, tuple(out_shape)) if tuple(out_shape) != x.shape else x
-    part = _slice_region(x, starts, steps, tuple(region), "getitem")
-    return reshape(part, tuple(out_shape)) if tuple(out_shape) != part.shape else part
+        part = x
+    else:
+        part = _slice_view(x, starts, steps, tuple(region), "getitem")
+    if tuple(out_shape) == part.shape:
+        return part
+    pst = part.stride()
+    strides = [1 if od is None else pst[od] for od in out_dims]
+    return _reshape_like(part, tuple(out_shape), strides, "getitem")
 
 
 def split(x: Tensor, split_size_or_sections: Union[int, Sequence[int]], dim: int = 0) -> tuple[Tensor, ...]:
@@ -889,6 +992,7 @@ def embedding(ids: Labels, weight: Tensor) -> Tensor:
             "embedding",
             weight,
             lambda rec, g, dst, beta: _core.embedding_backward(rec, g, ibuf, dst, n, vocab, dim, beta),
+            keep=(tids,),
         )
     return out
 
@@ -982,7 +1086,7 @@ def _bmm(a, b, ta, tb, batch):
                     else:
                         _gemm_raw(rec, abuf, g._buf, dst._buf, batch, k, n, m, not ta, False, 1.0, beta)
 
-        attach(out, "matmul", [a, b], backward)
+        attach(out, "matmul", [a, b], backward, keep=(a, b))
     return out
 
 
@@ -1109,7 +1213,7 @@ def linear(
                     dx, bx = sx.target()
                     _core.gemm(rec, dz._buf, wbuf, dx._buf, rows, in_f, out_f, False, False, 1.0, bx)
 
-    return attach(y, "linear", [tx, tw, tb, tr], backward, _LinearSaved(act, pbuf))
+    return attach(y, "linear", [tx, tw, tb, tr], backward, _LinearSaved(act, pbuf), keep=(tx, tw))
 
 
 _ACT_UNARY = {1: "relu", 2: "gelu_tanh", 3: "gelu_erf", 4: "silu"}
@@ -1172,6 +1276,7 @@ def nll_loss(
             "nll_loss",
             x,
             lambda rec, g, dst, beta: _core.nll_pick_backward(rec, g, lbuf, dst, rows, cols, ignore, beta),
+            keep=(labels,),
         )
     if reduction == "none":
         return picked
@@ -1219,7 +1324,7 @@ def cross_entropy(
         def launch(rec, g, dst, beta):
             _core.cross_entropy_backward(rec, xbuf, lbuf, lsebuf, g, obuf, dst, rows, cols, ignore, each, beta)
 
-        _attach_launch(result, "cross_entropy", x, launch)
+        _attach_launch(result, "cross_entropy", x, launch, keep=(x, labels))
     return result
 
 
@@ -1357,7 +1462,7 @@ def scaled_dot_product_attention(
                 if sink is not None:
                     sink.put(gt, owned=True)
 
-    return attach(out, op, [q, k, v], backward)
+    return attach(out, op, [q, k, v], backward, keep=(q, k, v, out))
 
 
 def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] = None) -> Tensor:
@@ -1414,7 +1519,7 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
                 beta,
             )
 
-        attach(out, op, [x], backward)
+        attach(out, op, [x], backward, keep=(x, out))
     return out
 
 
@@ -1484,7 +1589,7 @@ def layer_norm(
                     float(bb),
                 )
 
-        attach(y, "layer_norm", [x, tw, tb], backward)
+        attach(y, "layer_norm", [x, tw, tb], backward, keep=(x, tw))
     return y
 
 

@@ -19,20 +19,40 @@ _DTYPES = (np.dtype(np.float32), np.dtype(np.int32))
 MAX_DIM = 2**31 - 1  # kernels index with 32-bit integers
 
 
+class _Storage:
+    """The memory behind a tensor and every view of it, with PyTorch's version
+    counter: each in-place write bumps ``version``, and autograd refuses a
+    backward that would read a saved tensor written since it was saved."""
+
+    __slots__ = ("buf", "nbytes", "version")
+
+    def __init__(self, buf: _core._Buffer) -> None:
+        self.buf = buf
+        self.nbytes = buf.nbytes
+        self.version = 0
+
+
 class Tensor:
-    """A C-contiguous array in GPU memory (float32, or int32 for labels and ids).
+    """An array in GPU memory (float32, or int32 for labels and ids).
 
     Create with :func:`tensor` / :func:`zeros` / :func:`empty`; read back with
     ``.numpy()`` or ``.item()``. Float tensors take part in autograd:
     ``requires_grad``, ``.grad``, ``.backward()``, ``.detach()`` behave as in
     PyTorch; the ops (``+ - * / @ **``, ``.exp()``, ``.sum(dim)``, ...) are
-    listed in ``docs/ops.md``. Shape ops that return views in PyTorch
-    (``transpose``, ``permute``, slicing) return contiguous copies here;
-    ``reshape``/``view`` share memory.
+    listed in ``docs/ops.md``. Shape ops return views sharing memory, as in
+    PyTorch (``reshape``, ``view``, slicing, ``narrow``, ``select``,
+    ``transpose``/``.T``/``permute``, ``expand``, ``unsqueeze``/``squeeze``,
+    ``split``/``chunk``); in-place methods write the tensor and the storage it
+    views, and bump its version counter. Kernels read strided views through a
+    contiguous copy they make themselves.
     """
 
     __slots__ = (
-        "_buf",
+        "_store",
+        "_offset",
+        "_strides",
+        "_whole",
+        "_base",
         "shape",
         "dtype",
         "device",
@@ -42,6 +62,7 @@ class Tensor:
         "_node",
         "_grad_home",
         "_batch",
+        "_retains_grad",
         "__weakref__",
     )
     shape: tuple[int, ...]
@@ -54,16 +75,69 @@ class Tensor:
     def __init__(
         self, buf: _core._Buffer, shape: Sequence[int], dtype: DTypeLike, device: Device, requires_grad: bool = False
     ) -> None:
-        self._buf = buf
+        self._store = _Storage(buf)
+        self._offset = 0  # elements from the start of the storage
+        self._strides = None  # element strides; None: contiguous (row-major)
+        self._base = None  # the tensor this one is a view of (PyTorch's ._base)
         self.shape = shape if _is_int_tuple(shape) else tuple(int(s) for s in shape)
         self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.device = device
         self.size = math.prod(self.shape)
+        self._whole = self.size * self.dtype.itemsize == self._store.nbytes  # the whole storage, contiguous
         self.requires_grad = bool(requires_grad)
         self.grad = None
         self._node = None  # the op that produced this tensor (autograd), None for leaves
         self._grad_home = None  # where a new .grad lives (a view of an optimizer's flat arena)
         self._batch = device._current_batch_token() if device is not None else None
+        self._retains_grad = False
+
+    # -- memory --------------------------------------------------------------
+    @property
+    def _buf(self) -> _core._Buffer:
+        """A buffer holding exactly this tensor's elements in row-major order,
+        bindable by the kernels: the storage itself, an aligned view of it, or
+        (strided or unaligned views) a fresh copy recorded now."""
+        if self._whole:
+            return self._store.buf
+        return self._view_buffer()
+
+    @_buf.setter
+    def _buf(self, buf: _core._Buffer) -> None:
+        # Moves the storage (an optimizer's flat arena takes over a parameter's
+        # memory); views of this tensor follow it.
+        if not self._whole or buf.nbytes != self._store.nbytes:
+            raise RuntimeError("only a tensor covering its whole storage can be moved to another buffer")
+        self._store.buf = buf
+
+    def _view_buffer(self):
+        store, item = self._store, self.dtype.itemsize
+        if self._strides is None and (self._offset * item) % self.device._cache.offset_align == 0:
+            return store.buf.view(self._offset * item, self.nbytes)
+        out = _core._Buffer(self.device._dev, self.nbytes)
+        shape = list(self.shape) or [1]
+        with self.device._recording() as rec:
+            _core.strided_copy(
+                rec, store.buf, self._offset, list(self.stride()) or [1], out, 0, _contiguous_strides(shape), shape, 0.0
+            )
+        return out
+
+    def stride(self, dim: Optional[int] = None) -> Union[tuple[int, ...], int]:
+        """Element strides, as ``torch.Tensor.stride``."""
+        st = self._strides if self._strides is not None else tuple(_contiguous_strides(self.shape))
+        return st if dim is None else st[dim]
+
+    def storage_offset(self) -> int:
+        return self._offset
+
+    def is_contiguous(self) -> bool:
+        return self._strides is None
+
+    @property
+    def _version(self) -> int:
+        return self._store.version
+
+    def _bump_version(self) -> None:
+        self._store.version += 1
 
     # -- description ---------------------------------------------------------
     @property
@@ -133,50 +207,148 @@ class Tensor:
             raise RuntimeError(f"the truth value of a tensor with {self.size} elements is ambiguous")
         return bool(self.item())
 
-    # -- in-place writes (outside autograd) ----------------------------------
-    def _check_inplace(self, what):
-        from .autograd import is_grad_enabled
-
-        if self.requires_grad and is_grad_enabled():
-            kind = "a leaf tensor that requires grad" if self._node is None else "a tensor that is part of a graph"
+    # -- in-place writes ------------------------------------------------------
+    def _check_inplace(self, what: str, graph: bool) -> None:
+        """Refuse what PyTorch refuses, before anything is written. ``graph``:
+        the write is recorded by autograd (grad mode on and the tensor or the
+        written value requires grad)."""
+        if self._strides is not None and any(st == 0 and n > 1 for st, n in zip(self._strides, self.shape)):
             raise RuntimeError(
-                f"{what}: in-place operation on {kind}; wrap it in pywgtrain.no_grad() or use the out-of-place form"
+                f"{what}: unsupported operation: more than one element of the written-to tensor refers to a "
+                "single memory location (an expanded tensor); clone() it first"
+            )
+        if not graph:
+            return
+        if self.requires_grad and self._node is None:
+            raise RuntimeError(
+                f"{what}: a leaf tensor that requires grad is used in an in-place operation; "
+                "wrap it in pywgtrain.no_grad() or use the out-of-place form"
+            )
+        base = self._base
+        if base is not None and base.requires_grad and base._node is None:
+            raise RuntimeError(
+                f"{what}: a view of a leaf tensor that requires grad is used in an in-place operation; "
+                "wrap it in pywgtrain.no_grad() or use the out-of-place form"
+            )
+        if base is not None:
+            raise RuntimeError(
+                f"{what}: in-place operations on a view of a tensor that is part of an autograd graph are not "
+                "supported; use the out-of-place form (e.g. torch.where / cat) or clone() first"
             )
 
-    def copy_(self, src: Union[Tensor, np.ndarray]) -> Tensor:
-        """Overwrite with ``src`` (array or Tensor) of the same shape and dtype."""
-        self._check_inplace("copy_")
-        if isinstance(src, Tensor):
-            _check_same(self, src, "src")
-            with self.device._recording() as rec:
+    def _write(self, src: Tensor) -> None:
+        """Record the copy of ``src`` (this tensor's shape and dtype) into this
+        tensor's memory and bump the version counter (no autograd)."""
+        shape = list(self.shape) or [1]
+        with self.device._recording() as rec:
+            if self._whole or (self._strides is None and self._offset * 4 % self.device._cache.offset_align == 0):
                 if self.dtype == np.float32:
                     _core.unary(rec, 0, src._buf, self._buf, self.size, 0.0, 0.0, 0.0)
                 else:
                     rec.copy(src._buf, 0, self._buf, 0, self.nbytes)
+            else:
+                _core.strided_copy(
+                    rec, src._buf, 0, _contiguous_strides(shape), self._store.buf, self._offset,
+                    list(self.stride()) or [1], shape, 0.0,
+                )
+        self._bump_version()
+
+    def _adopt(self, result: Tensor) -> None:
+        """Make this tensor the autograd result of ``result``'s op (an in-place op recorded by autograd)."""
+        self._node = result._node
+        self.requires_grad = result.requires_grad
+
+    def copy_(self, src: Union[Tensor, np.ndarray]) -> Tensor:
+        """Overwrite with ``src`` (array or Tensor) broadcast to this shape, same dtype.
+        Differentiable with respect to ``src`` as in PyTorch."""
+        from . import functions as F
+        from .autograd import is_grad_enabled
+
+        if isinstance(src, Tensor):
+            if src.device is not self.device:
+                raise ValueError(f"copy_: src lives on {src.device!r}, expected {self.device!r}")
+            if src.dtype != self.dtype:
+                raise ValueError(f"copy_: src has dtype {src.dtype.name}, expected {self.dtype.name}")
+            graph = is_grad_enabled() and (self.requires_grad or src.requires_grad)
+            self._check_inplace("copy_", graph)
+            value = src if src.shape == self.shape else F.expand(src, self.shape)
+            if graph:
+                value = F.clone(value)  # the op autograd records: the gradient goes to src only
+            self._write(value)
+            if graph:
+                self._adopt(value)
+            return self
+        if not isinstance(src, np.ndarray):
+            raise TypeError(f"copy_: src must be a numpy.ndarray or pywgtrain.Tensor, got {type(src).__name__}")
+        if src.dtype != self.dtype:
+            raise TypeError(f"copy_: src must have dtype {self.dtype.name}, got {_dtype_name(src.dtype)}")
+        if src.shape != self.shape:
+            raise ValueError(f"copy_: src has shape {src.shape}, expected {self.shape}")
+        self._check_inplace("copy_", is_grad_enabled() and self.requires_grad)
+        data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+        self.device.flush()  # keep order with work recorded earlier in a batch
+        if self._strides is None:
+            self._store.buf.upload(data, self._offset * self.dtype.itemsize)
+            self._bump_version()
         else:
-            arr = _check_array(src, "src", dtype=self.dtype)
-            if arr.shape != self.shape:
-                raise ValueError(f"src has shape {arr.shape}, expected {self.shape}")
-            self.device.flush()  # keep order with work recorded earlier in a batch
-            self._buf.upload(arr.reshape(-1).view(np.uint8))
-            self._batch = None
+            self._write(tensor(np.ascontiguousarray(src).reshape(self.shape or (1,)), self.device).reshape(self.shape))
+        self._batch = None
         return self
 
     def fill_(self, value: float) -> Tensor:
-        self._check_inplace("fill_")
+        from . import functions as F
+        from .autograd import is_grad_enabled
+
         if self.dtype != np.float32:
             raise TypeError(f"fill_ needs a float32 tensor, got {self.dtype.name}")
-        with self.device._recording() as rec:
-            _core.fill(rec, self._buf, self.size, float(value))
+        graph = is_grad_enabled() and self.requires_grad
+        self._check_inplace("fill_", graph)
+        if self._whole:
+            with self.device._recording() as rec:
+                _core.fill(rec, self._buf, self.size, float(value))
+            self._bump_version()
+        else:
+            self._write(full(self.shape, value, self.device))
+        if graph:
+            self._adopt(F._filled(self))
         return self
 
     def zero_(self) -> Tensor:
         if self.dtype == np.float32:
             return self.fill_(0.0)
-        self._check_inplace("zero_")
-        with self.device._recording() as rec:
-            rec.fill_zero(self._buf, 0, (self.nbytes + 3) // 4 * 4)
+        self._check_inplace("zero_", False)
+        if self._whole:
+            with self.device._recording() as rec:
+                rec.fill_zero(self._buf, 0, (self.nbytes + 3) // 4 * 4)
+            self._bump_version()
+        else:
+            self._write(zeros(self.shape, self.dtype, self.device))
         return self
+
+    def __setitem__(self, index: object, value: Union[Tensor, np.ndarray, float]) -> None:
+        """``x[index] = value`` for basic indices (ints, slices, None, ...): writes the view."""
+        from . import functions as F
+        from .autograd import is_grad_enabled, no_grad
+
+        if isinstance(index, (Tensor, np.ndarray, list)):
+            raise TypeError("x[index] = value: integer-array (advanced) indices are not supported for assignment")
+        graph = is_grad_enabled() and (self.requires_grad or getattr(value, "requires_grad", False))
+        if graph:
+            self._check_inplace("x[index] = value", True)
+            raise RuntimeError(
+                "x[index] = value on a tensor that is part of an autograd graph is not supported; "
+                "build the result out of place (e.g. with torch.where or cat)"
+            )
+        with no_grad():
+            view = F.getitem(self, index)
+            if view._store is not self._store:
+                raise TypeError(f"x[index] = value: index {index!r} does not select a view")
+            if isinstance(value, Tensor):
+                view.copy_(value)
+            elif self.dtype == np.float32 and F._is_scalar(value):
+                view.fill_(float(value))
+            else:
+                view.copy_(np.broadcast_to(np.asarray(value, self.dtype), view.shape))
 
     def clone(self) -> Tensor:
         from . import functions as F
@@ -189,16 +361,28 @@ class Tensor:
         return out
 
     # -- autograd ------------------------------------------------------------
-    def backward(self, gradient: Union[Tensor, np.ndarray, None] = None) -> None:
-        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (a scalar, or with ``gradient``)."""
+    def backward(self, gradient: Union[Tensor, np.ndarray, None] = None, retain_graph: Optional[bool] = None) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (a scalar, or with ``gradient``).
+        ``retain_graph=True`` keeps the graph for another backward, as in PyTorch."""
         from .autograd import backward
 
-        backward(self, gradient)
+        backward(self, gradient, retain_graph)
+
+    def retain_grad(self) -> None:
+        """Keep this non-leaf tensor's gradient in ``.grad`` during backward (leaves always do)."""
+        if not self.requires_grad:
+            raise RuntimeError("retain_grad(): can't retain_grad on a tensor that has requires_grad=False")
+        if self._node is not None:
+            self._retains_grad = True
+
+    @property
+    def retains_grad(self) -> bool:
+        return self._retains_grad
 
     def detach(self) -> Tensor:
-        """The same memory, cut from the graph."""
-        out = Tensor(self._buf, self.shape, self.dtype, self.device)
-        out._batch = self._batch
+        """The same memory (and version counter), cut from the graph."""
+        out = _make_view(self, self.shape, self.stride(), self._offset)
+        out._base = self._base
         return out
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
@@ -211,12 +395,21 @@ class Tensor:
 
     # -- shape ---------------------------------------------------------------
     def reshape(self, *shape: ShapeLike) -> Tensor:
-        """A tensor with a new shape over the same buffer (no copy); one dimension may be -1."""
+        """A view with a new shape when the strides allow, else a copy; one dimension may be -1."""
         from . import functions as F
 
         return F.reshape(self, *shape)
 
-    view = reshape
+    def view(self, *shape: ShapeLike) -> Tensor:
+        """A view with a new shape (RuntimeError where the strides do not allow one, as in PyTorch)."""
+        from . import functions as F
+
+        return F.view(self, *shape)
+
+    def select(self, dim: int, index: int) -> Tensor:
+        from . import functions as F
+
+        return F.select(self, dim, index)
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
         from . import functions as F
@@ -253,7 +446,10 @@ class Tensor:
         return self.T
 
     def contiguous(self) -> Tensor:
-        return self  # every tensor is contiguous
+        """This tensor when it is contiguous, else a contiguous copy (differentiable)."""
+        from . import functions as F
+
+        return self if self._strides is None else F.contiguous(self)
 
     def expand(self, *shape: ShapeLike) -> Tensor:
         from . import functions as F
@@ -420,20 +616,19 @@ def _inplace(name):
         from . import functions as F
         from .autograd import is_grad_enabled
 
-        result = getattr(F, name)(self, other)
-        if self.requires_grad and is_grad_enabled():
-            if self._node is None:
-                raise RuntimeError(
-                    f"a leaf tensor that requires grad is used in an in-place operation "
-                    f"({name}_); use the out-of-place form or pywgtrain.no_grad()"
-                )
-            return result  # the name is rebound to the out-of-place result; its graph stays intact
+        graph = is_grad_enabled() and (self.requires_grad or getattr(other, "requires_grad", False))
+        self._check_inplace(f"{name}_", graph)
+        src = self
+        if graph and name in ("mul", "div") and not F._is_scalar(other):
+            src = F.clone(self)  # the product's backward reads the original values, which the write replaces
+        result = getattr(F, name)(src, other)
         if result.shape != self.shape:
             raise ValueError(
                 f"{name}_: the result of shape {result.shape} does not fit the tensor of shape {self.shape}"
             )
-        with self.device._recording() as rec:
-            _core.unary(rec, 0, result._buf, self._buf, self.size, 0.0, 0.0, 0.0)
+        self._write(result)
+        if graph:
+            self._adopt(result)
         return self
 
     return op
@@ -477,7 +672,7 @@ def _check_array(x, name, dtype=np.float32):
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray or pywgtrain.Tensor, got {type(x).__name__}")
     if x.dtype != np.dtype(dtype):
-        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {x.dtype.name}")
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {_dtype_name(x.dtype)}")
     if not x.flags.c_contiguous:
         raise ValueError(
             f"{name} must be C-contiguous (got a strided or Fortran-ordered array); use np.ascontiguousarray"
@@ -489,6 +684,37 @@ def _check_array(x, name, dtype=np.float32):
     if any(s > MAX_DIM for s in x.shape):
         raise ValueError(f"{name} has a dimension above {MAX_DIM} (shape {x.shape})")
     return x
+
+
+def _dtype_name(dtype):
+    """A dtype's name, with its byte order when that is what differs (``>f4`` is also "float32")."""
+    return dtype.name if dtype.isnative or dtype.itemsize == 1 else f"{dtype.name} ({dtype.str}, non-native byte order)"
+
+
+def _contiguous_strides(shape):
+    out, s = [], 1
+    for d in reversed(shape):
+        out.append(s)
+        s *= d
+    out.reverse()
+    return out
+
+
+def _make_view(x, shape, strides, offset):
+    """A tensor over x's memory with its own shape, element strides and offset
+    (no copy, no autograd record: the view ops in functions.py attach that)."""
+    v = Tensor.__new__(Tensor)
+    v._store, v._offset = x._store, offset
+    v.shape = shape = tuple(shape)
+    v.dtype, v.device = x.dtype, x.device
+    v.size = math.prod(shape)
+    contiguous = all(st == c for st, c, n in zip(strides, _contiguous_strides(shape), shape) if n != 1)
+    v._strides = None if contiguous else tuple(strides)
+    v._whole = contiguous and offset == 0 and v.size * x.dtype.itemsize == x._store.nbytes
+    v._base = x if x._base is None else x._base
+    v.requires_grad, v.grad, v._node, v._grad_home, v._retains_grad = False, None, None, None, False
+    v._batch = x._batch
+    return v
 
 
 def _check_flag(fn, name, flag):

@@ -28,6 +28,8 @@ class Parameter(Tensor):
         if t.dtype != np.float32:
             raise TypeError(f"Parameter must be float32, got {t.dtype.name}")
         super().__init__(t._buf, t.shape, t.dtype, t.device, requires_grad)
+        if t._whole:
+            self._store = t._store  # shares memory and version counter with data, as torch.nn.Parameter does
 
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
