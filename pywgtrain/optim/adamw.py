@@ -201,6 +201,8 @@ class AdamW(Optimizer):
                         captured.append((gi, [i], range(start, rec.captured)))
             if captured is not None:
                 self._captured = captured
+        for _, p in live:
+            p._bump_version()  # written in place: a graph that saved the old values refuses to backward
 
     def _replay_uniforms(self, graph):
         """Replay counterpart of step(): bump the step counts and return this

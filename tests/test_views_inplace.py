@@ -1,0 +1,316 @@
+"""Views, in-place ops and saved-tensor versions with PyTorch's semantics (issue 34, items 4-6 and 9)."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import pywgtrain as pw
+
+from helpers import rand
+
+
+def pair(dev, arr, requires_grad=False):
+    """The same float32 data as a pywgtrain tensor and a float64 torch tensor."""
+    return (
+        pw.tensor(np.ascontiguousarray(arr, np.float32), dev, requires_grad=requires_grad),
+        torch.tensor(np.asarray(arr, np.float64), requires_grad=requires_grad),
+    )
+
+
+def close(ours, ref):
+    np.testing.assert_allclose(np.asarray(ours), ref.detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+# -- item 4: in-place methods on graph tensors ---------------------------------------
+@pytest.mark.parametrize("op", ["mul_zero", "add_one", "mul_tensor", "div_tensor", "sub_tensor", "fill", "zero"])
+def test_inplace_on_graph_tensor_matches_torch(dev, rng, op):
+    a, ta = pair(dev, rand(rng, 7) + 3, requires_grad=True)
+    w, tw = pair(dev, rand(rng, 7) + 3, requires_grad=True)
+    results = []
+    for lib, x, y in (("pw", a, w), ("torch", ta, tw)):
+        h = x * 2
+        if op == "mul_zero":
+            h.mul_(0.0)
+        elif op == "add_one":
+            h.add_(1)
+        elif op == "mul_tensor":
+            h.mul_(y)
+        elif op == "div_tensor":
+            h.div_(y)
+        elif op == "sub_tensor":
+            h -= y
+        elif op == "fill":
+            h.fill_(4.0)
+        else:
+            h.zero_()
+        (h * h).sum().backward()
+        results.append((h, x.grad, y.grad))
+    (h, ga, gw), (th, tga, tgw) = results
+    close(h.numpy(), th)
+    close(ga.numpy(), tga)
+    if tgw is None:
+        assert gw is None
+    else:
+        close(gw.numpy(), tgw)
+
+
+def test_earlier_consumers_keep_the_value_before_the_inplace_op(dev, rng):
+    a, ta = pair(dev, rand(rng, 5), requires_grad=True)
+    for x in (a, ta):
+        h = x * 2
+        z = h * 3  # reads h before the write below
+        h.mul_(0.0)
+        (z.sum() + h.sum()).backward()
+    close(a.grad.numpy(), ta.grad)
+
+
+def test_inplace_on_plain_tensor_joins_the_graph(dev, rng):
+    w, tw = pair(dev, rand(rng, 4), requires_grad=True)
+    for x, acc in ((w, pw.zeros(4, device=dev)), (tw, torch.zeros(4))):
+        acc.add_(x * 3)
+        acc.sum().backward()
+    close(w.grad.numpy(), tw.grad)
+
+
+def test_inplace_on_leaf_or_its_view_raises(dev):
+    a = pw.tensor(np.ones(3, np.float32), dev, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf tensor that requires grad"):
+        a.add_(1)
+    with pytest.raises(RuntimeError, match="view of a leaf tensor that requires grad"):
+        a.reshape(3).add_(1)
+    with pytest.raises(RuntimeError, match="view of a leaf"):
+        a[0:2].fill_(0)
+    np.testing.assert_array_equal(a.numpy(), [1, 1, 1])  # nothing was written
+    with pw.no_grad():
+        a[1:].mul_(3)
+    np.testing.assert_array_equal(a.numpy(), [1, 3, 3])
+
+
+def test_inplace_on_view_of_graph_tensor_raises_clearly(dev):
+    a = pw.tensor(np.ones((2, 3), np.float32), dev, requires_grad=True)
+    h = a * 2
+    with pytest.raises(RuntimeError, match="view of a tensor that is part of an autograd graph"):
+        h[0].mul_(0)
+    with pytest.raises(RuntimeError, match="autograd graph"):
+        h[0] = 5.0
+    np.testing.assert_array_equal(h.numpy(), np.full((2, 3), 2))
+
+
+def test_expanded_tensor_refuses_writes(dev):
+    x = pw.tensor(np.ones((1, 3), np.float32), dev).expand(4, 3)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        x.fill_(2)
+
+
+# -- item 5: views share memory --------------------------------------------------------
+def test_view_writes_reach_the_base(dev, rng):
+    base = rand(rng, 5, 6)
+    w, tw = pair(dev, base, requires_grad=True)
+    m, tm = pair(dev, rand(rng, 4, 3))
+    src, tsrc = pair(dev, rand(rng, 3))
+    with pw.no_grad():
+        w[0].zero_()
+        w.narrow(0, 1, 2).fill_(7)
+        w[:, ::4].mul_(-1)
+        w.T[5].add_(100)
+    with torch.no_grad():
+        tw[0].zero_()
+        tw.narrow(0, 1, 2).fill_(7)
+        tw[:, ::4].mul_(-1)
+        tw.T[5].add_(100)
+    close(w.numpy(), tw)
+    m[1].copy_(src)
+    tm[1].copy_(tsrc)
+    m.T[0].zero_()
+    tm.T[0].zero_()
+    m[2, 1:] = 5.0
+    tm[2, 1:] = 5.0
+    m[3] = np.array([1, 2, 3], np.float32)
+    tm[3] = torch.tensor([1.0, 2, 3])
+    close(m.numpy(), tm)
+
+
+def test_views_share_storage_and_version(dev):
+    x = pw.tensor(np.arange(24, dtype=np.float32).reshape(2, 3, 4), dev)
+    views = [x[0], x[:, 1], x.transpose(0, 2), x.permute(2, 0, 1), x.narrow(2, 1, 2), x.select(1, 2), x.unsqueeze(1),
+             x.reshape(6, 4), x.view(-1), x[..., None], x.detach(), *x.split(1, 2), *x.chunk(2, 0)]
+    for v in views:
+        assert v._store is x._store
+    before = x._version
+    views[0].add_(1)
+    assert x._version == before + 1 and views[3]._version == before + 1
+    assert not x.transpose(0, 1).is_contiguous() and x.transpose(0, 1).stride() == (4, 12, 1)
+
+
+def test_view_values_and_strides_match_torch(dev):
+    arr = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    x, t = pw.tensor(arr, dev), torch.tensor(arr)
+    cases = [
+        lambda z: z[1, :, ::2],
+        lambda z: z.transpose(1, 3)[:, 2:],
+        lambda z: z.permute(3, 1, 0, 2).narrow(0, 1, 3),
+        lambda z: z[None, :, 1, None, ::3],
+        lambda z: z.transpose(0, 1).unsqueeze(2).squeeze(),
+        lambda z: z[:, 1:2].expand(2, 5, 4, 5),
+        lambda z: z.select(3, -1),
+        lambda z: z.transpose(2, 3).reshape(6, 20),
+        lambda z: z[..., 1:4].contiguous(),
+    ]
+    for f in cases:
+        ours, ref = f(x), f(t)
+        assert ours.shape == tuple(ref.shape)
+        if ours._store is x._store:
+            # Strides of size-1 dimensions are arbitrary (torch's own rule for them varies by op).
+            sized = [i for i, n in enumerate(ours.shape) if n != 1]
+            assert [ours.stride()[i] for i in sized] == [ref.stride()[i] for i in sized]
+            assert ours.storage_offset() == ref.storage_offset()
+        np.testing.assert_array_equal(ours.numpy(), ref.numpy())
+
+
+def test_view_of_noncontiguous_tensor_raises_like_torch(dev):
+    x = pw.tensor(np.ones((3, 4), np.float32), dev)
+    with pytest.raises(RuntimeError, match="not contiguous"):
+        x.T.view(12)
+    assert x.T.reshape(12).shape == (12,)
+
+
+# -- item 6: saved tensors modified in place ------------------------------------------
+def test_modified_saved_input_raises(dev):
+    x = pw.tensor(np.ones(3, np.float32), dev)
+    w = pw.tensor(np.ones(3, np.float32), dev, requires_grad=True)
+    y = (x * w).sum()
+    x += 100
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    assert w.grad is None  # refused before anything was recorded
+
+
+def test_modified_saved_output_raises_through_detach(dev):
+    a = pw.tensor(np.ones(3, np.float32), dev, requires_grad=True)
+    y = a.exp()
+    y.detach().mul_(0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_inputs_not_read_by_backward_may_change(dev, rng):
+    # add's backward reads neither input: torch allows the write, and so do we.
+    x, tx = pair(dev, rand(rng, 3))
+    w, tw = pair(dev, rand(rng, 3), requires_grad=True)
+    for a, b in ((x, w), (tx, tw)):
+        y = (a + b).sum()
+        with (pw.no_grad() if a is x else torch.no_grad()):
+            a.mul_(2)
+        y.backward()
+    close(w.grad.numpy(), tw.grad)
+
+
+def test_optimizer_step_bumps_parameter_versions(dev):
+    lin = pw.nn.Linear(3, 2, device=dev)
+    opt = pw.optim.AdamW(lin.parameters(), lr=0.1)
+    x = np.ones((4, 3), np.float32)
+    lin(x).sum().backward()
+    loss = lin(x).sum()
+    opt.step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_retain_graph_and_retain_grad(dev, rng):
+    a, ta = pair(dev, rand(rng, 4), requires_grad=True)
+    outs = []
+    for x in (a, ta):
+        h = x * 3
+        h.retain_grad()
+        y = (h * h).sum()
+        y.backward(retain_graph=True)
+        y.backward()
+        outs.append(h.grad)
+    close(a.grad.numpy(), ta.grad)
+    close(outs[0].numpy(), outs[1])
+    y = (a * 2).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        y.backward()
+
+
+# -- item 9: concurrent backward into one leaf ---------------------------------------
+def test_concurrent_backward_into_one_leaf_loses_nothing(dev):
+    for _ in range(5):
+        w = pw.tensor(np.ones(8, np.float32), dev, requires_grad=True)
+
+        def work():
+            for _ in range(20):
+                (w * 2).sum().backward()
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        np.testing.assert_array_equal(w.grad.numpy(), np.full(8, 160.0))
+
+
+# -- random programs against torch -----------------------------------------------------
+def _random_view(rng, z):
+    """One random view op applied identically to a pywgtrain tensor or a torch tensor."""
+    nd = z.ndim
+    kind = rng.integers(0, 6)
+    if nd == 0:
+        return z
+    if kind == 0:
+        d = int(rng.integers(0, nd))
+        start = int(rng.integers(0, z.shape[d]))
+        return z.narrow(d, start, int(rng.integers(1, z.shape[d] - start + 1)))
+    if kind == 1 and nd >= 2:
+        d0, d1 = (int(v) for v in rng.choice(nd, 2, replace=False))
+        return z.transpose(d0, d1)
+    if kind == 2:
+        d = int(rng.integers(0, nd))
+        step = int(rng.integers(1, 3))
+        idx = [slice(None)] * nd
+        idx[d] = slice(int(rng.integers(0, z.shape[d])), None, step)
+        return z[tuple(idx)]
+    if kind == 3:
+        return z.unsqueeze(int(rng.integers(0, nd + 1)))
+    if kind == 4 and z.shape[0] > 1 and nd >= 2:
+        return z.select(0, int(rng.integers(0, z.shape[0])))
+    return z.reshape(-1) if nd > 1 else z
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_random_view_inplace_autograd_programs_match_torch(dev, seed):
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(s) for s in rng.integers(1, 5, size=int(rng.integers(1, 4))))
+    base = rng.standard_normal(shape).astype(np.float32)
+    other = rng.standard_normal(shape).astype(np.float32)
+    results = []
+    for lib in ("pw", "torch"):
+        p_rng = np.random.default_rng(seed + 1000)  # the same choices for both libraries
+        if lib == "pw":
+            w = pw.tensor(base, dev, requires_grad=True)
+            buf = pw.tensor(other, dev)
+            ng = pw.no_grad
+        else:
+            w = torch.tensor(base, requires_grad=True)
+            buf = torch.tensor(other)
+            ng = torch.no_grad
+        # A write through a view of a plain tensor, then a graph over views of both.
+        with ng():
+            v = _random_view(p_rng, buf)
+            if v.ndim == 0 or 0 not in v.stride():
+                v.mul_(float(p_rng.integers(-2, 3)))
+        h = w * buf  # reads buf after the write
+        hv = _random_view(p_rng, h)
+        g = hv * hv.exp() if p_rng.integers(0, 2) else hv + 1.5
+        if p_rng.integers(0, 2):
+            g.mul_(0.5)  # in place on a graph tensor (not a view: g is a fresh result)
+        loss = (g * g).sum() + (w * w).sum()
+        loss.backward()
+        results.append((buf, loss, w.grad))
+    (buf, loss, grad), (tbuf, tloss, tgrad) = results
+    close(buf.numpy(), tbuf)
+    np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-4)
+    np.testing.assert_allclose(grad.numpy(), tgrad.numpy(), rtol=1e-4, atol=1e-4)
