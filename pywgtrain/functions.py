@@ -675,7 +675,7 @@ def contiguous(x: Tensor) -> Tensor:
 def _dense(x):
     """x itself when the kernels can bind its memory as it is (contiguous at an
     aligned offset), else a contiguous copy (differentiable)."""
-    if x._whole or (x._strides is None and x._offset * 4 % x.device._cache.offset_align == 0):
+    if x._bindable:
         return x
     out = Tensor(x._view_buffer(), x.shape, x.dtype, x.device)
     if x.dtype == np.float32 and needs_grad(x):

@@ -27,13 +27,23 @@ def _device_of(*xs, device=None):
 _FLOAT32 = np.dtype(np.float32)
 
 
-def _as_tensor(x, name, device, ndim=None, dtype=_FLOAT32):
+def _as_tensor(x, name, device, ndim=None, dtype=_FLOAT32, written=False):
+    """x as a Tensor the kernels can bind: NumPy arrays are uploaded, strided
+    views read through a copy; a view that the op writes (``written``) must be
+    bindable as it is."""
     if isinstance(x, Tensor):
         if x.device is not device:
             raise ValueError(f"{name} lives on {x.device!r}, but the operation runs on {device!r}")
         # Tensor dtypes are numpy's canonical dtype objects: identity first, it is the common case.
         if x.dtype is not dtype and x.dtype != dtype:
             raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {x.dtype.name}")
+        if not x._bindable:
+            if written:
+                raise ValueError(
+                    f"{name} is written in place, so it must be contiguous at an aligned offset; got a view with "
+                    f"strides {x.stride()} at offset {x.storage_offset()} (use a contiguous tensor and copy_ it back)"
+                )
+            x = x.contiguous() if not x.is_contiguous() else x.clone()
         t = x
     else:
         t = tensor(_check_array(x, name, dtype), device)
@@ -86,7 +96,8 @@ def gemm(
         tc = empty((m, n), np.float32, dev)
     else:
         if isinstance(out, Tensor):
-            if out._buf.shares_memory(ta._buf) or out._buf.shares_memory(tb._buf):
+            out_t = _as_tensor(out, "out", dev, ndim=2, written=True)
+            if out_t._buf.shares_memory(ta._buf) or out_t._buf.shares_memory(tb._buf):
                 raise ValueError(
                     "gemm: out must not alias a or b: it shares a device buffer with them (the kernel reads them while writing out)"
                 )
@@ -95,7 +106,7 @@ def gemm(
         ):
             raise ValueError("gemm: out must not alias a or b")
         if isinstance(out, Tensor):
-            tc = _as_tensor(out, "out", dev, ndim=2)
+            tc = out_t
         else:
             _check_array(out, "out")
             tc = tensor(out, dev) if beta != 0.0 else empty(out.shape, np.float32, dev)
@@ -103,6 +114,7 @@ def gemm(
             raise ValueError(f"gemm: out has shape {tc.shape}, expected ({m}, {n})")
     with dev._recording() as rec:
         _core.gemm(rec, ta._buf, tb._buf, tc._buf, m, n, k, trans_a, trans_b, alpha, beta)
+    tc._bump_version()
     if out is not None:
         if isinstance(out, np.ndarray):
             out[...] = tc.numpy()
@@ -233,7 +245,7 @@ def adamw_step(
         raise ValueError(f"step must be >= 1 (the 1-based count of this update), got {step}")
     dev = _device_of(param, grad, exp_avg, exp_avg_sq)
     names = ("param", "grad", "exp_avg", "exp_avg_sq")
-    ts = [_as_tensor(x, n, dev) for x, n in zip((param, grad, exp_avg, exp_avg_sq), names)]
+    ts = [_as_tensor(x, n, dev, written=n != "grad") for x, n in zip((param, grad, exp_avg, exp_avg_sq), names)]
     for t, n in zip(ts[1:], names[1:]):
         if t.shape != ts[0].shape:
             raise ValueError(f"{n} has shape {t.shape}, param has {ts[0].shape}")
@@ -257,6 +269,7 @@ def adamw_step(
             step,
         )
     for x, t in zip((param, exp_avg, exp_avg_sq), (ts[0], ts[2], ts[3])):
+        t._bump_version()
         if isinstance(x, np.ndarray):
             x[...] = t.numpy()
     return param

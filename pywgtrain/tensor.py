@@ -109,10 +109,17 @@ class Tensor:
             raise RuntimeError("only a tensor covering its whole storage can be moved to another buffer")
         self._store.buf = buf
 
+    @property
+    def _bindable(self) -> bool:
+        """Whether kernels can bind this tensor's memory as it is: contiguous, at an aligned offset."""
+        return self._whole or (
+            self._strides is None and self._offset * self.dtype.itemsize % self.device._cache.offset_align == 0
+        )
+
     def _view_buffer(self):
-        store, item = self._store, self.dtype.itemsize
-        if self._strides is None and (self._offset * item) % self.device._cache.offset_align == 0:
-            return store.buf.view(self._offset * item, self.nbytes)
+        store = self._store
+        if self._bindable:
+            return store.buf.view(self._offset * self.dtype.itemsize, self.nbytes)
         out = _core._Buffer(self.device._dev, self.nbytes)
         shape = list(self.shape) or [1]
         with self.device._recording() as rec:
@@ -241,7 +248,7 @@ class Tensor:
         tensor's memory and bump the version counter (no autograd)."""
         shape = list(self.shape) or [1]
         with self.device._recording() as rec:
-            if self._whole or (self._strides is None and self._offset * 4 % self.device._cache.offset_align == 0):
+            if self._bindable:
                 if self.dtype == np.float32:
                     _core.unary(rec, 0, src._buf, self._buf, self.size, 0.0, 0.0, 0.0)
                 else:
