@@ -4,17 +4,25 @@ digits demo behind ``pywgtrain train`` is in ``pywgtrain.demo``."""
 from __future__ import annotations
 
 import json
+import operator
 import os
+import traceback
+import warnings
 from typing import Any, Callable, Union
 
 import numpy as np
 
 from . import _core, nn, random
 from .device import BatchToken
+from .nn.modules.module import PLAIN_TYPES, modules_version
 from .serialization import read_safetensors, write_safetensors
 from .ops import label_array
 from .optim import AdamW
 from .tensor import Tensor, tensor
+
+
+# Per parameter and step: whether it requires grad, and its buffer (compared by identity).
+_PARAM_STATE = operator.attrgetter("requires_grad", "_buf")
 
 
 class _LossSlots:
@@ -51,6 +59,21 @@ class Trainer:
     and the loss output are bound per step. Results are identical to
     uncaptured steps, and the caller's tensors are never written.
 
+    A captured step depends on more than the batch shapes: every module's
+    ``training`` flag (dropout) and other plain attributes (bool, int, float,
+    str, None: ``Dropout.p``, ``Linear.activation``), which parameters require grad, the module
+    tree and parameter buffers, the optimizer's group sizes and
+    ``max_grad_norm`` (baked into the graph; lr, betas, eps and weight decay
+    are rebound per replay). Each step compares a signature of these with
+    the captured one; after a change it runs eagerly once, then captures
+    again, so replays compute what an eager loop would. A step whose
+    forward, loss or update reads GPU data on the host (``.item()``,
+    ``.numpy()``) or otherwise submits mid-step cannot be captured: that
+    step finishes eagerly, the Trainer stops capturing and warns once,
+    naming the read. Python state a forward consults without such a read
+    (a host counter, a global) is not seen: keep forwards free of it, or
+    pass ``capture=False``.
+
     ``steps_per_submit``: replayed steps are grouped, this many to one
     submission (each submission costs the GPU some idle time). A group is
     also submitted as soon as anything else on this thread records, submits
@@ -74,6 +97,8 @@ class Trainer:
         self.capture = capture
         self.steps_per_submit = steps_per_submit
         self._graph = None
+        self._eager_key = None  # batch shapes and signature of the last eager step (capture follows one)
+        self._walked = None  # (modules_version, model and loss ids), module signature, parameters
         self._loss_slots = _LossSlots(self.device)
         self._group_rec = None  # recorder of the current group of replayed steps
         self._group = []  # their losses
@@ -105,29 +130,62 @@ class Trainer:
             y = _host_batch(y, "y")
         return x, y
 
+    def _signature(self):
+        """What a captured step bakes in besides the batch shapes (see the class docstring), as a
+        tuple. It runs every step, so the module tree is walked again only after some module
+        changed (``modules_version``); parameters' ``requires_grad`` and buffers, which change
+        outside modules, are read each time."""
+        cache = (modules_version(), id(self.model), id(self.loss_fn))
+        if self._walked is None or self._walked[0] != cache:
+            self._walked = (cache, *self._walk())
+        _, modules, params = self._walked
+        opt = self.optimizer
+        groups = tuple([len(g["params"]) for g in opt.param_groups])
+        return modules, opt.max_grad_norm, groups, tuple(map(_PARAM_STATE, params))
+
+    def _walk(self):
+        """(the module tree's ids and plain attributes as a tuple, its parameters), model and loss."""
+        sig, params = [id(self.loss_fn)], []
+        stack = [root for root in (self.model, self.loss_fn) if isinstance(root, nn.Module)]
+        seen = set()
+        while stack:
+            m = stack.pop()
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            d = m.__dict__
+            sig.append(id(m))
+            sig += [v for v in d.values() if type(v) in PLAIN_TYPES]  # training, Dropout.p, Linear.activation, ...
+            for p in d["_parameters"].values():
+                if p is not None:
+                    sig.append(id(p))
+                    params.append(p)
+            stack += [c for c in d["_modules"].values() if c is not None]
+        return tuple(sig), params
+
     def step(self, x: Union[np.ndarray, Tensor], y: Union[np.ndarray, Tensor]) -> Tensor:
         """One training step on a batch; returns the (lazy) loss."""
         x, y = self._batch_arrays(x, y)
-        g = self._graph
-        if (
-            g is not None
-            and all(
-                new.shape == old.shape and np.dtype(new.dtype) == old.dtype for new, old in ((x, g["x"]), (y, g["y"]))
-            )
-            and g["max_grad_norm"] == self.optimizer.max_grad_norm
-        ):
-            return self._replay(x, y)
+        key = None
+        if self.capture:
+            key = (x.shape, np.dtype(x.dtype), y.shape, np.dtype(y.dtype), self._signature())
+            if self._graph is not None and self._graph["key"] == key:
+                return self._replay(x, y)
+        # Capture only after an eager step with the same key: that step creates what a step creates
+        # once (optimizer moments, scratch buffers), which a captured graph would otherwise repeat.
+        capture = key is not None and key == self._eager_key
+        if self._graph is not None and (key is None or self._graph["key"][-1] != key[-1]):
+            self._graph = None  # captured under other state; a batch of another shape alone keeps it
         user_x, user_y = isinstance(x, Tensor), isinstance(y, Tensor)
         host_labels = None if user_y else y
         x = x if user_x else tensor(x, self.device)
         y = y if user_y else tensor(y, self.device)
-        capture = self.capture and self.step_count >= 1
         if capture:
             # The graph keeps inputs of its own (the shapes replays check and
             # the buffers they rebind); the caller's tensors stay as they are.
             x = x.clone() if user_x else x
             y = y.clone() if user_y else y
-        with self.device.batch() as rec:
+        with self.device.batch() as rec, _FlushWatch(self.device, rec, capture) as watch:
             if capture:
                 rec.begin_capture()
             self.optimizer.zero_grad()
@@ -140,17 +198,26 @@ class Trainer:
             loss.backward()
             self.optimizer.step()
             if capture:
-                self._graph = {
-                    "graph": rec.end_capture(),
-                    "x": x,
-                    "y": y,
-                    "loss": loss,
-                    "max_grad_norm": self.optimizer.max_grad_norm,
-                }
-                # Replays write their losses elsewhere; this one keeps its own.
-                own = self._loss_slots.take()
-                rec.copy(loss._buf, 0, own._buf, 0, 4)
-                loss = own
+                graph = rec.end_capture()
+                if watch.submitted:
+                    # Part of the step was submitted mid-capture: the graph misses that part (and its
+                    # uniform blocks). The step itself ran in order, as an eager one would; drop the graph.
+                    self.capture = False
+                    warnings.warn(
+                        f"Trainer: {watch.where} read GPU data (or submitted work) in the middle of the "
+                        "captured training step, so the step cannot be replayed; it ran eagerly and this "
+                        "Trainer no longer captures (remove the read from forward/loss, or pass capture=False "
+                        "to silence this)",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                else:
+                    self._graph = {"graph": graph, "x": x, "y": y, "loss": loss, "key": key}
+                    # Replays write their losses elsewhere; this one keeps its own.
+                    own = self._loss_slots.take()
+                    rec.copy(loss._buf, 0, own._buf, 0, 4)
+                    loss = own
+        self._eager_key = None if capture else key
         self.step_count += 1
         return loss.detach()
 
@@ -295,6 +362,59 @@ class Trainer:
         if rng_state is not None:  # dropout masks continue as if uninterrupted
             random.set_rng_state(rng_state, self.device)
         return meta.get("extra")
+
+
+class _FlushWatch:
+    """Notes whether a step being captured read GPU data on the host or submitted mid-step, and
+    where. A read flushes the batch first (``Device.flush``), which retires the batch's
+    ``BatchToken`` when there was work to submit; for the caller's name, and for reads with
+    nothing yet to submit (whose value a replay would not recompute either), ``device.flush``
+    is wrapped for the duration of the step."""
+
+    _package = os.path.dirname(os.path.abspath(__file__))
+
+    def __init__(self, device, rec, active):
+        self.device, self.rec, self.active = device, rec, active
+        self.where = None
+
+    def __enter__(self):
+        if not self.active:
+            return self
+        dev, rec = self.device, self.rec
+        self.token = dev._current_batch_token()
+        self.previous = dev.__dict__.get("flush")
+        flush = self.previous or type(dev).flush.__get__(dev)
+
+        def watched():
+            if self.where is None and getattr(dev._local, "recorder", None) is rec:  # this thread's step
+                self.where = self._caller()
+            flush()
+
+        dev.flush = self._watched = watched
+        return self
+
+    def __exit__(self, *exc):
+        if self.active and self.device.__dict__.get("flush") is self._watched:
+            if self.previous is None:
+                del self.device.flush
+            else:
+                self.device.flush = self.previous
+        return False
+
+    @property
+    def submitted(self):
+        if self.active and self.where is None and self.device._current_batch_token() is not self.token:
+            self.where = "a host read"  # a flush that bypassed the wrapper
+        return self.active and self.where is not None
+
+    @classmethod
+    def _caller(cls):
+        """The innermost frame outside pywgtrain's own top-level modules (tensor.py, device.py, ...):
+        the user's forward, or a module in nn/ or models/."""
+        for frame in reversed(traceback.extract_stack()[:-2]):
+            if os.path.dirname(os.path.abspath(frame.filename)) != cls._package:
+                return f"{frame.filename}:{frame.lineno} ({frame.line})"
+        return "a host read inside pywgtrain"
 
 
 def _host_batch(a, name):

@@ -3,6 +3,7 @@ assignment, recursive naming, state dicts with PyTorch's keys."""
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, TypeVar
 
@@ -15,6 +16,23 @@ if TYPE_CHECKING:
     from ...device import Device
 
 _M = TypeVar("_M", bound="Module")
+
+# Types of the plain attributes (training, Dropout.p, Linear.activation) a forward may branch on.
+PLAIN_TYPES = frozenset((bool, int, float, str, type(None)))
+_changes = itertools.count(1)  # next() is atomic in CPython: no lock for concurrent changes
+_version = 0
+
+
+def _changed() -> None:
+    global _version
+    _version = next(_changes)
+
+
+def modules_version() -> int:
+    """A number that changes whenever any module's mode (``train``/``eval``), plain attribute,
+    submodule or parameter slot is set or deleted: Trainer compares it each step and walks its
+    model again only after a change (see ``Trainer._signature``)."""
+    return _version
 
 
 class Module:
@@ -35,6 +53,10 @@ class Module:
                 f"(call super().__init__() first in {type(self).__name__}.__init__)"
             )
         params, mods = self.__dict__.get("_parameters"), self.__dict__.get("_modules")
+        # A change a captured training step may depend on (Trainer's signature): plain values, modules,
+        # parameters, and whatever replaces a registered module or parameter.
+        registered = name in (params or ()) or name in (mods or ())
+        tracked = registered or type(value) in PLAIN_TYPES or isinstance(value, (Parameter, Module))
         if params is not None:
             params.pop(name, None)
             mods.pop(name, None)
@@ -43,11 +65,14 @@ class Module:
             elif isinstance(value, Module):
                 mods[name] = value
         object.__setattr__(self, name, value)
+        if tracked:
+            _changed()  # after the change: a walk that sees the new version sees the new value
 
     def __delattr__(self, name):
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
         object.__delattr__(self, name)
+        _changed()
 
     def register_parameter(self, name: str, param: Optional[Parameter]) -> None:
         if param is not None and not isinstance(param, Parameter):
@@ -55,6 +80,7 @@ class Module:
         if param is None:
             self._parameters.pop(name, None)
             object.__setattr__(self, name, None)
+            _changed()
         else:
             setattr(self, name, param)
 
@@ -117,6 +143,7 @@ class Module:
     def train(self: _M, mode: bool = True) -> _M:
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
+        _changed()
         return self
 
     def eval(self: _M) -> _M:
