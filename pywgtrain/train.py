@@ -273,12 +273,12 @@ class Trainer:
         also removes the temporary file (SIGKILL leaves it behind, named
         ``.<name>.<pid>.<random>.tmp``).
 
-        ``.safetensors`` paths get the safetensors format (tensors
+        ``.safetensors`` paths (any case) get the safetensors format (tensors
         ``model.<name>``, ``optim.<i>.exp_avg``/``exp_avg_sq``; the rest as
         JSON metadata ``pywgtrain``), which PyTorch and Hugging Face tools
         open; other paths get ``.npz``. ``extra``: JSON-able state of the
         caller (a data position, a scheduler) stored alongside; ``load``
-        returns it."""
+        returns it. A symbolic link at ``path`` stays: its target is replaced."""
         path = os.fspath(path)
         osd = self.optimizer.state_dict()
         meta = {
@@ -288,7 +288,7 @@ class Trainer:
         }
         if extra is not None:
             meta["extra"] = extra
-        if path.endswith(".safetensors"):
+        if _is_safetensors_path(path):
             tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
             for i, st in osd["state"].items():
                 tensors[f"optim.{i}.exp_avg"] = st["exp_avg"]
@@ -305,63 +305,101 @@ class Trainer:
         _atomic_write(path, lambda f: np.savez(f, **arrays))
 
     def load(self, path: Union[str, os.PathLike]) -> Any:
-        """Restore what ``save`` wrote (model, optimizer state, step count),
-        from a ``.safetensors`` or ``.npz`` checkpoint; returns the caller's
-        ``extra`` state (None if there was none). A checkpoint of another
-        architecture raises before anything is changed."""
+        """Restore what ``save`` wrote (model, optimizer state, step count,
+        RNG state), from a ``.safetensors`` or ``.npz`` checkpoint; returns the
+        caller's ``extra`` state (None if there was none). The whole checkpoint
+        is checked before anything changes: entry names, shapes and dtypes of
+        the weights and moments (``nn.modules.module.float32_values``), the
+        optimizer's groups and hyperparameters (``AdamW.check_state_dict``),
+        the step counts and the RNG state; a bad one raises ValueError or
+        TypeError naming the file and the entry, with model, optimizer and
+        step count as they were."""
         path = os.fspath(path)
-        with open(path, "rb") as f:
-            is_npz = f.read(4) == b"PK\x03\x04"
-        if is_npz:
-            with np.load(path) as z:
-                if "meta" not in z.files:
-                    raise ValueError(f"{path}: not a pywgtrain checkpoint (no 'meta' entry)")
-                meta = json.loads(bytes(z["meta"]).decode())
-                model_sd = {k[len("model/") :]: z[k] for k in z.files if k.startswith("model/")}
-                rng_state = z["rng_state"].copy() if "rng_state" in z.files else None
-                state = {
-                    int(i): {"step": s, "exp_avg": z[f"optim/{i}/exp_avg"], "exp_avg_sq": z[f"optim/{i}/exp_avg_sq"]}
-                    for i, s in meta["steps"].items()
-                }
-        else:
-            tensors, md = read_safetensors(path)
-            if "pywgtrain" not in md:
-                raise ValueError(
-                    f"{path}: a safetensors file without pywgtrain's training state (metadata "
-                    "'pywgtrain'); load weights with model.load_state_dict instead"
-                )
-            meta = json.loads(md["pywgtrain"])
-            model_sd = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-            rng_state = tensors.get("rng_state")
-            state = {
-                int(i): {
-                    "step": s,
-                    "exp_avg": tensors[f"optim.{i}.exp_avg"],
-                    "exp_avg_sq": tensors[f"optim.{i}.exp_avg_sq"],
-                }
-                for i, s in meta["steps"].items()
-            }
-        # Check everything against this model before changing anything.
-        own = self.model.state_dict()
+        meta, model_sd, state, rng_state = _read_checkpoint(path)
+        own = {k: p.shape for k, p in self.model._named_parameter_slots().items()}  # no GPU read for shapes
         missing, unexpected = sorted(set(own) - set(model_sd)), sorted(set(model_sd) - set(own))
         if missing or unexpected:
             raise ValueError(
                 f"{path}: the checkpoint is of another model: missing keys {missing[:5]}, unexpected "
                 f"keys {unexpected[:5]}"
             )
-        for k, v in own.items():
-            if np.shape(model_sd[k]) != v.shape:
+        for k, shape in own.items():
+            if np.shape(model_sd[k]) != shape:
                 raise ValueError(
-                    f"{path}: the checkpoint is of another model: {k} has shape "
-                    f"{np.shape(model_sd[k])}, this model {v.shape}"
+                    f"{path}: the checkpoint is of another model: {k} has shape {np.shape(model_sd[k])}, this model {shape}"
                 )
-        self._graph = None  # optimizer state buffers are replaced below
-        self.model.load_state_dict(model_sd)
-        self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        try:
+            weights, _, _ = self.model._checked_state_dict(model_sd)
+            optim_state = self.optimizer.check_state_dict({"state": state, "param_groups": meta["param_groups"]})
+            rng_state = None if rng_state is None else random._state_arg(rng_state)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{path}: {e}") from None
+        # Everything is checked: apply.
+        self._graph, self._eager_key = None, None  # optimizer state buffers are replaced below
+        self.model._load_checked(weights)
+        self.optimizer._load_checked(optim_state)
         self.step_count = meta["step_count"]
         if rng_state is not None:  # dropout masks continue as if uninterrupted
             random.set_rng_state(rng_state, self.device)
         return meta.get("extra")
+
+
+def _is_safetensors_path(path):
+    return path.lower().endswith(".safetensors")
+
+
+def _read_checkpoint(path):
+    """(meta, model state, optimizer state, RNG state or None) of a checkpoint file, the
+    metadata's types and the entries' names checked (values are checked by the caller)."""
+    with open(path, "rb") as f:
+        is_npz = f.read(4) == b"PK\x03\x04"
+    if is_npz:
+        try:
+            with np.load(path) as z:
+                entries = {k: z[k] for k in z.files}
+        except (OSError, ValueError, EOFError) as e:  # a damaged archive, or pickled objects
+            raise ValueError(f"{path}: not a readable .npz checkpoint ({e})") from None
+        if "meta" not in entries:
+            raise ValueError(f"{path}: not a pywgtrain checkpoint (no 'meta' entry)")
+        raw = entries.pop("meta")
+        if raw.dtype != np.uint8 or raw.ndim != 1:
+            raise ValueError(f"{path}: 'meta' must be a 1-D uint8 array of JSON, got {raw.dtype.name} {raw.shape}")
+        raw, sep = bytes(raw), "/"
+    else:
+        entries, md = read_safetensors(path)
+        if "pywgtrain" not in md:
+            raise ValueError(
+                f"{path}: a safetensors file without pywgtrain's training state (metadata "
+                "'pywgtrain'); load weights with model.load_state_dict instead"
+            )
+        raw, sep = md["pywgtrain"], "."
+    try:
+        meta = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: its metadata is not JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: its metadata must be a JSON object, got {type(meta).__name__}")
+    for key, kind in (("step_count", int), ("param_groups", list), ("steps", dict)):
+        if key not in meta:
+            raise ValueError(f"{path}: its metadata has no {key!r}")
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            raise ValueError(f"{path}: metadata {key!r} must be a {kind.__name__}, got {meta[key]!r:.100}")
+    if meta["step_count"] < 0:
+        raise ValueError(f"{path}: metadata 'step_count' must be >= 0, got {meta['step_count']}")
+    model_sd = {k[len("model" + sep) :]: entries.pop(k) for k in list(entries) if k.startswith("model" + sep)}
+    rng_state = entries.pop("rng_state", None)
+    state = {}
+    for i, step in meta["steps"].items():
+        if not (i.isascii() and i.isdigit()):
+            raise ValueError(f"{path}: metadata 'steps' names parameter {i!r}, not an index")
+        names = [f"optim{sep}{i}{sep}{m}" for m in ("exp_avg", "exp_avg_sq")]
+        absent = [n for n in names if n not in entries]
+        if absent:
+            raise ValueError(f"{path}: metadata 'steps' names parameter {i}, but the file has no {absent}")
+        state[int(i)] = {"step": step, "exp_avg": entries.pop(names[0]), "exp_avg_sq": entries.pop(names[1])}
+    if entries:
+        raise ValueError(f"{path}: unexpected entries {sorted(entries)[:5]} (optimizer moments without a step count?)")
+    return meta, model_sd, state, rng_state
 
 
 class _FlushWatch:
@@ -427,15 +465,17 @@ def _host_batch(a, name):
         if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
             raise ValueError(f"{name} holds integers outside the int32 range")
         return np.ascontiguousarray(a, dtype=np.int32)
-    if a.dtype != np.float32:
+    if a.dtype.newbyteorder("=") != np.float32:  # '>f4' is float32 too: converted below, values kept
         raise TypeError(f"{name} must have dtype float32 (or hold integer ids), got {a.dtype.name}")
-    return np.ascontiguousarray(a)
+    return np.ascontiguousarray(a, dtype=np.float32)
 
 
 def _atomic_write(path, write):
     """Call ``write(file)`` on a new temporary file beside ``path``, make it
     durable, then rename it over ``path`` (see ``Trainer.save``)."""
-    directory = os.path.dirname(os.path.abspath(path))
+    # Through a symbolic link, the target is replaced (atomically, beside it) and the link stays.
+    path = os.path.realpath(path)
+    directory = os.path.dirname(path)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     # O_EXCL: never follow or reuse another file; 0o666 lets the umask decide the mode, as open() would.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)

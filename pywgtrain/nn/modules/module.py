@@ -35,6 +35,32 @@ def modules_version() -> int:
     return _version
 
 
+def float32_values(value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """``value`` (NumPy, a torch tensor, a pywgtrain Tensor, anything ``np.asarray`` takes) as a
+    C-contiguous float32 array of ``shape``, for parameters and optimizer moments. Floating
+    dtypes of any byte order are converted when every value survives (a finite float64 beyond
+    float32's range is refused rather than turned into inf); bool, integer, complex, string and
+    object arrays are refused (an integer checkpoint of float weights is a mistake, not a cast).
+    ``what`` names the entry in the errors."""
+    if hasattr(value, "detach") and hasattr(value, "cpu") and not isinstance(value, Tensor):
+        value = value.detach().cpu().numpy()  # a torch tensor
+    arr = np.asarray(value)
+    if arr.dtype.kind != "f":
+        raise TypeError(f"{what} has dtype {arr.dtype.name}, expected floating point (float32)")
+    if arr.shape != tuple(shape):
+        raise ValueError(f"{what} has shape {arr.shape}, expected {tuple(shape)}")
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+    if arr.dtype.itemsize > 4:
+        overflow = np.isfinite(arr) & ~np.isfinite(out)
+        if overflow.any():
+            raise ValueError(
+                f"{what} holds {int(overflow.sum())} {arr.dtype.name} value(s) beyond float32's range "
+                f"(e.g. {arr[overflow].flat[0]!r})"
+            )
+    return out
+
+
 class Module:
     """Base class of every layer and model (``torch.nn.Module``). Subclasses
     call ``super().__init__()`` first, then assign ``Parameter``s and
@@ -172,30 +198,45 @@ class Module:
         return out
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> tuple[list[str], list[str]]:
-        """Copy arrays (NumPy, torch tensors, or anything ``np.asarray`` takes) into the parameters."""
+        """Copy arrays (NumPy, torch tensors, or anything ``np.asarray`` takes) into the parameters.
+        Every entry is checked first (names with ``strict``, shapes, dtypes: see ``float32_values``),
+        so a bad one raises before any parameter changes."""
+        arrays, missing, unexpected = self._checked_state_dict(state, strict)
+        self._load_checked(arrays)
+        return missing, unexpected
+
+    def _load_checked(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Copy what ``_checked_state_dict`` returned into the parameters."""
+        from ...autograd import no_grad
+
+        params = self._named_parameter_slots()
+        with no_grad():
+            for name, arr in arrays.items():
+                params[name].copy_(arr)
+
+    def _named_parameter_slots(self) -> OrderedDict[str, Parameter]:
+        """Every parameter under each of its state-dict names (tied weights under every name)."""
         params = OrderedDict()
         for mod_prefix, m in self.named_modules():
             for name, p in m._parameters.items():
                 if p is not None:
                     params[f"{mod_prefix}.{name}" if mod_prefix else name] = p
+        return params
+
+    def _checked_state_dict(self, state: Mapping[str, Any], strict: bool = True):
+        """({name: float32 array} ready to copy, missing keys, unexpected keys); raises on the first bad entry."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"load_state_dict: state must be a mapping of names to arrays, got {type(state).__name__}")
+        params = self._named_parameter_slots()
         missing = [k for k in params if k not in state]
         unexpected = [k for k in state if k not in params]
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
-        from ...autograd import no_grad
-
-        with no_grad():
-            for name, p in params.items():
-                if name not in state:
-                    continue
-                value = state[name]
-                if hasattr(value, "detach") and hasattr(value, "cpu") and not isinstance(value, Tensor):
-                    value = value.detach().cpu().numpy()  # a torch tensor
-                arr = np.asarray(value)
-                if arr.shape != p.shape:
-                    raise ValueError(f"load_state_dict: {name} has shape {arr.shape}, the model expects {p.shape}")
-                p.copy_(np.ascontiguousarray(arr, dtype=np.float32))
-        return missing, unexpected
+        arrays = OrderedDict()
+        for name, p in params.items():
+            if name in state:
+                arrays[name] = float32_values(state[name], p.shape, f"load_state_dict: {name}")
+        return arrays, missing, unexpected
 
     # -- calling ---------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
