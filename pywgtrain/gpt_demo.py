@@ -134,6 +134,8 @@ def run_gpt(
         f"training: {steps} steps of {batch_size} x {cfg.block_size} tokens, AdamW lr {lr:g} (warm-up {warmup}, "
         f"cosine), clip {max_grad_norm}" + (f"; resumed at step {start}" if resume else "")
     )
+    if start >= steps:
+        print(f"{resume} is at step {start}, at or past --steps {steps}: nothing to train (raise --steps to go on)")
     sys.stdout.flush()
 
     tokens_per_step = batch_size * cfg.block_size

@@ -4,17 +4,25 @@ digits demo behind ``pywgtrain train`` is in ``pywgtrain.demo``."""
 from __future__ import annotations
 
 import json
+import operator
 import os
+import traceback
+import warnings
 from typing import Any, Callable, Union
 
 import numpy as np
 
 from . import _core, nn, random
 from .device import BatchToken
+from .nn.modules.module import PLAIN_TYPES, modules_version
 from .serialization import read_safetensors, write_safetensors
 from .ops import label_array
 from .optim import AdamW
 from .tensor import Tensor, tensor
+
+
+# Per parameter and step: whether it requires grad, and its buffer (compared by identity).
+_PARAM_STATE = operator.attrgetter("requires_grad", "_buf")
 
 
 class _LossSlots:
@@ -51,6 +59,21 @@ class Trainer:
     and the loss output are bound per step. Results are identical to
     uncaptured steps, and the caller's tensors are never written.
 
+    A captured step depends on more than the batch shapes: every module's
+    ``training`` flag (dropout) and other plain attributes (bool, int, float,
+    str, None: ``Dropout.p``, ``Linear.activation``), which parameters require grad, the module
+    tree and parameter buffers, the optimizer's group sizes and
+    ``max_grad_norm`` (baked into the graph; lr, betas, eps and weight decay
+    are rebound per replay). Each step compares a signature of these with
+    the captured one; after a change it runs eagerly once, then captures
+    again, so replays compute what an eager loop would. A step whose
+    forward, loss or update reads GPU data on the host (``.item()``,
+    ``.numpy()``) or otherwise submits mid-step cannot be captured: that
+    step finishes eagerly, the Trainer stops capturing and warns once,
+    naming the read. Python state a forward consults without such a read
+    (a host counter, a global) is not seen: keep forwards free of it, or
+    pass ``capture=False``.
+
     ``steps_per_submit``: replayed steps are grouped, this many to one
     submission (each submission costs the GPU some idle time). A group is
     also submitted as soon as anything else on this thread records, submits
@@ -74,6 +97,8 @@ class Trainer:
         self.capture = capture
         self.steps_per_submit = steps_per_submit
         self._graph = None
+        self._eager_key = None  # batch shapes and signature of the last eager step (capture follows one)
+        self._walked = None  # (modules_version, model and loss ids), module signature, parameters
         self._loss_slots = _LossSlots(self.device)
         self._group_rec = None  # recorder of the current group of replayed steps
         self._group = []  # their losses
@@ -105,29 +130,62 @@ class Trainer:
             y = _host_batch(y, "y")
         return x, y
 
+    def _signature(self):
+        """What a captured step bakes in besides the batch shapes (see the class docstring), as a
+        tuple. It runs every step, so the module tree is walked again only after some module
+        changed (``modules_version``); parameters' ``requires_grad`` and buffers, which change
+        outside modules, are read each time."""
+        cache = (modules_version(), id(self.model), id(self.loss_fn))
+        if self._walked is None or self._walked[0] != cache:
+            self._walked = (cache, *self._walk())
+        _, modules, params = self._walked
+        opt = self.optimizer
+        groups = tuple([len(g["params"]) for g in opt.param_groups])
+        return modules, opt.max_grad_norm, groups, tuple(map(_PARAM_STATE, params))
+
+    def _walk(self):
+        """(the module tree's ids and plain attributes as a tuple, its parameters), model and loss."""
+        sig, params = [id(self.loss_fn)], []
+        stack = [root for root in (self.model, self.loss_fn) if isinstance(root, nn.Module)]
+        seen = set()
+        while stack:
+            m = stack.pop()
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            d = m.__dict__
+            sig.append(id(m))
+            sig += [v for v in d.values() if type(v) in PLAIN_TYPES]  # training, Dropout.p, Linear.activation, ...
+            for p in d["_parameters"].values():
+                if p is not None:
+                    sig.append(id(p))
+                    params.append(p)
+            stack += [c for c in d["_modules"].values() if c is not None]
+        return tuple(sig), params
+
     def step(self, x: Union[np.ndarray, Tensor], y: Union[np.ndarray, Tensor]) -> Tensor:
         """One training step on a batch; returns the (lazy) loss."""
         x, y = self._batch_arrays(x, y)
-        g = self._graph
-        if (
-            g is not None
-            and all(
-                new.shape == old.shape and np.dtype(new.dtype) == old.dtype for new, old in ((x, g["x"]), (y, g["y"]))
-            )
-            and g["max_grad_norm"] == self.optimizer.max_grad_norm
-        ):
-            return self._replay(x, y)
+        key = None
+        if self.capture:
+            key = (x.shape, np.dtype(x.dtype), y.shape, np.dtype(y.dtype), self._signature())
+            if self._graph is not None and self._graph["key"] == key:
+                return self._replay(x, y)
+        # Capture only after an eager step with the same key: that step creates what a step creates
+        # once (optimizer moments, scratch buffers), which a captured graph would otherwise repeat.
+        capture = key is not None and key == self._eager_key
+        if self._graph is not None and (key is None or self._graph["key"][-1] != key[-1]):
+            self._graph = None  # captured under other state; a batch of another shape alone keeps it
         user_x, user_y = isinstance(x, Tensor), isinstance(y, Tensor)
         host_labels = None if user_y else y
         x = x if user_x else tensor(x, self.device)
         y = y if user_y else tensor(y, self.device)
-        capture = self.capture and self.step_count >= 1
         if capture:
             # The graph keeps inputs of its own (the shapes replays check and
             # the buffers they rebind); the caller's tensors stay as they are.
             x = x.clone() if user_x else x
             y = y.clone() if user_y else y
-        with self.device.batch() as rec:
+        with self.device.batch() as rec, _FlushWatch(self.device, rec, capture) as watch:
             if capture:
                 rec.begin_capture()
             self.optimizer.zero_grad()
@@ -140,17 +198,26 @@ class Trainer:
             loss.backward()
             self.optimizer.step()
             if capture:
-                self._graph = {
-                    "graph": rec.end_capture(),
-                    "x": x,
-                    "y": y,
-                    "loss": loss,
-                    "max_grad_norm": self.optimizer.max_grad_norm,
-                }
-                # Replays write their losses elsewhere; this one keeps its own.
-                own = self._loss_slots.take()
-                rec.copy(loss._buf, 0, own._buf, 0, 4)
-                loss = own
+                graph = rec.end_capture()
+                if watch.submitted:
+                    # Part of the step was submitted mid-capture: the graph misses that part (and its
+                    # uniform blocks). The step itself ran in order, as an eager one would; drop the graph.
+                    self.capture = False
+                    warnings.warn(
+                        f"Trainer: {watch.where} read GPU data (or submitted work) in the middle of the "
+                        "captured training step, so the step cannot be replayed; it ran eagerly and this "
+                        "Trainer no longer captures (remove the read from forward/loss, or pass capture=False "
+                        "to silence this)",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                else:
+                    self._graph = {"graph": graph, "x": x, "y": y, "loss": loss, "key": key}
+                    # Replays write their losses elsewhere; this one keeps its own.
+                    own = self._loss_slots.take()
+                    rec.copy(loss._buf, 0, own._buf, 0, 4)
+                    loss = own
+        self._eager_key = None if capture else key
         self.step_count += 1
         return loss.detach()
 
@@ -206,12 +273,12 @@ class Trainer:
         also removes the temporary file (SIGKILL leaves it behind, named
         ``.<name>.<pid>.<random>.tmp``).
 
-        ``.safetensors`` paths get the safetensors format (tensors
+        ``.safetensors`` paths (any case) get the safetensors format (tensors
         ``model.<name>``, ``optim.<i>.exp_avg``/``exp_avg_sq``; the rest as
         JSON metadata ``pywgtrain``), which PyTorch and Hugging Face tools
         open; other paths get ``.npz``. ``extra``: JSON-able state of the
         caller (a data position, a scheduler) stored alongside; ``load``
-        returns it."""
+        returns it. A symbolic link at ``path`` stays: its target is replaced."""
         path = os.fspath(path)
         osd = self.optimizer.state_dict()
         meta = {
@@ -221,7 +288,7 @@ class Trainer:
         }
         if extra is not None:
             meta["extra"] = extra
-        if path.endswith(".safetensors"):
+        if _is_safetensors_path(path):
             tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
             for i, st in osd["state"].items():
                 tensors[f"optim.{i}.exp_avg"] = st["exp_avg"]
@@ -238,63 +305,154 @@ class Trainer:
         _atomic_write(path, lambda f: np.savez(f, **arrays))
 
     def load(self, path: Union[str, os.PathLike]) -> Any:
-        """Restore what ``save`` wrote (model, optimizer state, step count),
-        from a ``.safetensors`` or ``.npz`` checkpoint; returns the caller's
-        ``extra`` state (None if there was none). A checkpoint of another
-        architecture raises before anything is changed."""
+        """Restore what ``save`` wrote (model, optimizer state, step count,
+        RNG state), from a ``.safetensors`` or ``.npz`` checkpoint; returns the
+        caller's ``extra`` state (None if there was none). The whole checkpoint
+        is checked before anything changes: entry names, shapes and dtypes of
+        the weights and moments (``nn.modules.module.float32_values``), the
+        optimizer's groups and hyperparameters (``AdamW.check_state_dict``),
+        the step counts and the RNG state; a bad one raises ValueError or
+        TypeError naming the file and the entry, with model, optimizer and
+        step count as they were."""
         path = os.fspath(path)
-        with open(path, "rb") as f:
-            is_npz = f.read(4) == b"PK\x03\x04"
-        if is_npz:
-            with np.load(path) as z:
-                if "meta" not in z.files:
-                    raise ValueError(f"{path}: not a pywgtrain checkpoint (no 'meta' entry)")
-                meta = json.loads(bytes(z["meta"]).decode())
-                model_sd = {k[len("model/") :]: z[k] for k in z.files if k.startswith("model/")}
-                rng_state = z["rng_state"].copy() if "rng_state" in z.files else None
-                state = {
-                    int(i): {"step": s, "exp_avg": z[f"optim/{i}/exp_avg"], "exp_avg_sq": z[f"optim/{i}/exp_avg_sq"]}
-                    for i, s in meta["steps"].items()
-                }
-        else:
-            tensors, md = read_safetensors(path)
-            if "pywgtrain" not in md:
-                raise ValueError(
-                    f"{path}: a safetensors file without pywgtrain's training state (metadata "
-                    "'pywgtrain'); load weights with model.load_state_dict instead"
-                )
-            meta = json.loads(md["pywgtrain"])
-            model_sd = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-            rng_state = tensors.get("rng_state")
-            state = {
-                int(i): {
-                    "step": s,
-                    "exp_avg": tensors[f"optim.{i}.exp_avg"],
-                    "exp_avg_sq": tensors[f"optim.{i}.exp_avg_sq"],
-                }
-                for i, s in meta["steps"].items()
-            }
-        # Check everything against this model before changing anything.
-        own = self.model.state_dict()
+        meta, model_sd, state, rng_state = _read_checkpoint(path)
+        own = {k: p.shape for k, p in self.model._named_parameter_slots().items()}  # no GPU read for shapes
         missing, unexpected = sorted(set(own) - set(model_sd)), sorted(set(model_sd) - set(own))
         if missing or unexpected:
             raise ValueError(
                 f"{path}: the checkpoint is of another model: missing keys {missing[:5]}, unexpected "
                 f"keys {unexpected[:5]}"
             )
-        for k, v in own.items():
-            if np.shape(model_sd[k]) != v.shape:
+        for k, shape in own.items():
+            if np.shape(model_sd[k]) != shape:
                 raise ValueError(
-                    f"{path}: the checkpoint is of another model: {k} has shape "
-                    f"{np.shape(model_sd[k])}, this model {v.shape}"
+                    f"{path}: the checkpoint is of another model: {k} has shape {np.shape(model_sd[k])}, this model {shape}"
                 )
-        self._graph = None  # optimizer state buffers are replaced below
-        self.model.load_state_dict(model_sd)
-        self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        try:
+            weights, _, _ = self.model._checked_state_dict(model_sd)
+            optim_state = self.optimizer.check_state_dict({"state": state, "param_groups": meta["param_groups"]})
+            rng_state = None if rng_state is None else random._state_arg(rng_state)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{path}: {e}") from None
+        # Everything is checked: apply.
+        self._graph, self._eager_key = None, None  # optimizer state buffers are replaced below
+        self.model._load_checked(weights)
+        self.optimizer._load_checked(optim_state)
         self.step_count = meta["step_count"]
         if rng_state is not None:  # dropout masks continue as if uninterrupted
             random.set_rng_state(rng_state, self.device)
         return meta.get("extra")
+
+
+def _is_safetensors_path(path):
+    return path.lower().endswith(".safetensors")
+
+
+def _read_checkpoint(path):
+    """(meta, model state, optimizer state, RNG state or None) of a checkpoint file, the
+    metadata's types and the entries' names checked (values are checked by the caller)."""
+    with open(path, "rb") as f:
+        is_npz = f.read(4) == b"PK\x03\x04"
+    if is_npz:
+        try:
+            with np.load(path) as z:
+                entries = {k: z[k] for k in z.files}
+        except (OSError, ValueError, EOFError) as e:  # a damaged archive, or pickled objects
+            raise ValueError(f"{path}: not a readable .npz checkpoint ({e})") from None
+        if "meta" not in entries:
+            raise ValueError(f"{path}: not a pywgtrain checkpoint (no 'meta' entry)")
+        raw = entries.pop("meta")
+        if raw.dtype != np.uint8 or raw.ndim != 1:
+            raise ValueError(f"{path}: 'meta' must be a 1-D uint8 array of JSON, got {raw.dtype.name} {raw.shape}")
+        raw, sep = bytes(raw), "/"
+    else:
+        entries, md = read_safetensors(path)
+        if "pywgtrain" not in md:
+            raise ValueError(
+                f"{path}: a safetensors file without pywgtrain's training state (metadata "
+                "'pywgtrain'); load weights with model.load_state_dict instead"
+            )
+        raw, sep = md["pywgtrain"], "."
+    try:
+        meta = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: its metadata is not JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: its metadata must be a JSON object, got {type(meta).__name__}")
+    for key, kind in (("step_count", int), ("param_groups", list), ("steps", dict)):
+        if key not in meta:
+            raise ValueError(f"{path}: its metadata has no {key!r}")
+        if not isinstance(meta[key], kind) or isinstance(meta[key], bool):
+            raise ValueError(f"{path}: metadata {key!r} must be a {kind.__name__}, got {meta[key]!r:.100}")
+    if meta["step_count"] < 0:
+        raise ValueError(f"{path}: metadata 'step_count' must be >= 0, got {meta['step_count']}")
+    model_sd = {k[len("model" + sep) :]: entries.pop(k) for k in list(entries) if k.startswith("model" + sep)}
+    rng_state = entries.pop("rng_state", None)
+    state = {}
+    for i, step in meta["steps"].items():
+        if not (i.isascii() and i.isdigit()):
+            raise ValueError(f"{path}: metadata 'steps' names parameter {i!r}, not an index")
+        names = [f"optim{sep}{i}{sep}{m}" for m in ("exp_avg", "exp_avg_sq")]
+        absent = [n for n in names if n not in entries]
+        if absent:
+            raise ValueError(f"{path}: metadata 'steps' names parameter {i}, but the file has no {absent}")
+        state[int(i)] = {"step": step, "exp_avg": entries.pop(names[0]), "exp_avg_sq": entries.pop(names[1])}
+    if entries:
+        raise ValueError(f"{path}: unexpected entries {sorted(entries)[:5]} (optimizer moments without a step count?)")
+    return meta, model_sd, state, rng_state
+
+
+class _FlushWatch:
+    """Notes whether a step being captured read GPU data on the host or submitted mid-step, and
+    where. A read flushes the batch first (``Device.flush``), which retires the batch's
+    ``BatchToken`` when there was work to submit; for the caller's name, and for reads with
+    nothing yet to submit (whose value a replay would not recompute either), ``device.flush``
+    is wrapped for the duration of the step."""
+
+    _package = os.path.dirname(os.path.abspath(__file__))
+
+    def __init__(self, device, rec, active):
+        self.device, self.rec, self.active = device, rec, active
+        self.where = None
+
+    def __enter__(self):
+        if not self.active:
+            return self
+        dev, rec = self.device, self.rec
+        self.token = dev._current_batch_token()
+        self.previous = dev.__dict__.get("flush")
+        flush = self.previous or type(dev).flush.__get__(dev)
+
+        def watched():
+            if self.where is None and getattr(dev._local, "recorder", None) is rec:  # this thread's step
+                self.where = self._caller()
+            flush()
+
+        dev.flush = self._watched = watched
+        return self
+
+    def __exit__(self, *exc):
+        if self.active and self.device.__dict__.get("flush") is self._watched:
+            if self.previous is None:
+                del self.device.flush
+            else:
+                self.device.flush = self.previous
+        return False
+
+    @property
+    def submitted(self):
+        if self.active and self.where is None and self.device._current_batch_token() is not self.token:
+            self.where = "a host read"  # a flush that bypassed the wrapper
+        return self.active and self.where is not None
+
+    @classmethod
+    def _caller(cls):
+        """The innermost frame outside pywgtrain's own top-level modules (tensor.py, device.py, ...):
+        the user's forward, or a module in nn/ or models/."""
+        for frame in reversed(traceback.extract_stack()[:-2]):
+            if os.path.dirname(os.path.abspath(frame.filename)) != cls._package:
+                return f"{frame.filename}:{frame.lineno} ({frame.line})"
+        return "a host read inside pywgtrain"
 
 
 def _host_batch(a, name):
@@ -307,15 +465,17 @@ def _host_batch(a, name):
         if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
             raise ValueError(f"{name} holds integers outside the int32 range")
         return np.ascontiguousarray(a, dtype=np.int32)
-    if a.dtype != np.float32:
+    if a.dtype.newbyteorder("=") != np.float32:  # '>f4' is float32 too: converted below, values kept
         raise TypeError(f"{name} must have dtype float32 (or hold integer ids), got {a.dtype.name}")
-    return np.ascontiguousarray(a)
+    return np.ascontiguousarray(a, dtype=np.float32)
 
 
 def _atomic_write(path, write):
     """Call ``write(file)`` on a new temporary file beside ``path``, make it
     durable, then rename it over ``path`` (see ``Trainer.save``)."""
-    directory = os.path.dirname(os.path.abspath(path))
+    # Through a symbolic link, the target is replaced (atomically, beside it) and the link stays.
+    path = os.path.realpath(path)
+    directory = os.path.dirname(path)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     # O_EXCL: never follow or reuse another file; 0o666 lets the umask decide the mode, as open() would.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+import math
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from .. import _core
+from ..nn.modules.module import float32_values
 from ..ops import check_adamw_hyperparameters, record_grad_norm
 from ..tensor import Tensor, zeros
 from .optimizer import Optimizer, Params
@@ -239,40 +241,110 @@ class AdamW(Optimizer):
             g["max_grad_norm"] = self.max_grad_norm
         return {"state": state, "param_groups": groups}
 
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
+    def check_state_dict(self, sd: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate a ``state_dict()`` of this optimizer without changing anything; returns it
+        normalized (float32 moments, float hyperparameters) for ``load_state_dict``. Checks the
+        group count and sizes, every group's hyperparameters (finite lr >= 0, betas in [0, 1),
+        finite eps > 0, finite weight_decay >= 0, max_grad_norm None or finite >= 0 and the same
+        in every group, no unknown options), each state's parameter index, step (an int >= 0)
+        and moments (float32-compatible, the parameter's shape, exp_avg_sq >= 0)."""
+        if not isinstance(sd, Mapping) or set(sd) != {"state", "param_groups"}:
+            keys = sorted(sd) if isinstance(sd, Mapping) else type(sd).__name__
+            raise ValueError(f"optimizer state must be a mapping with 'state' and 'param_groups', got {keys}")
         groups = sd["param_groups"]
+        if not isinstance(groups, (list, tuple)) or not all(isinstance(g, Mapping) for g in groups):
+            raise ValueError(f"optimizer state: param_groups must be a list of dicts, got {groups!r:.200}")
         if len(groups) != len(self.param_groups):
             raise ValueError(
                 f"optimizer state has {len(groups)} parameter groups, this optimizer {len(self.param_groups)}"
             )
+        known = {"params", "initial_lr", "max_grad_norm", *self.defaults}
+        out_groups, norms = [], set()
         for gi, (saved, mine) in enumerate(zip(groups, self.param_groups)):
-            if len(saved["params"]) != len(mine["params"]):
-                raise ValueError(
-                    f"optimizer state group {gi} has {len(saved['params'])} parameters, this optimizer "
-                    f"{len(mine['params'])}"
+            where = f"optimizer state group {gi}"
+            unknown = sorted(set(saved) - known)
+            if unknown:
+                raise ValueError(f"{where} has unknown options {unknown}")
+            missing = sorted(k for k in ("params", "lr", "betas", "eps", "weight_decay") if k not in saved)
+            if missing:
+                raise ValueError(f"{where} lacks {missing}")
+            ps = saved["params"]
+            if not isinstance(ps, (list, tuple)) or len(ps) != len(mine["params"]):
+                n = len(ps) if isinstance(ps, (list, tuple)) else ps
+                raise ValueError(f"{where} has {n!r} parameters, this optimizer {len(mine['params'])}")
+            betas = saved["betas"]
+            if not isinstance(betas, (list, tuple)) or len(betas) != 2:
+                raise ValueError(f"{where}: betas must be a pair of numbers, got {betas!r}")
+            hyper = {k: saved[k] for k in ("lr", "eps", "weight_decay")} | {"beta1": betas[0], "beta2": betas[1]}
+            if "initial_lr" in saved:
+                hyper["initial_lr"] = saved["initial_lr"]
+            for k, v in hyper.items():
+                if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                    raise ValueError(f"{where}: {k} must be a number, got {type(v).__name__} {v!r}")
+                if not math.isfinite(v):
+                    raise ValueError(f"{where}: {k} must be finite, got {v!r}")
+            try:
+                lr, betas, eps, wd = check_adamw_hyperparameters(
+                    hyper["lr"], betas, hyper["eps"], hyper["weight_decay"]
                 )
-        for saved, mine in zip(groups, self.param_groups):
-            lr, betas, eps, wd = check_adamw_hyperparameters(
-                saved["lr"], saved["betas"], saved["eps"], saved["weight_decay"]
-            )
-            mine.update(lr=lr, betas=betas, eps=eps, weight_decay=wd)
-            for k, v in saved.items():
-                if k not in ("params", "lr", "betas", "eps", "weight_decay", "max_grad_norm"):
-                    mine[k] = v
-        self.max_grad_norm = groups[0].get("max_grad_norm")
-        self.state = [{} for _ in self.params]
-        for key, st in sd["state"].items():
-            i = int(key)
-            if not 0 <= i < len(self.params):
-                raise ValueError(f"optimizer state names parameter {i}; this optimizer has {len(self.params)}")
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            group = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": wd}
+            if "initial_lr" in saved:
+                group["initial_lr"] = float(saved["initial_lr"])
+            out_groups.append(group)
+            norm = saved.get("max_grad_norm")
+            if norm is not None and (
+                isinstance(norm, bool)
+                or not isinstance(norm, (int, float, np.integer, np.floating))
+                or not (math.isfinite(norm) and norm >= 0)
+            ):
+                raise ValueError(f"{where}: max_grad_norm must be None or a finite number >= 0, got {norm!r}")
+            norms.add(None if norm is None else float(norm))
+        if len(norms) > 1:
+            raise ValueError(f"optimizer state: the groups disagree on max_grad_norm ({sorted(norms, key=str)})")
+        states = sd["state"]
+        if not isinstance(states, Mapping):
+            raise ValueError(f"optimizer state: 'state' must be a mapping, got {type(states).__name__}")
+        out_state = {}
+        for key, st in states.items():
+            try:
+                i = int(key) if isinstance(key, (str, int, np.integer)) and not isinstance(key, bool) else None
+            except ValueError:
+                i = None
+            if i is None or not 0 <= i < len(self.params):
+                raise ValueError(
+                    f"optimizer state names parameter {key!r}; this optimizer has parameters 0..{len(self.params) - 1}"
+                )
+            if i in out_state:
+                raise ValueError(f"optimizer state names parameter {i} twice")
+            if not isinstance(st, Mapping) or set(st) != {"step", "exp_avg", "exp_avg_sq"}:
+                got = sorted(st) if isinstance(st, Mapping) else type(st).__name__
+                raise ValueError(f"optimizer state {i} must hold step, exp_avg and exp_avg_sq, got {got}")
+            step = st["step"]
+            if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or not 0 <= step < 2**63:
+                raise ValueError(f"optimizer state {i}: step must be an int >= 0, got {type(step).__name__} {step!r}")
             p = self.params[i]
-            for name in ("exp_avg", "exp_avg_sq"):
-                if np.shape(st[name]) != p.shape:
-                    raise ValueError(
-                        f"optimizer state {i}.{name} has shape {np.shape(st[name])}, parameter has {p.shape}"
-                    )
+            m, v = (float32_values(st[k], p.shape, f"optimizer state {i}.{k}") for k in ("exp_avg", "exp_avg_sq"))
+            if (v < 0).any():
+                raise ValueError(f"optimizer state {i}.exp_avg_sq holds negative values (min {v.min()!r})")
+            out_state[i] = {"step": int(step), "exp_avg": m, "exp_avg_sq": v}
+        return {"state": out_state, "param_groups": out_groups, "max_grad_norm": norms.pop()}
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict()``; everything is checked first (``check_state_dict``), so a bad
+        one raises with the optimizer unchanged."""
+        self._load_checked(self.check_state_dict(sd))
+
+    def _load_checked(self, checked: dict[str, Any]) -> None:
+        """Apply what ``check_state_dict`` returned."""
+        for saved, mine in zip(checked["param_groups"], self.param_groups):
+            mine.update(saved)
+        self.max_grad_norm = checked["max_grad_norm"]
+        self.state = [{} for _ in self.params]
+        for i, st in checked["state"].items():
             s = self._state_for(i)
-            s["step"] = int(st["step"])
-            s["exp_avg"].copy_(np.ascontiguousarray(st["exp_avg"], dtype=np.float32))
-            s["exp_avg_sq"].copy_(np.ascontiguousarray(st["exp_avg_sq"], dtype=np.float32))
+            s["step"] = st["step"]
+            s["exp_avg"].copy_(st["exp_avg"])
+            s["exp_avg_sq"].copy_(st["exp_avg_sq"])
         self._captured = None

@@ -3,6 +3,7 @@ assignment, recursive naming, state dicts with PyTorch's keys."""
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, TypeVar
 
@@ -15,6 +16,49 @@ if TYPE_CHECKING:
     from ...device import Device
 
 _M = TypeVar("_M", bound="Module")
+
+# Types of the plain attributes (training, Dropout.p, Linear.activation) a forward may branch on.
+PLAIN_TYPES = frozenset((bool, int, float, str, type(None)))
+_changes = itertools.count(1)  # next() is atomic in CPython: no lock for concurrent changes
+_version = 0
+
+
+def _changed() -> None:
+    global _version
+    _version = next(_changes)
+
+
+def modules_version() -> int:
+    """A number that changes whenever any module's mode (``train``/``eval``), plain attribute,
+    submodule or parameter slot is set or deleted: Trainer compares it each step and walks its
+    model again only after a change (see ``Trainer._signature``)."""
+    return _version
+
+
+def float32_values(value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """``value`` (NumPy, a torch tensor, a pywgtrain Tensor, anything ``np.asarray`` takes) as a
+    C-contiguous float32 array of ``shape``, for parameters and optimizer moments. Floating
+    dtypes of any byte order are converted when every value survives (a finite float64 beyond
+    float32's range is refused rather than turned into inf); bool, integer, complex, string and
+    object arrays are refused (an integer checkpoint of float weights is a mistake, not a cast).
+    ``what`` names the entry in the errors."""
+    if hasattr(value, "detach") and hasattr(value, "cpu") and not isinstance(value, Tensor):
+        value = value.detach().cpu().numpy()  # a torch tensor
+    arr = np.asarray(value)
+    if arr.dtype.kind != "f":
+        raise TypeError(f"{what} has dtype {arr.dtype.name}, expected floating point (float32)")
+    if arr.shape != tuple(shape):
+        raise ValueError(f"{what} has shape {arr.shape}, expected {tuple(shape)}")
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+    if arr.dtype.itemsize > 4:
+        overflow = np.isfinite(arr) & ~np.isfinite(out)
+        if overflow.any():
+            raise ValueError(
+                f"{what} holds {int(overflow.sum())} {arr.dtype.name} value(s) beyond float32's range "
+                f"(e.g. {arr[overflow].flat[0]!r})"
+            )
+    return out
 
 
 class Module:
@@ -35,6 +79,10 @@ class Module:
                 f"(call super().__init__() first in {type(self).__name__}.__init__)"
             )
         params, mods = self.__dict__.get("_parameters"), self.__dict__.get("_modules")
+        # A change a captured training step may depend on (Trainer's signature): plain values, modules,
+        # parameters, and whatever replaces a registered module or parameter.
+        registered = name in (params or ()) or name in (mods or ())
+        tracked = registered or type(value) in PLAIN_TYPES or isinstance(value, (Parameter, Module))
         if params is not None:
             params.pop(name, None)
             mods.pop(name, None)
@@ -43,11 +91,14 @@ class Module:
             elif isinstance(value, Module):
                 mods[name] = value
         object.__setattr__(self, name, value)
+        if tracked:
+            _changed()  # after the change: a walk that sees the new version sees the new value
 
     def __delattr__(self, name):
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
         object.__delattr__(self, name)
+        _changed()
 
     def register_parameter(self, name: str, param: Optional[Parameter]) -> None:
         if param is not None and not isinstance(param, Parameter):
@@ -55,6 +106,7 @@ class Module:
         if param is None:
             self._parameters.pop(name, None)
             object.__setattr__(self, name, None)
+            _changed()
         else:
             setattr(self, name, param)
 
@@ -117,6 +169,7 @@ class Module:
     def train(self: _M, mode: bool = True) -> _M:
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
+        _changed()
         return self
 
     def eval(self: _M) -> _M:
@@ -145,30 +198,45 @@ class Module:
         return out
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> tuple[list[str], list[str]]:
-        """Copy arrays (NumPy, torch tensors, or anything ``np.asarray`` takes) into the parameters."""
+        """Copy arrays (NumPy, torch tensors, or anything ``np.asarray`` takes) into the parameters.
+        Every entry is checked first (names with ``strict``, shapes, dtypes: see ``float32_values``),
+        so a bad one raises before any parameter changes."""
+        arrays, missing, unexpected = self._checked_state_dict(state, strict)
+        self._load_checked(arrays)
+        return missing, unexpected
+
+    def _load_checked(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Copy what ``_checked_state_dict`` returned into the parameters."""
+        from ...autograd import no_grad
+
+        params = self._named_parameter_slots()
+        with no_grad():
+            for name, arr in arrays.items():
+                params[name].copy_(arr)
+
+    def _named_parameter_slots(self) -> OrderedDict[str, Parameter]:
+        """Every parameter under each of its state-dict names (tied weights under every name)."""
         params = OrderedDict()
         for mod_prefix, m in self.named_modules():
             for name, p in m._parameters.items():
                 if p is not None:
                     params[f"{mod_prefix}.{name}" if mod_prefix else name] = p
+        return params
+
+    def _checked_state_dict(self, state: Mapping[str, Any], strict: bool = True):
+        """({name: float32 array} ready to copy, missing keys, unexpected keys); raises on the first bad entry."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"load_state_dict: state must be a mapping of names to arrays, got {type(state).__name__}")
+        params = self._named_parameter_slots()
         missing = [k for k in params if k not in state]
         unexpected = [k for k in state if k not in params]
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
-        from ...autograd import no_grad
-
-        with no_grad():
-            for name, p in params.items():
-                if name not in state:
-                    continue
-                value = state[name]
-                if hasattr(value, "detach") and hasattr(value, "cpu") and not isinstance(value, Tensor):
-                    value = value.detach().cpu().numpy()  # a torch tensor
-                arr = np.asarray(value)
-                if arr.shape != p.shape:
-                    raise ValueError(f"load_state_dict: {name} has shape {arr.shape}, the model expects {p.shape}")
-                p.copy_(np.ascontiguousarray(arr, dtype=np.float32))
-        return missing, unexpected
+        arrays = OrderedDict()
+        for name, p in params.items():
+            if name in state:
+                arrays[name] = float32_values(state[name], p.shape, f"load_state_dict: {name}")
+        return arrays, missing, unexpected
 
     # -- calling ---------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
