@@ -27,25 +27,29 @@ namespace pwt {
 enum class UnaryOp : uint32_t {
   Copy = 0, Neg = 1, Abs = 2, Exp = 3, Log = 4, Sqrt = 5, Rsqrt = 6, Tanh = 7, Sigmoid = 8,
   Relu = 9, GeluErf = 10, GeluTanh = 11, Silu = 12, PowScalar = 13 /* x^a */, Clamp = 14 /* clamp(x, a, b) */,
-  AddScalar = 15 /* x + a */, MulScalar = 16 /* x * a */, RsubScalar = 17 /* a - x */, RdivScalar = 18 /* a / x */
+  AddScalar = 15 /* x + a */, MulScalar = 16 /* x * a */, RsubScalar = 17 /* a - x */, RdivScalar = 18 /* a / x */,
+  SqrtStd = 19 /* sqrt, gradient 0 where the result is 0 (std's, as torch) */
 };
 // clang-format on
-constexpr uint32_t kUnaryOps = 19;
+constexpr uint32_t kUnaryOps = 20;
 
 // y[i] = f(x[i]; a, b) + beta * y[i], i < n (beta 0 or 1: 1 accumulates into y).
 void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n, float a, float b, float beta);
 // dx[i] = dy[i] * f'(x[i]) + beta * dx[i]; `y` is the forward output (exp, sigmoid, tanh, sqrt, rsqrt use it;
 // pass x again for the others). Clamp' is 1 inside [a, b] inclusive; Relu'(0) = 0; Abs' = sign(x).
+// Relu, Clamp and SqrtStd select dy or 0 (as torch: 0 also for dy = inf or NaN); Relu passes dy at a NaN
+// input and Clamp gives 0 there (torch's threshold_backward and clamp_backward). Relu and Clamp keep NaN.
 void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, const Buffer& dy, const Buffer& dx,
                     uint64_t n, float a, float b, float beta);
 
 // clang-format off
 enum class BinaryOp : uint32_t {
   Add = 0, Sub = 1, Mul = 2, Div = 3, Maximum = 4, Minimum = 5, Pow = 6,
-  Gt = 7, Lt = 8, Ge = 9, Le = 10, Eq = 11, Ne = 12 /* comparisons give 1.0 / 0.0 */
+  Gt = 7, Lt = 8, Ge = 9, Le = 10, Eq = 11, Ne = 12 /* comparisons give 1.0 / 0.0 */,
+  EqNan = 13 /* a == b, or both NaN (max()'s tie mask) */
 };
 // clang-format on
-constexpr uint32_t kBinaryOps = 13;
+constexpr uint32_t kBinaryOps = 14;
 constexpr uint32_t kMaxDims = 6;
 
 // Broadcast element-wise: out (contiguous, shape `shape`, ndim <= kMaxDims)[i] =
@@ -55,9 +59,10 @@ void binary(Recorder& r, BinaryOp op, const Buffer& a, const Buffer& b, const Bu
             const std::vector<uint32_t>& shape, const std::vector<uint32_t>& a_strides,
             const std::vector<uint32_t>& b_strides, float beta);
 // g[i] = dy[i] * d op(a, b) / d operand + beta * g[i] for operand `which` (0: a, 1: b), at the output
-// shape (the caller reduces broadcast dims). Maximum/Minimum: the gradient goes to a where a >= b (max) /
-// a <= b (min), else to b. Pow: d/da = b * a^(b-1) (0 where b == 0), d/db = a^b * log(a) (0 where a == 0
-// and b >= 0), as torch. Comparisons: 0. dy and g are contiguous at `shape`.
+// shape (the caller reduces broadcast dims). Maximum/Minimum as torch: the gradient goes to the larger
+// (smaller) operand, half to each on ties, whole to both where either is NaN (the loser gets exactly 0).
+// Pow: d/da = b * a^(b-1) (0 where b == 0), d/db = a^b * log(a) (0 where a == 0 and b >= 0), as torch.
+// Comparisons: 0. dy and g are contiguous at `shape`.
 void binary_backward(Recorder& r, BinaryOp op, uint32_t which, const Buffer& a, const Buffer& b, const Buffer& dy,
                      const Buffer& g, const std::vector<uint32_t>& shape, const std::vector<uint32_t>& a_strides,
                      const std::vector<uint32_t>& b_strides, float beta);

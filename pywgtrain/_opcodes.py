@@ -22,6 +22,7 @@ UNARY = {
     "mul_scalar": 16,  # x * a
     "rsub_scalar": 17,  # a - x
     "rdiv_scalar": 18,  # a / x
+    "sqrt_std": 19,  # sqrt, gradient 0 where the result is 0 (std)
 }
 
 BINARY = {
@@ -39,6 +40,7 @@ BINARY = {
     "le": 10,
     "eq": 11,
     "ne": 12,
+    "eq_nan": 13,  # a == b or both NaN
 }
 
 REDUCE = {"sum": 0, "max": 1}

@@ -521,11 +521,12 @@ def max(
     keepdim: bool = False,
 ) -> Union[Tensor, _MaxResult]:
     """``max()``: the largest element (0-d); ``max(dim)``: (values, indices) along dim.
-    Ties give the first index, and the gradient goes there, as in PyTorch."""
+    NaN wins (the first NaN's index). As in PyTorch, ``max(dim)``'s gradient goes to the
+    returned index (the first of ties), ``max()``'s splits evenly over the elements equal
+    to the result (over the NaNs when it is NaN)."""
     x = _check_float(x, "max")
     if dim is None:
-        flat = x.reshape(-1)
-        return max(flat, 0)[0].reshape(())
+        return _max_all(x)
     d = _dim(dim, x.ndim, "max")
     shape = list(x.shape or (1,))
     values = empty(_reduced_shape(shape, [d], keepdim), np.float32, x.device)
@@ -541,6 +542,29 @@ def max(
             lambda rec, g, dst, beta: _core.max_backward(rec, g, ibuf, dst, outer, length, inner, beta),
         )
     return _MaxResult((values, indices))
+
+
+def _max_all(x):
+    """max() of every element, 0-d; backward as torch's evenly_distribute_backward."""
+    n, dev = x.size, x.device
+    value = empty((), np.float32, dev)
+    _reduce_raw(x, [1, n, 1], 1, "max", out=value)
+    if needs_grad(x):
+        xbuf, vbuf = x._buf, value._buf
+
+        def backward(g, sinks, _):
+            dst, beta = sinks[0].target()
+            mask = empty((n,), np.float32, dev)
+            count, share = empty((1,), np.float32, dev), empty((1,), np.float32, dev)
+            with _rec(dev) as rec:
+                _core.binary(rec, BINARY["eq_nan"], xbuf, vbuf, mask._buf, [n], [1], [0], 0.0)  # x == max, NaN == NaN
+                _core.reduce_axis(rec, REDUCE["sum"], mask._buf, count._buf, None, 1, n, 1, 1.0, 0.0)
+                _core.binary(rec, BINARY["div"], g._buf, count._buf, share._buf, [1], [0], [0], 0.0)
+                # mask ? share : mask (0): exactly 0 off the max, also for an infinite g
+                _core.where(rec, mask._buf, share._buf, mask._buf, dst._buf, [n], [1], [0], [1], float(beta))
+
+        attach(value, "max", [x], backward)
+    return value
 
 
 def var(
@@ -572,7 +596,8 @@ def std(
     keepdim: bool = False,
     correction: Optional[int] = None,
 ) -> Tensor:
-    return sqrt(var(x, dim, unbiased, keepdim, correction))
+    # sqrt whose gradient is 0 where std is 0 (torch's std_backward), not inf * 0 = NaN
+    return _unary("sqrt_std", var(x, dim, unbiased, keepdim, correction))
 
 
 def _softmax(x, dim, log):

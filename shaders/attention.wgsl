@@ -326,7 +326,9 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     var ps = vec4<f32>(0.0);
     for (var j = 0u; j < 4u; j++) {
       var p = exp2(s[j] - mnew);
-      if (masked) { p = select(vec4<f32>(0.0), p, s[j] > vec4<f32>(NEG)); }
+      // Masked scores are exactly NEG; a NaN score (a NaN key row) keeps its NaN p, so the
+      // rows that see it come out NaN, as torch (whatever max() made of the NaN above).
+      if (masked) { p = select(p, vec4<f32>(0.0), s[j] == vec4<f32>(NEG)); }
       s[j] = p;
       ps += p;
     }

@@ -35,9 +35,7 @@ fn thread_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
 }
 
 fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
-
-// Bit test: compilers may fold `v != v` away.
-fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
+// is_nan (a bit test) comes from activations.wgsl.
 
 // tanh with full relative precision near 0 (the exp form loses it to
 // cancellation below |x| ~ 0.4) and no overflow for large |x|.
@@ -92,7 +90,7 @@ fn unary_f(x: f32) -> f32 {
     case 2u: { return abs(x); }
     case 3u: { return exp(x); }
     case 4u: { return log(x); }
-    case 5u: { return sqrt(x); }
+    case 5u, 19u: { return sqrt(x); }
     case 6u: { return 1.0 / sqrt(x); }
     case 7u: { return tanh_acc(x); }
     case 8u: { return 1.0 / (1.0 + exp(-x)); }
@@ -100,7 +98,9 @@ fn unary_f(x: f32) -> f32 {
     case 10u: { return gelu_erf(x); }
     case 11u: { return gelu_tanh(x); }
     case 13u: { return pow_f(x, fp.a); }
-    case 14u: { return min(max(x, fp.a), fp.b); }
+    case 14u: {  // NaN in x or a bound gives NaN, as torch
+      return select(min(max(x, fp.a), fp.b), nan(), is_nan(x) || is_nan(fp.a) || is_nan(fp.b));
+    }
     case 15u: { return x + fp.a; }
     case 16u: { return x * fp.a; }
     case 17u: { return fp.a - x; }
@@ -114,14 +114,14 @@ fn unary_grad(x: f32, y: f32) -> f32 {
   switch OP {
     case 0u: { return 1.0; }
     case 1u: { return -1.0; }
-    case 2u: { return sign(x); }
+    case 2u: { return select(sign(x), 0.0, is_nan(x)); }  // torch: sign(NaN) = 0
     case 3u: { return y; }
     case 4u: { return 1.0 / x; }
-    case 5u: { return 0.5 / y; }
+    case 5u, 19u: { return 0.5 / y; }
     case 6u: { return -0.5 * y * y * y; }
     case 7u: { return 1.0 - y * y; }
     case 8u: { return y * (1.0 - y); }
-    case 9u: { return select(0.0, 1.0, x > 0.0); }
+    case 9u: { return select(0.0, 1.0, relu_passes(x)); }
     case 10u: { return gelu_erf_grad(x); }
     case 11u: { return gelu_tanh_grad(x); }
     case 12u: { return activate_grad(x); }
@@ -132,6 +132,18 @@ fn unary_grad(x: f32, y: f32) -> f32 {
     case 17u: { return -1.0; }
     case 18u: { return -fp.a / (x * x); }
     default: { return nan(); }
+  }
+}
+
+// dy * f'(x); ops whose gradient is a mask select dy instead of multiplying
+// (torch's threshold_backward / clamp_backward / std_backward: a zeroed
+// gradient stays 0 for an infinite or NaN dy).
+fn unary_dx(x: f32, y: f32, dy: f32) -> f32 {
+  switch OP {
+    case 9u, 12u: { return act_dx(dy, x); }  // relu (ACT 1), silu
+    case 14u: { return select(0.0, dy, x >= fp.a && x <= fp.b); }  // NaN: 0, as torch
+    case 19u: { return select(dy * (0.5 / y), 0.0, y == 0.0); }  // std: 0 at std 0
+    default: { return dy * unary_grad(x, y); }
   }
 }
 
@@ -152,7 +164,7 @@ fn unary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
                   @builtin(local_invocation_index) lid: u32) {
   let i = thread_index(wid, nwg, lid);
   if (i >= fp.n) { return; }
-  var v = in2[i] * unary_grad(in0[i], in1[i]);
+  var v = unary_dx(in0[i], in1[i], in2[i]);
   if (fp.beta != 0.0) { v += fp.beta * res[i]; }
   res[i] = v;
 }
@@ -193,6 +205,7 @@ fn binary_f(a: f32, b: f32) -> f32 {
     case 10u: { return select(0.0, 1.0, a <= b); }
     case 11u: { return select(0.0, 1.0, a == b); }
     case 12u: { return select(0.0, 1.0, a != b); }
+    case 13u: { return select(0.0, 1.0, a == b || (is_nan(a) && is_nan(b))); }  // NaN equals NaN
     default: { return nan(); }
   }
 }
@@ -205,8 +218,11 @@ fn binary_grad(a: f32, b: f32) -> f32 {
     case 1u: { return select(-1.0, 1.0, wa); }
     case 2u: { return select(a, b, wa); }
     case 3u: { return select(-a / (b * b), 1.0 / b, wa); }
-    case 4u: { return select(select(1.0, 0.0, a >= b), select(0.0, 1.0, a >= b), wa); }
-    case 5u: { return select(select(1.0, 0.0, a <= b), select(0.0, 1.0, a <= b), wa); }
+    // maximum / minimum as torch: ties split the gradient in halves; the side
+    // that lost gets 0; a NaN on either side sends it whole to both (no
+    // comparison holds).
+    case 4u: { return select(select(1.0, 0.5, a == b), 0.0, select((a > b), (a < b), wa)); }
+    case 5u: { return select(select(1.0, 0.5, a == b), 0.0, select((a < b), (a > b), wa)); }
     case 6u: {
       if (wa) { return select(b * pow_f(a, b - 1.0), 0.0, b == 0.0); }
       return select(pow_f(a, b) * log(a), 0.0, a == 0.0 && b >= 0.0);
@@ -234,7 +250,9 @@ fn binary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
   let i = thread_index(wid, nwg, lid);
   if (i >= np.n) { return; }
   let idx = nd_index(i);
-  var v = in2[idx.z] * binary_grad(in0[idx.x], in1[idx.y]);
+  let f = binary_grad(in0[idx.x], in1[idx.y]);
+  var v = in2[idx.z] * f;
+  if ((OP == 4u || OP == 5u) && f == 0.0) { v = 0.0; }  // torch's masked_fill: 0 also for dy = inf / NaN
   if (np.beta != 0.0) { v += np.beta * res[idx.w]; }
   res[idx.w] = v;
 }

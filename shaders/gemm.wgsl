@@ -361,7 +361,8 @@ fn tile_col(xy: vec2<u32>, j: u32) -> u32 { return j * 4u * WG_X + xy.x * 4u; }
 //   BIAS_ACT: C = act(v + bias[bias_off + n]); BIAS_ACT_TRAIN also keeps the
 //     pre-activation in `preact` (at C's indices) for backward;
 //   ACT_GRAD: backward through the activation of the layer below,
-//     C = v * act'(Z), Z read from `preact` at C's indices;
+//     C = v * act'(Z), Z read from `preact` at C's indices (relu: a select,
+//     v where Z > 0 or NaN, else 0, as torch's threshold_backward);
 //   BIAS_RESIDUAL: C = v + bias[bias_off + n] + residual[idx].
 // Every pipeline binds all of them (the host binds placeholders for the ones
 // its epilogue never touches).
@@ -373,7 +374,7 @@ fn epilogue(idx: u32, n: u32, v: f32) {
     preact[idx] = z;
     c[idx] = activate(z);
   } else if (EPILOGUE == EPILOGUE_ACT_GRAD) {
-    c[idx] = v * activate_grad(preact[idx]);
+    c[idx] = act_dx(v, preact[idx]);
   } else if (EPILOGUE == EPILOGUE_BIAS_RESIDUAL) {
     c[idx] = v + bias[p.bias_off + n] + residual[idx];
   } else if (EPILOGUE == EPILOGUE_PLAIN || EPILOGUE == EPILOGUE_ROWSUM) {

@@ -22,7 +22,7 @@ fn linear_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
 fn act_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
   let i = linear_index(wid, nwg, lid);
-  if (i < ep.n) { result[i] = upstream[i] * activate_grad(preact[i]); }
+  if (i < ep.n) { result[i] = act_dx(upstream[i], preact[i]); }
 }
 
 // Z += bias (per column); Y = act(Z).

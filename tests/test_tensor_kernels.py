@@ -1,7 +1,7 @@
 """Tensor kernels under the autograd (csrc/tensor_ops.hpp) called directly
 through pywgtrain._core: forward against float64 NumPy, backward against
-float64 torch autograd (or the analytic rule where torch's convention
-differs, e.g. ties of maximum). Outputs start as NaN so unwritten elements
+float64 torch autograd (ties of maximum / minimum included: torch splits
+them in halves). Outputs start as NaN so unwritten elements
 show; sizes avoid multiples of every workgroup size."""
 
 import re
@@ -81,7 +81,7 @@ A_B = {
     "rsub_scalar": (2.0, 0.0),
     "rdiv_scalar": (1.5, 0.0),
 }
-POSITIVE = {"log", "sqrt", "rsqrt", "pow_scalar", "rdiv_scalar"}
+POSITIVE = {"log", "sqrt", "rsqrt", "pow_scalar", "rdiv_scalar", "sqrt_std"}
 
 
 def unary_input(rng, name, n):
@@ -116,6 +116,7 @@ def torch_unary(name, x, a, b):
         "mul_scalar": lambda: x * a,
         "rsub_scalar": lambda: a - x,
         "rdiv_scalar": lambda: a / x,
+        "sqrt_std": lambda: x.sqrt(),  # (std's gradient differs at 0 only: tests/test_nan_semantics.py)
     }[name]()
 
 
@@ -262,7 +263,7 @@ PATTERNS = {
 
 
 def binary_inputs(rng, name, sa, sb):
-    if name in ("maximum", "minimum", "gt", "lt", "ge", "le", "eq", "ne"):
+    if name in ("maximum", "minimum", "gt", "lt", "ge", "le", "eq", "ne", "eq_nan"):
         # small integers: plenty of ties / equal pairs
         return (rng.integers(-3, 4, sa).astype(np.float32), rng.integers(-3, 4, sb).astype(np.float32))
     a, b = rand(rng, *sa), rand(rng, *sb)
@@ -287,6 +288,7 @@ NP_BINARY = {
     "le": np.less_equal,
     "eq": np.equal,
     "ne": np.not_equal,
+    "eq_nan": lambda a, b: (a == b) | (np.isnan(a) & np.isnan(b)),
 }
 
 
@@ -323,11 +325,7 @@ def test_binary_nan_propagation(dev):
 
 def binary_grad_reference(name, which, a, b, dy):
     """d op / d operand at the output shape, float64."""
-    if name in ("maximum", "minimum"):
-        # ties go to a (torch would split them in halves)
-        take_a = a >= b if name == "maximum" else a <= b
-        return dy * (take_a if which == 0 else ~take_a)
-    if name in ("gt", "lt", "ge", "le", "eq", "ne"):
+    if name in ("gt", "lt", "ge", "le", "eq", "ne", "eq_nan"):
         return np.zeros_like(dy)
     at = torch.from_numpy(np.array(a)).requires_grad_()
     bt = torch.from_numpy(np.array(b)).requires_grad_()
@@ -337,6 +335,8 @@ def binary_grad_reference(name, which, a, b, dy):
         "mul": lambda: at * bt,
         "div": lambda: at / bt,
         "pow": lambda: at**bt,
+        "maximum": lambda: torch.maximum(at, bt),  # ties: half to each
+        "minimum": lambda: torch.minimum(at, bt),
     }[name]()
     out.backward(torch.from_numpy(dy))
     return (at if which == 0 else bt).grad.numpy()
