@@ -6,6 +6,7 @@ import contextlib
 import os
 import tempfile
 import threading
+import traceback
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 from . import _core
@@ -299,11 +300,23 @@ class Device:
         submitted (its batch, or a Trainer's grouped steps)."""
         self._submit_deferred()
         rec = getattr(self._local, "recorder", None)
+        if rec is not None and rec.capturing and getattr(self._local, "capture_read", None) is None:
+            # A captured graph cannot replay a host read: capture_interrupted() names it.
+            self._local.capture_read = _caller_outside_package()
         if rec is not None and rec.pending:
             rec.submit()
             # What the batch recorded so far will run whatever happens to the
             # block now; tensors created from here on belong to the rest.
             self._local.batch_token = BatchToken()
+
+    def capture_interrupted(self, reset: bool = False) -> Optional[str]:
+        """Where this thread read GPU data on the host (or otherwise flushed)
+        while its batch was capturing a step graph, as ``file:line (source)``;
+        None if it did not. ``reset``: forget it (before a new capture)."""
+        where = getattr(self._local, "capture_read", None)
+        if reset:
+            self._local.capture_read = None
+        return where
 
     def synchronize(self) -> None:
         """Wait until all submitted work has finished."""
@@ -330,6 +343,18 @@ class Device:
         """Destroy the device now (its tensors become unusable). Tests use this
         to provoke device loss."""
         self._dev.destroy()
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caller_outside_package() -> str:
+    """The innermost frame outside pywgtrain's own top-level modules (tensor.py,
+    device.py, ...): the user's code, or a module in nn/ or models/."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if os.path.dirname(os.path.abspath(frame.filename)) != _PACKAGE_DIR:
+            return f"{frame.filename}:{frame.lineno} ({frame.line})"
+    return "a host read inside pywgtrain"
 
 
 _default = None

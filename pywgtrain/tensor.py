@@ -255,8 +255,15 @@ class Tensor:
                     rec.copy(src._buf, 0, self._buf, 0, self.nbytes)
             else:
                 _core.strided_copy(
-                    rec, src._buf, 0, _contiguous_strides(shape), self._store.buf, self._offset,
-                    list(self.stride()) or [1], shape, 0.0,
+                    rec,
+                    src._buf,
+                    0,
+                    _contiguous_strides(shape),
+                    self._store.buf,
+                    self._offset,
+                    list(self.stride()) or [1],
+                    shape,
+                    0.0,
                 )
         self._bump_version()
 

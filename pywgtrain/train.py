@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import operator
 import os
-import traceback
 import warnings
 from typing import Any, Callable, Union
 
@@ -185,8 +184,9 @@ class Trainer:
             # the buffers they rebind); the caller's tensors stay as they are.
             x = x.clone() if user_x else x
             y = y.clone() if user_y else y
-        with self.device.batch() as rec, _FlushWatch(self.device, rec, capture) as watch:
+        with self.device.batch() as rec:
             if capture:
+                self.device.capture_interrupted(reset=True)
                 rec.begin_capture()
             self.optimizer.zero_grad()
             out = self.model(x)
@@ -199,12 +199,13 @@ class Trainer:
             self.optimizer.step()
             if capture:
                 graph = rec.end_capture()
-                if watch.submitted:
+                where = self.device.capture_interrupted(reset=True)
+                if where is not None:
                     # Part of the step was submitted mid-capture: the graph misses that part (and its
                     # uniform blocks). The step itself ran in order, as an eager one would; drop the graph.
                     self.capture = False
                     warnings.warn(
-                        f"Trainer: {watch.where} read GPU data (or submitted work) in the middle of the "
+                        f"Trainer: {where} read GPU data (or submitted work) in the middle of the "
                         "captured training step, so the step cannot be replayed; it ran eagerly and this "
                         "Trainer no longer captures (remove the read from forward/loss, or pass capture=False "
                         "to silence this)",
@@ -400,59 +401,6 @@ def _read_checkpoint(path):
     if entries:
         raise ValueError(f"{path}: unexpected entries {sorted(entries)[:5]} (optimizer moments without a step count?)")
     return meta, model_sd, state, rng_state
-
-
-class _FlushWatch:
-    """Notes whether a step being captured read GPU data on the host or submitted mid-step, and
-    where. A read flushes the batch first (``Device.flush``), which retires the batch's
-    ``BatchToken`` when there was work to submit; for the caller's name, and for reads with
-    nothing yet to submit (whose value a replay would not recompute either), ``device.flush``
-    is wrapped for the duration of the step."""
-
-    _package = os.path.dirname(os.path.abspath(__file__))
-
-    def __init__(self, device, rec, active):
-        self.device, self.rec, self.active = device, rec, active
-        self.where = None
-
-    def __enter__(self):
-        if not self.active:
-            return self
-        dev, rec = self.device, self.rec
-        self.token = dev._current_batch_token()
-        self.previous = dev.__dict__.get("flush")
-        flush = self.previous or type(dev).flush.__get__(dev)
-
-        def watched():
-            if self.where is None and getattr(dev._local, "recorder", None) is rec:  # this thread's step
-                self.where = self._caller()
-            flush()
-
-        dev.flush = self._watched = watched
-        return self
-
-    def __exit__(self, *exc):
-        if self.active and self.device.__dict__.get("flush") is self._watched:
-            if self.previous is None:
-                del self.device.flush
-            else:
-                self.device.flush = self.previous
-        return False
-
-    @property
-    def submitted(self):
-        if self.active and self.where is None and self.device._current_batch_token() is not self.token:
-            self.where = "a host read"  # a flush that bypassed the wrapper
-        return self.active and self.where is not None
-
-    @classmethod
-    def _caller(cls):
-        """The innermost frame outside pywgtrain's own top-level modules (tensor.py, device.py, ...):
-        the user's forward, or a module in nn/ or models/."""
-        for frame in reversed(traceback.extract_stack()[:-2]):
-            if os.path.dirname(os.path.abspath(frame.filename)) != cls._package:
-                return f"{frame.filename}:{frame.lineno} ({frame.line})"
-        return "a host read inside pywgtrain"
 
 
 def _host_batch(a, name):
