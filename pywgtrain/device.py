@@ -23,16 +23,18 @@ class _Recording:
     """Device._recording()'s context manager (a class: an operation called on
     its own pays its cost on every call, a generator's is several times it)."""
 
-    __slots__ = ("_dev", "_own")
+    __slots__ = ("_dev", "_own", "_batch")
 
     def __init__(self, dev: "Device") -> None:
         self._dev = dev
         self._own = None
+        self._batch = None
 
     def __enter__(self) -> _core._Recorder:
         dev = self._dev
         rec = getattr(dev._local, "recorder", None)
         if rec is not None:
+            self._batch = rec
             return rec
         dev._submit_deferred()
         self._own = _core._Recorder(dev._dev)
@@ -40,9 +42,12 @@ class _Recording:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         # On an exception the recording is dropped unsubmitted (discarded).
-        if exc_type is None and self._own is not None:
-            self._own.submit()
-        self._own = None
+        if exc_type is None:
+            if self._own is not None:
+                self._own.submit()
+            elif self._batch.pending >= Device.BATCH_SUBMIT_COMMANDS and not self._batch.capturing:
+                self._dev._submit_batch_part(self._batch)  # the GPU starts while the rest is recorded
+        self._own = self._batch = None
         return False
 
 
@@ -145,6 +150,10 @@ class Device:
     the GIL is released while the GPU works. Each thread has its own batch.
     """
 
+    # A batch submits what it has recorded once it holds this many commands
+    # (not while capturing a step graph), so the GPU runs while Python records.
+    BATCH_SUBMIT_COMMANDS = 64
+
     def __init__(self, adapter: Union[int, str, None] = None) -> None:
         if adapter is not None and not isinstance(adapter, (int, str)):
             raise TypeError(f"adapter must be None, an int index or a name substring, got {type(adapter).__name__}")
@@ -236,10 +245,13 @@ class Device:
     # -- recording ---------------------------------------------------------
     @contextlib.contextmanager
     def batch(self) -> Iterator[_core._Recorder]:
-        """Record every operation inside the block and submit them together,
-        once, at its end. Reading a tensor inside the block submits what is
-        recorded so far first. An exception inside the block discards the
-        recorded work and propagates."""
+        """Record every operation inside the block and submit them in few
+        submissions: at its end, and whenever ``BATCH_SUBMIT_COMMANDS``
+        commands are waiting (so the GPU works while the rest is recorded; not
+        while a step graph is being captured). Reading a tensor inside the
+        block submits what is recorded so far first. An exception inside the
+        block discards the work not yet submitted and propagates; reading a
+        tensor that work was to write raises."""
         outer = getattr(self._local, "recorder", None)
         if outer is not None:  # nested batches join the outer one
             yield outer
@@ -304,10 +316,13 @@ class Device:
             # A captured graph cannot replay a host read: capture_interrupted() names it.
             self._local.capture_read = _caller_outside_package()
         if rec is not None and rec.pending:
-            rec.submit()
-            # What the batch recorded so far will run whatever happens to the
-            # block now; tensors created from here on belong to the rest.
-            self._local.batch_token = BatchToken()
+            self._submit_batch_part(rec)
+
+    def _submit_batch_part(self, rec):
+        rec.submit()
+        # What the batch recorded so far will run whatever happens to the
+        # block now; tensors created from here on belong to the rest.
+        self._local.batch_token = BatchToken()
 
     def capture_interrupted(self, reset: bool = False) -> Optional[str]:
         """Where this thread read GPU data on the host (or otherwise flushed)

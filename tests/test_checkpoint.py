@@ -348,3 +348,20 @@ def test_tensor_of_discarded_batch_raises_on_read(dev):
     with pytest.raises(RuntimeError, match="discarded"):
         c.numpy()
     np.testing.assert_array_equal(a.numpy(), np.ones((4, 4), np.float32))  # created before the batch: fine
+
+
+def test_long_batch_submits_in_parts(dev):
+    """A batch hands its work to the GPU every BATCH_SUBMIT_COMMANDS commands; an
+    exception discards only the part not yet submitted."""
+    a = pw.tensor(np.ones(4, np.float32), dev)
+    n = pw.Device.BATCH_SUBMIT_COMMANDS
+    with pytest.raises(KeyError):
+        with dev.batch() as rec:
+            early = [a + float(i) for i in range(n)]  # one command each
+            assert rec.pending == 0  # submitted with the n-th
+            late = a * 3.0
+            assert rec.pending == 1
+            raise KeyError("boom")
+    np.testing.assert_array_equal(early[5].numpy(), np.full(4, 6.0, np.float32))
+    with pytest.raises(RuntimeError, match="discarded"):
+        late.numpy()
