@@ -13,14 +13,21 @@ namespace sh = wgsl::cross_entropy;
 const Kernel& xent_kernel(Device& dev, const char* entry) {
   static const PipelineCache::EntryBindings table = {
       {"xent_forward", {sh::logits, sh::labels, sh::row_lse, sh::row_loss, sh::row_valid, sh::xp}},
+      {"xent_forward_short", {sh::logits, sh::labels, sh::row_lse, sh::row_loss, sh::row_valid, sh::xp}},
       {"xent_finalize", {sh::fin_loss, sh::fin_valid, sh::fin_out, sh::fp, sh::fin_scale}},
-      {"xent_backward", {sh::logits, sh::labels, sh::xp, sh::lse_in, sh::upstream, sh::scale_in, sh::dlogits}}};
+      {"xent_backward", {sh::logits, sh::labels, sh::xp, sh::lse_in, sh::upstream, sh::scale_in, sh::dlogits}},
+      {"xent_backward_short", {sh::logits, sh::labels, sh::xp, sh::lse_in, sh::upstream, sh::scale_in, sh::dlogits}}};
   return dev.pipelines().get("cross_entropy", entry, table);
 }
 
 // Each thread loops over cols / 256 classes two or three times per row; lavapipe cuts
 // loops past 65,535 trips without an error, so rows stay well inside that.
 constexpr uint32_t kMaxClasses = 1u << 20;
+// Workgroups covering `rc` rows: one per row, or one per WG rows for short rows
+// (the *_short entries, a thread per row: short_row_cols).
+uint64_t row_groups(const Device& dev, uint32_t rc, uint32_t cols) {
+  return cols <= short_row_cols(dev) ? ceil_div(rc, sh::WG) : rc;
+}
 
 void check_rows(const Device& dev, uint32_t rows, uint32_t cols, const Buffer& logits, const Buffer& labels) {
   if (rows == 0 || cols == 0) throw ArgumentError("cross_entropy: logits must have rows >= 1 and classes >= 1");
@@ -69,10 +76,10 @@ void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labe
   for (auto* b : {&row_lse, &row_loss, &row_valid}) check_floats(*b, rows, "cross_entropy row buffer");
   check_floats(out, 1, "cross_entropy output");
   check_floats(scale, 1, "cross_entropy gradient scale");
-  const Kernel& fk = xent_kernel(dev, "xent_forward");
+  const Kernel& fk = xent_kernel(dev, cols <= short_row_cols(dev) ? "xent_forward_short" : "xent_forward");
   for_each_row_block(dev, rows, cols, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
     XentParams p = block_params(r0, rc, cols, inner, ignore_index);
-    auto [gx, gy] = grid_1d(dev, rc);
+    auto [gx, gy] = grid_1d(dev, row_groups(dev, rc, cols));
     r.dispatch(fk,
                {{sh::logits, floats(logits, start, inner + uint64_t(rc) * cols)},
                 {sh::labels, whole(labels)},
@@ -101,12 +108,12 @@ void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& lab
   check_floats(row_lse, rows, "cross_entropy log-sum-exp");
   check_floats(upstream, per_row ? rows : 1, "cross_entropy upstream gradient");
   check_floats(scale, 1, "cross_entropy scale");
-  const Kernel& bk = xent_kernel(dev, "xent_backward");
+  const Kernel& bk = xent_kernel(dev, cols <= short_row_cols(dev) ? "xent_backward_short" : "xent_backward");
   for_each_row_block(dev, rows, cols, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
     XentParams p = block_params(r0, rc, cols, inner, ignore_index);
     p.per_row = per_row ? 1u : 0u;
     p.beta = beta;
-    auto [gx, gy] = grid_1d(dev, rc);
+    auto [gx, gy] = grid_1d(dev, row_groups(dev, rc, cols));
     const uint64_t count = inner + uint64_t(rc) * cols;
     r.dispatch(bk,
                {{sh::logits, floats(logits, start, count)},

@@ -204,7 +204,8 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   WRITE(row_loss, 3, "array<f32>") WRITE(row_valid, 4, "array<f32>") UNIFORM(xp, 5, XentParams)                   \
   READ(lse_in, 6, "array<f32>") READ(upstream, 7, "array<f32>") READ(scale_in, 8, "array<f32>")                   \
   WRITE(dlogits, 9, "array<f32>") READ(fin_loss, 10, "array<f32>") READ(fin_valid, 11, "array<f32>")              \
-  WRITE(fin_out, 12, "array<f32>") UNIFORM(fp, 13, XentFinalParams) WRITE(fin_scale, 14, "array<f32>")
+  WRITE(fin_out, 12, "array<f32>") UNIFORM(fp, 13, XentFinalParams) WRITE(fin_scale, 14, "array<f32>")           \
+  CONST(WG, 256) /* threads per workgroup: along a row, or a row each (the *_short entries) */
 #define PWT_SHADER_dropout(READ, WRITE, UNIFORM, CONST)                                                           \
   READ(src, 0, "array<f32>") READ(key, 1, "array<u32>") WRITE(dst, 2, "array<f32>") UNIFORM(dp, 3, DropParams)    \
   WRITE(state, 4, "array<u32>") WRITE(key_out, 5, "array<u32>")                                                   \

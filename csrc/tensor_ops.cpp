@@ -535,12 +535,13 @@ void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint3
   check_no_alias("softmax", y, "y", {{&x, "x"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "softmax", kSoftmaxMaxCols);
-  const Kernel& k = axis_kernel(dev, "softmax", {ax::src, ax::res, ax::ap}, 0, log);
+  const bool short_rows = cols <= short_row_cols(dev);  // a thread per row
+  const Kernel& k = axis_kernel(dev, short_rows ? "softmax_short" : "softmax", {ax::src, ax::res, ax::ap}, 0, log);
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
     const AxisParams p = softmax_rows(uint32_t(rc), cols, xb.off);  // y shares the offset: aligned bases
-    auto [gx, gy] = grid_1d(dev, rc);
+    auto [gx, gy] = grid_1d(dev, short_rows ? ceil_div(rc, ax::WG) : rc);
     r.dispatch(k, {{ax::src, xb.range}, {ax::res, bind_span(dev, y, r0 * cols, rc * cols).range}}, p, gx, gy);
   }
 }
@@ -555,13 +556,15 @@ void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buff
   check_no_alias("softmax_backward", dx, "dx", {{&y, "y"}, {&dy, "dy"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "softmax_backward", kSoftmaxMaxCols);
-  const Kernel& k = axis_kernel(dev, "softmax_backward", {ax::src, ax::src2, ax::res, ax::ap}, 0, log);
+  const bool short_rows = cols <= short_row_cols(dev);  // a thread per row
+  const Kernel& k = axis_kernel(dev, short_rows ? "softmax_backward_short" : "softmax_backward",
+                                {ax::src, ax::src2, ax::res, ax::ap}, 0, log);
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const Bound yb = bind_span(dev, y, r0 * cols, rc * cols);
     AxisParams p = softmax_rows(uint32_t(rc), cols, yb.off);  // dy and dx share the offset
     p.beta = beta;
-    auto [gx, gy] = grid_1d(dev, rc);
+    auto [gx, gy] = grid_1d(dev, short_rows ? ceil_div(rc, ax::WG) : rc);
     r.dispatch(k,
                {{ax::src, yb.range},
                 {ax::src2, bind_span(dev, dy, r0 * cols, rc * cols).range},

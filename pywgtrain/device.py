@@ -7,6 +7,7 @@ import os
 import tempfile
 import threading
 import traceback
+import weakref
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
 from . import _core
@@ -148,6 +149,12 @@ class Device:
 
     Threads may share a Device: its operations are serialized in the core and
     the GIL is released while the GPU works. Each thread has its own batch.
+
+    The first Device a process opens becomes the default (``default_device()``,
+    where ``pw.tensor(x)`` and NumPy operands go) unless a default was chosen
+    before: ``dev = pw.Device(); pw.tensor(x)`` puts ``x`` on ``dev``. Later
+    Devices, also of the same adapter, are separate devices (tensors of two
+    devices do not mix in one op).
     """
 
     # A batch submits what it has recorded once it holds this many commands
@@ -166,6 +173,7 @@ class Device:
             global _next_ordinal
             self.ordinal = _next_ordinal  # tells apart two Devices of one adapter in reprs
             _next_ordinal += 1
+        _offer_default(self)
 
     # -- description -------------------------------------------------------
     @property
@@ -372,14 +380,33 @@ def _caller_outside_package() -> str:
     return "a host read inside pywgtrain"
 
 
-_default = None
-_default_lock = threading.Lock()
+_default: Optional[Device] = None  # chosen by default_device(); kept alive from then on
+_candidate: Optional["weakref.ref[Device]"] = None  # the first Device opened while no default was chosen
+_default_lock = threading.RLock()  # reentrant: default_device() opens a Device, whose __init__ offers itself
+
+
+def _offer_default(dev: Device) -> None:
+    """Remember ``dev`` as the default-to-be when no default is chosen and no
+    earlier candidate is alive (held weakly: a Device nobody keeps is not
+    kept open for this)."""
+    global _candidate
+    with _default_lock:
+        if _default is None or _default.lost:
+            earlier = _candidate() if _candidate is not None else None
+            if earlier is None or earlier.lost:
+                _candidate = weakref.ref(dev)
 
 
 def default_device() -> Device:
-    """The process-wide device used when none is given (created on first use)."""
-    global _default
+    """The process-wide device used when none is given: the first ``Device``
+    the process opened, if it is still alive, else one opened here on first
+    use (``$PYWGTRAIN_ADAPTER`` or the high-performance adapter). Once chosen
+    it stays the default (kept alive) until it is lost; then the next call
+    opens a fresh one."""
+    global _default, _candidate
     with _default_lock:
         if _default is None or _default.lost:
-            _default = Device()
+            dev = _candidate() if _candidate is not None else None
+            _default = dev if dev is not None and not dev.lost else Device()
+            _candidate = None  # (the Device() above offered itself)
         return _default

@@ -386,8 +386,9 @@ minimum = _elementwise2("minimum")
 
 
 def pow(a: Operand, b: Operand) -> Tensor:  # noqa: A001 - torch's name
-    if _is_scalar(a) and isinstance(b, Tensor):  # s ** t = exp(t * log s)
-        return exp(mul(b, math.log(float(a))))
+    """``a ** b`` like torch.pow, also for a scalar base (``2.0 ** t``, ``0.0 ** t``,
+    ``(-2.0) ** t``): negative bases with integer exponents are real, 0 ** 0 = 1,
+    and the exponent's gradient a**b log(a) is 0 where a == 0 and b >= 0 (torch's rule)."""
     return _binary("pow", a, b)
 
 
@@ -1039,14 +1040,14 @@ def matmul(a: TensorLike, b: TensorLike) -> Tensor:
     ta, tb = _float_tensor(a, dev, "matmul", "input"), _float_tensor(b, dev, "matmul", "other")
     if ta.ndim == 0 or tb.ndim == 0:
         raise ValueError("matmul: both operands need at least one dimension (use * for scalars)")
-    if ta.ndim == 1:
-        return squeeze(matmul(unsqueeze(ta, 0), tb), -2)
-    if tb.ndim == 1:
-        return squeeze(matmul(ta, unsqueeze(tb, -1)), -1)
-    if ta.shape[-1] != tb.shape[-2]:
-        raise ValueError(
-            f"matmul: shapes {ta.shape} and {tb.shape}: inner dimensions {ta.shape[-1]} and {tb.shape[-2]} differ"
-        )
+    ka, kb = ta.shape[-1], tb.shape[0 if tb.ndim == 1 else -2]
+    if ka != kb:
+        raise ValueError(f"matmul: shapes {ta.shape} and {tb.shape}: inner dimensions {ka} and {kb} differ")
+    if ta.ndim == 1 or tb.ndim == 1:  # as torch: a vector becomes [1, k] / [k, 1], that dimension dropped after
+        out = matmul(reshape(ta, (1, ka)) if ta.ndim == 1 else ta, reshape(tb, (kb, 1)) if tb.ndim == 1 else tb)
+        rows = (out.shape[-2],) if ta.ndim > 1 else ()
+        cols = (out.shape[-1],) if tb.ndim > 1 else ()
+        return reshape(out, out.shape[:-2] + rows + cols)
     if ta.ndim == 2 and tb.ndim == 2:
         return _bmm(ta, tb, False, False, 1)
     batch = _broadcast(ta.shape[:-2], tb.shape[:-2], "matmul")

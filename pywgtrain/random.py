@@ -135,6 +135,22 @@ def manual_seed(seed: int, device: Optional[Device] = None) -> Optional[Generato
     return None
 
 
+def host_generator(device: Optional[Device] = None) -> np.random.Generator:
+    """A NumPy generator for host-side sampling (``GPT.generate``) seeded from
+    the device's generator state, whose counter it advances by one like a
+    dropout call: after ``manual_seed`` (or ``set_rng_state``) the same calls
+    draw the same numbers, and consecutive calls draw different ones. Reads
+    the state back, so it waits for the recorded work."""
+    g = default_generator(device)
+    words = g.get_state()
+    nxt = words.copy()
+    counter = ((int(words[3]) << 32) | int(words[2])) + 1
+    nxt[2], nxt[3] = counter & 0xFFFFFFFF, (counter >> 32) & 0xFFFFFFFF
+    g.set_state(nxt)
+    # a tag word keeps these streams apart from any other use of the same words
+    return np.random.default_rng(np.random.SeedSequence([int(w) for w in words] + [0x68737430]))
+
+
 def initial_seed(device: Optional[Device] = None) -> int:
     return default_generator(device).initial_seed()
 

@@ -220,3 +220,45 @@ fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     res[base + j] = v;
   }
 }
+
+// Short rows (ap.len <= short_row_cols of csrc/dispatch_util.hpp: 64 on GPUs,
+// 1024 on CPU adapters): a thread per row, WG rows per workgroup, no barriers.
+// The workgroup-per-row entries above leave most of their WG threads idle on
+// such rows and pay barrier trees per row (lavapipe: 4.2M rows of 8 took minutes).
+fn short_row(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 { return (wid.y * nwg.x + wid.x) * WG + lid; }
+
+@compute @workgroup_size(WG)
+fn softmax_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+  let row = short_row(wid, nwg, lid);
+  if (row >= ap.outer) { return; }
+  let base = ap.x_off + row * ap.x_row;
+  let mx = scan(true, base, 0u, 1u).v;
+  var s = 0.0;
+  for (var j = 0u; j < ap.len; j++) { s += exp(src[base + j] - mx); }
+  let ls = log(s);
+  for (var j = 0u; j < ap.len; j++) {
+    let z = src[base + j] - mx;
+    if (LOG) { res[base + j] = z - ls; } else { res[base + j] = exp(z) / s; }
+  }
+}
+
+@compute @workgroup_size(WG)
+fn softmax_backward_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                          @builtin(local_invocation_index) lid: u32) {
+  let row = short_row(wid, nwg, lid);
+  if (row >= ap.outer) { return; }
+  let base = ap.x_off + row * ap.x_row;
+  var s = 0.0;
+  for (var j = 0u; j < ap.len; j++) {
+    if (LOG) { s += src2[base + j]; } else { s += src2[base + j] * src[base + j]; }
+  }
+  for (var j = 0u; j < ap.len; j++) {
+    let y = src[base + j];
+    let dy = src2[base + j];
+    var v = 0.0;
+    if (LOG) { v = dy - exp(y) * s; } else { v = y * (dy - s); }
+    if (ap.beta != 0.0) { v += ap.beta * res[base + j]; }
+    res[base + j] = v;
+  }
+}

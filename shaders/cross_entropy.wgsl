@@ -28,7 +28,7 @@ struct XentFinalParams { rows: u32, mean: u32, }
 @group(0) @binding(14) var<storage, read_write> fin_scale: array<f32>; // the gradient scale
 @group(0) @binding(13) var<uniform> fp: XentFinalParams;
 
-const WG: u32 = 256u;
+// WG comes from csrc/shader_contract.hpp.
 var<workgroup> red: array<f32, WG>;
 
 fn wg_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
@@ -46,19 +46,8 @@ fn wg_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
 
 fn row_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }
 
-@compute @workgroup_size(WG)
-fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                @builtin(local_invocation_index) lid: u32) {
-  let r = row_of(wid, nwg);
-  let valid = r < xp.rows;  // uniform per workgroup
-  let base = xp.x_off + r * xp.cols;
-  var mx = -3.4028235e38;
-  if (valid) { for (var j = lid; j < xp.cols; j += WG) { mx = max(mx, logits[base + j]); } }
-  mx = wg_reduce(lid, mx, true);
-  var se = 0.0;
-  if (valid) { for (var j = lid; j < xp.cols; j += WG) { se += exp(logits[base + j] - mx); } }
-  se = wg_reduce(lid, se, false);
-  if (!valid || lid != 0u) { return; }
+// Writes row r's log-sum-exp (max mx, sum of exp(x - mx) se), loss and count.
+fn finish_row(r: u32, base: u32, mx: f32, se: f32) {
   let row = xp.row0 + r;
   let label = labels[row];
   let lse = mx + log(se);
@@ -73,6 +62,38 @@ fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     row_loss[row] = lse - logits[base + u32(label)];
     row_valid[row] = 1.0;
   }
+}
+
+// A workgroup per row (long rows).
+@compute @workgroup_size(WG)
+fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+  let r = row_of(wid, nwg);
+  let valid = r < xp.rows;  // uniform per workgroup
+  let base = xp.x_off + r * xp.cols;
+  var mx = -3.4028235e38;
+  if (valid) { for (var j = lid; j < xp.cols; j += WG) { mx = max(mx, logits[base + j]); } }
+  mx = wg_reduce(lid, mx, true);
+  var se = 0.0;
+  if (valid) { for (var j = lid; j < xp.cols; j += WG) { se += exp(logits[base + j] - mx); } }
+  se = wg_reduce(lid, se, false);
+  if (!valid || lid != 0u) { return; }
+  finish_row(r, base, mx, se);
+}
+
+// Short rows (short_row_cols of csrc/dispatch_util.hpp): a thread per row, WG rows
+// per workgroup, no barriers (a workgroup per row of 8 classes leaves 248 of 256 idle).
+@compute @workgroup_size(WG)
+fn xent_forward_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+  let r = row_of(wid, nwg) * WG + lid;
+  if (r >= xp.rows) { return; }
+  let base = xp.x_off + r * xp.cols;
+  var mx = -3.4028235e38;
+  for (var j = 0u; j < xp.cols; j++) { mx = max(mx, logits[base + j]); }
+  var se = 0.0;
+  for (var j = 0u; j < xp.cols; j++) { se += exp(logits[base + j] - mx); }
+  finish_row(r, base, mx, se);
 }
 
 // One workgroup: loss = sum(loss) / count (mean) or sum(loss); scale = the
@@ -99,11 +120,8 @@ fn xent_finalize(@builtin(local_invocation_index) lid: u32) {
 }
 
 // dlogits = (softmax(x) - onehot(label)) * d(loss) * scale (+ beta * dlogits); ignored rows get 0.
-@compute @workgroup_size(WG)
-fn xent_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                 @builtin(local_invocation_index) lid: u32) {
-  let r = row_of(wid, nwg);
-  if (r >= xp.rows) { return; }
+// Threads lid, lid + stride, ... < cols of row r.
+fn backward_row(r: u32, first: u32, stride: u32) {
   let row = xp.row0 + r;
   let label = labels[row];
   let base = xp.x_off + r * xp.cols;
@@ -112,10 +130,24 @@ fn xent_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     g = select(upstream[0] * scale_in[0], upstream[row], xp.per_row != 0u);
   }
   let lse = lse_in[row];
-  for (var j = lid; j < xp.cols; j += WG) {
+  for (var j = first; j < xp.cols; j += stride) {
     let p = exp(logits[base + j] - lse);
     var v = g * (p - select(0.0, 1.0, i32(j) == label));
     if (xp.beta != 0.0) { v += xp.beta * dlogits[base + j]; }
     dlogits[base + j] = v;
   }
+}
+
+@compute @workgroup_size(WG)
+fn xent_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+  let r = row_of(wid, nwg);
+  if (r < xp.rows) { backward_row(r, lid, WG); }
+}
+
+@compute @workgroup_size(WG)
+fn xent_backward_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_index) lid: u32) {
+  let r = row_of(wid, nwg) * WG + lid;
+  if (r < xp.rows) { backward_row(r, 0u, 1u); }
 }

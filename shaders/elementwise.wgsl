@@ -225,6 +225,7 @@ fn binary_grad(a: f32, b: f32) -> f32 {
     case 5u: { return select(select(1.0, 0.5, a == b), 0.0, select((a < b), (a > b), wa)); }
     case 6u: {
       if (wa) { return select(b * pow_f(a, b - 1.0), 0.0, b == 0.0); }
+      if (a < 0.0) { return nan(); }  // log(a): torch gives NaN for every negative base
       return select(pow_f(a, b) * log(a), 0.0, a == 0.0 && b >= 0.0);
     }
     default: { return 0.0; }

@@ -20,6 +20,7 @@ from .. import nn
 from ..autograd import no_grad
 from .._typing import Labels
 from ..device import Device
+from ..random import host_generator
 from ..tensor import Tensor, _resolve_device, tensor
 
 
@@ -327,7 +328,14 @@ def generate(
     tokens; returns the whole sequences as an int32 array. The network runs
     on the GPU with a key/value cache (each new token costs one position's
     work); sampling (temperature, top-k) uses the last logits on the host.
-    When the context fills, the cache restarts from the last half context."""
+    The model sees at most ``block_size`` tokens, as nanoGPT's generate: a
+    longer prompt is cropped to its last ``block_size`` tokens (the returned
+    sequences keep all of it), and when the context fills, the cache restarts
+    from the last half context (at least one token).
+
+    ``seed``: an int seeds a NumPy generator for this call; ``None`` draws the
+    sampling seed from the device's ``pywgtrain.random`` generator (and
+    advances it), so ``pw.manual_seed`` makes the call reproducible."""
     arr = np.asarray(ids)
     if arr.dtype.kind not in "iu":
         raise TypeError(f"generate: ids must be integer token ids, got dtype {arr.dtype.name}")
@@ -336,10 +344,6 @@ def generate(
     if arr.ndim != 2 or arr.shape[1] < 1:
         raise ValueError(f"generate: ids must be [batch, time] with time >= 1, got shape {np.asarray(ids).shape}")
     cfg = self.config
-    if arr.shape[1] > cfg.block_size:
-        raise ValueError(
-            f"generate: the prompt has {arr.shape[1]} tokens, more than the context (block_size={cfg.block_size})"
-        )
     if arr.min() < 0 or arr.max() >= cfg.vocab_size:
         raise ValueError(f"generate: token ids must lie in [0, {cfg.vocab_size}), got range [{arr.min()}, {arr.max()}]")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
@@ -348,21 +352,22 @@ def generate(
         raise ValueError(f"generate: temperature must be >= 0 (0: greedy), got {temperature}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
         raise ValueError(f"generate: top_k must be None or an int >= 1, got {top_k!r}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed) if seed is not None else host_generator(self.device)
     out = np.ascontiguousarray(arr, np.int32)
+    keep = max(1, cfg.block_size // 2)  # tokens the cache restarts from when the context fills
     was_training = self.training
     self.eval()
     try:
         with no_grad():
             cache = _KVCache(self, out.shape[0])
-            logits = _forward_cached(self, out, cache)
+            logits = _forward_cached(self, out[:, -cfg.block_size :], cache)
             for _ in range(int(max_new_tokens)):
                 last = logits.numpy()[:, -1, :].astype(np.float64)
                 nxt = _sample(last, temperature, top_k, rng)
                 out = np.concatenate([out, nxt[:, None]], 1)
                 if cache.length >= cfg.block_size:  # context full: restart from the recent half
                     cache = _KVCache(self, out.shape[0])
-                    logits = _forward_cached(self, out[:, -(cfg.block_size // 2) :], cache)
+                    logits = _forward_cached(self, out[:, -keep:], cache)
                 else:
                     logits = _forward_cached(self, nxt[:, None], cache)
     finally:
