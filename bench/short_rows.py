@@ -51,7 +51,7 @@ def main():
             body(rec)
 
     cases = {
-        "elementwise exp (same data)": lambda rec: _core.unary(rec, 3, x._buf, y._buf, x.size, 0.0, 0.0, 0.0),
+        "elementwise exp (same data)": lambda rec: _core.unary(rec, 3, x._buf, y._buf, x.numel(), 0.0, 0.0, 0.0),
         "softmax forward": lambda rec: _core.softmax(rec, x._buf, y._buf, rows, cols, False),
         "log_softmax forward": lambda rec: _core.softmax(rec, x._buf, y._buf, rows, cols, True),
         "log_softmax backward": lambda rec: _core.softmax_backward(

@@ -260,7 +260,7 @@ def _empty_like(t):
 
 def _copy_into(src, dst, beta):
     with dst.device._recording() as rec:
-        _core.unary(rec, 0, src._buf, dst._buf, src.size, 0.0, 0.0, float(beta))
+        _core.unary(rec, 0, src._buf, dst._buf, src._numel, 0.0, 0.0, float(beta))
 
 
 def _copy(src):
@@ -315,7 +315,7 @@ def backward(root, gradient=None, retain_graph=None):
             "that made it has requires_grad=True, or it was computed under no_grad())"
         )
     if gradient is None:
-        if root.size != 1:
+        if root._numel != 1:
             raise RuntimeError(
                 f"backward(): grad can be implicitly created only for scalar outputs; this tensor has "
                 f"shape {root.shape}: pass gradient= of that shape"

@@ -183,7 +183,7 @@ def run_demo(
         start = trainer.step_count
     print(f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']})")
     print(
-        f"model: MLP {sizes} ({activation}), {sum(p.size for p in model.parameters())} parameters; "
+        f"model: MLP {sizes} ({activation}), {sum(p.numel() for p in model.parameters())} parameters; "
         f"data: digits {len(xtr)} train / {len(xte)} held out; {total} steps of batch {batch_size}"
     )
     if resume:

@@ -93,7 +93,7 @@ def _rec(dev):
 # -- raw kernels used by forward and backward passes (no autograd) ----------------
 def _unary_into(code, x, out, a=0.0, b=0.0, beta=0.0):
     with _rec(out.device) as rec:
-        _core.unary(rec, code, x._buf, out._buf, out.size, float(a), float(b), float(beta))
+        _core.unary(rec, code, x._buf, out._buf, out._numel, float(a), float(b), float(beta))
 
 
 def _expand_into(src, src_shape, out, beta=0.0):
@@ -109,7 +109,7 @@ def _expand_into(src, src_shape, out, beta=0.0):
 
 def _zero(t):
     with _rec(t.device) as rec:
-        _core.fill(rec, t._buf, t.size, 0.0)
+        _core.fill(rec, t._buf, t._numel, 0.0)
 
 
 def _reduce_raw(x, shape, axis, op="sum", scale=1.0, out=None, beta=0.0, argmax=None):
@@ -141,7 +141,7 @@ def _sum_to_sink(g, sink, owned):
     if g.shape == target:
         sink.put(g, owned=owned)
         return
-    if g.size == math.prod(target):  # only size-1 dims differ
+    if g._numel == math.prod(target):  # only size-1 dims differ
         if all(a == b for a, b in zip(_squeeze_shape(g.shape), _squeeze_shape(target))):
             sink.put(g.detach().reshape(target), owned=owned)
             return
@@ -196,7 +196,7 @@ def _unary(name, x, a=0.0, b=0.0):
     out = empty(x.shape, np.float32, x.device)
     _unary_into(code, x, out, a, b)
     if needs_grad(x):
-        xb, yb, n, fa, fb = x._buf, out._buf, x.size, float(a), float(b)
+        xb, yb, n, fa, fb = x._buf, out._buf, x._numel, float(a), float(b)
         _attach_launch(
             out,
             name,
@@ -347,7 +347,7 @@ def _binary(name, a, b):
                 dst, beta = empty(shape, np.float32, dev), 0.0
             with _rec(dev) as rec:
                 if name == "sub":
-                    _core.unary(rec, UNARY["neg"], g._buf, dst._buf, g.size, 0.0, 0.0, float(beta))
+                    _core.unary(rec, UNARY["neg"], g._buf, dst._buf, g._numel, 0.0, 0.0, float(beta))
                 else:
                     _core.binary_backward(rec, code, which, abuf, bbuf, g._buf, dst._buf, kshape, sa, sb, float(beta))
             if not full_shape:
@@ -547,7 +547,7 @@ def max(
 
 def _max_all(x):
     """max() of every element, 0-d; backward as torch's evenly_distribute_backward."""
-    n, dev = x.size, x.device
+    n, dev = x._numel, x.device
     value = empty((), np.float32, dev)
     _reduce_raw(x, [1, n, 1], 1, "max", out=value)
     if needs_grad(x):
@@ -583,7 +583,7 @@ def var(
     )
     x = _check_float(x, "var")
     dims = _dims_arg(dim, x.ndim, "var")
-    n = x.size if dims is None else math.prod(x.shape[d] for d in dims)
+    n = x._numel if dims is None else math.prod(x.shape[d] for d in dims)
     centered = x - mean(x, dim, keepdim=True)
     total = sum(centered * centered, dim, keepdim)
     denom = n - corr
@@ -608,7 +608,7 @@ def _softmax(x, dim, log):
     if x.ndim and d != x.ndim - 1:
         return transpose(_softmax(transpose(x, d, -1), -1, log), d, -1)
     cols = x.shape[-1] if x.shape else 1
-    rows = x.size // cols
+    rows = x._numel // cols
     out = empty(x.shape, np.float32, x.device)
     with _rec(x.device) as rec:
         _core.softmax(rec, x._buf, out._buf, rows, cols, log)
@@ -644,11 +644,11 @@ def _new_shape(x, shape, op):
         raise ValueError(f"{op}: dimensions must be >= 1 (or one -1), got {tuple(shape)}")
     if -1 in shape:
         known = math.prod(s for s in shape if s != -1)
-        if x.size % known:
+        if x._numel % known:
             raise ValueError(f"{op}: cannot reshape a tensor of shape {x.shape} into {tuple(shape)}")
-        shape[shape.index(-1)] = x.size // known
-    if math.prod(shape) != x.size:
-        raise ValueError(f"{op}: cannot reshape a tensor of shape {x.shape} ({x.size} elements) into {tuple(shape)}")
+        shape[shape.index(-1)] = x._numel // known
+    if math.prod(shape) != x._numel:
+        raise ValueError(f"{op}: cannot reshape a tensor of shape {x.shape} ({x._numel} elements) into {tuple(shape)}")
     return tuple(shape)
 
 
@@ -1007,7 +1007,7 @@ def embedding(ids: Labels, weight: Tensor) -> Tensor:
     weight = _check_float(weight, "embedding")
     vocab, dim = weight.shape
     tids = _ids_tensor(ids, weight.device, "embedding", vocab)
-    n = tids.size
+    n = tids._numel
     out = empty(tids.shape + (dim,), np.float32, weight.device)
     with _rec(weight.device) as rec:
         _core.embedding(rec, weight._buf, tids._buf, out._buf, n, vocab, dim)
@@ -1158,7 +1158,7 @@ def linear(
         raise ValueError(
             f"linear: activation must be one of {sorted(k for k in ACTIVATIONS if k)}, got {activation!r}"
         ) from None
-    rows = tx.size // in_f
+    rows = tx._numel // in_f
     shape = tx.shape[:-1] + (out_f,)
     if tr is not None:
         if act:
@@ -1175,7 +1175,7 @@ def linear(
         if tr is not None and tb is not None:
             _core.gemm_bias_residual(rec, tx._buf, tw._buf, tb._buf, tr._buf, y._buf, rows, out_f, in_f, False, True)
         elif tr is not None:  # no bias: the GEMM accumulates onto a copy of the residual
-            _core.unary(rec, UNARY["copy"], tr._buf, y._buf, y.size, 0.0, 0.0, 0.0)
+            _core.unary(rec, UNARY["copy"], tr._buf, y._buf, y._numel, 0.0, 0.0, 0.0)
             _core.gemm(rec, tx._buf, tw._buf, y._buf, rows, out_f, in_f, False, True, 1.0, 1.0)
         elif tb is not None:
             _core.gemm_bias_act(
@@ -1195,7 +1195,7 @@ def linear(
         elif act:
             z = preact if preact is not None else empty(shape, np.float32, dev)
             _core.gemm(rec, tx._buf, tw._buf, z._buf, rows, out_f, in_f, False, True, 1.0, 0.0)
-            _core.unary(rec, UNARY[_ACT_UNARY[act]], z._buf, y._buf, y.size, 0.0, 0.0, 0.0)
+            _core.unary(rec, UNARY[_ACT_UNARY[act]], z._buf, y._buf, y._numel, 0.0, 0.0, 0.0)
         else:
             _core.gemm(rec, tx._buf, tw._buf, y._buf, rows, out_f, in_f, False, True, 1.0, 0.0)
     if not grad:
@@ -1211,7 +1211,7 @@ def linear(
             dz = g
             if act and not g_is_preact:
                 dz = empty(shape, np.float32, dev)
-                _core.activation_backward(rec, g._buf, pbuf, dz._buf, dz.size, act)
+                _core.activation_backward(rec, g._buf, pbuf, dz._buf, dz._numel, act)
             if sw is not None and sb is not None:
                 dw, bw = sw.target()
                 db, bb = sb.target()
@@ -1583,7 +1583,7 @@ def layer_norm(
     if isinstance(eps, bool) or not _is_scalar(eps) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"layer_norm: eps must be a finite number >= 0, got {eps!r}")
     cols = ns[0]
-    rows = x.size // cols
+    rows = x._numel // cols
     y = empty(x.shape, np.float32, dev)
     mean_, rstd = empty((rows,), np.float32, dev), empty((rows,), np.float32, dev)
     wbuf = None if tw is None else tw._buf
@@ -1660,8 +1660,8 @@ def dropout(
     key = _core._Buffer(dev._dev, 16, "pywgtrain.rng_key")
     with _rec(dev) as rec:
         _core.rng_take(rec, state, key)
-        _core.dropout(rec, x._buf, key, out._buf, x.size, p, 0.0)
+        _core.dropout(rec, x._buf, key, out._buf, x._numel, p, 0.0)
     if needs_grad(x):
-        n = x.size
+        n = x._numel
         _attach_launch(out, "dropout", x, lambda rec, g, dst, beta: _core.dropout(rec, g, key, dst, n, p, beta))
     return out

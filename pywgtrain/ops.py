@@ -128,7 +128,7 @@ def _scratch(dev, key, floats):
     """Per-device reusable scratch tensors (grow-only)."""
     cache = dev._cache.scratch
     t = cache.get(key)
-    if t is None or t.size < floats:
+    if t is None or t._numel < floats:
         t = empty((max(int(floats), 1),), np.float32, dev)
         cache[key] = t
     return t
@@ -150,7 +150,7 @@ def _grad_list(grads):
 
 def record_grad_norm(rec, dev, grads, max_norm):
     """Record the global-norm reduction; returns the [norm, coefficient] tensor."""
-    counts = [g.size for g in grads]
+    counts = [g._numel for g in grads]
     scratch = _scratch(dev, "norm_partials", dev._dev.grad_norm_scratch_floats(counts))
     norm_out = empty((2,), np.float32, dev)
     _core.grad_norm(rec, [g._buf for g in grads], counts, scratch._buf, norm_out._buf, float(max_norm))
@@ -186,7 +186,7 @@ def clip_grad_norm_(
         norm_out = record_grad_norm(rec, dev, tgrads, max_norm)
         if not error_if_nonfinite:
             for g in tgrads:
-                _core.scale_by_clip(rec, g._buf, g.size, norm_out._buf)
+                _core.scale_by_clip(rec, g._buf, g._numel, norm_out._buf)
     norm = float(norm_out.numpy()[0])
     if error_if_nonfinite:
         # Checked before anything is scaled: torch leaves the gradients as they are.
@@ -198,7 +198,7 @@ def clip_grad_norm_(
             )
         with dev._recording() as rec:
             for g in tgrads:
-                _core.scale_by_clip(rec, g._buf, g.size, norm_out._buf)
+                _core.scale_by_clip(rec, g._buf, g._numel, norm_out._buf)
     for g, t in zip(grads, tgrads):
         if isinstance(g, np.ndarray):
             g[...] = t.numpy()
@@ -260,7 +260,7 @@ def adamw_step(
             ts[1]._buf,
             ts[2]._buf,
             ts[3]._buf,
-            ts[0].size,
+            ts[0]._numel,
             lr,
             betas[0],
             betas[1],

@@ -56,7 +56,7 @@ class Tensor:
         "shape",
         "dtype",
         "device",
-        "size",
+        "_numel",
         "requires_grad",
         "grad",
         "_node",
@@ -68,7 +68,6 @@ class Tensor:
     shape: tuple[int, ...]
     dtype: np.dtype
     device: Device
-    size: int
     requires_grad: bool
     grad: Optional[Tensor]
 
@@ -82,8 +81,8 @@ class Tensor:
         self.shape = shape if _is_int_tuple(shape) else tuple(int(s) for s in shape)
         self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.device = device
-        self.size = math.prod(self.shape)
-        self._whole = self.size * self.dtype.itemsize == self._store.nbytes  # the whole storage, contiguous
+        self._numel = math.prod(self.shape)
+        self._whole = self._numel * self.dtype.itemsize == self._store.nbytes  # the whole storage, contiguous
         self.requires_grad = bool(requires_grad)
         self.grad = None
         self._node = None  # the op that produced this tensor (autograd), None for leaves
@@ -156,7 +155,7 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
+        return self._numel * self.dtype.itemsize
 
     @property
     def is_leaf(self) -> bool:
@@ -167,7 +166,17 @@ class Tensor:
         return self._node
 
     def numel(self) -> int:
-        return self.size
+        return self._numel
+
+    def size(self, dim: Optional[int] = None) -> Union[tuple[int, ...], int]:
+        """The shape (``torch.Tensor.size``), or one dimension's length; ``numel()`` counts elements."""
+        if dim is None:
+            return self.shape
+        if type(dim) is not int and (isinstance(dim, bool) or not isinstance(dim, numbers.Integral)):
+            raise TypeError(f"size(): dim must be an int, got {type(dim).__name__}")
+        if not -self.ndim <= dim < self.ndim:
+            raise IndexError(f"size(): dim {dim} is out of range for a tensor of {self.ndim} dimensions")
+        return self.shape[dim]
 
     def __len__(self):
         if not self.shape:
@@ -192,7 +201,7 @@ class Tensor:
         return out
 
     def item(self) -> Union[float, int]:
-        if self.size != 1:
+        if self._numel != 1:
             raise ValueError(f"item(): only one-element tensors can be converted to Python scalars, shape {self.shape}")
         return self.numpy().reshape(-1)[0].item()
 
@@ -210,8 +219,8 @@ class Tensor:
         return int(self.item())
 
     def __bool__(self):
-        if self.size != 1:
-            raise RuntimeError(f"the truth value of a tensor with {self.size} elements is ambiguous")
+        if self._numel != 1:
+            raise RuntimeError(f"the truth value of a tensor with {self._numel} elements is ambiguous")
         return bool(self.item())
 
     # -- in-place writes ------------------------------------------------------
@@ -250,7 +259,7 @@ class Tensor:
         with self.device._recording() as rec:
             if self._bindable:
                 if self.dtype == np.float32:
-                    _core.unary(rec, 0, src._buf, self._buf, self.size, 0.0, 0.0, 0.0)
+                    _core.unary(rec, 0, src._buf, self._buf, self._numel, 0.0, 0.0, 0.0)
                 else:
                     rec.copy(src._buf, 0, self._buf, 0, self.nbytes)
             else:
@@ -319,7 +328,7 @@ class Tensor:
         self._check_inplace("fill_", graph)
         if self._whole:
             with self.device._recording() as rec:
-                _core.fill(rec, self._buf, self.size, float(value))
+                _core.fill(rec, self._buf, self._numel, float(value))
             self._bump_version()
         else:
             self._write(full(self.shape, value, self.device))
@@ -721,10 +730,10 @@ def _make_view(x, shape, strides, offset):
     v._store, v._offset = x._store, offset
     v.shape = shape = tuple(shape)
     v.dtype, v.device = x.dtype, x.device
-    v.size = math.prod(shape)
+    v._numel = math.prod(shape)
     contiguous = all(st == c for st, c, n in zip(strides, _contiguous_strides(shape), shape) if n != 1)
     v._strides = None if contiguous else tuple(strides)
-    v._whole = contiguous and offset == 0 and v.size * x.dtype.itemsize == x._store.nbytes
+    v._whole = contiguous and offset == 0 and v._numel * x.dtype.itemsize == x._store.nbytes
     v._base = x if x._base is None else x._base
     v.requires_grad, v.grad, v._node, v._grad_home, v._retains_grad = False, None, None, None, False
     v._batch = x._batch

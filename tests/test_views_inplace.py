@@ -327,3 +327,13 @@ def test_random_view_inplace_autograd_programs_match_torch(dev, seed):
     close(buf.numpy(), tbuf)
     np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-4)
     np.testing.assert_allclose(grad.numpy(), tgrad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_size_is_torchs_method(dev):
+    x, t = pw.zeros((2, 3, 4), device=dev), torch.zeros(2, 3, 4)
+    assert x.size() == tuple(t.size()) and x.size(0) == t.size(0) and x.size(-1) == t.size(-1)
+    assert x.numel() == t.numel() == 24
+    with pytest.raises(IndexError, match="out of range"):
+        x.size(3)
+    with pytest.raises(TypeError, match="must be an int"):
+        x.size(1.0)

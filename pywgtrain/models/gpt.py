@@ -186,8 +186,8 @@ class GPT(nn.Module):
                     p.copy_(rng.normal(0.0, std, p.shape).astype(np.float32))
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
-        n = sum(p.size for p in self.parameters())
-        return n - self.transformer["wpe"].weight.size if exclude_embeddings else n
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer["wpe"].weight.numel() if exclude_embeddings else n
 
     def _check_ids(self, ids):
         if isinstance(ids, Tensor):

@@ -26,7 +26,7 @@ class _FlatArena:
         self.offsets, total = [], 0
         for p in params:
             self.offsets.append(total)
-            total += -(-p.size // align) * align
+            total += -(-p._numel // align) * align
         self.size = total
         # New wgpu buffers are zero-filled.
         self.buffers = {
@@ -166,7 +166,7 @@ class AdamW(Optimizer):
                         t["grad"]._buf,
                         t["exp_avg"]._buf,
                         t["exp_avg_sq"]._buf,
-                        t["param"].size,
+                        t["param"]._numel,
                         lr,
                         b1,
                         b2,
@@ -190,7 +190,7 @@ class AdamW(Optimizer):
                         p.grad._buf,
                         st["exp_avg"]._buf,
                         st["exp_avg_sq"]._buf,
-                        p.size,
+                        p._numel,
                         lr,
                         b1,
                         b2,
