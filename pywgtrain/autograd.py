@@ -119,6 +119,13 @@ def attach(out, name, inputs, backward_fn, saved=None, keep=()):
     ``keep``: the tensors (inputs or ``out``) whose values ``backward_fn``
     reads; writing one of them in place before backward makes backward raise."""
     if needs_grad(*inputs):
+        for t in inputs:
+            if t is not None and t._base is not None and t.requires_grad and t._view_of is not t._base._node:
+                raise RuntimeError(
+                    f"{name}: this view was taken before its base was modified by an in-place operation that "
+                    "autograd recorded, so its history is out of date; take the view again after the in-place "
+                    "operation"
+                )
         out.requires_grad = True
         out._node = Node(
             name, [t if t is not None and t.requires_grad else None for t in inputs], backward_fn, saved, keep

@@ -798,6 +798,22 @@ def expand(x: Tensor, *shape: ShapeLike) -> Tensor:
     return _view_op(x, shape, strides, x._offset, "expand", backward)
 
 
+def _region_backward(offset, strides, shape):
+    """The backward of a view that is the region (offset, strides) of its input's
+    contiguous layout: the gradient lands in that region of a zeroed gradient."""
+    ks = _kshape(shape)
+    gst = list(_strides(ks))
+
+    def backward(g, sinks, _):
+        dst, beta = sinks[0].target()
+        if beta == 0.0:
+            _zero(dst)
+        with _rec(g.device) as rec:
+            _core.strided_copy(rec, g._buf, 0, gst, dst._buf, offset, list(strides) or [0], ks, 1.0)
+
+    return backward
+
+
 def _slice_view(x, starts, steps, out_shape, name):
     """The view x[starts[d] :: steps[d]] of out_shape; backward writes the gradient into that region."""
     st = x.stride()
@@ -805,17 +821,36 @@ def _slice_view(x, starts, steps, out_shape, name):
     # The gradient's region in x's own (contiguous) coordinates.
     cst = _strides(x.shape)
     goff = builtins.sum(s * t for s, t in zip(starts, cst))
-    gstrides = [t * k for t, k in zip(cst, steps)]
+    backward = _region_backward(goff, [t * k for t, k in zip(cst, steps)], out_shape)
+    return _view_op(x, out_shape, [t * k for t, k in zip(st, steps)], x._offset + off, name, backward)
+
+
+def _rebase_view(view, value):
+    """Autograd of ``view`` having been overwritten in place with ``value`` (its
+    shape, already written): the view's base gets a new history that takes its
+    old values outside the view's region and ``value`` inside it (PyTorch's
+    CopySlices), and the view becomes a view of that. The base covers its whole
+    storage, so the view's offset and strides are coordinates in the base."""
+    base = view._base
+    off, st, ks = view._offset, list(view.stride()) or [1], _kshape(view.shape)
 
     def backward(g, sinks, _):
-        dst, beta = sinks[0].target()
-        if beta == 0.0:
-            _zero(dst)
-        ks = _kshape(out_shape)
-        with _rec(x.device) as rec:
-            _core.strided_copy(rec, g._buf, 0, list(_strides(ks)), dst._buf, goff, gstrides or [0], ks, 1.0)
+        to_base, to_value = sinks
+        if to_value is not None:
+            dst, beta = to_value.target()
+            with _rec(g.device) as rec:
+                _core.strided_copy(rec, g._buf, off, st, dst._buf, 0, list(_strides(ks)), ks, float(beta))
+        if to_base is not None:  # the old values are overwritten inside the region: no gradient there
+            outside = clone(g.detach())
+            with _rec(g.device) as rec:
+                zero = full((1,), 0.0, g.device)
+                _core.strided_copy(rec, zero._buf, 0, [0] * len(ks), outside._buf, off, st, ks, 0.0)
+            to_base.put(outside, owned=True)
 
-    return _view_op(x, out_shape, [t * k for t, k in zip(st, steps)], x._offset + off, name, backward)
+    result = attach(_make_view(base, base.shape, base.stride(), 0), "copy_slices", [base, value], backward)
+    base._node, base.requires_grad = result._node, True
+    fresh = _view_op(base, view.shape, view.stride(), off, "as_strided", _region_backward(off, st, view.shape))
+    view._node, view.requires_grad, view._view_of = fresh._node, True, base._node
 
 
 def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
@@ -895,7 +930,7 @@ def getitem(x: Tensor, index: object) -> Tensor:
             raise TypeError(f"index: unsupported index {i!r} (ints, slices, None, ... and integer tensors on axis 0)")
         d += 1
     if starts == [0] * x.ndim and steps == [1] * x.ndim and tuple(region) == x.shape:
-        part = x
+        part = _reshape_like(x, x.shape, x.stride(), "getitem")  # a new view, as torch's x[:]
     else:
         part = _slice_view(x, starts, steps, tuple(region), "getitem")
     if tuple(out_shape) == part.shape:

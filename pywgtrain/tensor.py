@@ -63,6 +63,7 @@ class Tensor:
         "_grad_home",
         "_batch",
         "_retains_grad",
+        "_view_of",
         "__weakref__",
     )
     shape: tuple[int, ...]
@@ -89,6 +90,7 @@ class Tensor:
         self._grad_home = None  # where a new .grad lives (a view of an optimizer's flat arena)
         self._batch = device._current_batch_token() if device is not None else None
         self._retains_grad = False
+        self._view_of = None  # views: their base's grad_fn when they were made
 
     # -- memory --------------------------------------------------------------
     @property
@@ -246,11 +248,6 @@ class Tensor:
                 f"{what}: a view of a leaf tensor that requires grad is used in an in-place operation; "
                 "wrap it in pywgtrain.no_grad() or use the out-of-place form"
             )
-        if base is not None:
-            raise RuntimeError(
-                f"{what}: in-place operations on a view of a tensor that is part of an autograd graph are not "
-                "supported; use the out-of-place form (e.g. torch.where / cat) or clone() first"
-            )
 
     def _write(self, src: Tensor) -> None:
         """Record the copy of ``src`` (this tensor's shape and dtype) into this
@@ -277,7 +274,13 @@ class Tensor:
         self._bump_version()
 
     def _adopt(self, result: Tensor) -> None:
-        """Make this tensor the autograd result of ``result``'s op (an in-place op recorded by autograd)."""
+        """Make this tensor the autograd result of ``result``'s op (an in-place op recorded by
+        autograd, whose values are already written); a view passes the change on to its base."""
+        if self._base is not None:
+            from . import functions as F
+
+            F._rebase_view(self, result)
+            return
         self._node = result._node
         self.requires_grad = result.requires_grad
 
@@ -298,8 +301,8 @@ class Tensor:
             if graph:
                 value = F.clone(value)  # the op autograd records: the gradient goes to src only
             self._write(value)
-            if graph:
-                self._adopt(value)
+            if graph:  # src's gradient flows through value; the old values get none
+                self._adopt(value if value.requires_grad else F._filled(self))
             return self
         if not isinstance(src, np.ndarray):
             raise TypeError(f"copy_: src must be a numpy.ndarray or pywgtrain.Tensor, got {type(src).__name__}")
@@ -307,7 +310,11 @@ class Tensor:
             raise TypeError(f"copy_: src must have dtype {self.dtype.name}, got {_dtype_name(src.dtype)}")
         if src.shape != self.shape:
             raise ValueError(f"copy_: src has shape {src.shape}, expected {self.shape}")
-        self._check_inplace("copy_", is_grad_enabled() and self.requires_grad)
+        if is_grad_enabled() and self.requires_grad:  # autograd records it: through the Tensor path
+            return self.copy_(
+                tensor(np.ascontiguousarray(src).reshape(self.shape or (1,)), self.device).reshape(self.shape)
+            )
+        self._check_inplace("copy_", False)
         data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
         self.device.flush()  # keep order with work recorded earlier in a batch
         if self._strides is None:
@@ -351,27 +358,18 @@ class Tensor:
     def __setitem__(self, index: object, value: Union[Tensor, np.ndarray, float]) -> None:
         """``x[index] = value`` for basic indices (ints, slices, None, ...): writes the view."""
         from . import functions as F
-        from .autograd import is_grad_enabled, no_grad
 
         if isinstance(index, (Tensor, np.ndarray, list)):
             raise TypeError("x[index] = value: integer-array (advanced) indices are not supported for assignment")
-        graph = is_grad_enabled() and (self.requires_grad or getattr(value, "requires_grad", False))
-        if graph:
-            self._check_inplace("x[index] = value", True)
-            raise RuntimeError(
-                "x[index] = value on a tensor that is part of an autograd graph is not supported; "
-                "build the result out of place (e.g. with torch.where or cat)"
-            )
-        with no_grad():
-            view = F.getitem(self, index)
-            if view._store is not self._store:
-                raise TypeError(f"x[index] = value: index {index!r} does not select a view")
-            if isinstance(value, Tensor):
-                view.copy_(value)
-            elif self.dtype == np.float32 and F._is_scalar(value):
-                view.fill_(float(value))
-            else:
-                view.copy_(np.broadcast_to(np.asarray(value, self.dtype), view.shape))
+        view = F.getitem(self, index)
+        if view._store is not self._store:
+            raise TypeError(f"x[index] = value: index {index!r} does not select a view")
+        if isinstance(value, Tensor):
+            view.copy_(value)
+        elif self.dtype == np.float32 and F._is_scalar(value):
+            view.fill_(float(value))
+        else:
+            view.copy_(np.broadcast_to(np.asarray(value, self.dtype), view.shape))
 
     def clone(self) -> Tensor:
         from . import functions as F
@@ -735,6 +733,7 @@ def _make_view(x, shape, strides, offset):
     v._strides = None if contiguous else tuple(strides)
     v._whole = contiguous and offset == 0 and v._numel * x.dtype.itemsize == x._store.nbytes
     v._base = x if x._base is None else x._base
+    v._view_of = v._base._node
     v.requires_grad, v.grad, v._node, v._grad_home, v._retains_grad = False, None, None, None, False
     v._batch = x._batch
     return v
