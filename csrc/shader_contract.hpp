@@ -171,6 +171,22 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
 // READ / WRITE (storage, read / read_write): (variable, binding, WGSL type);
 // UNIFORM: (variable, binding, uniform block); CONST: (name, u32 value).
 
+// The op codes of the tensor kernels, written once: each becomes a WGSL
+// constant of its shader (the switch cases on OP), the C++ enums of
+// tensor_ops.hpp, and Python's op names (pywgtrain/_opcodes.py reads them
+// from _core.shader_constants(): U_EXP is UNARY["exp"]).
+#define PWT_UNARY_OPS(CONST)                                                                                      \
+  CONST(U_COPY, 0) CONST(U_NEG, 1) CONST(U_ABS, 2) CONST(U_EXP, 3) CONST(U_LOG, 4) CONST(U_SQRT, 5)              \
+  CONST(U_RSQRT, 6) CONST(U_TANH, 7) CONST(U_SIGMOID, 8) CONST(U_RELU, 9) CONST(U_GELU_ERF, 10)                   \
+  CONST(U_GELU_TANH, 11) CONST(U_SILU, 12) CONST(U_POW_SCALAR, 13) /* x^a */ CONST(U_CLAMP, 14) /* [a, b] */      \
+  CONST(U_ADD_SCALAR, 15) /* x + a */ CONST(U_MUL_SCALAR, 16) /* x * a */ CONST(U_RSUB_SCALAR, 17) /* a - x */    \
+  CONST(U_RDIV_SCALAR, 18) /* a / x */ CONST(U_SQRT_STD, 19) /* sqrt, gradient 0 where the result is 0 (std) */
+#define PWT_BINARY_OPS(CONST)                                                                                     \
+  CONST(B_ADD, 0) CONST(B_SUB, 1) CONST(B_MUL, 2) CONST(B_DIV, 3) CONST(B_MAXIMUM, 4) CONST(B_MINIMUM, 5)        \
+  CONST(B_POW, 6) /* comparisons give 1.0 / 0.0: */ CONST(B_GT, 7) CONST(B_LT, 8) CONST(B_GE, 9) CONST(B_LE, 10) \
+  CONST(B_EQ, 11) CONST(B_NE, 12) CONST(B_EQ_NAN, 13) /* a == b, or both NaN (max()'s tie mask) */
+#define PWT_REDUCE_OPS(CONST) CONST(R_SUM, 0) CONST(R_MAX, 1)
+
 #define PWT_SHADER_gemm(READ, WRITE, UNIFORM, CONST)                                                              \
   READ(a, 0, "array<f32>") READ(b, 1, "array<f32>") WRITE(c, 2, "array<f32>") UNIFORM(p, 3, GemmParams)           \
   READ(bias, 4, "array<f32>") WRITE(preact, 5, "array<f32>") READ(partials, 6, "array<f32>")                      \
@@ -240,13 +256,14 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
 #define PWT_SHADER_elementwise(READ, WRITE, UNIFORM, CONST)                                                       \
   READ(in0, 0, "array<f32>") READ(in1, 1, "array<f32>") READ(in2, 2, "array<f32>") WRITE(res, 3, "array<f32>")    \
   UNIFORM(np, 4, NdParams) UNIFORM(fp, 5, FlatParams)                                                             \
-  CONST(WG, 256) /* threads per workgroup, one element each */
+  CONST(WG, 256) /* threads per workgroup, one element each */ PWT_UNARY_OPS(CONST) PWT_BINARY_OPS(CONST)
 #define PWT_SHADER_axis(READ, WRITE, UNIFORM, CONST)                                                              \
   READ(src, 0, "array<f32>") READ(src2, 1, "array<f32>") READ(idx_in, 2, "array<i32>") WRITE(res, 3, "array<f32>") \
   WRITE(idx_out, 4, "array<i32>") UNIFORM(ap, 5, AxisParams)                                                      \
   CONST(WG, 256)   /* threads per workgroup: along a row (reduce_rows, softmax), or one element each */          \
   CONST(COLS, 16)  /* columns per reduce_cols workgroup */                                                        \
-  CONST(LANES, 16) /* lanes along len per reduce_cols column */
+  CONST(LANES, 16) /* lanes along len per reduce_cols column */                                                   \
+  PWT_REDUCE_OPS(CONST)
 #define PWT_SHADER_embedding(READ, WRITE, UNIFORM, CONST)                                                         \
   READ(src, 0, "array<f32>") READ(idx, 1, "array<i32>") WRITE(dst, 2, "array<f32>") WRITE(dst2, 3, "array<f32>")  \
   UNIFORM(gp, 4, GatherParams)                                                                                    \

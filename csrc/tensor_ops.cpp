@@ -75,9 +75,9 @@ void record_flat(Recorder& r, const Kernel& k, const std::vector<std::pair<Slot,
 // its own in elementwise.wgsl that keep relative precision for x << 0).
 uint32_t act_for(UnaryOp op) {
   switch (op) {
-    case UnaryOp::Relu:
+    case UnaryOp::U_RELU:
       return uint32_t(Activation::Relu);
-    case UnaryOp::Silu:
+    case UnaryOp::U_SILU:
       return uint32_t(Activation::Silu);
     default:
       return uint32_t(Activation::None);
@@ -463,7 +463,7 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
   check_floats(x, uint64_t(outer) * len * inner, "reduce_axis input x");
   check_floats(out, uint64_t(outer) * inner, "reduce_axis output");
   if (argmax) {
-    if (op != ReduceOp::Max) throw ArgumentError("reduce_axis: argmax is only produced by Max");
+    if (op != ReduceOp::R_MAX) throw ArgumentError("reduce_axis: argmax is only produced by Max");
     check_ints(*argmax, uint64_t(outer) * inner, "reduce_axis argmax");
   }
   check_no_alias("reduce_axis", out, "out", {{&x, "x"}});
@@ -474,7 +474,7 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
   const uint64_t max_len = (rows ? kRowThreads : kColLanes) * kMaxTrips;
   // len split into blocks merged into out (binding limit, loop trips)
   const bool blocks_len = uint64_t(len) * inner > limit || len > max_len;
-  if (blocks_len && op == ReduceOp::Max && (scale != 1.0f || beta != 0.0f))
+  if (blocks_len && op == ReduceOp::R_MAX && (scale != 1.0f || beta != 0.0f))
     throw ArgumentError("reduce_axis: Max with len " + std::to_string(len) + " (split into blocks: " +
                         std::to_string(max_len) + " per block, or past one storage binding) needs scale 1 and beta 0");
   const char* entry =
@@ -488,7 +488,7 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
     const Bound ob = bind_span(dev, out, ab.out_first, ab.out_count);
     ab.prm.x_off = xb.off;
     ab.prm.out_off = ob.off;
-    ab.prm.combine = b.j0 > 0 && op == ReduceOp::Max;
+    ab.prm.combine = b.j0 > 0 && op == ReduceOp::R_MAX;
     ab.prm.scale = scale;
     ab.prm.beta = b.j0 > 0 ? 1.0f : beta;  // Sum: later len blocks add to the earlier ones
     std::vector<Operand> operands = {{ax::src, xb.range}, {ax::res, ob.range}};
@@ -509,7 +509,7 @@ void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buf
   check_floats(dx, uint64_t(outer) * len * inner, "max_backward dx");
   check_no_alias("max_backward", dx, "dx", {{&dy, "dy"}, {&argmax, "argmax"}});
   Device& dev = r.device();
-  const Kernel& k = axis_kernel(dev, "max_backward", {ax::src, ax::idx_in, ax::res, ax::ap}, uint32_t(ReduceOp::Max));
+  const Kernel& k = axis_kernel(dev, "max_backward", {ax::src, ax::idx_in, ax::res, ax::ap}, uint32_t(ReduceOp::R_MAX));
   for_each_axis_block(span_limit(dev), UINT64_MAX, outer, len, inner, [&](const AxisBlock& b) {
     AxisBinding ab = axis_binding(b, len, inner);
     const Bound dyb = bind_span(dev, dy, ab.out_first, ab.out_count);

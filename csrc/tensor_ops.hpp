@@ -4,9 +4,9 @@
 // backward. All are recorded dispatches only (no copies or clears), so a
 // captured step graph replays them. f32 unless said; ids and labels int32.
 //
-// The op numbers below are the only place they are written: the launchers
-// pass them to the shaders as the pipeline constant OP, and
-// pywgtrain/_opcodes.py mirrors them (tests/test_tensor_kernels.py checks).
+// The op codes come from shader_contract.hpp's tables: the launchers pass
+// them to the shaders as the pipeline constant OP, which the shaders compare
+// with the same table's constants.
 //
 // Every launcher checks buffer sizes and arguments and throws ArgumentError
 // (a Python ValueError). Operands larger than one storage binding are split
@@ -20,18 +20,15 @@
 #include <vector>
 
 #include "recorder.hpp"
+#include "shader_contract.hpp"
 
 namespace pwt {
 
-// clang-format off: the op codes read as a table
-enum class UnaryOp : uint32_t {
-  Copy = 0, Neg = 1, Abs = 2, Exp = 3, Log = 4, Sqrt = 5, Rsqrt = 6, Tanh = 7, Sigmoid = 8,
-  Relu = 9, GeluErf = 10, GeluTanh = 11, Silu = 12, PowScalar = 13 /* x^a */, Clamp = 14 /* clamp(x, a, b) */,
-  AddScalar = 15 /* x + a */, MulScalar = 16 /* x * a */, RsubScalar = 17 /* a - x */, RdivScalar = 18 /* a / x */,
-  SqrtStd = 19 /* sqrt, gradient 0 where the result is 0 (std's, as torch) */
-};
-// clang-format on
-constexpr uint32_t kUnaryOps = 20;
+#define PWT_ENUMERATOR(name, value) name = value,
+#define PWT_COUNT(name, value) +1
+// Op codes: the tables in shader_contract.hpp (also the shaders' and Python's).
+enum class UnaryOp : uint32_t { PWT_UNARY_OPS(PWT_ENUMERATOR) };
+constexpr uint32_t kUnaryOps = 0 PWT_UNARY_OPS(PWT_COUNT);
 
 // y[i] = f(x[i]; a, b) + beta * y[i], i < n (beta 0 or 1: 1 accumulates into y).
 void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n, float a, float b, float beta);
@@ -42,14 +39,8 @@ void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n
 void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, const Buffer& dy, const Buffer& dx,
                     uint64_t n, float a, float b, float beta);
 
-// clang-format off
-enum class BinaryOp : uint32_t {
-  Add = 0, Sub = 1, Mul = 2, Div = 3, Maximum = 4, Minimum = 5, Pow = 6,
-  Gt = 7, Lt = 8, Ge = 9, Le = 10, Eq = 11, Ne = 12 /* comparisons give 1.0 / 0.0 */,
-  EqNan = 13 /* a == b, or both NaN (max()'s tie mask) */
-};
-// clang-format on
-constexpr uint32_t kBinaryOps = 14;
+enum class BinaryOp : uint32_t { PWT_BINARY_OPS(PWT_ENUMERATOR) };
+constexpr uint32_t kBinaryOps = 0 PWT_BINARY_OPS(PWT_COUNT);
 constexpr uint32_t kMaxDims = 6;
 
 // Broadcast element-wise: out (contiguous, shape `shape`, ndim <= kMaxDims)[i] =
@@ -79,8 +70,8 @@ void strided_copy(Recorder& r, const Buffer& src, uint64_t src_off, const std::v
 // out[i] = value, i < n.
 void fill(Recorder& r, const Buffer& out, uint64_t n, float value);
 
-enum class ReduceOp : uint32_t { Sum = 0, Max = 1 };
-constexpr uint32_t kReduceOps = 2;
+enum class ReduceOp : uint32_t { PWT_REDUCE_OPS(PWT_ENUMERATOR) };
+constexpr uint32_t kReduceOps = 0 PWT_REDUCE_OPS(PWT_COUNT);
 
 // x viewed as [outer, len, inner] -> out[outer, inner] = scale * reduce_j x[o, j, i] (+ beta * out).
 // Max writes int32 `argmax` (first index of the max; a NaN wins, first NaN) when argmax != nullptr;

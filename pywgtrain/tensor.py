@@ -290,39 +290,35 @@ class Tensor:
         from . import functions as F
         from .autograd import is_grad_enabled
 
-        if isinstance(src, Tensor):
-            if src.device is not self.device:
-                raise ValueError(f"copy_: src lives on {src.device!r}, expected {self.device!r}")
+        if not isinstance(src, Tensor):
+            if not isinstance(src, np.ndarray):
+                raise TypeError(f"copy_: src must be a numpy.ndarray or pywgtrain.Tensor, got {type(src).__name__}")
             if src.dtype != self.dtype:
-                raise ValueError(f"copy_: src has dtype {src.dtype.name}, expected {self.dtype.name}")
-            graph = is_grad_enabled() and (self.requires_grad or src.requires_grad)
-            self._check_inplace("copy_", graph)
-            value = src if src.shape == self.shape else F.expand(src, self.shape)
-            if graph:
-                value = F.clone(value)  # the op autograd records: the gradient goes to src only
-            self._write(value)
-            if graph:  # src's gradient flows through value; the old values get none
-                self._adopt(value if value.requires_grad else F._filled(self))
-            return self
-        if not isinstance(src, np.ndarray):
-            raise TypeError(f"copy_: src must be a numpy.ndarray or pywgtrain.Tensor, got {type(src).__name__}")
+                raise TypeError(f"copy_: src must have dtype {self.dtype.name}, got {_dtype_name(src.dtype)}")
+            if src.shape != self.shape:
+                raise ValueError(f"copy_: src has shape {src.shape}, expected {self.shape}")
+            if self._strides is None and not (is_grad_enabled() and self.requires_grad):
+                self._check_inplace("copy_", False)
+                self.device.flush()  # keep order with work recorded earlier in a batch
+                self._store.buf.upload(
+                    np.ascontiguousarray(src).reshape(-1).view(np.uint8), self._offset * src.itemsize
+                )
+                self._bump_version()
+                self._batch = None
+                return self
+            src = tensor(np.array(src, order="C"), self.device)  # strided, or recorded by autograd
+        if src.device is not self.device:
+            raise ValueError(f"copy_: src lives on {src.device!r}, expected {self.device!r}")
         if src.dtype != self.dtype:
-            raise TypeError(f"copy_: src must have dtype {self.dtype.name}, got {_dtype_name(src.dtype)}")
-        if src.shape != self.shape:
-            raise ValueError(f"copy_: src has shape {src.shape}, expected {self.shape}")
-        if is_grad_enabled() and self.requires_grad:  # autograd records it: through the Tensor path
-            return self.copy_(
-                tensor(np.ascontiguousarray(src).reshape(self.shape or (1,)), self.device).reshape(self.shape)
-            )
-        self._check_inplace("copy_", False)
-        data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
-        self.device.flush()  # keep order with work recorded earlier in a batch
-        if self._strides is None:
-            self._store.buf.upload(data, self._offset * self.dtype.itemsize)
-            self._bump_version()
-        else:
-            self._write(tensor(np.ascontiguousarray(src).reshape(self.shape or (1,)), self.device).reshape(self.shape))
-        self._batch = None
+            raise ValueError(f"copy_: src has dtype {src.dtype.name}, expected {self.dtype.name}")
+        graph = is_grad_enabled() and (self.requires_grad or src.requires_grad)
+        self._check_inplace("copy_", graph)
+        value = src if src.shape == self.shape else F.expand(src, self.shape)
+        if graph:
+            value = F.clone(value)  # the op autograd records: the gradient goes to src only
+        self._write(value)
+        if graph:  # src's gradient flows through value; the old values get none
+            self._adopt(value if value.requires_grad else F._filled(self))
         return self
 
     def fill_(self, value: float) -> Tensor:

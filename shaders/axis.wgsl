@@ -1,8 +1,10 @@
 // Reductions along an axis and row softmax (csrc/tensor_ops.cpp).
 // x is viewed as [outer, len, inner] (a block of it when the whole does not
 // fit one binding): x[o, j, i] = src[x_off + o * x_row + j * x_col + i],
-// out[o, i] = res[out_off + o * out_row + i]. OP: 0 sum, 1 max (ReduceOp of
+// out[o, i] = res[out_off + o * out_row + i]. OP: R_SUM or R_MAX (ReduceOp of
 // tensor_ops.hpp); LOG: log_softmax instead of softmax.
+
+const_assert OP == R_SUM || OP == R_MAX;  // the reduce ops of shader_contract.hpp
 
 struct AxisParams {
   outer: u32,
@@ -97,8 +99,8 @@ fn store(o: u32, a: Acc) -> bool {
 fn row_result(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> Acc {
   let row = wid.y * nwg.x + wid.x;
   var a = Acc(0.0, EMPTY);
-  if (row < ap.outer) { a = scan(OP == 1u, ap.x_off + row * ap.x_row, lid, WG); }
-  return tree(OP == 1u, lid, 0u, 1u, WG, a);
+  if (row < ap.outer) { a = scan(OP == R_MAX, ap.x_off + row * ap.x_row, lid, WG); }
+  return tree(OP == R_MAX, lid, 0u, 1u, WG, a);
 }
 
 @compute @workgroup_size(WG)
@@ -126,8 +128,8 @@ fn col_result(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> Acc {
   let row = g / blocks;
   let i = (g % blocks) * COLS + lid.x;
   var a = Acc(0.0, EMPTY);
-  if (row < ap.outer && i < ap.inner) { a = scan(OP == 1u, ap.x_off + row * ap.x_row + i, lid.y, LANES); }
-  return tree(OP == 1u, lid.y, lid.x, COLS, LANES, a);
+  if (row < ap.outer && i < ap.inner) { a = scan(OP == R_MAX, ap.x_off + row * ap.x_row + i, lid.y, LANES); }
+  return tree(OP == R_MAX, lid.y, lid.x, COLS, LANES, a);
 }
 
 fn col_out(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {

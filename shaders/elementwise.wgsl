@@ -85,26 +85,26 @@ fn pow_f(x: f32, y: f32) -> f32 {
 
 fn unary_f(x: f32) -> f32 {
   switch OP {
-    case 0u: { return x; }
-    case 1u: { return -x; }
-    case 2u: { return abs(x); }
-    case 3u: { return exp(x); }
-    case 4u: { return log(x); }
-    case 5u, 19u: { return sqrt(x); }
-    case 6u: { return 1.0 / sqrt(x); }
-    case 7u: { return tanh_acc(x); }
-    case 8u: { return 1.0 / (1.0 + exp(-x)); }
-    case 9u, 12u: { return activate(x); }
-    case 10u: { return gelu_erf(x); }
-    case 11u: { return gelu_tanh(x); }
-    case 13u: { return pow_f(x, fp.a); }
-    case 14u: {  // NaN in x or a bound gives NaN, as torch
+    case U_COPY: { return x; }
+    case U_NEG: { return -x; }
+    case U_ABS: { return abs(x); }
+    case U_EXP: { return exp(x); }
+    case U_LOG: { return log(x); }
+    case U_SQRT, U_SQRT_STD: { return sqrt(x); }
+    case U_RSQRT: { return 1.0 / sqrt(x); }
+    case U_TANH: { return tanh_acc(x); }
+    case U_SIGMOID: { return 1.0 / (1.0 + exp(-x)); }
+    case U_RELU, U_SILU: { return activate(x); }
+    case U_GELU_ERF: { return gelu_erf(x); }
+    case U_GELU_TANH: { return gelu_tanh(x); }
+    case U_POW_SCALAR: { return pow_f(x, fp.a); }
+    case U_CLAMP: {  // NaN in x or a bound gives NaN, as torch
       return select(min(max(x, fp.a), fp.b), nan(), is_nan(x) || is_nan(fp.a) || is_nan(fp.b));
     }
-    case 15u: { return x + fp.a; }
-    case 16u: { return x * fp.a; }
-    case 17u: { return fp.a - x; }
-    case 18u: { return fp.a / x; }
+    case U_ADD_SCALAR: { return x + fp.a; }
+    case U_MUL_SCALAR: { return x * fp.a; }
+    case U_RSUB_SCALAR: { return fp.a - x; }
+    case U_RDIV_SCALAR: { return fp.a / x; }
     default: { return nan(); }
   }
 }
@@ -112,25 +112,25 @@ fn unary_f(x: f32) -> f32 {
 // d f / d x at x, given the forward output y.
 fn unary_grad(x: f32, y: f32) -> f32 {
   switch OP {
-    case 0u: { return 1.0; }
-    case 1u: { return -1.0; }
-    case 2u: { return select(sign(x), 0.0, is_nan(x)); }  // torch: sign(NaN) = 0
-    case 3u: { return y; }
-    case 4u: { return 1.0 / x; }
-    case 5u, 19u: { return 0.5 / y; }
-    case 6u: { return -0.5 * y * y * y; }
-    case 7u: { return 1.0 - y * y; }
-    case 8u: { return y * (1.0 - y); }
-    case 9u: { return select(0.0, 1.0, relu_passes(x)); }
-    case 10u: { return gelu_erf_grad(x); }
-    case 11u: { return gelu_tanh_grad(x); }
-    case 12u: { return activate_grad(x); }
-    case 13u: { return select(fp.a * pow_f(x, fp.a - 1.0), 0.0, fp.a == 0.0); }
-    case 14u: { return select(0.0, 1.0, x >= fp.a && x <= fp.b); }
-    case 15u: { return 1.0; }
-    case 16u: { return fp.a; }
-    case 17u: { return -1.0; }
-    case 18u: { return -fp.a / (x * x); }
+    case U_COPY: { return 1.0; }
+    case U_NEG: { return -1.0; }
+    case U_ABS: { return select(sign(x), 0.0, is_nan(x)); }  // torch: sign(NaN) = 0
+    case U_EXP: { return y; }
+    case U_LOG: { return 1.0 / x; }
+    case U_SQRT, U_SQRT_STD: { return 0.5 / y; }
+    case U_RSQRT: { return -0.5 * y * y * y; }
+    case U_TANH: { return 1.0 - y * y; }
+    case U_SIGMOID: { return y * (1.0 - y); }
+    case U_RELU: { return select(0.0, 1.0, relu_passes(x)); }
+    case U_GELU_ERF: { return gelu_erf_grad(x); }
+    case U_GELU_TANH: { return gelu_tanh_grad(x); }
+    case U_SILU: { return activate_grad(x); }
+    case U_POW_SCALAR: { return select(fp.a * pow_f(x, fp.a - 1.0), 0.0, fp.a == 0.0); }
+    case U_CLAMP: { return select(0.0, 1.0, x >= fp.a && x <= fp.b); }
+    case U_ADD_SCALAR: { return 1.0; }
+    case U_MUL_SCALAR: { return fp.a; }
+    case U_RSUB_SCALAR: { return -1.0; }
+    case U_RDIV_SCALAR: { return -fp.a / (x * x); }
     default: { return nan(); }
   }
 }
@@ -140,9 +140,9 @@ fn unary_grad(x: f32, y: f32) -> f32 {
 // gradient stays 0 for an infinite or NaN dy).
 fn unary_dx(x: f32, y: f32, dy: f32) -> f32 {
   switch OP {
-    case 9u, 12u: { return act_dx(dy, x); }  // relu (ACT 1), silu
-    case 14u: { return select(0.0, dy, x >= fp.a && x <= fp.b); }  // NaN: 0, as torch
-    case 19u: { return select(dy * (0.5 / y), 0.0, y == 0.0); }  // std: 0 at std 0
+    case U_RELU, U_SILU: { return act_dx(dy, x); }  // relu (ACT 1), silu
+    case U_CLAMP: { return select(0.0, dy, x >= fp.a && x <= fp.b); }  // NaN: 0, as torch
+    case U_SQRT_STD: { return select(dy * (0.5 / y), 0.0, y == 0.0); }  // std: 0 at std 0
     default: { return dy * unary_grad(x, y); }
   }
 }
@@ -192,20 +192,20 @@ fn nd_index(i: u32) -> vec4<u32> {
 
 fn binary_f(a: f32, b: f32) -> f32 {
   switch OP {
-    case 0u: { return a + b; }
-    case 1u: { return a - b; }
-    case 2u: { return a * b; }
-    case 3u: { return a / b; }
-    case 4u: { return select(max(a, b), nan(), is_nan(a) || is_nan(b)); }
-    case 5u: { return select(min(a, b), nan(), is_nan(a) || is_nan(b)); }
-    case 6u: { return pow_f(a, b); }
-    case 7u: { return select(0.0, 1.0, a > b); }
-    case 8u: { return select(0.0, 1.0, a < b); }
-    case 9u: { return select(0.0, 1.0, a >= b); }
-    case 10u: { return select(0.0, 1.0, a <= b); }
-    case 11u: { return select(0.0, 1.0, a == b); }
-    case 12u: { return select(0.0, 1.0, a != b); }
-    case 13u: { return select(0.0, 1.0, a == b || (is_nan(a) && is_nan(b))); }  // NaN equals NaN
+    case B_ADD: { return a + b; }
+    case B_SUB: { return a - b; }
+    case B_MUL: { return a * b; }
+    case B_DIV: { return a / b; }
+    case B_MAXIMUM: { return select(max(a, b), nan(), is_nan(a) || is_nan(b)); }
+    case B_MINIMUM: { return select(min(a, b), nan(), is_nan(a) || is_nan(b)); }
+    case B_POW: { return pow_f(a, b); }
+    case B_GT: { return select(0.0, 1.0, a > b); }
+    case B_LT: { return select(0.0, 1.0, a < b); }
+    case B_GE: { return select(0.0, 1.0, a >= b); }
+    case B_LE: { return select(0.0, 1.0, a <= b); }
+    case B_EQ: { return select(0.0, 1.0, a == b); }
+    case B_NE: { return select(0.0, 1.0, a != b); }
+    case B_EQ_NAN: { return select(0.0, 1.0, a == b || (is_nan(a) && is_nan(b))); }  // NaN equals NaN
     default: { return nan(); }
   }
 }
@@ -214,16 +214,16 @@ fn binary_f(a: f32, b: f32) -> f32 {
 fn binary_grad(a: f32, b: f32) -> f32 {
   let wa = WHICH == 0u;
   switch OP {
-    case 0u: { return 1.0; }
-    case 1u: { return select(-1.0, 1.0, wa); }
-    case 2u: { return select(a, b, wa); }
-    case 3u: { return select(-a / (b * b), 1.0 / b, wa); }
+    case B_ADD: { return 1.0; }
+    case B_SUB: { return select(-1.0, 1.0, wa); }
+    case B_MUL: { return select(a, b, wa); }
+    case B_DIV: { return select(-a / (b * b), 1.0 / b, wa); }
     // maximum / minimum as torch: ties split the gradient in halves; the side
     // that lost gets 0; a NaN on either side sends it whole to both (no
     // comparison holds).
-    case 4u: { return select(select(1.0, 0.5, a == b), 0.0, select((a > b), (a < b), wa)); }
-    case 5u: { return select(select(1.0, 0.5, a == b), 0.0, select((a < b), (a > b), wa)); }
-    case 6u: {
+    case B_MAXIMUM: { return select(select(1.0, 0.5, a == b), 0.0, select((a > b), (a < b), wa)); }
+    case B_MINIMUM: { return select(select(1.0, 0.5, a == b), 0.0, select((a < b), (a > b), wa)); }
+    case B_POW: {
       if (wa) { return select(b * pow_f(a, b - 1.0), 0.0, b == 0.0); }
       if (a < 0.0) { return nan(); }  // log(a): torch gives NaN for every negative base
       return select(pow_f(a, b) * log(a), 0.0, a == 0.0 && b >= 0.0);
@@ -253,7 +253,7 @@ fn binary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
   let idx = nd_index(i);
   let f = binary_grad(in0[idx.x], in1[idx.y]);
   var v = in2[idx.z] * f;
-  if ((OP == 4u || OP == 5u) && f == 0.0) { v = 0.0; }  // torch's masked_fill: 0 also for dy = inf / NaN
+  if ((OP == B_MAXIMUM || OP == B_MINIMUM) && f == 0.0) { v = 0.0; }  // torch's masked_fill: 0 also for dy = inf / NaN
   if (np.beta != 0.0) { v += np.beta * res[idx.w]; }
   res[idx.w] = v;
 }
