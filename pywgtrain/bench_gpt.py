@@ -1,7 +1,8 @@
 """``pywgtrain bench gpt``: a GPT training step (forward, cross-entropy,
 backward, clip 1.0, AdamW) in pywgtrain beside the same model in PyTorch,
 fp32 with TF32 off, fused AdamW, in one process: ms/step, tokens/s, a
-per-kernel profile of ours, and the PyTorch variants (attention written
+per-kernel profile of ours, the same step in the README's plain loop
+(``pywgtrain_loop``: no Trainer), and the PyTorch variants (attention written
 out, scaled_dot_product_attention, torch.compile)."""
 
 import math
@@ -48,7 +49,10 @@ def _batches(cfg, batch, n=4, seed=0):
     return [(d[:, :-1].copy(), d[:, 1:].copy()) for d in data]
 
 
-def time_ours(dev, cfg, batch, steps, profile=True):
+def time_ours(dev, cfg, batch, steps, profile=True, loop=False):
+    """ms per step through Trainer (captured, 4 steps per submission), or with
+    ``loop`` through the README's plain loop: zero_grad, forward, loss,
+    backward and step inside ``dev.batch()``."""
     from .bench import profile_step
     from .tensor import tensor
 
@@ -57,13 +61,23 @@ def time_ours(dev, cfg, batch, steps, profile=True):
     model = GPT(cfg, device=dev, seed=0)
     opt = optim.AdamW(_groups(model.named_parameters()), lr=3e-4, betas=(0.9, 0.95), max_grad_norm=1.0)
     trainer = Trainer(model, opt, GPT.loss, steps_per_submit=4)
+
+    def plain(x, y):
+        with dev.batch():
+            opt.zero_grad()
+            loss = GPT.loss(model(x), y)
+            loss.backward()
+            opt.step()
+        return loss
+
+    step = plain if loop else trainer.step
     data = [(tensor(x, dev), tensor(y, dev)) for x, y in _batches(cfg, batch)]
     for i in range(3):  # eager, capture, first replay
-        trainer.step(*data[i % len(data)]).item()
+        step(*data[i % len(data)]).item()
     dev.synchronize()
     t0 = time.perf_counter()
     for i in range(steps):
-        loss = trainer.step(*data[i % len(data)])
+        loss = step(*data[i % len(data)])
     loss.item()
     dev.synchronize()
     ms = (time.perf_counter() - t0) / steps * 1e3
@@ -74,7 +88,7 @@ def time_ours(dev, cfg, batch, steps, profile=True):
         "params": model.num_parameters(),
         "memory_mb": dev.memory_stats()["peak_bytes"] / 2**20,
     }
-    if profile and "timestamp-query" in dev.features:
+    if profile and not loop and "timestamp-query" in dev.features:
         row["profile"] = profile_step(dev, trainer._graph["graph"], reps=2)
     return row
 
@@ -179,6 +193,9 @@ def bench_gpt(dev, quick, torch, compile_model=True):
         if ours.get("memory_mb"):
             line += f", peak {ours['memory_mb']:,.0f} MiB"
         print(line, flush=True)
+        loop = time_ours(dev, cfg, batch, steps, loop=True)
+        row["pywgtrain_loop"] = loop
+        print(f"  pywgtrain_loop (plain loop, no Trainer): {loop['ms']:.1f} ms/step, peak {loop['memory_mb']:,.0f} MiB")
         if "profile" in ours:
             prof = ours["profile"]
             print(f"  GPU {prof['gpu_us'] / 1e3:.1f} ms in {prof['dispatches']} dispatches; top kernels:")
