@@ -91,6 +91,7 @@ class Node:
         self.edges = ()
         self.backward_fn = None
         self.saved = None
+        self.versions = ()  # they reference storages: a released graph must not keep memory alive
         self.released = True
 
     def check_versions(self):

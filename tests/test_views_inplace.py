@@ -368,3 +368,19 @@ def test_size_is_torchs_method(dev):
         x.size(3)
     with pytest.raises(TypeError, match="must be an int"):
         x.size(1.0)
+
+
+def test_a_released_graph_keeps_no_memory(dev):
+    """After backward, a loss tensor kept by the caller must not hold the inputs
+    its graph saved (version records reference storages)."""
+    w = pw.tensor(np.ones((256, 256), np.float32), dev, requires_grad=True)
+    dev.synchronize()
+    before = dev.memory_stats()["live_bytes"]
+    x = pw.tensor(np.ones((256, 256), np.float32), dev)
+    loss = (x @ w).exp().sum()
+    del x
+    loss.backward()
+    w.grad = None
+    dev.synchronize()
+    assert dev.memory_stats()["live_bytes"] - before <= 64 * 1024  # the loss and small scratch only
+    assert loss.item() > 0
