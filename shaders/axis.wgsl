@@ -199,6 +199,21 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
 }
 
 // softmax: dx = y * (dy - sum dy * y); log_softmax: dx = dy - exp(y) * sum dy (+ beta * dx).
+// src holds y, src2 dy; the row's sum term and each element's dx:
+fn softmax_dot_term(i: u32) -> f32 {
+  if (LOG) { return src2[i]; }
+  return src2[i] * src[i];
+}
+
+fn softmax_store_dx(i: u32, s: f32) {
+  let y = src[i];
+  let dy = src2[i];
+  var v = y * (dy - s);
+  if (LOG) { v = dy - exp(y) * s; }
+  if (ap.beta != 0.0) { v += ap.beta * res[i]; }
+  res[i] = v;
+}
+
 @compute @workgroup_size(WG)
 fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_index) lid: u32) {
@@ -207,20 +222,11 @@ fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
   let base = ap.x_off + row * ap.x_row;
   var s = 0.0;
   if (valid) {
-    for (var j = lid; j < ap.len; j += WG) {
-      if (LOG) { s += src2[base + j]; } else { s += src2[base + j] * src[base + j]; }
-    }
+    for (var j = lid; j < ap.len; j += WG) { s += softmax_dot_term(base + j); }
   }
   s = row_sum(lid, s);
   if (!valid) { return; }
-  for (var j = lid; j < ap.len; j += WG) {
-    let y = src[base + j];
-    let dy = src2[base + j];
-    var v = 0.0;
-    if (LOG) { v = dy - exp(y) * s; } else { v = y * (dy - s); }
-    if (ap.beta != 0.0) { v += ap.beta * res[base + j]; }
-    res[base + j] = v;
-  }
+  for (var j = lid; j < ap.len; j += WG) { softmax_store_dx(base + j, s); }
 }
 
 // Short rows (ap.len <= short_row_cols of csrc/dispatch_util.hpp: 64 on GPUs,
@@ -252,15 +258,6 @@ fn softmax_backward_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
   if (row >= ap.outer) { return; }
   let base = ap.x_off + row * ap.x_row;
   var s = 0.0;
-  for (var j = 0u; j < ap.len; j++) {
-    if (LOG) { s += src2[base + j]; } else { s += src2[base + j] * src[base + j]; }
-  }
-  for (var j = 0u; j < ap.len; j++) {
-    let y = src[base + j];
-    let dy = src2[base + j];
-    var v = 0.0;
-    if (LOG) { v = dy - exp(y) * s; } else { v = y * (dy - s); }
-    if (ap.beta != 0.0) { v += ap.beta * res[base + j]; }
-    res[base + j] = v;
-  }
+  for (var j = 0u; j < ap.len; j++) { s += softmax_dot_term(base + j); }
+  for (var j = 0u; j < ap.len; j++) { softmax_store_dx(base + j, s); }
 }

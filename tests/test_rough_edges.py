@@ -35,17 +35,22 @@ def _same(ours, ref, rtol=2e-5, atol=1e-6):
 EXPONENTS = np.array([2.0, 0.0, 1.0, 3.0, -1.0, -2.0, 0.5, 1.5, -0.5, 4.0], np.float32)
 
 
+def _same_with_grads(dev, y, ref, x, ref_x):
+    """y against torch's ref, then x's gradient for the same upstream gradient."""
+    _same(y.numpy(), ref)
+    g = np.linspace(0.5, 1.5, y.numel()).astype(np.float32).reshape(y.shape)
+    y.backward(pw.tensor(g, dev))
+    ref.backward(_t64(g))
+    _same(x.grad.numpy(), ref_x.grad)
+
+
 @pytest.mark.parametrize("base", [0.0, -2.0, 2.0, 1.0, -1.0, 0.5])
 def test_scalar_base_tensor_exponent(dev, base):
     t = pw.tensor(EXPONENTS, dev, requires_grad=True)
     y = base**t
     ref_t = _t64(EXPONENTS, grad=True)
     ref = base**ref_t
-    _same(y.numpy(), ref)
-    g = np.linspace(0.5, 1.5, EXPONENTS.size).astype(np.float32)
-    y.backward(pw.tensor(g, dev))
-    ref.backward(_t64(g))
-    _same(t.grad.numpy(), ref_t.grad)
+    _same_with_grads(dev, y, ref, t, ref_t)
     _same(pw.pow(base, t).numpy(), torch.pow(base, ref_t))
 
 
@@ -62,11 +67,7 @@ def test_negative_base_scalar_exponent(dev, exponent):
     y = tx**exponent
     ref_x = _t64(x, grad=True)
     ref = ref_x**exponent
-    _same(y.numpy(), ref)
-    g = np.linspace(0.5, 1.5, x.size).astype(np.float32)
-    y.backward(pw.tensor(g, dev))
-    ref.backward(_t64(g))
-    _same(tx.grad.numpy(), ref_x.grad)
+    _same_with_grads(dev, y, ref, tx, ref_x)
 
 
 def test_tensor_tensor_pow_negative_bases(dev):
