@@ -22,7 +22,7 @@ from . import _core
 from ._opcodes import BINARY, REDUCE, UNARY
 from .autograd import attach, needs_grad
 from ._typing import Dims, Labels, Operand, ShapeLike, TensorLike
-from .tensor import Tensor, _check_flag, _make_view, _shape_arg, empty, full, tensor
+from .tensor import Tensor, _check_flag, _make_view, _result, _shape_arg, empty, full, tensor
 
 MAX_DIMS = 6  # kernels index up to this many dimensions (tensor_ops.hpp kMaxDims)
 ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu_tanh": 2, "gelu": 3, "silu": 4}
@@ -51,7 +51,7 @@ def _float_tensor(x, dev, op, name):
             raise ValueError(f"{op}: {name} lives on {x.device!r}, the other operand on {dev!r}")
         if x.dtype != np.float32:
             raise TypeError(f"{op}: {name} must be float32, got {x.dtype.name} (int32 tensors hold ids and labels)")
-        return _dense(x)
+        return x if x._whole else _dense(x)
     if isinstance(x, np.ndarray):
         if x.dtype != np.float32:  # no silent casts (torch refuses mixed dtypes too)
             raise TypeError(f"{op}: {name} must have dtype float32, got {x.dtype.name}")
@@ -193,7 +193,7 @@ _UNARY_LINEAR = frozenset(("copy", "neg", "add_scalar", "rsub_scalar", "mul_scal
 def _unary(name, x, a=0.0, b=0.0):
     code = UNARY[name]
     x = _check_float(x, name)
-    out = empty(x.shape, np.float32, x.device)
+    out = _result(x.shape, x.device)
     _unary_into(code, x, out, a, b)
     if needs_grad(x):
         xb, yb, n, fa, fb = x._buf, out._buf, x._numel, float(a), float(b)
@@ -321,11 +321,17 @@ def _binary(name, a, b):
         return _scalar_op("rdiv_scalar", b, s)
     ta = full((1,), float(a), dev).reshape(()) if _is_scalar(a) else _float_tensor(a, dev, name, "input")
     tb = full((1,), float(b), dev).reshape(()) if _is_scalar(b) else _float_tensor(b, dev, name, "other")
-    shape = _broadcast(ta.shape, tb.shape, name)
-    _check_dims(shape, name)
-    kshape = _kshape(shape)
-    sa, sb = _bstrides(ta.shape, kshape), _bstrides(tb.shape, kshape)
-    out = empty(shape, np.float32, dev)
+    if ta.shape == tb.shape:  # the common case: no broadcasting to work out
+        shape = ta.shape
+        _check_dims(shape, name)
+        kshape = _kshape(shape)
+        sa = sb = list(_strides(kshape))
+    else:
+        shape = _broadcast(ta.shape, tb.shape, name)
+        _check_dims(shape, name)
+        kshape = _kshape(shape)
+        sa, sb = _bstrides(ta.shape, kshape), _bstrides(tb.shape, kshape)
+    out = _result(shape, dev)
     code = BINARY[name]
     with _rec(dev) as rec:
         _core.binary(rec, code, ta._buf, tb._buf, out._buf, kshape, sa, sb, 0.0)
@@ -609,7 +615,7 @@ def _softmax(x, dim, log):
         return transpose(_softmax(transpose(x, d, -1), -1, log), d, -1)
     cols = x.shape[-1] if x.shape else 1
     rows = x._numel // cols
-    out = empty(x.shape, np.float32, x.device)
+    out = _result(x.shape, x.device)
     with _rec(x.device) as rec:
         _core.softmax(rec, x._buf, out._buf, rows, cols, log)
     if needs_grad(x):

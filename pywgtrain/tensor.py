@@ -24,12 +24,15 @@ class _Storage:
     counter: each in-place write bumps ``version``, and autograd refuses a
     backward that would read a saved tensor written since it was saved."""
 
-    __slots__ = ("buf", "nbytes", "version")
+    __slots__ = ("buf", "version")
 
     def __init__(self, buf: _core._Buffer) -> None:
         self.buf = buf
-        self.nbytes = buf.nbytes
         self.version = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.nbytes
 
 
 class Tensor:
@@ -83,7 +86,7 @@ class Tensor:
         self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.device = device
         self._numel = math.prod(self.shape)
-        self._whole = self._numel * self.dtype.itemsize == self._store.nbytes  # the whole storage, contiguous
+        self._whole = True  # it is its storage (bound whole, also where the buffer is larger than it)
         self.requires_grad = bool(requires_grad)
         self.grad = None
         self._node = None  # the op that produced this tensor (autograd), None for leaves
@@ -106,8 +109,8 @@ class Tensor:
     def _buf(self, buf: _core._Buffer) -> None:
         # Moves the storage (an optimizer's flat arena takes over a parameter's
         # memory); views of this tensor follow it.
-        if not self._whole or buf.nbytes != self._store.nbytes:
-            raise RuntimeError("only a tensor covering its whole storage can be moved to another buffer")
+        if not self._whole or buf.nbytes < self.nbytes:
+            raise RuntimeError("only a tensor covering its whole storage can be moved, to a buffer that holds it")
         self._store.buf = buf
 
     @property
@@ -776,6 +779,15 @@ def _shape_arg(shape, name="shape"):
         if isinstance(s, bool) or not isinstance(s, numbers.Integral):
             raise TypeError(f"{name} must hold ints, got {s!r} in {dims}")
     return tuple(int(s) for s in dims)
+
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _result(shape: tuple[int, ...], device: Device) -> Tensor:
+    """A new float32 tensor for an op's result, whose shape the op derived from
+    checked inputs (``empty`` without the argument checks: ops run per call)."""
+    return Tensor(_core._Buffer(device._dev, math.prod(shape) * 4), shape, _FLOAT32, device)
 
 
 def empty(
