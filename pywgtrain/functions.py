@@ -696,19 +696,16 @@ def view(x: Tensor, *shape: ShapeLike) -> Tensor:
 
 def contiguous(x: Tensor) -> Tensor:
     """x when contiguous, else a contiguous copy whose gradient flows back to x."""
-    if x.is_contiguous():
-        return x
-    out = Tensor(x._view_buffer(), x.shape, x.dtype, x.device)
-    if x.dtype == np.float32 and needs_grad(x):
-        attach(out, "contiguous", [x], lambda g, sinks, _: sinks[0].put(g, owned=False))
-    return out
+    return x if x.is_contiguous() else _copy_of_view(x)
 
 
 def _dense(x):
     """x itself when the kernels can bind its memory as it is (contiguous at an
     aligned offset), else a contiguous copy (differentiable)."""
-    if x._bindable:
-        return x
+    return x if x._bindable else _copy_of_view(x)
+
+
+def _copy_of_view(x):
     out = Tensor(x._view_buffer(), x.shape, x.dtype, x.device)
     if x.dtype == np.float32 and needs_grad(x):
         attach(out, "contiguous", [x], lambda g, sinks, _: sinks[0].put(g, owned=False))
