@@ -9,8 +9,9 @@ namespace pwt {
 
 static uint64_t round4(uint64_t n) { return (n + 3) & ~uint64_t(3); }
 
-Buffer::Buffer(std::shared_ptr<Device> dev, uint64_t bytes, const std::string& label, WGPUBufferUsage extra_usage)
-    : dev_(std::move(dev)), bytes_(bytes) {
+Buffer::Buffer(std::shared_ptr<Device> dev, uint64_t bytes, const std::string& label, WGPUBufferUsage extra_usage,
+               bool zeroed)
+    : dev_(std::move(dev)), block_(std::make_shared<Block>()), bytes_(bytes) {
   const uint64_t size = std::max<uint64_t>(4, round4(bytes));
   const auto& lim = dev_->limits();
   if (size > lim.max_buffer)
@@ -18,23 +19,34 @@ Buffer::Buffer(std::shared_ptr<Device> dev, uint64_t bytes, const std::string& l
                            std::to_string(lim.max_buffer) + " bytes");
   if (fail_this_allocation(label))
     throw OutOfMemoryError("allocating " + std::to_string(bytes) + " bytes (" + label + "): injected failure");
-  WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
-  d.label = WGPUStringView{label.data(), label.size()};
-  d.size = size;
-  d.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopySrc | WGPUBufferUsage_CopyDst | extra_usage;
-  dev_->guarded("allocating " + std::to_string(bytes) + " bytes (" + label + ")",
-                [&] { buf_ = BufferHandle(wgpuDeviceCreateBuffer(dev_->raw(), &d)); });
-  if (!buf_) throw OutOfMemoryError("allocating " + std::to_string(bytes) + " bytes: the device returned no buffer");
-  owned_bytes_ = size;
-  dev_->note_allocation(int64_t(size));
+  Block& b = *block_;
+  b.dev = dev_;
+  b.cached = extra_usage == WGPUBufferUsage_None && !zeroed;
+  if (b.cached) {
+    b.handle = dev_->memory().take(size, label);
+    b.bytes = dev_->memory().block_size(size);
+  } else {
+    WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
+    d.label = WGPUStringView{label.data(), label.size()};
+    d.size = size;
+    d.usage = WGPUBufferUsage_Storage | WGPUBufferUsage_CopySrc | WGPUBufferUsage_CopyDst | extra_usage;
+    dev_->guarded("allocating " + std::to_string(bytes) + " bytes (" + label + ")",
+                  [&] { b.handle = BufferHandle(wgpuDeviceCreateBuffer(dev_->raw(), &d)); });
+    if (!b.handle)
+      throw OutOfMemoryError("allocating " + std::to_string(bytes) + " bytes: the device returned no buffer");
+    b.bytes = size;
+  }
+  dev_->memory().note_allocated(int64_t(b.bytes));
 }
 
-Buffer::~Buffer() {
-  if (owned_bytes_) dev_->note_allocation(-int64_t(owned_bytes_));
+Buffer::Block::~Block() {
+  if (!bytes) return;
+  dev->memory().note_allocated(-int64_t(bytes));
+  if (cached) dev->memory().give(std::move(handle), bytes);
 }
 
 Buffer::Buffer(const Buffer& parent, uint64_t offset, uint64_t bytes)
-    : dev_(parent.dev_), bytes_(bytes), offset_(parent.offset_ + offset) {
+    : dev_(parent.dev_), block_(parent.block_), bytes_(bytes), offset_(parent.offset_ + offset) {
   const uint64_t align = std::max<uint32_t>(dev_->limits().storage_offset_alignment, 4);
   if (offset % align)
     throw ArgumentError("buffer view offset " + std::to_string(offset) +
@@ -42,13 +54,13 @@ Buffer::Buffer(const Buffer& parent, uint64_t offset, uint64_t bytes)
   if (offset + bytes > parent.bytes_)
     throw ArgumentError("buffer view of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
                         " overruns a buffer of " + std::to_string(parent.bytes_) + " bytes");
-  wgpuBufferAddRef(parent.raw());
-  buf_ = BufferHandle(parent.raw());
 }
 
-Buffer::Buffer(std::shared_ptr<Device> dev, WGPUBuffer scratch, uint64_t bytes) : dev_(std::move(dev)), bytes_(bytes) {
+Buffer::Buffer(std::shared_ptr<Device> dev, WGPUBuffer scratch, uint64_t bytes)
+    : dev_(std::move(dev)), block_(std::make_shared<Block>()), bytes_(bytes) {
   wgpuBufferAddRef(scratch);
-  buf_ = BufferHandle(scratch);
+  block_->dev = dev_;
+  block_->handle = BufferHandle(scratch);
 }
 
 void Buffer::upload(const void* src, uint64_t bytes, uint64_t offset) {
@@ -59,11 +71,11 @@ void Buffer::upload(const void* src, uint64_t bytes, uint64_t offset) {
   if (offset % 4) throw ArgumentError("upload offset " + std::to_string(offset) + " is not a multiple of 4 bytes");
   const uint64_t whole = bytes & ~uint64_t(3);
   dev_->guarded("uploading " + std::to_string(bytes) + " bytes", [&] {
-    if (whole) wgpuQueueWriteBuffer(dev_->queue(), buf_.get(), offset_ + offset, src, whole);
+    if (whole) wgpuQueueWriteBuffer(dev_->queue(), raw(), offset_ + offset, src, whole);
     if (whole != bytes) {  // ragged tail: pad to the 4-byte copy granule
       uint8_t tail[4] = {0, 0, 0, 0};
       std::memcpy(tail, static_cast<const uint8_t*>(src) + whole, bytes - whole);
-      wgpuQueueWriteBuffer(dev_->queue(), buf_.get(), offset_ + offset + whole, tail, 4);
+      wgpuQueueWriteBuffer(dev_->queue(), raw(), offset_ + offset + whole, tail, 4);
     }
   });
 }
@@ -88,7 +100,7 @@ void Buffer::download(void* dst, uint64_t bytes, uint64_t offset) const {
     } m;
     dev_->guarded("downloading " + std::to_string(bytes) + " bytes", [&] {
       CommandEncoderHandle enc(wgpuDeviceCreateCommandEncoder(dev_->raw(), nullptr));
-      wgpuCommandEncoderCopyBufferToBuffer(enc.get(), buf_.get(), offset_ + src_off, staging, 0, copy);
+      wgpuCommandEncoderCopyBufferToBuffer(enc.get(), raw(), offset_ + src_off, staging, 0, copy);
       CommandBufferHandle cmd(wgpuCommandEncoderFinish(enc.get(), nullptr));
       WGPUCommandBuffer cmds[] = {cmd.get()};
       wgpuQueueSubmit(dev_->queue(), 1, cmds);

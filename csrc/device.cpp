@@ -309,6 +309,7 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   wgpuSupportedFeaturesFreeMembers(feats);
   std::sort(dev->feature_names_.begin(), dev->feature_names_.end());
   dev->pipelines_ = std::make_unique<PipelineCache>(*dev);
+  dev->memory_ = std::make_unique<BufferCache>(*dev);
   return dev;
 }
 
@@ -317,6 +318,7 @@ Device::~Device() {
   // queue, device, adapter, instance.
   releasing_.store(true);
   pipelines_.reset();
+  memory_.reset();
   uniform_pool_.clear();
   stage_pool_.clear();
   staging_.reset();

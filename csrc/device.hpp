@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "buffer_cache.hpp"
 #include "errors.hpp"
 #include "gemm_tuning.hpp"
 #include "handle.hpp"
@@ -58,16 +59,8 @@ class Device : public std::enable_shared_from_this<Device> {
   // Serializes every use of the device: wgpu error scopes are per device, so
   // an error must be attributed to the thread that caused it.
   std::recursive_mutex& mutex() { return mu_; }
-  // Bytes of device buffers pywgtrain allocated and still owns (views and
-  // references held by recorded work not counted), and their high-water mark.
-  void note_allocation(int64_t bytes) {
-    const uint64_t now = live_bytes_.fetch_add(uint64_t(bytes)) + uint64_t(bytes);
-    uint64_t peak = peak_bytes_.load();
-    while (now > peak && !peak_bytes_.compare_exchange_weak(peak, now)) {}
-  }
-  uint64_t live_bytes() const { return live_bytes_.load(); }
-  uint64_t peak_bytes() const { return peak_bytes_.load(); }
-  void reset_peak_bytes() { peak_bytes_.store(live_bytes_.load()); }
+  // Tensor memory: the caching allocator and its statistics (buffer_cache.hpp).
+  BufferCache& memory() { return *memory_; }
 
   bool lost() const { return lost_.load(); }
   std::string lost_message() const;
@@ -149,6 +142,7 @@ class Device : public std::enable_shared_from_this<Device> {
   DeviceLimits limits_;
   std::vector<std::string> feature_names_;
   std::unique_ptr<PipelineCache> pipelines_;
+  std::unique_ptr<BufferCache> memory_;
   GemmTuning gemm_tuning_;
   std::vector<UniformChunk> uniform_pool_;
   std::vector<StageChunk> stage_pool_;
@@ -161,7 +155,6 @@ class Device : public std::enable_shared_from_this<Device> {
   BufferHandle placeholder_[2];  // read-only, writable
 
   std::recursive_mutex mu_;
-  std::atomic<uint64_t> live_bytes_{0}, peak_bytes_{0};
   std::atomic<bool> lost_{false};
   std::atomic<bool> releasing_{false};
   uint32_t spin_wait_us_ = 0;

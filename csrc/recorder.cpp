@@ -1,6 +1,7 @@
 #include "recorder.hpp"
 
 #include <cstring>
+#include <utility>
 
 #include "timing.hpp"
 
@@ -14,6 +15,15 @@ void Recorder::ensure_encoder() {
   if (encoder_) return;
   recording_step("creating a command encoder",
                  [&] { encoder_ = CommandEncoderHandle(wgpuDeviceCreateCommandEncoder(dev_->raw(), nullptr)); });
+  ticket_ = dev_->memory().recording_opened();
+}
+
+void Recorder::close_recording() {
+  if (ticket_) dev_->memory().recording_closed(std::exchange(ticket_, 0));
+}
+
+StepGraph::~StepGraph() {
+  for (auto& b : bound_) dev_->memory().unpin(b.get());
 }
 
 void Recorder::ensure_pass() {
@@ -144,6 +154,7 @@ void Recorder::record_dispatch(const Kernel& k, const std::vector<Operand>& oper
         if (known) continue;
         wgpuBufferAddRef(e.buffer);
         graph_->bound_.push_back(BufferHandle(e.buffer));
+        dev_->memory().pin(e.buffer);
       }
       const bool has_uniform = !uniforms_.empty() && params_bytes;
       graph_->dispatches_.push_back({&k, std::move(group), entries, has_uniform ? uniforms_.size() - 1 : 0,
@@ -281,6 +292,7 @@ void Recorder::replay(StepGraph& g, const std::vector<Rebind>& rebinds, PassTime
 void Recorder::discard() {
   pass_.reset();
   encoder_.reset();
+  close_recording();
   for (auto& c : uniforms_)
     if (!c.owned_by_graph) dev_->give_uniform_chunk(std::move(c.chunk));
   uniforms_.clear();
@@ -351,6 +363,7 @@ uint64_t Recorder::submit() {
     err = std::current_exception();
     for (auto& c : chunks) c.chunk.written.clear();
   }
+  close_recording();  // after the submit: memory released meanwhile waits until its work is queued
   for (auto& c : chunks)
     if (!c.owned_by_graph) dev_->give_uniform_chunk(std::move(c.chunk));
   for (auto& s : stages) dev_->give_stage_chunk(std::move(s.chunk));

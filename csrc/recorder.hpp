@@ -51,6 +51,10 @@ struct AdamWConfig;
 // reference to every buffer it binds.
 class StepGraph {
  public:
+  StepGraph() = default;
+  ~StepGraph();
+  StepGraph(const StepGraph&) = delete;
+  StepGraph& operator=(const StepGraph&) = delete;
   size_t size() const { return dispatches_.size(); }
   // Kernel name of each captured dispatch (profiles).
   std::vector<std::string> kernel_names() const;
@@ -77,7 +81,7 @@ class StepGraph {
   std::vector<Dispatch> dispatches_;
   std::vector<BufferHandle> chunks_;
   std::vector<std::vector<uint8_t>> data_;
-  std::vector<BufferHandle> bound_;  // references to every buffer a dispatch binds
+  std::vector<BufferHandle> bound_;  // references to every buffer a dispatch binds (pinned: never cached)
 };
 
 class Recorder {
@@ -141,7 +145,8 @@ class Recorder {
  private:
   void record_dispatch(const Kernel& k, const std::vector<Operand>& operands, const void* params, size_t params_bytes,
                        const char* params_type, uint32_t gx, uint32_t gy, uint32_t gz);
-  void ensure_encoder();
+  void ensure_encoder();  // opens the recording (the caching allocator's ticket)
+  void close_recording();
   // Runs one recording call inside error scopes; on error discards the whole
   // recording (see recorder.cpp) and rethrows.
   void recording_step(const std::string& what, const std::function<void()>& body);
@@ -163,6 +168,7 @@ class Recorder {
   };
   std::vector<StageUse> stages_;
   size_t commands_ = 0;
+  uint64_t ticket_ = 0;  // BufferCache::recording_opened()'s while an encoder is open
   bool timed_ = false;
   std::unique_ptr<StepGraph> graph_;
   uint64_t uniform_offset_ = 0;  // offset of the last uniform block in uniforms_.back()

@@ -111,10 +111,15 @@ cdef class _Device:
         return {_s(k): v for k, v in self.ptr.get().resource_report()}
 
     def memory_stats(self, bint reset_peak=False):
-        cdef dict out = {"live_bytes": self.ptr.get().live_bytes(), "peak_bytes": self.ptr.get().peak_bytes()}
+        cdef c.MemoryStats s = self.ptr.get().memory().stats()
         if reset_peak:
-            self.ptr.get().reset_peak_bytes()
-        return out
+            self.ptr.get().memory().reset_peaks()
+        return {"allocated_bytes": s.allocated, "peak_allocated_bytes": s.peak_allocated,
+                "reserved_bytes": s.reserved, "peak_reserved_bytes": s.peak_reserved, "cached_bytes": s.cached,
+                "driver_allocations": s.driver_allocations, "cache_hits": s.cache_hits}
+
+    def empty_cache(self):
+        return self.ptr.get().memory().empty()
 
     def configure_gemm_tuning(self, bint enabled, str cache_dir not None):
         c.configure_gemm_tuning(self.ptr.get()[0], enabled, cache_dir.encode())
@@ -150,14 +155,15 @@ cdef class _Buffer:
     cdef readonly _Device device
 
     def __cinit__(self, _Device device not None, uint64_t nbytes, str label not None="pywgtrain.tensor",
-                  _Buffer parent=None, uint64_t offset=0):
+                  _Buffer parent=None, uint64_t offset=0, bint zeroed=False):
+        """Uninitialized memory from the device's cache; ``zeroed``: a new, zero-filled buffer."""
         cdef string lab = label.encode()
         self.device = device
         if parent is not None:
             self.ptr.reset(new Buffer(parent.ptr.get()[0], offset, nbytes))
             return
         with nogil:
-            self.ptr.reset(new Buffer(device.ptr, nbytes, lab))
+            self.ptr.reset(new Buffer(device.ptr, nbytes, lab, 0, zeroed))
 
     def view(self, uint64_t offset, uint64_t nbytes):
         """A buffer sharing this one's memory from byte `offset` (storage-aligned)."""
@@ -424,7 +430,8 @@ def _inject_invalid_binding(_Recorder r not None, _Buffer buf not None):
 
 def _inject_allocation_failures(str label not None, uint32_t after, uint32_t count):
     """Test hook: after ``after`` more buffer allocations labelled ``label``, the next ``count`` raise
-    OutOfMemoryError (``count`` 0 clears)."""
+    OutOfMemoryError (``count`` 0 clears). ``"<driver>"``: the caching allocator's requests to the
+    driver, which it retries once after emptying its cache."""
     c.inject_allocation_failures(label.encode(), after, count)
 
 

@@ -12,6 +12,16 @@ cdef extern from "py_errors.hpp" namespace "pwt":
     void set_py_error_types(object gpu, object validation, object oom, object lost)
 
 
+cdef extern from "buffer_cache.hpp" namespace "pwt" nogil:
+    cdef cppclass MemoryStats:
+        uint64_t allocated, peak_allocated, reserved, peak_reserved, cached, driver_allocations, cache_hits
+
+    cdef cppclass BufferCache:
+        uint64_t empty()
+        MemoryStats stats()
+        void reset_peaks()
+
+
 cdef extern from "device.hpp" namespace "pwt" nogil:
     cdef cppclass AdapterSummary:
         uint32_t index
@@ -58,15 +68,14 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
         bool query() except +raise_py_error
         uint32_t spin_wait_us()
         void destroy() except +raise_py_error
-        uint64_t live_bytes()
-        uint64_t peak_bytes()
-        void reset_peak_bytes()
+        BufferCache& memory()
         vector[pair[string, uint64_t]] resource_report()
 
 
 cdef extern from "buffer.hpp" namespace "pwt" nogil:
     cdef cppclass Buffer:
-        Buffer(shared_ptr[Device] dev, uint64_t nbytes, const string& label) except +raise_py_error
+        Buffer(shared_ptr[Device] dev, uint64_t nbytes, const string& label, uint64_t extra_usage,
+               bool zeroed) except +raise_py_error
         Buffer(const Buffer& parent, uint64_t offset, uint64_t nbytes) except +raise_py_error
         uint64_t bytes()
         uint64_t offset()

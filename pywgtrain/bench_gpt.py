@@ -86,7 +86,8 @@ def time_ours(dev, cfg, batch, steps, profile=True, loop=False):
         "tokens_per_s": batch * cfg.block_size / ms * 1e3,
         "loss": loss.item(),
         "params": model.num_parameters(),
-        "memory_mb": dev.memory_stats()["peak_bytes"] / 2**20,
+        "memory_mb": dev.memory_stats()["peak_allocated_bytes"] / 2**20,
+        "reserved_mb": dev.memory_stats()["peak_reserved_bytes"] / 2**20,
     }
     if profile and not loop and "timestamp-query" in dev.features:
         row["profile"] = profile_step(dev, trainer._graph["graph"], reps=2)
@@ -191,11 +192,14 @@ def bench_gpt(dev, quick, torch, compile_model=True):
         row["pywgtrain"] = ours
         line = f"  pywgtrain: {ours['ms']:.1f} ms/step, {ours['tokens_per_s']:,.0f} tok/s"
         if ours.get("memory_mb"):
-            line += f", peak {ours['memory_mb']:,.0f} MiB"
+            line += f", peak {ours['memory_mb']:,.0f} MiB allocated, {ours['reserved_mb']:,.0f} reserved"
         print(line, flush=True)
         loop = time_ours(dev, cfg, batch, steps, loop=True)
         row["pywgtrain_loop"] = loop
-        print(f"  pywgtrain_loop (plain loop, no Trainer): {loop['ms']:.1f} ms/step, peak {loop['memory_mb']:,.0f} MiB")
+        print(
+            f"  pywgtrain_loop (plain loop, no Trainer): {loop['ms']:.1f} ms/step, "
+            f"peak {loop['memory_mb']:,.0f} MiB allocated, {loop['reserved_mb']:,.0f} reserved"
+        )
         if "profile" in ours:
             prof = ours["profile"]
             print(f"  GPU {prof['gpu_us'] / 1e3:.1f} ms in {prof['dispatches']} dispatches; top kernels:")

@@ -353,10 +353,24 @@ class Device:
         return self._dev.query()
 
     def memory_stats(self, reset_peak: bool = False) -> dict[str, int]:
-        """Bytes of device buffers pywgtrain allocated and still owns
-        (``live_bytes``) and their high-water mark (``peak_bytes``); a lower
-        bound of the driver's use. ``reset_peak``: start a new high-water mark."""
+        """The caching allocator's figures, in bytes (``torch.cuda.memory_stats``'
+        idea): ``allocated_bytes`` in use by tensors and scratch, of blocks
+        rounded up to their size class, and ``peak_allocated_bytes``;
+        ``reserved_bytes`` (allocated plus ``cached_bytes``: what the driver
+        holds for pywgtrain) and ``peak_reserved_bytes``; ``driver_allocations``
+        and ``cache_hits`` count the requests the driver served and the ones
+        the cache did. A lower bound of the driver's use (its own overheads and
+        pywgtrain's fixed pools are left out). ``reset_peak``: start new
+        high-water marks at the current values."""
         return self._dev.memory_stats(reset_peak)
+
+    def empty_cache(self) -> int:
+        """Release the cached blocks no tensor uses back to the driver (as
+        ``torch.cuda.empty_cache``); blocks still waiting for recorded work
+        to be submitted stay. Returns the bytes released. An allocation the
+        driver refuses for lack of memory does this once by itself and
+        retries."""
+        return self._dev.empty_cache()
 
     def resource_report(self) -> dict[str, int]:
         """Live wgpu objects by kind (wgpuGenerateReport): buffers, bind groups, pipelines..."""

@@ -4,7 +4,12 @@ import zlib
 import numpy as np
 import pytest
 
-import pywgtrain as pw
+# Memory the caching allocator hands out again is filled with 0xFF (NaN) first,
+# so no kernel or op may count on reused memory being zero (read once, when a
+# device opens).
+os.environ.setdefault("PYWGTRAIN_POISON_CACHED", "1")
+
+import pywgtrain as pw  # noqa: E402
 
 # Fixtures and hooks only; the helpers tests import are in tests/helpers.py.
 

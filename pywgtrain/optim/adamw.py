@@ -28,9 +28,8 @@ class _FlatArena:
             self.offsets.append(total)
             total += -(-p._numel // align) * align
         self.size = total
-        # New wgpu buffers are zero-filled.
-        self.buffers = {
-            name: _core._Buffer(device._dev, total * 4, f"pywgtrain.{name}_arena")
+        self.buffers = {  # zeroed: moments start at 0, and so do the gaps between parameters
+            name: _core._Buffer(device._dev, total * 4, f"pywgtrain.{name}_arena", zeroed=True)
             for name in ("param", "grad", "exp_avg", "exp_avg_sq")
         }
         with device._recording() as rec:
