@@ -66,7 +66,18 @@ BufferHandle BufferCache::take(uint64_t bytes, const std::string& label) {
 
 void BufferCache::give(BufferHandle block, uint64_t bytes) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (pinned_.count(block.get())) return;  // the graph's reference frees it
+  auto pin = pinned_.find(block.get());
+  if (pin != pinned_.end()) {
+    pin->second.held = std::move(block);
+    pin->second.bytes = bytes;
+    s_.graph += bytes;
+    note_reserved_locked();
+    return;
+  }
+  cache_locked(std::move(block), bytes);
+}
+
+void BufferCache::cache_locked(BufferHandle block, uint64_t bytes) {
   s_.cached += bytes;
   if (open_.empty()) {
     ready_.emplace(bytes, std::move(block));
@@ -84,7 +95,7 @@ void BufferCache::note_allocated(int64_t bytes) {
 }
 
 void BufferCache::note_reserved_locked() {
-  s_.reserved = s_.allocated + s_.cached;
+  s_.reserved = s_.allocated + s_.cached + s_.graph;
   s_.peak_reserved = std::max(s_.peak_reserved, s_.reserved);
 }
 
@@ -114,13 +125,18 @@ void BufferCache::release_ready_locked() {
 
 void BufferCache::pin(WGPUBuffer b) {
   std::lock_guard<std::mutex> lk(mu_);
-  ++pinned_[b];
+  ++pinned_[b].graphs;
 }
 
 void BufferCache::unpin(WGPUBuffer b) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = pinned_.find(b);
-  if (it != pinned_.end() && --it->second == 0) pinned_.erase(it);
+  if (it == pinned_.end() || --it->second.graphs) return;
+  if (it->second.held) {  // the last graph let go of a block no buffer uses: the cache takes it
+    s_.graph -= it->second.bytes;
+    cache_locked(std::move(it->second.held), it->second.bytes);
+  }
+  pinned_.erase(it);
 }
 
 uint64_t BufferCache::empty() {

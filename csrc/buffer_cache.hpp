@@ -9,7 +9,7 @@
 // another thread's submission would overtake; so memory let go while any
 // recording is open waits until every recording opened before that moment has
 // been submitted or discarded. Memory a captured step graph binds is pinned:
-// it never returns to the cache (the graph's own reference frees it).
+// it is held for the graph while the graph lives, and cached when it goes.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -28,9 +28,10 @@ class Device;
 struct MemoryStats {
   uint64_t allocated = 0;       // bytes of blocks in use by buffers
   uint64_t peak_allocated = 0;  // high-water mark of allocated
-  uint64_t reserved = 0;        // allocated plus cached: what the driver holds for us
+  uint64_t reserved = 0;        // allocated, cached and graph: what the driver holds for us
   uint64_t peak_reserved = 0;
   uint64_t cached = 0;  // blocks in the cache, ready or waiting for open recordings
+  uint64_t graph = 0;   // blocks no buffer uses any more that captured graphs still bind
   uint64_t driver_allocations = 0;
   uint64_t cache_hits = 0;
 };
@@ -58,7 +59,8 @@ class BufferCache {
   // A recording got its first command (returns its ticket) / ended.
   uint64_t recording_opened();
   void recording_closed(uint64_t ticket);
-  // A captured graph binds `b` (counted): never cache it while it does.
+  // A captured graph binds `b` (counted): while any does, a block let go is
+  // held for them, and cached when the last unpins it.
   void pin(WGPUBuffer b);
   void unpin(WGPUBuffer b);
 
@@ -68,6 +70,7 @@ class BufferCache {
   void reset_peaks();
 
  private:
+  void cache_locked(BufferHandle block, uint64_t bytes);
   void release_ready_locked();  // moves waiting blocks no open recording can bind to ready_
   void note_reserved_locked();
 
@@ -81,7 +84,12 @@ class BufferCache {
   };
   std::deque<Waiting> waiting_;   // in released_at order
   std::multiset<uint64_t> open_;  // tickets of open recordings
-  std::unordered_map<WGPUBuffer, uint32_t> pinned_;
+  struct Pin {
+    uint32_t graphs = 0;
+    BufferHandle held;  // the block, once no buffer uses it
+    uint64_t bytes = 0;
+  };
+  std::unordered_map<WGPUBuffer, Pin> pinned_;
   uint64_t clock_ = 0;  // orders openings and releases
   MemoryStats s_;
   bool poison_ = false;  // PYWGTRAIN_POISON_CACHED: reused blocks are filled with 0xFF (NaN) first

@@ -116,6 +116,7 @@ cdef class _Device:
             self.ptr.get().memory().reset_peaks()
         return {"allocated_bytes": s.allocated, "peak_allocated_bytes": s.peak_allocated,
                 "reserved_bytes": s.reserved, "peak_reserved_bytes": s.peak_reserved, "cached_bytes": s.cached,
+                "graph_bytes": s.graph,
                 "driver_allocations": s.driver_allocations, "cache_hits": s.cache_hits}
 
     def empty_cache(self):

@@ -14,7 +14,7 @@ cdef extern from "py_errors.hpp" namespace "pwt":
 
 cdef extern from "buffer_cache.hpp" namespace "pwt" nogil:
     cdef cppclass MemoryStats:
-        uint64_t allocated, peak_allocated, reserved, peak_reserved, cached, driver_allocations, cache_hits
+        uint64_t allocated, peak_allocated, reserved, peak_reserved, cached, graph, driver_allocations, cache_hits
 
     cdef cppclass BufferCache:
         uint64_t empty()

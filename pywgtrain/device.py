@@ -356,7 +356,9 @@ class Device:
         """The caching allocator's figures, in bytes (``torch.cuda.memory_stats``'
         idea): ``allocated_bytes`` in use by tensors and scratch, of blocks
         rounded up to their size class, and ``peak_allocated_bytes``;
-        ``reserved_bytes`` (allocated plus ``cached_bytes``: what the driver
+        ``cached_bytes`` (free blocks kept for reuse); ``graph_bytes`` (blocks
+        no tensor uses that captured step graphs still bind: cached when the
+        graph goes); ``reserved_bytes`` (the three together: what the driver
         holds for pywgtrain) and ``peak_reserved_bytes``; ``driver_allocations``
         and ``cache_hits`` count the requests the driver served and the ones
         the cache did. A lower bound of the driver's use (its own overheads and

@@ -168,9 +168,28 @@ def test_captured_graph_memory_is_never_handed_out(dev):
     np.testing.assert_allclose(replayed, eager, rtol=1e-5)
 
 
+def test_graph_memory_is_counted_and_cached_when_the_graph_goes(dev):
+    data = np.random.default_rng(2)
+    x, y = data.standard_normal((8, 6)).astype(np.float32), data.integers(0, 3, 8)
+    gc.collect()
+    before = _stats(dev)
+    model = _Net(dev)
+    tr = Trainer(model, pw.optim.AdamW(model.parameters(), lr=1e-2), pw.nn.CrossEntropyLoss())
+    for _ in range(3):  # eager, capture, replay
+        tr.step(x, y).item()
+    held = _stats(dev)
+    assert held["graph_bytes"] > before["graph_bytes"]  # the graph's intermediates, which no tensor uses now
+    cached = held["cached_bytes"]
+    del tr
+    gc.collect()
+    after = _stats(dev)
+    assert after["graph_bytes"] == before["graph_bytes"]
+    assert after["cached_bytes"] >= cached + held["graph_bytes"] - before["graph_bytes"]  # and its own tensors
+
+
 def test_stats_and_empty_cache(dev, rng):
     start = _stats(dev)
-    assert start["reserved_bytes"] == start["allocated_bytes"] + start["cached_bytes"]
+    assert start["reserved_bytes"] == start["allocated_bytes"] + start["cached_bytes"] + start["graph_bytes"]
     ts = [pw.tensor(rng.standard_normal((1000, 70 + i)).astype(np.float32), dev) for i in range(4)]
     held = _stats(dev)
     assert held["allocated_bytes"] >= start["allocated_bytes"] + sum(t.nbytes for t in ts)
@@ -184,7 +203,7 @@ def test_stats_and_empty_cache(dev, rng):
     assert released == freed["cached_bytes"]
     after = dev.memory_stats()
     assert after["cached_bytes"] == 0
-    assert after["reserved_bytes"] == after["allocated_bytes"]
+    assert after["reserved_bytes"] == after["allocated_bytes"] + after["graph_bytes"]
     assert dev.resource_report()["buffers"] < buffers
     dev.memory_stats(reset_peak=True)
     assert dev.memory_stats()["peak_reserved_bytes"] == after["reserved_bytes"]
