@@ -1,7 +1,8 @@
 """Host cost of small eager operations: what Python, recording and submitting
 cost per call when the GPU work is trivial (one row of a 384-wide model).
-Inside ``dev.batch()`` a call records into the open batch; outside it each
-call records and submits on its own. Nothing waits inside the timed loops.
+Inside ``dev.batch()`` a call records into the open batch; outside it into
+the device's stream (submitted every 64 commands); nothing waits inside those
+timed loops. "then synchronize" is one call submitted and waited for on its own.
 
     python bench/eager_costs.py          # any adapter; on the GPU machine after the prelude
 """
@@ -24,7 +25,7 @@ def main():
     b = pw.tensor(np.ones((1536,), np.float32), dev)
     print(f"adapter: {dev.info['name']}")
 
-    def timed(name, fn, batch, n=2000):
+    def timed(name, fn, batch, n=2000, sync=False):
         per_call = []
         for _ in range(5):
             dev.synchronize()
@@ -33,12 +34,16 @@ def main():
                 with dev.batch():
                     for _ in range(n):
                         fn()
+            elif sync:
+                for _ in range(n):
+                    fn()
+                    dev.synchronize()
             else:
                 for _ in range(n):
                     fn()
             per_call.append((time.perf_counter() - t0) * 1e6 / n)
             dev.synchronize()
-        where = "in a batch" if batch else "on its own"
+        where = "in a batch" if batch else "then synchronize" if sync else "outside a batch"
         print(f"{name + ' ' + where:52s} {min(per_call):7.2f} us per call (median {statistics.median(per_call):7.2f})")
 
     timed("_core._Buffer(1536 bytes), created and freed", lambda: _core._Buffer(dev._dev, 1536), batch=False)
@@ -46,6 +51,8 @@ def main():
     for batch in (True, False):
         timed("x + y", lambda: x + y, batch)
         timed("F.linear(x, w, b)", lambda: F.linear(x, w, b), batch)
+    timed("x + y", lambda: x + y, batch=False, n=500, sync=True)
+    timed("F.linear(x, w, b)", lambda: F.linear(x, w, b), batch=False, n=500, sync=True)
     timed("x[:, :128]", lambda: x[:, :128], batch=True)
     timed("x.reshape(1, 6, 64).permute(1, 0, 2)", lambda: x.reshape(1, 6, 64).permute(1, 0, 2), batch=True)
 

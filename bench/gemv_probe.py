@@ -31,6 +31,7 @@ def pywgtrain_batched(dev, k, n, tb, reps=10, one_output=False):
         )
         for _ in range(4)
     ]
+    dev.flush()  # the clears above run before this recording
     timer = _core._PassTimer(dev._dev, reps)
     rec = _core._Recorder(dev._dev)
     for i in range(reps):

@@ -16,6 +16,7 @@ GEMMS = 64
 
 
 def record(dev, a, c):
+    dev.flush()  # work recorded outside this recording (the operands' clears) goes first
     rec = _core._Recorder(dev._dev)
     for _ in range(GEMMS):
         _core.gemm(rec, a._buf, a._buf, c._buf, N, N, N, False, False, 1.0, 0.0)

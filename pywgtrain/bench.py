@@ -98,6 +98,8 @@ def pywgtrain_gemm_timer(dev, m, k, n, ta, tb, rotate_bytes=ROTATE_BYTES):
         for _ in range(nsets)
     ]
 
+    dev.flush()  # the operands' uploads and clears run before the recordings below
+
     def time_calls(reps, warmup=3):
         timer = _core._PassTimer(dev._dev, reps)
         rec = _core._Recorder(dev._dev)
@@ -204,6 +206,7 @@ def warm_up(dev, torch, seconds=1.0):
     if dev is not None:
         a = zeros((2048, 2048), device=dev)
         c = zeros((2048, 2048), device=dev)
+        dev.flush()
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         if dev is not None:
@@ -341,6 +344,7 @@ def bench_adamw(dev, quick, torch):
     rng = np.random.default_rng(0)
     p, g = tensor(rng.standard_normal(n, np.float32), dev), tensor(rng.standard_normal(n, np.float32), dev)
     m, v = zeros(n, device=dev), zeros(n, device=dev)
+    dev.flush()
     reps = 20
     timer = _core._PassTimer(dev._dev, reps)
     rec = _core._Recorder(dev._dev)
@@ -452,6 +456,7 @@ def profile_step(dev, graph, reps=5):
     """GPU time of a captured step: the whole replay in one timed pass, and
     each dispatch in a pass of its own (summed per kernel). Medians of `reps`."""
     names = graph.kernel_names()
+    dev.flush()
     whole, each = [], []
     for _ in range(reps):
         rec = _core._Recorder(dev._dev)
@@ -482,6 +487,7 @@ def profile_host(dev, trainer, x, y, x_host, y_host, steps=50):
     of each variant): bare replays (no batch, AdamW or loss rebinding, no loss
     read), then Trainer.step one step per submission and grouped."""
     graph = trainer._graph["graph"]
+    dev.flush()
 
     def bare():
         rec = _core._Recorder(dev._dev)

@@ -24,11 +24,11 @@ class _Recording:
     """Device._recording()'s context manager (a class: an operation called on
     its own pays its cost on every call, a generator's is several times it)."""
 
-    __slots__ = ("_dev", "_own", "_batch")
+    __slots__ = ("_dev", "_stream", "_batch", "_submits", "_pending")
 
     def __init__(self, dev: "Device") -> None:
         self._dev = dev
-        self._own = None
+        self._stream = None
         self._batch = None
 
     def __enter__(self) -> _core._Recorder:
@@ -38,18 +38,74 @@ class _Recording:
             self._batch = rec
             return rec
         dev._submit_deferred()
-        self._own = _core._Recorder(dev._dev)
-        return self._own
+        stream = dev._stream
+        stream.lock.acquire()
+        self._stream = stream
+        self._submits, self._pending = stream.submits, stream.rec.pending
+        return stream.rec
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        # On an exception the recording is dropped unsubmitted (discarded).
-        if exc_type is None:
-            if self._own is not None:
-                self._own.submit()
-            elif self._batch.pending >= Device.BATCH_SUBMIT_COMMANDS and not self._batch.capturing:
-                self._dev._submit_batch_part(self._batch)  # the GPU starts while the rest is recorded
-        self._own = self._batch = None
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                if exc_type is not None:
+                    if self._pending and stream.submits == self._submits and not stream.rec.pending:
+                        # The core discards a recording whose command failed (Recorder::recording_step),
+                        # earlier operations' work with it.
+                        stream.lose(f"{type(exc).__name__}: {exc}")
+                elif stream.rec.pending >= Device.BATCH_SUBMIT_COMMANDS:
+                    stream.submit()
+            finally:
+                stream.lock.release()
+            return False
+        # In a batch, an exception discards the whole block's unsubmitted work (Device.batch).
+        if exc_type is None and self._batch.pending >= Device.BATCH_SUBMIT_COMMANDS and not self._batch.capturing:
+            self._dev._submit_batch_part(self._batch)  # the GPU starts while the rest is recorded
+        self._batch = None
         return False
+
+
+class _Stream:
+    """Streaming submission: operations recorded outside a ``Device.batch()``,
+    by any thread, go into one open recording per device, which is submitted
+    once it holds ``Device.BATCH_SUBMIT_COMMANDS`` commands and whenever the
+    device is flushed (a host read or write, ``synchronize()``, ``query()``, a
+    batch or a Trainer's grouped steps starting): the GPU runs while Python
+    records, and no operation pays a submission of its own (a CUDA stream's
+    behaviour). One per device, not per thread, so that a tensor handed to
+    another thread is flushed by that thread's read; ``lock`` serializes
+    recording into it. If a command fails to record, the core discards the
+    whole recording: the tensors its work was to write then raise on read."""
+
+    __slots__ = ("rec", "token", "lock", "submits")
+
+    def __init__(self, dev: "Device") -> None:
+        self.rec = _core._Recorder(dev._dev)
+        self.token = BatchToken()  # tensors created while this recording is open
+        self.lock = threading.RLock()
+        self.submits = 0
+
+    def submit(self) -> None:
+        with self.lock:
+            if not self.rec.pending:
+                return
+            token, self.token = self.token, BatchToken()
+            self.submits += 1
+            try:
+                self.rec.submit()
+            except BaseException as e:
+                self._mark_lost(token, f"submitting it failed: {type(e).__name__}: {e}")
+                raise
+
+    def lose(self, why: str) -> None:
+        """The open recording was discarded by the core (caller holds the lock)."""
+        token, self.token = self.token, BatchToken()
+        self._mark_lost(token, f"a later operation failed to record ({why}), and the core discards its whole recording")
+
+    @staticmethod
+    def _mark_lost(token: "BatchToken", why: str) -> None:
+        token.reason = f"the work that was to write this tensor never ran: {why}"
+        token.discarded = True
 
 
 class BatchToken:
@@ -167,6 +223,7 @@ class Device:
         with _wayland_quiet():
             self._dev = _core._Device("" if adapter is None else str(adapter))
         self._local = threading.local()
+        self._stream = _Stream(self)
         self._cache = DeviceCache(self._dev.limits["min_storage_buffer_offset_alignment"])
         self._dev.configure_gemm_tuning(_gemm_autotune_default(self._dev.info), cache_dir())
         with _ordinal_lock:
@@ -265,6 +322,7 @@ class Device:
             yield outer
             return
         self._submit_deferred()
+        self._stream.submit()  # work recorded before the block runs before it
         rec = _core._Recorder(self._dev)
         self._local.recorder = rec
         self._local.batch_token = BatchToken()
@@ -285,15 +343,16 @@ class Device:
             self._local.batch_token = None
 
     def _current_batch_token(self):
-        """The token of this thread's open ``batch()`` (None outside one):
-        tensors created now keep it and check ``token.discarded`` on read."""
+        """The token of the work that will write tensors created now: this
+        thread's open ``batch()``, else the device's stream. Tensors keep it
+        and check ``token.discarded`` on read."""
         if getattr(self._local, "recorder", None) is None:
-            return None
+            return self._stream.token
         return getattr(self._local, "batch_token", None)
 
     def _recording(self) -> "_Recording":
-        """Where one operation records: this thread's open batch, else a
-        recording of its own, submitted when the block ends without error."""
+        """Where one operation records: this thread's open batch, else the
+        device's stream (``_Stream``)."""
         return _Recording(self)
 
     def _defer(self, rec):
@@ -305,6 +364,7 @@ class Device:
         if current is rec:
             return False
         self._submit_deferred()
+        self._stream.submit()
         self._local.deferred = rec
         return True
 
@@ -316,9 +376,10 @@ class Device:
                 rec.submit()
 
     def flush(self) -> None:
-        """Submit whatever the current thread has recorded and not yet
-        submitted (its batch, or a Trainer's grouped steps)."""
+        """Submit whatever is recorded and not yet submitted: the device's
+        stream, and this thread's batch or a Trainer's grouped steps."""
         self._submit_deferred()
+        self._stream.submit()
         rec = getattr(self._local, "recorder", None)
         if rec is not None and rec.capturing and getattr(self._local, "capture_read", None) is None:
             # A captured graph cannot replay a host read: capture_interrupted() names it.
@@ -347,9 +408,12 @@ class Device:
         self._dev.wait(0)
 
     def query(self) -> bool:
-        """Whether all submitted work has finished, without waiting (like
-        ``torch.cuda.Stream.query``). Work still being recorded in a batch
-        has not been submitted and does not count."""
+        """Whether all work recorded outside a batch has finished, without
+        waiting (like ``torch.cuda.Stream.query``; it submits the stream).
+        Work still being recorded in a batch has not been submitted and does
+        not count."""
+        self._submit_deferred()
+        self._stream.submit()
         return self._dev.query()
 
     def memory_stats(self, reset_peak: bool = False) -> dict[str, int]:

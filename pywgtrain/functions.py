@@ -296,6 +296,9 @@ _NO_GRAD_BINARY = ("gt", "lt", "ge", "le", "eq", "ne")
 
 
 def _binary(name, a, b):
+    if type(a) is Tensor and type(b) is Tensor:  # the common case: no scalar operand to look for
+        dev = a.device
+        return _binary_tensors(name, _float_tensor(a, dev, name, "input"), _float_tensor(b, dev, name, "other"), dev)
     dev = _device_of(a, b)
     if _is_scalar(b) and isinstance(a, Tensor) and name in ("add", "sub", "mul", "div", "pow"):
         _float_tensor(a, dev, name, "input")
@@ -321,6 +324,11 @@ def _binary(name, a, b):
         return _scalar_op("rdiv_scalar", b, s)
     ta = full((1,), float(a), dev).reshape(()) if _is_scalar(a) else _float_tensor(a, dev, name, "input")
     tb = full((1,), float(b), dev).reshape(()) if _is_scalar(b) else _float_tensor(b, dev, name, "other")
+    return _binary_tensors(name, ta, tb, dev)
+
+
+def _binary_tensors(name, ta, tb, dev):
+    """The binary op on two float32 tensors of ``dev`` that kernels can bind as they are."""
     if ta.shape == tb.shape:  # the common case: no broadcasting to work out
         shape = ta.shape
         _check_dims(shape, name)

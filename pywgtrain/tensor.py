@@ -201,8 +201,9 @@ class Tensor:
         if self._batch is not None:
             self._batch.check()  # RuntimeError when the work that was to write this tensor was discarded
         out = np.empty(self.shape, self.dtype)
+        buf = self._buf  # a strided view records its contiguous copy here: before the flush submits it
         self.device.flush()
-        self._buf.download(out.reshape(-1).view(np.uint8))
+        buf.download(out.reshape(-1).view(np.uint8))
         return out
 
     def item(self) -> Union[float, int]:
@@ -622,10 +623,14 @@ for _name in (
 
 
 def _binop(name, reverse=False):
-    def op(self: Tensor, other: Operand) -> Tensor:
-        from . import functions as F
+    fn = None  # functions.<name>, looked up on the first call (functions imports this module)
 
-        fn = getattr(F, name)
+    def op(self: Tensor, other: Operand) -> Tensor:
+        nonlocal fn
+        if fn is None:
+            from . import functions as F
+
+            fn = getattr(F, name)
         return fn(other, self) if reverse else fn(self, other)
 
     return op

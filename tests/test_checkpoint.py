@@ -312,13 +312,14 @@ def test_adamw_step_accepts_numpy_integer_step(dev):
 def test_batch_token_marks_discarded_batches(dev):
     """The device side of the check: tensors created inside a batch keep
     Device._current_batch_token(); an exception discards the batch and flags
-    its token; a read inside the block retires the token (its work ran)."""
-    assert dev._current_batch_token() is None
+    its token; a read inside the block retires the token (its work ran).
+    Outside a batch the token is the device stream's."""
+    assert dev._current_batch_token() is dev._stream.token
     with dev.batch():
         ok = dev._current_batch_token()
-        assert ok is not None and not ok.discarded
+        assert ok is not None and ok is not dev._stream.token and not ok.discarded
     assert not ok.discarded
-    assert dev._current_batch_token() is None
+    assert dev._current_batch_token() is dev._stream.token
 
     a = pw.tensor(np.ones((4, 4), np.float32), dev)
     with pytest.raises(KeyError):
@@ -335,7 +336,7 @@ def test_batch_token_marks_discarded_batches(dev):
     with pytest.raises(RuntimeError, match="discarded by KeyError: 'boom'"):
         second.check()
     first.check()
-    assert dev._current_batch_token() is None
+    assert dev._current_batch_token() is dev._stream.token and not dev._stream.token.discarded
     np.testing.assert_array_equal(pw.gemm(a, a).numpy(), np.full((4, 4), 4.0, np.float32))  # device still fine
 
 
