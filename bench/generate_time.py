@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 import pywgtrain as pw
+from pywgtrain.bench import _torch_cuda
 from pywgtrain.models.gpt import CONFIGS, GPT
 
 
@@ -29,15 +30,13 @@ def _best(fn, reps=3):
 
 def hf_generate(name, new_tokens):
     """Seconds per token of transformers' greedy generate on CUDA; None without torch+CUDA or transformers."""
+    torch = _torch_cuda()  # TF32 off
     try:
-        import torch
         import transformers
     except ImportError:
         return None
-    if not torch.cuda.is_available():
+    if torch is None:
         return None
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     cfg = CONFIGS[name]
     hf_cfg = transformers.GPT2Config(
         vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head

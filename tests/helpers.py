@@ -53,3 +53,13 @@ def spawn_interruptible(args, cwd):
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+def eager_step(dev, model, opt, loss_fn, x, y):
+    """One step of the README's plain loop in a batch; the loss (not read)."""
+    with dev.batch():
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+    return loss

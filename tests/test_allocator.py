@@ -14,6 +14,8 @@ import pywgtrain as pw
 from pywgtrain import _core
 from pywgtrain.train import Trainer
 
+from helpers import eager_step
+
 
 def _stats(dev):
     dev.synchronize()
@@ -145,12 +147,7 @@ def _train_with_churn(dev, trainer):
         if tr is not None:
             losses.append(tr.step(x, y).item())
         else:
-            with dev.batch():
-                opt.zero_grad()
-                loss = loss_fn(model(x), y)
-                loss.backward()
-                opt.step()
-            losses.append(loss.item())
+            losses.append(eager_step(dev, model, opt, loss_fn, x, y).item())
         for shape in [(8, 16), (8, 3), (8, 6), (16, 6), (3, 16), (16,), (3,), (1,)]:
             kept.append((pw.full(shape, float(i), device=dev), float(i)))
     return losses, kept

@@ -11,6 +11,8 @@ import pytest
 import pywgtrain as pw
 from pywgtrain.train import Trainer
 
+from helpers import eager_step
+
 STEPS = 10
 
 
@@ -52,12 +54,7 @@ def run(dev, changes, trainer, lr=1e-2, read=False, steps_per_submit=1):
         if tr is not None:
             losses.append(tr.step(x, y))
         else:
-            with dev.batch():
-                opt.zero_grad()
-                loss = loss_fn(model(x), y)
-                loss.backward()
-                opt.step()
-            losses.append(loss)
+            losses.append(eager_step(dev, model, opt, loss_fn, x, y))
     return [v.item() for v in losses], model.state_dict(), tr
 
 
