@@ -22,6 +22,16 @@ def _stats(dev):
     return dev.memory_stats()
 
 
+@pytest.fixture
+def no_gc():
+    """Byte counts compared exactly: no collection of earlier tests' garbage
+    (tensors, graphs) may free memory in between."""
+    gc.collect()
+    gc.disable()
+    yield
+    gc.enable()
+
+
 def test_memory_let_go_is_reused(dev, rng):
     shape = (37, 129)
     x = pw.tensor(rng.standard_normal(shape).astype(np.float32), dev)
@@ -35,11 +45,10 @@ def test_memory_let_go_is_reused(dev, rng):
     np.testing.assert_array_equal(y.numpy(), data)
 
 
-def test_block_sizes_are_size_classes(dev):
+def test_block_sizes_are_size_classes(dev, no_gc):
     """Blocks are multiples of 512 bytes up to 1 MiB and of an eighth of the
     power of two below the size above it: a request may use a block at most
     12.5% larger (1 MiB and 512 bytes below them)."""
-    gc.collect()  # no collection of earlier tests' tensors in between
     before = _stats(dev)["allocated_bytes"]
     for n, block in [(1, 512), (129, 1024), (262_145, 1_048_576 + 131_072), (300_000, 1_048_576 + 262_144)]:
         t = pw.empty((n,), device=dev)
@@ -165,7 +174,7 @@ def test_captured_graph_memory_is_never_handed_out(dev):
     np.testing.assert_allclose(replayed, eager, rtol=1e-5)
 
 
-def test_graph_memory_is_counted_and_cached_when_the_graph_goes(dev):
+def test_graph_memory_is_counted_and_cached_when_the_graph_goes(dev, no_gc):
     data = np.random.default_rng(2)
     x, y = data.standard_normal((8, 6)).astype(np.float32), data.integers(0, 3, 8)
     gc.collect()
@@ -184,7 +193,7 @@ def test_graph_memory_is_counted_and_cached_when_the_graph_goes(dev):
     assert after["cached_bytes"] >= cached + held["graph_bytes"] - before["graph_bytes"]  # and its own tensors
 
 
-def test_stats_and_empty_cache(dev, rng):
+def test_stats_and_empty_cache(dev, rng, no_gc):
     start = _stats(dev)
     assert start["reserved_bytes"] == start["allocated_bytes"] + start["cached_bytes"] + start["graph_bytes"]
     ts = [pw.tensor(rng.standard_normal((1000, 70 + i)).astype(np.float32), dev) for i in range(4)]
@@ -220,7 +229,7 @@ def test_driver_refusal_empties_the_cache_and_retries(dev, rng):
     np.testing.assert_array_equal(x.numpy(), data)
 
 
-def test_driver_refusal_with_nothing_cached_raises(dev):
+def test_driver_refusal_with_nothing_cached_raises(dev, no_gc):
     dev.synchronize()
     dev.empty_cache()
     before = dev.memory_stats()
