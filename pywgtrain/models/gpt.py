@@ -307,17 +307,13 @@ def _forward_cached(model, ids, cache):
     b, t = ids.shape
     pos = cache.length
     tr = model.transformer
-    # One batch: its commands reach the GPU every Device.BATCH_SUBMIT_COMMANDS,
-    # so the GPU runs the first layers while the rest is recorded, and no op
-    # pays a submission of its own.
-    with model.device.batch():
-        positions = tensor(np.broadcast_to(np.arange(pos, pos + t, dtype=np.int32), (b, t)).copy(), model.device)
-        x = tr["wte"](tensor(np.ascontiguousarray(ids, np.int32), model.device)) + tr["wpe"](positions)
-        for i, block in enumerate(tr["h"]):
-            x = _attend_cached(block.attn, block.ln_1(x), i, cache, pos, residual=x)
-            x = block.mlp(block.ln_2(x), residual=x)
-        cache.length = pos + t
-        return model.lm_head(tr["ln_f"](x[:, t - 1 :]))  # [B, 1, V]
+    positions = tensor(np.broadcast_to(np.arange(pos, pos + t, dtype=np.int32), (b, t)).copy(), model.device)
+    x = tr["wte"](tensor(np.ascontiguousarray(ids, np.int32), model.device)) + tr["wpe"](positions)
+    for i, block in enumerate(tr["h"]):
+        x = _attend_cached(block.attn, block.ln_1(x), i, cache, pos, residual=x)
+        x = block.mlp(block.ln_2(x), residual=x)
+    cache.length = pos + t
+    return model.lm_head(tr["ln_f"](x[:, t - 1 :]))  # [B, 1, V]
 
 
 def generate(
