@@ -28,8 +28,6 @@ from __future__ import annotations
 import contextlib
 import threading
 
-import numpy as np
-
 from . import _core
 
 _state = threading.local()
@@ -261,9 +259,7 @@ class Sink:
 
 
 def _empty_like(t):
-    from .tensor import empty
-
-    return empty(t.shape, np.float32, t.device)
+    return t.new_empty(t.shape)
 
 
 def _copy_into(src, dst, beta):
@@ -275,17 +271,6 @@ def _copy(src):
     out = _empty_like(src)
     _copy_into(src, out, 0.0)
     return out
-
-
-def _one(device):
-    """A device constant 1.0 (uploaded once per device, never written: the
-    seed gradient of scalar losses, without a fill dispatch per step)."""
-    cache = device._cache
-    if cache.one is None:
-        from .tensor import tensor
-
-        cache.one = tensor(np.ones(1, np.float32), device)
-    return cache.one
 
 
 def _topo_nodes(root_node):
@@ -313,34 +298,9 @@ def _topo_nodes(root_node):
     return order
 
 
-def backward(root, gradient=None, retain_graph=None):
-    """Run the backward pass from ``root`` (see ``Tensor.backward``)."""
-    from .tensor import Tensor, tensor
-
-    if not root.requires_grad:
-        raise RuntimeError(
-            "backward(): the tensor does not require grad and has no grad_fn (no input of the ops "
-            "that made it has requires_grad=True, or it was computed under no_grad())"
-        )
-    if gradient is None:
-        if root._numel != 1:
-            raise RuntimeError(
-                f"backward(): grad can be implicitly created only for scalar outputs; this tensor has "
-                f"shape {root.shape}: pass gradient= of that shape"
-            )
-        gradient = _one(root.device).reshape(root.shape)
-    else:
-        if not isinstance(gradient, Tensor):
-            arr = np.asarray(gradient)
-            if arr.dtype != np.float32:  # refused, not cast, like every op's inputs
-                raise TypeError(f"backward(): gradient must be float32, got {arr.dtype.name}")
-            gradient = tensor(np.ascontiguousarray(arr), root.device)
-        if gradient.device is not root.device:
-            raise ValueError(f"backward(): gradient lives on {gradient.device!r}, the tensor on {root.device!r}")
-        if gradient.shape != root.shape:
-            raise ValueError(f"backward(): gradient has shape {gradient.shape}, the tensor {root.shape}")
-        if gradient.dtype != np.float32:
-            raise TypeError(f"backward(): gradient must be float32, got {gradient.dtype.name}")
+def backward(root, gradient, retain_graph=None):
+    """Run the backward pass from ``root`` with the seed ``gradient``, a float32
+    tensor of root's shape on its device (``Tensor.backward`` checks the arguments)."""
     if root._node is None:  # a leaf: its gradient is the seed itself
         with root.device._cache.grad_lock:
             _Slot(root, 1, None).put(gradient, owned=False)

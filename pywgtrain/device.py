@@ -8,13 +8,11 @@ import tempfile
 import threading
 import traceback
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 from . import _core
 from ._cache import cache_dir
 
-if TYPE_CHECKING:
-    from .tensor import Tensor
 
 _ordinal_lock = threading.Lock()
 _next_ordinal = 0
@@ -143,8 +141,8 @@ class DeviceCache:
     __slots__ = ("scratch", "one", "offset_align", "grad_lock")
 
     def __init__(self, offset_align: int = 256) -> None:
-        self.scratch: dict[str, Tensor] = {}  # key -> float32 Tensor of at least the requested size
-        self.one: Optional[Tensor] = None  # float32 Tensor [1.0], uploaded on first backward of a scalar
+        self.scratch: dict[str, Any] = {}  # key -> float32 Tensor of at least the requested size
+        self.one: Any = None  # float32 Tensor [1.0], uploaded on first backward of a scalar
         self.offset_align = offset_align  # bytes: where a view may start and still be bound as it is
         self.grad_lock = threading.RLock()  # held by backward(): leaf gradients accumulate atomically
 
@@ -490,3 +488,12 @@ def default_device() -> Device:
             _default = dev if dev is not None and not dev.lost else Device()
             _candidate = None  # (the Device() above offered itself)
         return _default
+
+
+def resolve_device(device: Optional[Device]) -> Device:
+    """``device``, or the default device when it is None; TypeError for anything else."""
+    if device is None:
+        return default_device()
+    if not isinstance(device, Device):
+        raise TypeError(f"device must be a pywgtrain.Device, got {type(device).__name__}")
+    return device

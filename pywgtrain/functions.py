@@ -14,6 +14,7 @@ from __future__ import annotations
 import builtins
 import math
 import numbers
+import sys
 from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
@@ -21,8 +22,23 @@ import numpy as np
 from . import _core
 from ._opcodes import BINARY, REDUCE, UNARY
 from .autograd import attach, needs_grad
-from ._typing import Dims, Labels, Operand, ShapeLike, TensorLike
-from .tensor import Tensor, _check_flag, _make_view, _result, _shape_arg, empty, full, tensor
+from ._typing import Dims, ShapeLike
+from .device import default_device
+from .random import default_generator
+from .tensor import (
+    Labels,
+    Operand,
+    Tensor,
+    TensorLike,
+    _check_flag,
+    _make_view,
+    _register_ops,
+    _result,
+    _shape_arg,
+    empty,
+    full,
+    tensor,
+)
 
 MAX_DIMS = 6  # kernels index up to this many dimensions (tensor_ops.hpp kMaxDims)
 ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu_tanh": 2, "gelu": 3, "silu": 4}
@@ -33,8 +49,6 @@ def _device_of(*xs):
     for x in xs:
         if isinstance(x, Tensor):
             return x.device
-    from .device import default_device
-
     return default_device()
 
 
@@ -1700,8 +1714,6 @@ def dropout(
                 _zero(dst)
 
         return attach(out, "dropout", [x], backward_zero)
-    from .random import default_generator
-
     state = default_generator(dev).state
     key = _core._Buffer(dev._dev, 16, "pywgtrain.rng_key")
     with _rec(dev) as rec:
@@ -1711,3 +1723,6 @@ def dropout(
         n = x._numel
         _attach_launch(out, "dropout", x, lambda rec, g, dst, beta: _core.dropout(rec, g, key, dst, n, p, beta))
     return out
+
+
+_register_ops(sys.modules[__name__])  # Tensor's methods call the ops through this (see tensor.py)

@@ -13,15 +13,15 @@ from typing import Iterable, Optional, Sequence, Union
 import numpy as np
 
 from . import _core
-from .device import Device
-from .tensor import Tensor, _check_array, _check_flag, _resolve_device, empty, tensor
+from .device import Device, resolve_device
+from .tensor import Tensor, _check_array, _check_flag, empty, tensor
 
 
 def _device_of(*xs, device=None):
     for x in xs:
         if isinstance(x, Tensor):
             return x.device
-    return _resolve_device(device)
+    return resolve_device(device)
 
 
 _FLOAT32 = np.dtype(np.float32)

@@ -20,14 +20,12 @@ from __future__ import annotations
 import numbers
 import threading
 import weakref
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 
 from . import _core
-
-if TYPE_CHECKING:
-    from .device import Device
+from .device import Device, resolve_device
 
 # torch's default seed, so an unseeded run is reproducible too
 DEFAULT_SEED = 67280421310721
@@ -64,9 +62,7 @@ class Generator:
     holds the device buffer that random ops advance; see the module docstring."""
 
     def __init__(self, device: Optional[Device] = None, seed: Optional[int] = None) -> None:
-        from .tensor import _resolve_device
-
-        self.device = _resolve_device(device)
+        self.device = resolve_device(device)
         self.state = _core._Buffer(self.device._dev, 16, "pywgtrain.rng_state")
         self._initial = DEFAULT_SEED if seed is None else _seed_arg(seed)
         self.state.upload(self._seed_words(self._initial).view(np.uint8))  # a new buffer: no work uses it yet
@@ -108,9 +104,7 @@ class Generator:
 
 def default_generator(device: Optional[Device] = None) -> Generator:
     """The device's generator (created on first use, from the last ``manual_seed`` without device)."""
-    from .tensor import _resolve_device
-
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     with _lock:
         g = _generators.get(dev)
         if g is None:

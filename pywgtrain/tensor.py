@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from types import ModuleType
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _core
-from ._typing import Dims, DTypeLike, Operand, ShapeLike
-from .device import Device, default_device
+from ._typing import Dims, DTypeLike, ShapeLike
+from .autograd import Node, is_grad_enabled
+from .autograd import backward as _run_backward
+from .device import Device, resolve_device
 
-if TYPE_CHECKING:
-    from .autograd import Node
+# The ops (pywgtrain.functions) sit above this module: they create and check
+# Tensors, so the methods below cannot import them. functions.py registers
+# itself here when it is imported, as kernels register with a dispatcher.
+F: Any = None
+
+
+def _register_ops(module: ModuleType) -> None:
+    global F
+    F = module
+
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.int32))
 MAX_DIM = 2**31 - 1  # kernels index with 32-bit integers
@@ -281,8 +292,6 @@ class Tensor:
         """Make this tensor the autograd result of ``result``'s op (an in-place op recorded by
         autograd, whose values are already written); a view passes the change on to its base."""
         if self._base is not None:
-            from . import functions as F
-
             F._rebase_view(self, result)
             return
         self._node = result._node
@@ -291,9 +300,6 @@ class Tensor:
     def copy_(self, src: Union[Tensor, np.ndarray]) -> Tensor:
         """Overwrite with ``src`` (array or Tensor) broadcast to this shape, same dtype.
         Differentiable with respect to ``src`` as in PyTorch."""
-        from . import functions as F
-        from .autograd import is_grad_enabled
-
         if not isinstance(src, Tensor):
             if not isinstance(src, np.ndarray):
                 raise TypeError(f"copy_: src must be a numpy.ndarray or pywgtrain.Tensor, got {type(src).__name__}")
@@ -326,9 +332,6 @@ class Tensor:
         return self
 
     def fill_(self, value: float) -> Tensor:
-        from . import functions as F
-        from .autograd import is_grad_enabled
-
         if self.dtype != np.float32:
             raise TypeError(f"fill_ needs a float32 tensor, got {self.dtype.name}")
         graph = is_grad_enabled() and self.requires_grad
@@ -357,8 +360,6 @@ class Tensor:
 
     def __setitem__(self, index: object, value: Union[Tensor, np.ndarray, float]) -> None:
         """``x[index] = value`` for basic indices (ints, slices, None, ...): writes the view."""
-        from . import functions as F
-
         if isinstance(index, (Tensor, np.ndarray, list)):
             raise TypeError("x[index] = value: integer-array (advanced) indices are not supported for assignment")
         view = F.getitem(self, index)
@@ -372,8 +373,6 @@ class Tensor:
             view.copy_(np.broadcast_to(np.asarray(value, self.dtype), view.shape))
 
     def clone(self) -> Tensor:
-        from . import functions as F
-
         if self.dtype == np.float32:
             return F.clone(self)
         out = empty(self.shape, self.dtype, self.device)
@@ -385,9 +384,31 @@ class Tensor:
     def backward(self, gradient: Union[Tensor, np.ndarray, None] = None, retain_graph: Optional[bool] = None) -> None:
         """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (a scalar, or with ``gradient``).
         ``retain_graph=True`` keeps the graph for another backward, as in PyTorch."""
-        from .autograd import backward
-
-        backward(self, gradient, retain_graph)
+        if not self.requires_grad:
+            raise RuntimeError(
+                "backward(): the tensor does not require grad and has no grad_fn (no input of the ops "
+                "that made it has requires_grad=True, or it was computed under no_grad())"
+            )
+        if gradient is None:
+            if self._numel != 1:
+                raise RuntimeError(
+                    f"backward(): grad can be implicitly created only for scalar outputs; this tensor has "
+                    f"shape {self.shape}: pass gradient= of that shape"
+                )
+            gradient = _one(self.device).reshape(self.shape)
+        else:
+            if not isinstance(gradient, Tensor):
+                arr = np.asarray(gradient)
+                if arr.dtype != np.float32:  # refused, not cast, like every op's inputs
+                    raise TypeError(f"backward(): gradient must be float32, got {arr.dtype.name}")
+                gradient = tensor(np.ascontiguousarray(arr), self.device)
+            if gradient.device is not self.device:
+                raise ValueError(f"backward(): gradient lives on {gradient.device!r}, the tensor on {self.device!r}")
+            if gradient.shape != self.shape:
+                raise ValueError(f"backward(): gradient has shape {gradient.shape}, the tensor {self.shape}")
+            if gradient.dtype != np.float32:
+                raise TypeError(f"backward(): gradient must be float32, got {gradient.dtype.name}")
+        _run_backward(self, gradient, retain_graph)
 
     def retain_grad(self) -> None:
         """Keep this non-leaf tensor's gradient in ``.grad`` during backward (leaves always do)."""
@@ -417,44 +438,28 @@ class Tensor:
     # -- shape ---------------------------------------------------------------
     def reshape(self, *shape: ShapeLike) -> Tensor:
         """A view with a new shape when the strides allow, else a copy; one dimension may be -1."""
-        from . import functions as F
-
         return F.reshape(self, *shape)
 
     def view(self, *shape: ShapeLike) -> Tensor:
         """A view with a new shape (RuntimeError where the strides do not allow one, as in PyTorch)."""
-        from . import functions as F
-
         return F.view(self, *shape)
 
     def select(self, dim: int, index: int) -> Tensor:
-        from . import functions as F
-
         return F.select(self, dim, index)
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-        from . import functions as F
-
         return F.flatten(self, start_dim, end_dim)
 
     def unsqueeze(self, dim: int) -> Tensor:
-        from . import functions as F
-
         return F.unsqueeze(self, dim)
 
     def squeeze(self, dim: Optional[int] = None) -> Tensor:
-        from . import functions as F
-
         return F.squeeze(self, dim)
 
     def transpose(self, dim0: int, dim1: int) -> Tensor:
-        from . import functions as F
-
         return F.transpose(self, dim0, dim1)
 
     def permute(self, *dims: Union[int, Sequence[int]]) -> Tensor:
-        from . import functions as F
-
         return F.permute(self, *dims)
 
     @property
@@ -468,179 +473,195 @@ class Tensor:
 
     def contiguous(self) -> Tensor:
         """This tensor when it is contiguous, else a contiguous copy (differentiable)."""
-        from . import functions as F
-
         return self if self._strides is None else F.contiguous(self)
 
     def expand(self, *shape: ShapeLike) -> Tensor:
-        from . import functions as F
-
         return F.expand(self, *shape)
 
     def split(self, split_size: Union[int, Sequence[int]], dim: int = 0) -> tuple[Tensor, ...]:
-        from . import functions as F
-
         return F.split(self, split_size, dim)
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
-        from . import functions as F
-
         return F.chunk(self, chunks, dim)
 
     def narrow(self, dim: int, start: int, length: int) -> Tensor:
-        from . import functions as F
-
         return F.narrow(self, dim, start, length)
 
     def __getitem__(self, index: object) -> Tensor:
-        from . import functions as F
-
         return F.getitem(self, index)
 
-    if TYPE_CHECKING:
-        # Set from pywgtrain.functions after the class (see below); declared here
-        # so that type checkers see them. Each is the function of that name with
-        # this tensor as its first argument.
-        def neg(self) -> Tensor: ...
-        def abs(self) -> Tensor: ...
-        def exp(self) -> Tensor: ...
-        def log(self) -> Tensor: ...
-        def sqrt(self) -> Tensor: ...
-        def rsqrt(self) -> Tensor: ...
-        def tanh(self) -> Tensor: ...
-        def sigmoid(self) -> Tensor: ...
-        def relu(self) -> Tensor: ...
-        def silu(self) -> Tensor: ...
-        def square(self) -> Tensor: ...
-        def pow(self, exponent: Operand) -> Tensor: ...
-        def clamp(self, min: Optional[float] = None, max: Optional[float] = None) -> Tensor: ...
-        def add(self, other: Operand, alpha: float = 1) -> Tensor: ...
-        def sub(self, other: Operand, alpha: float = 1) -> Tensor: ...
-        def mul(self, other: Operand) -> Tensor: ...
-        def div(self, other: Operand) -> Tensor: ...
-        def maximum(self, other: Operand) -> Tensor: ...
-        def minimum(self, other: Operand) -> Tensor: ...
-        def gt(self, other: Operand) -> Tensor: ...
-        def lt(self, other: Operand) -> Tensor: ...
-        def ge(self, other: Operand) -> Tensor: ...
-        def le(self, other: Operand) -> Tensor: ...
-        def eq(self, other: Operand) -> Tensor: ...
-        def ne(self, other: Operand) -> Tensor: ...
-        def matmul(self, other: Union[Tensor, np.ndarray]) -> Tensor: ...
-        def sum(self, dim: Dims = None, keepdim: bool = False) -> Tensor: ...
-        def mean(self, dim: Dims = None, keepdim: bool = False) -> Tensor: ...
-        def max(self, dim: Optional[int] = None, keepdim: bool = False) -> Any: ...  # Tensor, or (values, indices)
-        def var(
-            self,
-            dim: Dims = None,
-            unbiased: Optional[bool] = None,
-            keepdim: bool = False,
-            correction: Optional[int] = None,
-        ) -> Tensor: ...
+    def new_empty(self, size: ShapeLike, dtype: Optional[DTypeLike] = None) -> Tensor:
+        """An uninitialized tensor on this tensor's device, of this dtype unless given (``torch.Tensor.new_empty``)."""
+        return empty(size, self.dtype if dtype is None else dtype, self.device)
 
-        std = var  # the same signature
+    # -- ops: each is the function of that name in pywgtrain with this tensor first (docs/ops.md) --
+    def neg(self) -> Tensor:
+        return F.neg(self)
 
-        def softmax(self, dim: int = -1) -> Tensor: ...
-        def log_softmax(self, dim: int = -1) -> Tensor: ...
-        def __add__(self, other: Operand) -> Tensor: ...
-        def __sub__(self, other: Operand) -> Tensor: ...
-        def __mul__(self, other: Operand) -> Tensor: ...
-        def __truediv__(self, other: Operand) -> Tensor: ...
-        def __pow__(self, other: Operand) -> Tensor: ...
-        def __matmul__(self, other: Operand) -> Tensor: ...
-        def __radd__(self, other: Operand) -> Tensor: ...
-        def __rsub__(self, other: Operand) -> Tensor: ...
-        def __rmul__(self, other: Operand) -> Tensor: ...
-        def __rtruediv__(self, other: Operand) -> Tensor: ...
-        def __rpow__(self, other: Operand) -> Tensor: ...
-        def __rmatmul__(self, other: Operand) -> Tensor: ...
-        def __gt__(self, other: Operand) -> Tensor: ...
-        def __lt__(self, other: Operand) -> Tensor: ...
-        def __ge__(self, other: Operand) -> Tensor: ...
-        def __le__(self, other: Operand) -> Tensor: ...
-        def __iadd__(self, other: Operand) -> Tensor: ...
-        def __isub__(self, other: Operand) -> Tensor: ...
-        def __imul__(self, other: Operand) -> Tensor: ...
-        def __itruediv__(self, other: Operand) -> Tensor: ...
-        def add_(self, other: Operand) -> Tensor: ...
-        def sub_(self, other: Operand) -> Tensor: ...
-        def mul_(self, other: Operand) -> Tensor: ...
-        def div_(self, other: Operand) -> Tensor: ...
-        def __neg__(self) -> Tensor: ...
-        def __abs__(self) -> Tensor: ...
-        def __eq__(self, other: object) -> Tensor: ...  # type: ignore[override]
-        def __ne__(self, other: object) -> Tensor: ...  # type: ignore[override]
-        def __hash__(self) -> int: ...
+    def abs(self) -> Tensor:
+        return F.abs(self)
 
+    def exp(self) -> Tensor:
+        return F.exp(self)
 
-def _unary_method(name):
-    def method(self: Tensor, *args: Any, **kwargs: Any) -> Any:  # a Tensor (max(dim): values and indices)
-        from . import functions as F
+    def log(self) -> Tensor:
+        return F.log(self)
 
-        return getattr(F, name)(self, *args, **kwargs)
+    def sqrt(self) -> Tensor:
+        return F.sqrt(self)
 
-    method.__name__ = name
-    method.__doc__ = f"See ``pywgtrain.{name}``."
-    return method
+    def rsqrt(self) -> Tensor:
+        return F.rsqrt(self)
 
+    def tanh(self) -> Tensor:
+        return F.tanh(self)
 
-for _name in (
-    "neg",
-    "abs",
-    "exp",
-    "log",
-    "sqrt",
-    "rsqrt",
-    "tanh",
-    "sigmoid",
-    "relu",
-    "silu",
-    "pow",
-    "clamp",
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "maximum",
-    "minimum",
-    "matmul",
-    "sum",
-    "mean",
-    "max",
-    "var",
-    "std",
-    "softmax",
-    "log_softmax",
-    "gt",
-    "lt",
-    "ge",
-    "le",
-    "eq",
-    "ne",
-    "square",
-):
-    setattr(Tensor, _name, _unary_method(_name))
+    def sigmoid(self) -> Tensor:
+        return F.sigmoid(self)
 
+    def relu(self) -> Tensor:
+        return F.relu(self)
 
-def _binop(name, reverse=False):
-    fn = None  # functions.<name>, looked up on the first call (functions imports this module)
+    def silu(self) -> Tensor:
+        return F.silu(self)
 
-    def op(self: Tensor, other: Operand) -> Tensor:
-        nonlocal fn
-        if fn is None:
-            from . import functions as F
+    def square(self) -> Tensor:
+        return F.square(self)
 
-            fn = getattr(F, name)
-        return fn(other, self) if reverse else fn(self, other)
+    def pow(self, exponent: Operand) -> Tensor:
+        return F.pow(self, exponent)
 
-    return op
+    def clamp(self, min: Optional[float] = None, max: Optional[float] = None) -> Tensor:  # noqa: A002 - torch's names
+        return F.clamp(self, min, max)
 
+    def add(self, other: Operand, alpha: float = 1) -> Tensor:
+        return F.add(self, other, alpha)
 
-def _inplace(name):
-    def op(self: Tensor, other: Operand) -> Tensor:
-        from . import functions as F
-        from .autograd import is_grad_enabled
+    def sub(self, other: Operand, alpha: float = 1) -> Tensor:
+        return F.sub(self, other, alpha)
 
+    def mul(self, other: Operand) -> Tensor:
+        return F.mul(self, other)
+
+    def div(self, other: Operand) -> Tensor:
+        return F.div(self, other)
+
+    def maximum(self, other: Operand) -> Tensor:
+        return F.maximum(self, other)
+
+    def minimum(self, other: Operand) -> Tensor:
+        return F.minimum(self, other)
+
+    def gt(self, other: Operand) -> Tensor:
+        return F.gt(self, other)
+
+    def lt(self, other: Operand) -> Tensor:
+        return F.lt(self, other)
+
+    def ge(self, other: Operand) -> Tensor:
+        return F.ge(self, other)
+
+    def le(self, other: Operand) -> Tensor:
+        return F.le(self, other)
+
+    def eq(self, other: Operand) -> Tensor:
+        return F.eq(self, other)
+
+    def ne(self, other: Operand) -> Tensor:
+        return F.ne(self, other)
+
+    def matmul(self, other: TensorLike) -> Tensor:
+        return F.matmul(self, other)
+
+    def sum(self, dim: Dims = None, keepdim: bool = False) -> Tensor:
+        return F.sum(self, dim, keepdim)
+
+    def mean(self, dim: Dims = None, keepdim: bool = False) -> Tensor:
+        return F.mean(self, dim, keepdim)
+
+    def max(self, dim: Optional[int] = None, keepdim: bool = False) -> Any:  # a Tensor, or (values, indices)
+        return F.max(self, dim, keepdim)
+
+    def var(
+        self, dim: Dims = None, unbiased: Optional[bool] = None, keepdim: bool = False, correction: Optional[int] = None
+    ) -> Tensor:
+        return F.var(self, dim, unbiased, keepdim, correction)
+
+    def std(
+        self, dim: Dims = None, unbiased: Optional[bool] = None, keepdim: bool = False, correction: Optional[int] = None
+    ) -> Tensor:
+        return F.std(self, dim, unbiased, keepdim, correction)
+
+    def softmax(self, dim: int = -1) -> Tensor:
+        return F.softmax(self, dim)
+
+    def log_softmax(self, dim: int = -1) -> Tensor:
+        return F.log_softmax(self, dim)
+
+    def __neg__(self) -> Tensor:
+        return F.neg(self)
+
+    def __abs__(self) -> Tensor:
+        return F.abs(self)
+
+    def __add__(self, other: Operand) -> Tensor:
+        return F.add(self, other)
+
+    def __sub__(self, other: Operand) -> Tensor:
+        return F.sub(self, other)
+
+    def __mul__(self, other: Operand) -> Tensor:
+        return F.mul(self, other)
+
+    def __truediv__(self, other: Operand) -> Tensor:
+        return F.div(self, other)
+
+    def __pow__(self, other: Operand) -> Tensor:
+        return F.pow(self, other)
+
+    def __matmul__(self, other: TensorLike) -> Tensor:
+        return F.matmul(self, other)
+
+    def __radd__(self, other: Operand) -> Tensor:
+        return F.add(other, self)
+
+    def __rsub__(self, other: Operand) -> Tensor:
+        return F.sub(other, self)
+
+    def __rmul__(self, other: Operand) -> Tensor:
+        return F.mul(other, self)
+
+    def __rtruediv__(self, other: Operand) -> Tensor:
+        return F.div(other, self)
+
+    def __rpow__(self, other: Operand) -> Tensor:
+        return F.pow(other, self)
+
+    def __rmatmul__(self, other: TensorLike) -> Tensor:
+        return F.matmul(other, self)
+
+    def __gt__(self, other: Operand) -> Tensor:
+        return F.gt(self, other)
+
+    def __lt__(self, other: Operand) -> Tensor:
+        return F.lt(self, other)
+
+    def __ge__(self, other: Operand) -> Tensor:
+        return F.ge(self, other)
+
+    def __le__(self, other: Operand) -> Tensor:
+        return F.le(self, other)
+
+    def __eq__(self, other: object) -> Tensor:  # type: ignore[override]  # an eq tensor, as torch
+        return F.eq(self, other)
+
+    def __ne__(self, other: object) -> Tensor:  # type: ignore[override]
+        return F.ne(self, other)
+
+    __hash__ = object.__hash__  # identity: tensors key autograd's tables and sets
+
+    # -- in-place arithmetic ---------------------------------------------------
+    def _inplace(self, name: str, other: Operand) -> Tensor:
         graph = is_grad_enabled() and (self.requires_grad or getattr(other, "requires_grad", False))
         self._check_inplace(f"{name}_", graph)
         src = self
@@ -656,41 +677,22 @@ def _inplace(name):
             self._adopt(result)
         return self
 
-    return op
+    def add_(self, other: Operand) -> Tensor:
+        return self._inplace("add", other)
 
+    def sub_(self, other: Operand) -> Tensor:
+        return self._inplace("sub", other)
 
-for _name, _op in (
-    ("add", "__add__"),
-    ("sub", "__sub__"),
-    ("mul", "__mul__"),
-    ("div", "__truediv__"),
-    ("pow", "__pow__"),
-    ("matmul", "__matmul__"),
-    ("gt", "__gt__"),
-    ("lt", "__lt__"),
-    ("ge", "__ge__"),
-    ("le", "__le__"),
-):
-    setattr(Tensor, _op, _binop(_name))
-for _name, _op in (
-    ("add", "__radd__"),
-    ("sub", "__rsub__"),
-    ("mul", "__rmul__"),
-    ("div", "__rtruediv__"),
-    ("pow", "__rpow__"),
-    ("matmul", "__rmatmul__"),
-):
-    setattr(Tensor, _op, _binop(_name, reverse=True))
-for _name in ("add", "sub", "mul", "div"):
-    _f = _inplace(_name)
-    setattr(Tensor, f"__i{'truediv' if _name == 'div' else _name}__", _f)
-    setattr(Tensor, f"{_name}_", _f)
-Tensor.__neg__ = _unary_method("neg")
-Tensor.__abs__ = _unary_method("abs")
-# Tensors are identity-hashed (autograd keys, sets); == builds an eq tensor like torch.
-Tensor.__hash__ = object.__hash__
-Tensor.__eq__ = _binop("eq")
-Tensor.__ne__ = _binop("ne")
+    def mul_(self, other: Operand) -> Tensor:
+        return self._inplace("mul", other)
+
+    def div_(self, other: Operand) -> Tensor:
+        return self._inplace("div", other)
+
+    __iadd__ = add_
+    __isub__ = sub_
+    __imul__ = mul_
+    __itruediv__ = div_
 
 
 def _check_array(x, name, dtype=np.float32):
@@ -757,14 +759,6 @@ def _check_same(a, b, name):
         raise ValueError(f"{name} has shape {b.shape} and dtype {b.dtype.name}, expected {a.shape} and {a.dtype.name}")
 
 
-def _resolve_device(device):
-    if device is None:
-        return default_device()
-    if not isinstance(device, Device):
-        raise TypeError(f"device must be a pywgtrain.Device, got {type(device).__name__}")
-    return device
-
-
 def _is_int_tuple(shape):
     """A tuple of plain ints: the common shape, checked without the
     numbers.Integral ABC machinery (every new tensor passes here)."""
@@ -799,7 +793,7 @@ def empty(
     shape: ShapeLike, dtype: DTypeLike = np.float32, device: Optional[Device] = None, requires_grad: bool = False
 ) -> Tensor:
     """Uninitialized device tensor (``shape`` may be ``()`` for a scalar)."""
-    device = _resolve_device(device)
+    device = resolve_device(device)
     shape = _shape_arg(shape)
     dtype = np.dtype(dtype)
     if dtype not in _DTYPES:
@@ -844,7 +838,7 @@ def tensor(
     returned as it is when it already lives on ``device`` (or no device is
     given); a Tensor of another device is refused: read it back first."""
     if isinstance(data, Tensor):
-        if device is not None and _resolve_device(device) is not data.device:
+        if device is not None and resolve_device(device) is not data.device:
             raise ValueError(
                 f"tensor(): data lives on {data.device!r}, not on {device!r}; copy it across with "
                 "pywgtrain.tensor(t.numpy(), device)"
@@ -869,3 +863,20 @@ def tensor(
     t._buf.upload(data.reshape(-1).view(np.uint8))
     t._batch = None  # its contents come from the host, not from the batch
     return t
+
+
+# A float32 operand: a device tensor, or a NumPy array uploaded to its device.
+TensorLike = Union[Tensor, np.ndarray]
+# Element-wise operands also take Python and NumPy scalars.
+Operand = Union[Tensor, np.ndarray, float, np.floating, np.integer]
+# Integer class labels or token ids: an int32 tensor or an integer array (or list).
+Labels = Union[Tensor, np.ndarray, Sequence[int]]
+
+
+def _one(device: Device) -> Tensor:
+    """A device constant 1.0 (uploaded once per device, never written: the
+    seed gradient of scalar losses, without a fill dispatch per step)."""
+    cache = device._cache
+    if cache.one is None:
+        cache.one = tensor(np.ones(1, np.float32), device)
+    return cache.one

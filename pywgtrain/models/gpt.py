@@ -18,10 +18,9 @@ import numpy as np
 from .. import functions as F
 from .. import nn
 from ..autograd import no_grad
-from .._typing import Labels
-from ..device import Device
+from ..device import Device, resolve_device
 from ..random import host_generator
-from ..tensor import Tensor, _resolve_device, tensor
+from ..tensor import Labels, Tensor, tensor
 
 
 @dataclass
@@ -156,7 +155,7 @@ class GPT(nn.Module):
         if overrides:
             cfg = GPTConfig(**{**asdict(cfg), **overrides})
         self.config = cfg
-        dev = _resolve_device(device)
+        dev = resolve_device(device)
         rng = np.random.default_rng(seed)
         self.transformer = nn.ModuleDict(
             {

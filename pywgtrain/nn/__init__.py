@@ -10,8 +10,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..device import Device
-from ..tensor import _resolve_device
+from ..device import Device, resolve_device
 from . import functional  # noqa: F401
 from . import modules as _modules
 from .modules import (  # noqa: F401
@@ -48,7 +47,7 @@ def MLP(
     if len(sizes) < 2:
         raise ValueError(f"MLP needs at least [in, out] sizes, got {sizes}")
     rng = np.random.default_rng(seed)
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     layers = [
         Linear(a, b, activation=activation if i < len(sizes) - 2 else None, device=dev, rng=rng)
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]))

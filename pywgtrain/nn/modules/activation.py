@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ... import functions as F
-from ..._typing import TensorLike
-from ...tensor import Tensor
+from ...tensor import Tensor, TensorLike
 from .module import Module
 
 

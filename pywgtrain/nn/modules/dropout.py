@@ -5,8 +5,7 @@ from __future__ import annotations
 import numbers
 
 from ... import functions as F
-from ..._typing import TensorLike
-from ...tensor import Tensor
+from ...tensor import Tensor, TensorLike
 from .module import Module
 
 

@@ -8,9 +8,8 @@ from typing import Optional
 import numpy as np
 
 from ... import functions as F
-from ..._typing import TensorLike
-from ...device import Device
-from ...tensor import Tensor, _resolve_device
+from ...device import Device, resolve_device
+from ...tensor import Tensor, TensorLike
 from ..parameter import Parameter
 from .module import Module
 
@@ -40,7 +39,7 @@ class Linear(Module):
             raise ValueError(f"activation must be one of {sorted(k for k in F.ACTIVATIONS if k)}, got {activation!r}")
         self.in_features, self.out_features = in_features, out_features
         self.activation = activation
-        dev = _resolve_device(device)
+        dev = resolve_device(device)
         rng = rng if rng is not None else np.random.default_rng(seed)
         bound = 1.0 / math.sqrt(in_features)  # kaiming_uniform_(a=sqrt(5)) reduces to this bound
         self.weight = Parameter(rng.uniform(-bound, bound, (out_features, in_features)), dev)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from ... import functions as F
-from ..._typing import Labels, TensorLike
-from ...tensor import Tensor
+from ...tensor import Labels, Tensor, TensorLike
 from .module import Module
 
 

@@ -8,9 +8,9 @@ from typing import Optional
 import numpy as np
 
 from ... import functions as F
-from ..._typing import ShapeLike, TensorLike
-from ...device import Device
-from ...tensor import Tensor, _resolve_device, _shape_arg
+from ..._typing import ShapeLike
+from ...device import Device, resolve_device
+from ...tensor import Tensor, TensorLike, _shape_arg
 from ..parameter import Parameter
 from .module import Module
 
@@ -41,7 +41,7 @@ class LayerNorm(Module):
         self.normalized_shape = ns
         self.eps = float(eps)
         self.elementwise_affine = bool(elementwise_affine)
-        dev = _resolve_device(device)
+        dev = resolve_device(device)
         self.device = dev
         if self.elementwise_affine:
             self.weight = Parameter(np.ones(ns, np.float32), dev)

@@ -7,9 +7,8 @@ from typing import Optional
 import numpy as np
 
 from ... import functions as F
-from ..._typing import Labels
-from ...device import Device
-from ...tensor import Tensor, _resolve_device
+from ...device import Device, resolve_device
+from ...tensor import Labels, Tensor
 from ..parameter import Parameter
 from .module import Module
 
@@ -33,7 +32,7 @@ class Embedding(Module):
                 raise ValueError(f"Embedding: {name} must be an int >= 1, got {v!r}")
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         rng = rng if rng is not None else np.random.default_rng(seed)
-        self.weight = Parameter(rng.standard_normal((num_embeddings, embedding_dim)), _resolve_device(device))
+        self.weight = Parameter(rng.standard_normal((num_embeddings, embedding_dim)), resolve_device(device))
 
     def forward(self, ids: Labels) -> Tensor:
         return F.embedding(ids, self.weight)
