@@ -26,8 +26,8 @@ class _Recording:
 
     def __init__(self, dev: "Device") -> None:
         self._dev = dev
-        self._stream = None
-        self._batch = None
+        self._stream: Optional[_Stream] = None
+        self._batch: Any = None  # the thread's batch recorder while inside one
 
     def __enter__(self) -> _core._Recorder:
         dev = self._dev
@@ -42,7 +42,7 @@ class _Recording:
         self._submits, self._pending = stream.submits, stream.rec.pending
         return stream.rec
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
             try:
@@ -55,12 +55,11 @@ class _Recording:
                     stream.submit()
             finally:
                 stream.lock.release()
-            return False
+            return
         # In a batch, an exception discards the whole block's unsubmitted work (Device.batch).
         if exc_type is None and self._batch.pending >= Device.BATCH_SUBMIT_COMMANDS and not self._batch.capturing:
             self._dev._submit_batch_part(self._batch)  # the GPU starts while the rest is recorded
         self._batch = None
-        return False
 
 
 class _Stream:

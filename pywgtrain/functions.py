@@ -15,7 +15,7 @@ import builtins
 import math
 import numbers
 import sys
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union, cast
 
 import numpy as np
 
@@ -480,7 +480,7 @@ def _reduced_shape(shape, dims, keepdim):
     return tuple(s for i, s in enumerate(shape) if i not in dims)
 
 
-def _check_float(x, op):
+def _check_float(x: TensorLike, op: str) -> Tensor:
     """x as a float32 Tensor (NumPy arrays are uploaded to the default device)."""
     return _float_tensor(x, _device_of(x), op, "input")
 
@@ -612,6 +612,7 @@ def var(
     x = _check_float(x, "var")
     dims = _dims_arg(dim, x.ndim, "var")
     n = x._numel if dims is None else math.prod(x.shape[d] for d in dims)
+    corr = 1 if corr is None else corr
     centered = x - mean(x, dim, keepdim=True)
     total = sum(centered * centered, dim, keepdim)
     denom = n - corr
@@ -774,7 +775,7 @@ def _reshape_like(x, shape, strides, name):
 
 def permute(x: Tensor, *dims: Union[int, Sequence[int]]) -> Tensor:
     if len(dims) == 1 and not isinstance(dims[0], numbers.Integral):
-        dims = tuple(dims[0])
+        dims = tuple(cast(Sequence[int], dims[0]))
     perm = [_dim(d, x.ndim, "permute") for d in dims]
     if sorted(perm) != list(range(x.ndim)):
         raise ValueError(f"permute: dims {dims} are not a permutation of the {x.ndim} dimensions of {x.shape}")
@@ -803,8 +804,8 @@ def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
 
 def expand(x: Tensor, *shape: ShapeLike) -> Tensor:
     if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
-        shape = tuple(shape[0])
-    shape = _shape_arg(shape)
+        shape = tuple(cast(Sequence[int], shape[0]))
+    shape = _shape_arg(cast(Sequence[int], shape))
     if len(shape) < x.ndim:
         raise ValueError(f"expand: the new shape {shape} has fewer dimensions than {x.shape}")
     pad = (1,) * (len(shape) - x.ndim) + x.shape
@@ -974,7 +975,7 @@ def split(x: Tensor, split_size_or_sections: Union[int, Sequence[int]], dim: int
             raise ValueError(f"split: split_size must be >= 1, got {step}")
         sizes = [min(step, size - s) for s in range(0, size, step)]
     else:
-        sizes = [int(s) for s in split_size_or_sections]
+        sizes = [int(s) for s in cast(Sequence[int], split_size_or_sections)]
         if builtins.sum(sizes) != size or any(s < 1 for s in sizes):
             raise ValueError(f"split: sections {sizes} must be >= 1 and add up to {size} (dimension {d})")
     out, start = [], 0
@@ -1033,11 +1034,11 @@ def cat(tensors: Sequence[TensorLike], dim: int = 0) -> Tensor:
 
 
 def stack(tensors: Sequence[TensorLike], dim: int = 0) -> Tensor:
-    tensors = list(tensors)
-    if not tensors:
+    given: list[Any] = list(tensors)  # cat checks them
+    if not given:
         raise ValueError("stack: expected a non-empty list of tensors")
-    d = _dim(dim, tensors[0].ndim + 1, "stack")
-    return cat([unsqueeze(t, d) for t in tensors], d)
+    d = _dim(dim, given[0].ndim + 1, "stack")
+    return cat([unsqueeze(t, d) for t in given], d)
 
 
 # -- indexing ------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from .device import Device, resolve_device
 DEFAULT_SEED = 67280421310721
 
 _lock = threading.Lock()
-_generators = weakref.WeakKeyDictionary()  # Device -> Generator
+_generators: weakref.WeakKeyDictionary[Device, Generator] = weakref.WeakKeyDictionary()
 _seed_for_new = DEFAULT_SEED
 
 

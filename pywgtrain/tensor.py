@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from types import ModuleType
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, overload
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from ._typing import Dims, DTypeLike, ShapeLike
 from .autograd import Node, is_grad_enabled
 from .autograd import backward as _run_backward
 from .device import Device, resolve_device
+
+if TYPE_CHECKING:
+    from typing import TypeGuard  # Python 3.10+; annotations only
 
 # The ops (pywgtrain.functions) sit above this module: they create and check
 # Tensors, so the methods below cannot import them. functions.py registers
@@ -143,6 +146,10 @@ class Tensor:
             )
         return out
 
+    @overload
+    def stride(self) -> tuple[int, ...]: ...
+    @overload
+    def stride(self, dim: int) -> int: ...
     def stride(self, dim: Optional[int] = None) -> Union[tuple[int, ...], int]:
         """Element strides, as ``torch.Tensor.stride``."""
         st = self._strides if self._strides is not None else tuple(_contiguous_strides(self.shape))
@@ -184,6 +191,10 @@ class Tensor:
     def numel(self) -> int:
         return self._numel
 
+    @overload
+    def size(self) -> tuple[int, ...]: ...
+    @overload
+    def size(self, dim: int) -> int: ...
     def size(self, dim: Optional[int] = None) -> Union[tuple[int, ...], int]:
         """The shape (``torch.Tensor.size``), or one dimension's length; ``numel()`` counts elements."""
         if dim is None:
@@ -640,16 +651,16 @@ class Tensor:
     def __rmatmul__(self, other: TensorLike) -> Tensor:
         return F.matmul(other, self)
 
-    def __gt__(self, other: Operand) -> Tensor:
+    def __gt__(self, other: Any) -> Tensor:  # Any: a Tensor, array or number, as torch's stubs
         return F.gt(self, other)
 
-    def __lt__(self, other: Operand) -> Tensor:
+    def __lt__(self, other: Any) -> Tensor:  # Any: a Tensor, array or number, as torch's stubs
         return F.lt(self, other)
 
-    def __ge__(self, other: Operand) -> Tensor:
+    def __ge__(self, other: Any) -> Tensor:  # Any: a Tensor, array or number, as torch's stubs
         return F.ge(self, other)
 
-    def __le__(self, other: Operand) -> Tensor:
+    def __le__(self, other: Any) -> Tensor:  # Any: a Tensor, array or number, as torch's stubs
         return F.le(self, other)
 
     def __eq__(self, other: object) -> Tensor:  # type: ignore[override]  # an eq tensor, as torch
@@ -759,19 +770,20 @@ def _check_same(a, b, name):
         raise ValueError(f"{name} has shape {b.shape} and dtype {b.dtype.name}, expected {a.shape} and {a.dtype.name}")
 
 
-def _is_int_tuple(shape):
+def _is_int_tuple(shape: object) -> TypeGuard[tuple[int, ...]]:
     """A tuple of plain ints: the common shape, checked without the
     numbers.Integral ABC machinery (every new tensor passes here)."""
     return type(shape) is tuple and all(type(s) is int for s in shape)
 
 
-def _shape_arg(shape, name="shape"):
+def _shape_arg(shape: ShapeLike, name: str = "shape") -> tuple[int, ...]:
     if _is_int_tuple(shape):
         return shape
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
-        shape = (shape,)
+        return (int(shape),)
+    given: Any = shape  # any iterable; its items are checked below
     try:
-        dims = tuple(shape)
+        dims = tuple(given)
     except TypeError:
         raise TypeError(f"{name} must be an int or a sequence of ints, got {type(shape).__name__}") from None
     for s in dims:
@@ -794,16 +806,16 @@ def empty(
 ) -> Tensor:
     """Uninitialized device tensor (``shape`` may be ``()`` for a scalar)."""
     device = resolve_device(device)
-    shape = _shape_arg(shape)
+    dims = _shape_arg(shape)
     dtype = np.dtype(dtype)
     if dtype not in _DTYPES:
         raise TypeError(f"dtype must be float32 or int32, got {dtype.name}")
-    if any(s <= 0 for s in shape):
-        raise ValueError(f"shape must have all dimensions >= 1, got {shape}")
-    if any(s > MAX_DIM for s in shape):
-        raise ValueError(f"shape has a dimension above {MAX_DIM}: {shape}")
-    nbytes = math.prod(shape) * dtype.itemsize
-    return Tensor(_core._Buffer(device._dev, nbytes), shape, dtype, device, requires_grad)
+    if any(s <= 0 for s in dims):
+        raise ValueError(f"shape must have all dimensions >= 1, got {dims}")
+    if any(s > MAX_DIM for s in dims):
+        raise ValueError(f"shape has a dimension above {MAX_DIM}: {dims}")
+    nbytes = math.prod(dims) * dtype.itemsize
+    return Tensor(_core._Buffer(device._dev, nbytes), dims, dtype, device, requires_grad)
 
 
 def zeros(

@@ -7,12 +7,12 @@ import json
 import operator
 import os
 import warnings
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
 from . import _core, nn, random
-from .device import BatchToken
+from .device import BatchToken, Device
 from .nn.modules.module import PLAIN_TYPES, modules_version
 from .serialization import read_safetensors, write_safetensors
 from .ops import label_array
@@ -91,16 +91,20 @@ class Trainer:
         if isinstance(steps_per_submit, bool) or not isinstance(steps_per_submit, int) or steps_per_submit < 1:
             raise ValueError(f"steps_per_submit must be an int >= 1, got {steps_per_submit!r}")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
-        self.device = model.device
+        device = model.device
+        if device is None:
+            raise ValueError("Trainer: the model has no parameters and no device")
+        self.device: Device = device
         self.step_count = 0
         self.capture = capture
         self.steps_per_submit = steps_per_submit
-        self._graph = None
-        self._eager_key = None  # batch shapes and signature of the last eager step (capture follows one)
-        self._walked = None  # (modules_version, model and loss ids), module signature, parameters
+        self._graph: Optional[dict[str, Any]] = None
+        # batch shapes and signature of the last eager step (capture follows one)
+        self._eager_key: Optional[tuple[Any, ...]] = None
+        self._walked: Any = None  # (modules_version, model and loss ids), module signature, parameters
         self._loss_slots = _LossSlots(self.device)
-        self._group_rec = None  # recorder of the current group of replayed steps
-        self._group = []  # their losses
+        self._group_rec: Any = None  # recorder of the current group of replayed steps
+        self._group: list[Tensor] = []  # their losses
         self._classes = None  # logits width (CrossEntropyLoss), known after the first forward
 
     def _batch_arrays(self, x, y):
@@ -182,8 +186,8 @@ class Trainer:
         if capture:
             # The graph keeps inputs of its own (the shapes replays check and
             # the buffers they rebind); the caller's tensors stay as they are.
-            x = x.clone() if user_x else x
-            y = y.clone() if user_y else y
+            x = x.clone() if isinstance(x, Tensor) and user_x else x
+            y = y.clone() if isinstance(y, Tensor) and user_y else y
         with self.device.batch() as rec:
             if capture:
                 self.device.capture_interrupted(reset=True)
@@ -303,7 +307,7 @@ class Trainer:
             arrays[f"optim/{i}/exp_avg_sq"] = st["exp_avg_sq"]
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         arrays["rng_state"] = random.get_rng_state(self.device)
-        _atomic_write(path, lambda f: np.savez(f, **arrays))
+        _atomic_write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]  # numpy's stub: allow_pickle
 
     def load(self, path: Union[str, os.PathLike]) -> Any:
         """Restore what ``save`` wrote (model, optimizer state, step count,

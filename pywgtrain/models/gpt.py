@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 
@@ -170,7 +170,7 @@ class GPT(nn.Module):
         if cfg.tie_weights:
             self.lm_head.weight = self.transformer["wte"].weight
         self._init_weights(rng)
-        self._positions = {}
+        self._positions: dict[Any, Tensor] = {}
 
     def _init_weights(self, rng):
         proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)
@@ -188,7 +188,7 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer["wpe"].weight.numel() if exclude_embeddings else n
 
-    def _check_ids(self, ids):
+    def _check_ids(self, ids: Labels) -> Tensor:
         if isinstance(ids, Tensor):
             if ids.dtype != np.int32:
                 raise TypeError(f"GPT: ids must be an int32 tensor, got {ids.dtype.name}")
@@ -229,29 +229,26 @@ class GPT(nn.Module):
         x = tr["wte"](ids) + tr["wpe"](self._position_ids(t))
         if self.drop is not None:
             x = self.drop(x)
-        for block in tr["h"]:
+        for block in cast(nn.ModuleList, tr["h"]):
             x = block(x)
         return self.lm_head(tr["ln_f"](x))
 
-    if TYPE_CHECKING:  # defined after the KV cache below, then attached as GPT.generate
-
-        def generate(
-            self,
-            ids: Labels,
-            max_new_tokens: int,
-            temperature: float = 1.0,
-            top_k: Optional[int] = None,
-            seed: Optional[int] = None,
-        ) -> np.ndarray: ...
+    def generate(
+        self,
+        ids: Labels,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: Optional[int] = None,
+        seed: Optional[int] = None,
+    ) -> np.ndarray:
+        """See :func:`generate` below (sampling with a key/value cache)."""
+        return generate(self, ids, max_new_tokens, temperature, top_k, seed)
 
     @staticmethod
     def loss(logits: Tensor, targets: Labels, ignore_index: int = -100) -> Tensor:
         """Mean next-token cross-entropy of logits [B, T, V] against targets [B, T]."""
         v = logits.shape[-1]
-        if isinstance(targets, Tensor):
-            flat = targets.reshape(-1)
-        else:
-            flat = np.asarray(targets).reshape(-1)
+        flat = targets.reshape(-1) if isinstance(targets, Tensor) else np.asarray(targets).reshape(-1)
         return F.cross_entropy(logits.reshape(-1, v), flat, ignore_index=ignore_index)
 
 
@@ -384,6 +381,3 @@ def _sample(logits, temperature, top_k, rng):
     p = np.exp(z - z.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     return np.array([rng.choice(len(row), p=row) for row in p], np.int32)
-
-
-GPT.generate = generate

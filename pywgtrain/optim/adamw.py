@@ -97,10 +97,11 @@ class AdamW(Optimizer):
         if max_grad_norm is not None and not float(max_grad_norm) >= 0.0:
             raise ValueError(f"max_grad_norm must be >= 0, got {max_grad_norm}")
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
-        self.state = [{} for _ in self.params]
-        self._norm = None
-        self._captured = None  # [(group index, param indices, AdamW dispatch indices)] of a captured step
-        self._arena = None
+        self.state: list[dict[str, Any]] = [{} for _ in self.params]
+        self._norm: Optional[Tensor] = None
+        # [(group index, param indices, AdamW dispatch indices)] of a captured step
+        self._captured: Optional[list[tuple[int, list[int], range]]] = None
+        self._arena: Any = None  # a _FlatArena when the step is fused
         if fused and all(p.device is self.device for p in self.params):
             self._arena = _FlatArena(self.params, self.device)
 
@@ -136,7 +137,7 @@ class AdamW(Optimizer):
 
     def step(self) -> None:
         """Apply one update to every parameter that has a gradient, in one submission."""
-        live = [(i, p) for i, p in enumerate(self.params) if p.grad is not None]
+        live: list[tuple[int, Any]] = [(i, p) for i, p in enumerate(self.params) if p.grad is not None]
         if not live:
             return
         flat = self._flat_step(live)
@@ -146,7 +147,7 @@ class AdamW(Optimizer):
                 grads = [self._arena.span("grad", 0, len(self.params))] if flat else [p.grad for _, p in live]
                 self._norm = record_grad_norm(rec, self.device, grads, self.max_grad_norm)
                 clip = self._norm._buf
-            captured = [] if rec.capturing else None
+            captured: Optional[list[tuple[int, list[int], range]]] = [] if rec.capturing else None
             if flat:
                 for i in range(len(self.params)):
                     self.state[i]["step"] += 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Sequence, Union, cast
 
 from .optimizer import Optimizer
 
@@ -57,7 +57,9 @@ class LambdaLR(LRScheduler):
         last_epoch: int = -1,
     ) -> None:
         n = len(optimizer.param_groups)
-        self.lr_lambdas = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
+        self.lr_lambdas: list[Callable[[int], float]] = (
+            list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [cast(Callable[[int], float], lr_lambda)] * n
+        )
         if len(self.lr_lambdas) != n:
             raise ValueError(f"LambdaLR: {len(self.lr_lambdas)} lr_lambdas for {n} parameter groups")
         super().__init__(optimizer, last_epoch)

@@ -17,10 +17,10 @@ class Optimizer:
     across groups (``self.params``), which the optimizer state is keyed by."""
 
     def __init__(self, params: Params, defaults: Mapping[str, Any]) -> None:
-        params = list(params)
-        if not params:
+        given: list[Any] = list(params)
+        if not given:
             raise ValueError(f"{type(self).__name__} got an empty parameter list")
-        groups = params if isinstance(params[0], dict) else [{"params": params}]
+        groups = given if isinstance(given[0], dict) else [{"params": given}]
         self.defaults = dict(defaults)
         self.param_groups = []
         self.params = []

@@ -17,6 +17,7 @@ class Sequential(Module):
 
     def __init__(self, *modules: Union[Module, OrderedDict[str, Module]]) -> None:
         super().__init__()
+        items: list[tuple[str, Any]]
         if len(modules) == 1 and isinstance(modules[0], OrderedDict):
             items = list(modules[0].items())
         else:

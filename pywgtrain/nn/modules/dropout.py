@@ -15,6 +15,9 @@ class Dropout(Module):
     ``.eval()``. Masks come from the device's GPU random state
     (``pywgtrain.random``; ``pywgtrain.manual_seed`` seeds it)."""
 
+    p: float
+    inplace: bool
+
     def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
         super().__init__()
         if isinstance(p, bool) or not isinstance(p, numbers.Real):

@@ -66,6 +66,15 @@ class Module:
     call ``super().__init__()`` first, then assign ``Parameter``s and
     submodules as attributes and define ``forward``."""
 
+    # Set in __init__ with object.__setattr__ (registration must not see them).
+    _parameters: OrderedDict[str, Parameter]
+    _modules: OrderedDict[str, Module]
+    training: bool
+
+    if TYPE_CHECKING:
+        # Attributes a subclass assigns (parameters, submodules, settings), as torch's stubs declare them.
+        def __getattr__(self, name: str) -> Any: ...
+
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())

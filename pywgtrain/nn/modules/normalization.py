@@ -21,6 +21,12 @@ class LayerNorm(Module):
     at ones and ``bias`` at zeros, as in torch; ``elementwise_affine=False``
     has neither, ``bias=False`` no bias."""
 
+    normalized_shape: tuple[int, ...]
+    eps: float
+    elementwise_affine: bool
+    weight: Optional[Parameter]
+    bias: Optional[Parameter]
+
     def __init__(
         self,
         normalized_shape: ShapeLike,
