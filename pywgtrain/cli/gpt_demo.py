@@ -15,13 +15,14 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from . import optim
-from .data import ByteTokenizer, TokenDataset, stdlib_corpus_file
-from .demo import _StopOnInterrupt, check_output_path, check_plot_path
-from .device import Device
-from .models.gpt import CONFIGS, GPT
-from .optim.lr_scheduler import warmup_cosine
-from .train import Trainer
+from .. import optim
+from ..benchmarks.common import check_output_path
+from ..data import ByteTokenizer, TokenDataset, stdlib_corpus_file
+from ..device import Device
+from ..models.gpt import CONFIGS, GPT
+from ..optim.lr_scheduler import warmup_cosine
+from ..train import Trainer
+from .demo import _StopOnInterrupt, check_plot_path
 
 # Per named config: steps, batch size, learning rate (a few minutes on a CPU adapter for "tiny").
 DEFAULTS = {"tiny": (300, 16, 3e-3), "small": (2000, 32, 1e-3), "char": (5000, 64, 1e-3), "gpt2": (5000, 8, 6e-4)}
@@ -36,7 +37,7 @@ def _count(value, name, allow_none=False):
 
 def evaluate(model, data, split, batch_size, block_size, iters, seed):
     """Mean loss over ``iters`` fixed batches of ``split`` (no graph recorded)."""
-    from .autograd import no_grad
+    from ..autograd import no_grad
 
     rng = np.random.default_rng([seed, 7919])
     model.eval()
