@@ -73,7 +73,7 @@ PROFILE_SHAPES = [(8, 12, 1024, 64), (64, 6, 256, 64)]
 
 def profile_kernels():
     from pywgtrain import _core
-    from pywgtrain.bench import profile_step
+    from pywgtrain.benchmarks.common import profile_step
 
     dev = pw.default_device()
     print(f"adapter: {dev.name}")

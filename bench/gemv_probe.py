@@ -11,7 +11,8 @@ import statistics
 import numpy as np
 
 from pywgtrain import _core
-from pywgtrain.bench import _torch_cuda, time_pywgtrain_gemm, time_torch_gemm, warm_up
+from pywgtrain.benchmarks.common import _torch_cuda
+from pywgtrain.benchmarks.gemm import time_pywgtrain_gemm, time_torch_gemm, warm_up
 from pywgtrain.device import Device
 from pywgtrain.tensor import tensor, zeros
 

@@ -27,7 +27,8 @@ import numpy as np
 
 import pywgtrain as pw
 from pywgtrain import _core
-from pywgtrain.bench import _torch_cuda, warm_up
+from pywgtrain.benchmarks.common import _torch_cuda
+from pywgtrain.benchmarks.gemm import warm_up
 from pywgtrain.device import Device
 
 REPS = 300

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 import pywgtrain as pw
-from pywgtrain.bench import _torch_cuda
+from pywgtrain.benchmarks.common import _torch_cuda
 from pywgtrain.models.gpt import CONFIGS, GPT
 
 

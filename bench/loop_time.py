@@ -10,7 +10,7 @@ import time
 
 import pywgtrain as pw
 from pywgtrain import optim
-from pywgtrain.bench_gpt import CONFIGS, _batches, _groups
+from pywgtrain.benchmarks.gpt import CONFIGS, _batches, _groups
 from pywgtrain.models.gpt import GPT
 
 

@@ -14,7 +14,8 @@ import os
 import sys
 
 import pywgtrain as pw
-from pywgtrain.bench import _torch_cuda, parse_shapes, time_pywgtrain_gemm, time_torch_gemm, warm_up
+from pywgtrain.benchmarks.common import _torch_cuda
+from pywgtrain.benchmarks.gemm import parse_shapes, time_pywgtrain_gemm, time_torch_gemm, warm_up
 
 KEYS = ("PYWGTRAIN_GEMM_TILES", "PYWGTRAIN_GEMM_SPLITS", "PYWGTRAIN_GEMM_STREAM_K")
 

@@ -13,7 +13,8 @@ import json
 import os
 
 import pywgtrain as pw
-from pywgtrain.bench import _torch_cuda, time_pywgtrain_gemm, time_torch_gemm, warm_up
+from pywgtrain.benchmarks.common import _torch_cuda
+from pywgtrain.benchmarks.gemm import time_pywgtrain_gemm, time_torch_gemm, warm_up
 
 # (M, K, N, trans_a, trans_b): the sweep's shapes above 1.25x cuBLAS in session 12, and some near it.
 SHAPES = [

@@ -14,7 +14,8 @@ import os
 import sys
 
 import pywgtrain as pw
-from pywgtrain.bench import _torch_cuda, pywgtrain_gemm_timer, time_torch_gemm, warm_up
+from pywgtrain.benchmarks.common import _torch_cuda
+from pywgtrain.benchmarks.gemm import pywgtrain_gemm_timer, time_torch_gemm, warm_up
 
 
 def read_plans(path):

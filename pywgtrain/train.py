@@ -1,5 +1,5 @@
 """Training loop pieces: one-submission training steps and checkpoints. The
-digits demo behind ``pywgtrain train`` is in ``pywgtrain.demo``."""
+digits demo behind ``pywgtrain train`` is in ``pywgtrain.cli.demo``."""
 
 from __future__ import annotations
 

@@ -377,7 +377,7 @@ def test_big_endian_batch_trains_like_native(dev):
 
 
 def test_gpt_resume_at_or_past_steps_says_so(tmp_path, capsys):
-    from pywgtrain.gpt_demo import run_gpt
+    from pywgtrain.cli.gpt_demo import run_gpt
 
     ckpt = tmp_path / "run.safetensors"
     small = dict(

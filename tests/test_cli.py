@@ -19,7 +19,7 @@ import pytest
 
 import pywgtrain as pw
 from helpers import spawn_interruptible
-from pywgtrain.__main__ import driver_help, main
+from pywgtrain.cli import driver_help, main
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY = shutil.which("pywgtrain", path=os.path.dirname(sys.executable)) or shutil.which("pywgtrain")
@@ -124,7 +124,7 @@ def test_errors_become_one_line_and_exit_code(capsys, monkeypatch, exc, code):
     def fail(**kwargs):
         raise exc
 
-    monkeypatch.setattr("pywgtrain.demo.run_demo", fail)
+    monkeypatch.setattr("pywgtrain.cli.demo.run_demo", fail)
     got, _, err = run_main(capsys, ["train"])
     assert got == code
     assert err.strip().splitlines() == [f"pywgtrain: error: {exc}"]
@@ -136,7 +136,7 @@ def test_unexpected_exceptions_keep_their_traceback(monkeypatch):
     def fail(**kwargs):
         raise ZeroDivisionError("bug")
 
-    monkeypatch.setattr("pywgtrain.demo.run_demo", fail)
+    monkeypatch.setattr("pywgtrain.cli.demo.run_demo", fail)
     with pytest.raises(ZeroDivisionError):
         main(["train"])
 
@@ -145,7 +145,7 @@ def test_traceback_on_request(monkeypatch):
     def fail(**kwargs):
         raise ValueError("bad")
 
-    monkeypatch.setattr("pywgtrain.demo.run_demo", fail)
+    monkeypatch.setattr("pywgtrain.cli.demo.run_demo", fail)
     monkeypatch.setenv("PYWGTRAIN_TRACEBACK", "1")
     with pytest.raises(ValueError, match="bad"):
         main(["train"])
@@ -323,7 +323,7 @@ def test_bench_gemm_one_small_shape_is_quick():
 
 
 def test_bandwidth_and_flop_units():
-    from pywgtrain.bench import fmt_bandwidth, fmt_flops
+    from pywgtrain.benchmarks.common import fmt_bandwidth, fmt_flops
 
     assert fmt_bandwidth(0.5) == "0.5 MB/s"  # bytes per microsecond in, never "0 GB/s" out
     assert fmt_bandwidth(300) == "300.0 MB/s"
@@ -493,7 +493,7 @@ def test_setup_on_a_machine_without_a_driver_in_a_mount_namespace(tmp_path):
 
 
 def test_gemm_sweep_covers_the_three_linear_layer_modes():
-    from pywgtrain.bench import SWEEP_LAYERS, SWEEP_ROWS, sweep_shapes
+    from pywgtrain.benchmarks.gemm import SWEEP_LAYERS, SWEEP_ROWS, sweep_shapes
 
     shapes = sweep_shapes(cpu=False)
     assert len(shapes) == len(SWEEP_LAYERS) * (3 * len(SWEEP_ROWS) - 1)  # no dW for a single row
@@ -545,11 +545,11 @@ def test_bench_gemm_gpu_rounds_alternate_and_keep_the_best(dev, monkeypatch):
     """The GPU branch of bench_gemm (two alternating timing rounds per side,
     each keeping its faster one) runs here with the adapter taken for a GPU:
     every round is recorded and the reported time is their minimum."""
-    from pywgtrain import bench
+    from pywgtrain.benchmarks import gemm
 
-    monkeypatch.setattr(bench, "is_cpu_adapter", lambda d: False)
-    monkeypatch.setattr(bench, "warm_up", lambda *a, **k: None)
-    rows = bench.bench_gemm(dev, False, None, [(33, 70, 17, True, False)])
+    monkeypatch.setattr(gemm, "is_cpu_adapter", lambda d: False)
+    monkeypatch.setattr(gemm, "warm_up", lambda *a, **k: None)
+    rows = gemm.bench_gemm(dev, False, None, [(33, 70, 17, True, False)])
     (row,) = rows
-    assert len(row["pywgtrain_rounds_us"]) == bench.GPU_ROUNDS
+    assert len(row["pywgtrain_rounds_us"]) == gemm.GPU_ROUNDS
     assert row["pywgtrain_us"] == min(row["pywgtrain_rounds_us"]) > 0

@@ -10,9 +10,11 @@ import time
 
 import numpy as np
 
-from . import optim
-from .models.gpt import GPT, GPTConfig
-from .train import Trainer
+from .. import optim
+from ..models.gpt import GPT, GPTConfig
+from ..tensor import tensor
+from ..train import Trainer
+from .common import is_cpu_adapter, profile_step
 
 CONFIGS = [
     (
@@ -53,9 +55,6 @@ def time_ours(dev, cfg, batch, steps, profile=True, loop=False):
     """ms per step through Trainer (captured, 4 steps per submission), or with
     ``loop`` through the README's plain loop: zero_grad, forward, loss,
     backward and step inside ``dev.batch()``."""
-    from .bench import profile_step
-    from .tensor import tensor
-
     dev.synchronize()
     dev.memory_stats(reset_peak=True)
     model = GPT(cfg, device=dev, seed=0)
@@ -176,8 +175,6 @@ def time_torch(torch, cfg, batch, steps, attention, compile_model=False):
 
 
 def bench_gpt(dev, quick, torch, compile_model=True):
-    from .bench import is_cpu_adapter
-
     cpu = is_cpu_adapter(dev)
     steps = 3 if cpu else (5 if quick else 20)
     rows = []

@@ -15,10 +15,11 @@ import time
 
 import numpy as np
 
-from . import nn, optim
-from .device import Device
-from .tensor import tensor
-from .train import Trainer
+from .. import nn, optim
+from ..benchmarks.common import check_output_path
+from ..device import Device
+from ..tensor import tensor
+from ..train import Trainer
 
 READ_EVERY = 20  # losses are read back (a GPU wait) at least this often
 
@@ -48,24 +49,6 @@ def load_digits_split(seed):
     mean, std = x[tr].mean(0), x[tr].std(0) + 1e-6
     x = (x - mean) / std
     return x[tr], y[tr], x[te], y[te]
-
-
-def check_output_path(path, option):
-    """Raise ValueError unless a file can be written at ``path``: not a
-    directory, its directory exists and is writable, and an existing file is
-    writable. Run before training, so a typo does not cost a whole run."""
-    if not path:
-        return
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise ValueError(f"{option} {path!r} is a directory; give a file path")
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise ValueError(f"{option} {path!r}: directory {directory!r} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise ValueError(f"{option} {path!r}: directory {directory!r} is not writable")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise ValueError(f"{option} {path!r} exists and is not writable")
 
 
 def check_plot_path(plot):

@@ -1,28 +1,17 @@
-"""Benchmarks: ``pywgtrain bench {gemm,adamw,train,all}``.
+"""``pywgtrain bench {gemm,adamw,train}``: GEMMs (the standard set, given
+shapes or the linear-layer sweep) beside cuBLAS, the AdamW kernel beside
+PyTorch's fused AdamW, and MLP training steps through Trainer beside PyTorch
+eager and CUDA graphs."""
 
-pywgtrain kernels are timed with GPU timestamp queries around their compute
-passes (median of many runs after warm-up, fresh random data, inputs rotated
-across buffer sets larger than the L2 cache). When PyTorch with CUDA is
-importable, the same work runs through cuBLAS / PyTorch in the same process
-(CUDA events, TF32 off) and the ratio is printed.
-
-On a CPU adapter (lavapipe, WARP, SwiftShader: ``adapter_type == "cpu"``,
-a few GFLOP/s) the GPU-sized problems would take hours, so sizes,
-repetitions and warm-up are scaled down there (no clock warm-up at all:
-CPUs have no idle GPU clocks to leave). Every shape or configuration prints
-its name before it runs and its result when done.
-"""
-
-import json
 import statistics
 import time
 
 import numpy as np
 
-from . import _core, nn, optim
-from .device import Device
-from .tensor import tensor, zeros
-from .train import Trainer
+from .. import _core, nn, optim
+from ..tensor import tensor, zeros
+from ..train import Trainer
+from .common import _time_cuda, fmt_bandwidth, fmt_flops, is_cpu_adapter, profile_step
 
 SQUARE = [1024, 2048, 4095, 4096, 4097, 8192]
 TRAINING = [(64, 1024, 1024), (256, 768, 3072), (512, 1024, 4096), (4096, 4096, 1024), (4096, 1024, 4096)]
@@ -37,43 +26,6 @@ CPU_ROTATE_BYTES = 16 << 20
 # Alternating timing rounds per GEMM shape on GPUs (bench_gemm).
 GPU_ROUNDS = 2
 MAX_DIM = 2**31 - 1
-
-
-def is_cpu_adapter(dev):
-    """lavapipe, WARP, SwiftShader...: the benchmarks scale down there."""
-    return dev.info.get("adapter_type") == "cpu"
-
-
-def fmt_flops(flops_per_us):
-    """A FLOP rate in the unit that reads well: TFLOP/s on GPUs, GFLOP/s or MFLOP/s on CPU adapters."""
-    tflops = flops_per_us / 1e6
-    if tflops >= 1.0:
-        return f"{tflops:6.2f} TFLOP/s"
-    if tflops >= 1e-3:
-        return f"{tflops * 1e3:6.2f} GFLOP/s"
-    return f"{tflops * 1e6:6.1f} MFLOP/s"
-
-
-def fmt_bandwidth(bytes_per_us):
-    """Bytes per microsecond as GB/s, or MB/s below 1 GB/s (not "0 GB/s")."""
-    gbps = bytes_per_us / 1e3
-    if gbps >= 100:
-        return f"{gbps:.0f} GB/s"
-    if gbps >= 1:
-        return f"{gbps:.1f} GB/s"
-    return f"{gbps * 1e3:.1f} MB/s"
-
-
-def _torch_cuda():
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    return torch
 
 
 def _sets(nbytes, rotate_bytes=ROTATE_BYTES):
@@ -120,25 +72,6 @@ def pywgtrain_gemm_timer(dev, m, k, n, ta, tb, rotate_bytes=ROTATE_BYTES):
 def time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps, warmup=3, rotate_bytes=ROTATE_BYTES):
     """Median GPU time of one m x k x n product in microseconds (fresh operand sets)."""
     return pywgtrain_gemm_timer(dev, m, k, n, ta, tb, rotate_bytes)(reps, warmup)
-
-
-def _time_cuda(torch, fn, reps, warmup=3):
-    """Median GPU time of fn(i) in microseconds: each call between its own
-    pair of events, the calls issued back to back and synchronized once at
-    the end, as time_pywgtrain_gemm's timed passes run. Synchronizing after
-    every call left the GPU idle in between and read cuBLAS slow (H100, TF32
-    off: 1024^3 75 vs 63 us, 1024x768x50304 NT 1613-1644 vs 1585-1592 us;
-    docs/gemm_notes.md #59)."""
-    for _ in range(warmup):
-        fn(0)
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for i, (s, e) in enumerate(events):
-        s.record()
-        fn(i)
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
 
 
 def torch_gemm_timer(torch, m, k, n, ta, tb):
@@ -298,7 +231,7 @@ def bench_gemm(dev, quick, torch, shapes=None):
             reps = 5 if quick else max(10, min(200, int(2e12 / flops * 4)))
             # Both sides in alternating rounds on the same operand sets, each
             # keeping its best round: a single reading per side let one slow
-            # stretch of the GPU set a shape's ratio (H100, session 14:
+            # stretch of the GPU set a shape's ratio (H100:
             # 1024x768x768 NT 56.8 us in a sweep, 48.3 alone, same plan).
             warmup, rounds_per_side = 3, 1 if quick else GPU_ROUNDS
         theirs = torch_gemm_timer(torch, m, k, n, ta, tb) if torch is not None else None
@@ -452,36 +385,6 @@ def bench_train(dev, quick, torch):
     return rows
 
 
-def profile_step(dev, graph, reps=5):
-    """GPU time of a captured step: the whole replay in one timed pass, and
-    each dispatch in a pass of its own (summed per kernel). Medians of `reps`."""
-    names = graph.kernel_names()
-    dev.flush()
-    whole, each = [], []
-    for _ in range(reps):
-        rec = _core._Recorder(dev._dev)
-        timer = _core._PassTimer(dev._dev, 1)
-        timer.time_next_pass(rec, 0)
-        rec.replay(graph)
-        whole.append(timer.read(rec, 1)[0] / 1e3)
-        rec = _core._Recorder(dev._dev)
-        timer = _core._PassTimer(dev._dev, len(names))
-        rec.replay(graph, timer)
-        each.append(timer.read(rec, len(names)))
-    per_dispatch = np.median(np.array(each), axis=0) / 1e3
-    by_kernel = {}
-    for name, us in zip(names, per_dispatch):
-        n, t = by_kernel.get(name, (0, 0.0))
-        by_kernel[name] = (n + 1, t + float(us))
-    top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])
-    return {
-        "gpu_us": float(np.median(whole)),
-        "dispatches": len(names),
-        "sum_of_dispatches_us": float(per_dispatch.sum()),
-        "kernels": [{"kernel": k, "count": n, "us": t} for k, (n, t) in top],
-    }
-
-
 def profile_host(dev, trainer, x, y, x_host, y_host, steps=50):
     """Host and wall time per step of the replay path (no waits until the end
     of each variant): bare replays (no batch, AdamW or loss rebinding, no loss
@@ -560,53 +463,3 @@ def _torch_train_times(torch, cfg, xs, ys, steps):
             torch.cuda.synchronize()
         out[f"torch_{mode}_us"] = (time.perf_counter() - t0) / steps * 1e6
     return out
-
-
-def main(args):
-    # Arguments first, so a bad one fails before any GPU work.
-    shapes = args.shapes
-    if isinstance(shapes, str):  # the CLI has parsed them already
-        shapes = parse_shapes(shapes)
-    if args.json:
-        from .demo import check_output_path
-
-        check_output_path(args.json, "--json")
-    dev = Device(args.adapter)
-    torch = None if args.no_baseline else _torch_cuda()
-    header = {
-        "adapter": dev.name,
-        "backend": dev.backend,
-        "driver": dev.info["driver"],
-        "adapter_type": dev.info.get("adapter_type"),
-        "torch_cuda": None if torch is None else torch.cuda.get_device_name(0),
-    }
-    print(
-        f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']}); "
-        f"baseline: {header['torch_cuda'] or 'none (PyTorch with CUDA not importable)'}",
-        flush=True,
-    )
-    if is_cpu_adapter(dev):
-        print(
-            "CPU adapter: problem sizes, repetitions and warm-up scaled down "
-            "(the GPU-sized runs would take hours here)",
-            flush=True,
-        )
-    results = {"meta": header}
-    kinds = ["gemm", "adamw", "train", "gpt"] if args.what == "all" else [args.what]
-    for kind in kinds:
-        if len(kinds) > 1:
-            print(f"== {kind} ==", flush=True)
-        if kind == "gemm" and getattr(args, "sweep", False):
-            results[kind] = bench_gemm_sweep(dev, args.quick, torch)
-        elif kind == "gemm" and shapes:
-            results[kind] = bench_gemm(dev, args.quick, torch, shapes)
-        else:
-            from .bench_gpt import bench_gpt
-
-            results[kind] = {"gemm": bench_gemm, "adamw": bench_adamw, "train": bench_train, "gpt": bench_gpt}[kind](
-                dev, args.quick, torch
-            )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0

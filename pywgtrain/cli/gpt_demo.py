@@ -15,28 +15,22 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from . import optim
-from .data import ByteTokenizer, TokenDataset, stdlib_corpus_file
-from .demo import _StopOnInterrupt, check_output_path, check_plot_path
-from .device import Device
-from .models.gpt import CONFIGS, GPT
-from .optim.lr_scheduler import warmup_cosine
-from .train import Trainer
+from .. import optim
+from ..benchmarks.common import check_output_path
+from ..data import ByteTokenizer, TokenDataset, stdlib_corpus_file
+from ..device import Device
+from ..models.gpt import CONFIGS, GPT
+from ..optim.lr_scheduler import warmup_cosine
+from ..train import Trainer
+from .demo import _check_count, _StopOnInterrupt, check_plot_path
 
 # Per named config: steps, batch size, learning rate (a few minutes on a CPU adapter for "tiny").
 DEFAULTS = {"tiny": (300, 16, 3e-3), "small": (2000, 32, 1e-3), "char": (5000, 64, 1e-3), "gpt2": (5000, 8, 6e-4)}
 
 
-def _count(value, name, allow_none=False):
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
 def evaluate(model, data, split, batch_size, block_size, iters, seed):
     """Mean loss over ``iters`` fixed batches of ``split`` (no graph recorded)."""
-    from .autograd import no_grad
+    from ..autograd import no_grad
 
     rng = np.random.default_rng([seed, 7919])
     model.eval()
@@ -84,14 +78,14 @@ def run_gpt(
     batch_size = d_batch if batch_size is None else batch_size
     lr = d_lr if lr is None else lr
     for v, n in ((steps, "steps"), (batch_size, "batch_size"), (eval_iters, "eval_iters")):
-        _count(v, n)
+        _check_count(v, n)
     for v, n in (
         (block_size, "block_size"),
         (eval_every, "eval_every"),
         (log_every, "log_every"),
         (max_bytes, "max_bytes"),
     ):
-        _count(v, n, allow_none=True)
+        _check_count(v, n, allow_none=True)
     if sample_tokens < 0:
         raise ValueError(f"sample_tokens must be >= 0, got {sample_tokens}")
     check_output_path(checkpoint, "--checkpoint")

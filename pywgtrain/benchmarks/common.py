@@ -1,0 +1,115 @@
+"""What the benchmarks share: the CPU-adapter test, the PyTorch CUDA
+baseline and its event timing, units for printing, a captured step's
+per-kernel profile, and the output-path check (which the CLI's demos use too:
+cli/ sits above benchmarks/, never the other way round)."""
+
+import os
+import statistics
+
+import numpy as np
+
+from .. import _core
+
+
+def is_cpu_adapter(dev):
+    """lavapipe, WARP, SwiftShader...: the benchmarks scale down there."""
+    return dev.info.get("adapter_type") == "cpu"
+
+
+def fmt_flops(flops_per_us):
+    """A FLOP rate in the unit that reads well: TFLOP/s on GPUs, GFLOP/s or MFLOP/s on CPU adapters."""
+    tflops = flops_per_us / 1e6
+    if tflops >= 1.0:
+        return f"{tflops:6.2f} TFLOP/s"
+    if tflops >= 1e-3:
+        return f"{tflops * 1e3:6.2f} GFLOP/s"
+    return f"{tflops * 1e6:6.1f} MFLOP/s"
+
+
+def fmt_bandwidth(bytes_per_us):
+    """Bytes per microsecond as GB/s, or MB/s below 1 GB/s (not "0 GB/s")."""
+    gbps = bytes_per_us / 1e3
+    if gbps >= 100:
+        return f"{gbps:.0f} GB/s"
+    if gbps >= 1:
+        return f"{gbps:.1f} GB/s"
+    return f"{gbps * 1e3:.1f} MB/s"
+
+
+def _torch_cuda():
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+
+def _time_cuda(torch, fn, reps, warmup=3):
+    """Median GPU time of fn(i) in microseconds: each call between its own
+    pair of events, the calls issued back to back and synchronized once at
+    the end, as time_pywgtrain_gemm's timed passes run. Synchronizing after
+    every call left the GPU idle in between and read cuBLAS slow (H100, TF32
+    off: 1024^3 75 vs 63 us, 1024x768x50304 NT 1613-1644 vs 1585-1592 us;
+    docs/gemm_notes.md #59)."""
+    for _ in range(warmup):
+        fn(0)
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for i, (s, e) in enumerate(events):
+        s.record()
+        fn(i)
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
+
+
+def profile_step(dev, graph, reps=5):
+    """GPU time of a captured step: the whole replay in one timed pass, and
+    each dispatch in a pass of its own (summed per kernel). Medians of `reps`."""
+    names = graph.kernel_names()
+    dev.flush()
+    whole, each = [], []
+    for _ in range(reps):
+        rec = _core._Recorder(dev._dev)
+        timer = _core._PassTimer(dev._dev, 1)
+        timer.time_next_pass(rec, 0)
+        rec.replay(graph)
+        whole.append(timer.read(rec, 1)[0] / 1e3)
+        rec = _core._Recorder(dev._dev)
+        timer = _core._PassTimer(dev._dev, len(names))
+        rec.replay(graph, timer)
+        each.append(timer.read(rec, len(names)))
+    per_dispatch = np.median(np.array(each), axis=0) / 1e3
+    by_kernel = {}
+    for name, us in zip(names, per_dispatch):
+        n, t = by_kernel.get(name, (0, 0.0))
+        by_kernel[name] = (n + 1, t + float(us))
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])
+    return {
+        "gpu_us": float(np.median(whole)),
+        "dispatches": len(names),
+        "sum_of_dispatches_us": float(per_dispatch.sum()),
+        "kernels": [{"kernel": k, "count": n, "us": t} for k, (n, t) in top],
+    }
+
+
+def check_output_path(path, option):
+    """Raise ValueError unless a file can be written at ``path``: not a
+    directory, its directory exists and is writable, and an existing file is
+    writable. Run before training, so a typo does not cost a whole run."""
+    if not path:
+        return
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path!r} is a directory; give a file path")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ValueError(f"{option} {path!r}: directory {directory!r} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path!r}: directory {directory!r} is not writable")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise ValueError(f"{option} {path!r} exists and is not writable")
