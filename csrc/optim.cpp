@@ -1,6 +1,5 @@
 // AdamW, global gradient norm and clipping launchers.
 #include <cmath>
-#include <cstring>
 #include <string>
 
 #include "dispatch_util.hpp"
@@ -34,21 +33,6 @@ AdamWUniform adamw_uniform(uint32_t n, const AdamWConfig& cfg, uint64_t step) {
   p.step_size = float(cfg.lr / bc1);
   p.bc2_sqrt = float(std::sqrt(bc2));
   return p;
-}
-
-std::vector<uint8_t> StepGraph::adamw_block(size_t i, const AdamWConfig& cfg, uint64_t step) const {
-  if (i >= dispatches_.size()) throw ArgumentError("adamw_block: dispatch index out of range");
-  const auto& d = dispatches_[i];
-  if (d.kernel->name.rfind("optim:adamw", 0) != 0 || d.bytes != sizeof(AdamWUniform))
-    throw ArgumentError("adamw_block: dispatch " + std::to_string(i) + " is " + d.kernel->name +
-                        ", not an AdamW update");
-  if (!(cfg.lr >= 0.0f) || step < 1) throw ArgumentError("adamw_block: lr must be >= 0 and step >= 1");
-  uint32_t n;
-  std::memcpy(&n, data_[d.chunk].data() + d.offset, 4);
-  const AdamWUniform u = adamw_uniform(n, cfg, step);
-  std::vector<uint8_t> block(sizeof u);
-  std::memcpy(block.data(), &u, sizeof u);
-  return block;
 }
 
 uint64_t grad_norm_scratch_floats(const Device& dev, const std::vector<uint64_t>& counts) {

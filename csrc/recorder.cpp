@@ -225,20 +225,6 @@ std::vector<std::string> StepGraph::kernel_names() const {
   return names;
 }
 
-Range StepGraph::uniform_range(size_t i) const {
-  if (i >= dispatches_.size()) throw ArgumentError("uniform_range: dispatch index out of range");
-  const auto& d = dispatches_[i];
-  if (!d.bytes)
-    throw ArgumentError("uniform_range: dispatch " + std::to_string(i) + " (" + d.kernel->name +
-                        ") has no uniform block");
-  return Range{chunks_[d.chunk].get(), d.offset, (uint64_t(d.bytes) + 15) & ~uint64_t(15)};
-}
-
-uint32_t StepGraph::uniform_bytes(size_t i) const {
-  if (i >= dispatches_.size()) throw ArgumentError("uniform_bytes: dispatch index out of range");
-  return dispatches_[i].bytes;
-}
-
 void Recorder::replay(StepGraph& g, const std::vector<Rebind>& rebinds, PassTimer* timer) {
   if (graph_) throw ArgumentError("replay while capturing");
   if (g.dispatches_.empty()) return;

@@ -40,15 +40,13 @@ struct Rebind {
   Range to;
 };
 
-struct AdamWConfig;
-
 // A recorded sequence of dispatches that can be re-encoded cheaply: it keeps
 // each dispatch's pipeline, bind group and uniform block, so a training step
 // captured once replays without Python, kernel lookups or bind-group creation
 // (the WebGPU counterpart of a CUDA graph; command buffers themselves cannot
-// be resubmitted). What changes between steps (the batch, the AdamW step
-// scalars, where the loss goes) is rebound per replay. The graph holds a
-// reference to every buffer it binds.
+// be resubmitted). What changes between steps (the batch, where the loss
+// goes) is rebound per replay. The graph holds a reference to every buffer it
+// binds.
 class StepGraph {
  public:
   StepGraph() = default;
@@ -58,13 +56,6 @@ class StepGraph {
   size_t size() const { return dispatches_.size(); }
   // Kernel name of each captured dispatch (profiles).
   std::vector<std::string> kernel_names() const;
-  // The uniform block dispatch i was captured with (a Rebind source).
-  Range uniform_range(size_t i) const;
-  // Size in bytes of the uniform block dispatch i was captured with (0: none).
-  uint32_t uniform_bytes(size_t i) const;
-  // Dispatch i's AdamW uniform block for another step: its element count
-  // kept, the step scalars computed for `step` (optim.cpp).
-  std::vector<uint8_t> adamw_block(size_t i, const AdamWConfig& cfg, uint64_t step) const;
 
  private:
   friend class Recorder;

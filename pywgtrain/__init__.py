@@ -56,6 +56,7 @@ from .functions import (
 )
 from . import random
 from .random import manual_seed, get_rng_state, set_rng_state, initial_seed
+from .graphs import CaptureError, Graph, graph
 from . import nn, optim
 
 __version__ = "0.1.0"
@@ -120,6 +121,9 @@ __all__ = [
     "where",
     "layer_norm",
     "dropout",
+    "Graph",
+    "graph",
+    "CaptureError",
     "random",
     "manual_seed",
     "get_rng_state",

@@ -227,27 +227,23 @@ cdef class _Recorder:
 
     @property
     def captured(self):
-        """Dispatches captured so far (indices for replay(adamw=...))."""
+        """Dispatches captured so far."""
         return self.ptr.get().captured()
 
     @property
     def capturing(self):
         return self.ptr.get().capturing()
 
-    def replay(self, _StepGraph graph not None, _PassTimer timer=None, inputs=(), uniforms=()):
+    def replay(self, _StepGraph graph not None, _PassTimer timer=None, inputs=()):
         """Re-record the graph's dispatches; with `timer`, each in its own timed pass.
 
         inputs: (captured _Buffer, source) pairs; bindings of the captured
         buffer read `source` instead for this replay: a _Buffer of the same
-        size, or a C-contiguous NumPy array staged for this recording.
-        uniforms: (dispatch index, bytes) pairs: that dispatch runs with this
-        uniform block instead of the captured one (per-step values such as an
-        optimizer's step scalars; same size as the captured block)."""
+        size, or a C-contiguous NumPy array staged for this recording."""
         cdef vector[Rebind] rebinds
         cdef Rebind rb
         cdef _Buffer static, src
         cdef const uint8_t[::1] host
-        cdef const uint8_t[::1] block
         cdef PassTimer* t = NULL
         for static, source in inputs:
             if static is None:  # a typed local takes None; dereferencing it would crash
@@ -265,14 +261,6 @@ cdef class _Recorder:
                     raise ValueError(f"replay input of {host.shape[0]} bytes for a captured buffer of "
                                      f"{static.ptr.get().bytes()} bytes")
                 rb.to = self.ptr.get().stage(&host[0], host.shape[0])
-            rebinds.push_back(rb)
-        for index, data in uniforms:
-            block = memoryview(data).cast("B")
-            if <uint64_t>block.shape[0] != graph.ptr.get().uniform_bytes(index):
-                raise ValueError(f"replay: a uniform block of {block.shape[0]} bytes for dispatch {index}, whose "
-                                 f"block has {graph.ptr.get().uniform_bytes(index)}")
-            rb.src = graph.ptr.get().uniform_range(index)
-            rb.to = self.ptr.get().uniform_block(&block[0], block.shape[0])
             rebinds.push_back(rb)
         if timer is not None:
             t = timer.ptr.get()
@@ -305,13 +293,6 @@ cdef class _StepGraph:
 
     def kernel_names(self):
         return [n.decode() for n in self.ptr.get().kernel_names()]
-
-    def adamw_block(self, size_t index, float lr, float beta1, float beta2, float eps, float weight_decay,
-                    uint64_t step):
-        """The uniform block of captured AdamW dispatch `index` for another step (bytes)."""
-        cdef AdamWConfig cfg = _adamw_config(lr, beta1, beta2, eps, weight_decay)
-        cdef vector[uint8_t] block = self.ptr.get().adamw_block(index, cfg, step)
-        return bytes(block)
 
 
 cdef class _PassTimer:

@@ -98,9 +98,6 @@ cdef extern from "recorder.hpp" namespace "pwt" nogil:
     cdef cppclass StepGraph:
         size_t size()
         vector[string] kernel_names()
-        Range uniform_range(size_t i) except +raise_py_error
-        uint32_t uniform_bytes(size_t i) except +raise_py_error
-        vector[uint8_t] adamw_block(size_t i, const AdamWConfig& cfg, uint64_t step) except +raise_py_error
 
     cdef cppclass Recorder:
         Recorder(shared_ptr[Device] dev) except +raise_py_error

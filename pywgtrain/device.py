@@ -35,7 +35,6 @@ class _Recording:
         if rec is not None:
             self._batch = rec
             return rec
-        dev._submit_deferred()
         stream = dev._stream
         stream.lock.acquire()
         self._stream = stream
@@ -67,7 +66,7 @@ class _Stream:
     by any thread, go into one open recording per device, which is submitted
     once it holds ``Device.BATCH_SUBMIT_COMMANDS`` commands and whenever the
     device is flushed (a host read or write, ``synchronize()``, ``query()``, a
-    batch or a Trainer's grouped steps starting): the GPU runs while Python
+    batch starting): the GPU runs while Python
     records, and no operation pays a submission of its own (a CUDA stream's
     behaviour). One per device, not per thread, so that a tensor handed to
     another thread is flushed by that thread's read; ``lock`` serializes
@@ -318,7 +317,6 @@ class Device:
         if outer is not None:  # nested batches join the outer one
             yield outer
             return
-        self._submit_deferred()
         self._stream.submit()  # work recorded before the block runs before it
         rec = _core._Recorder(self._dev)
         self._local.recorder = rec
@@ -352,30 +350,13 @@ class Device:
         device's stream (``_Stream``)."""
         return _Recording(self)
 
-    def _defer(self, rec):
-        """Make `rec` this thread's deferred recording: work recorded into it
-        is submitted before anything else this thread records, submits or
-        reads (Trainer's steps_per_submit). Returns whether another deferred
-        recording had to be submitted first."""
-        current = getattr(self._local, "deferred", None)
-        if current is rec:
-            return False
-        self._submit_deferred()
-        self._stream.submit()
-        self._local.deferred = rec
-        return True
-
-    def _submit_deferred(self):
-        rec = getattr(self._local, "deferred", None)
-        if rec is not None:
-            self._local.deferred = None
-            if rec.pending:
-                rec.submit()
+    def _in_batch(self) -> bool:
+        """Whether this thread is inside a ``batch()`` block of this device."""
+        return getattr(self._local, "recorder", None) is not None
 
     def flush(self) -> None:
         """Submit whatever is recorded and not yet submitted: the device's
-        stream, and this thread's batch or a Trainer's grouped steps."""
-        self._submit_deferred()
+        stream, and this thread's batch."""
         self._stream.submit()
         rec = getattr(self._local, "recorder", None)
         if rec is not None and rec.capturing and getattr(self._local, "capture_read", None) is None:
@@ -409,7 +390,6 @@ class Device:
         waiting (like ``torch.cuda.Stream.query``; it submits the stream).
         Work still being recorded in a batch has not been submitted and does
         not count."""
-        self._submit_deferred()
         self._stream.submit()
         return self._dev.query()
 

@@ -11,13 +11,14 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from . import _core, nn, random
-from .device import BatchToken, Device
+from . import nn, random
+from .device import Device
+from .graphs import CaptureError, Graph, graph
 from .nn.modules.module import PLAIN_TYPES, modules_version
 from .serialization import read_safetensors, write_safetensors
 from .ops import label_array
 from .optim import AdamW
-from .tensor import Tensor, tensor
+from .tensor import Tensor, empty, tensor
 
 
 # Per parameter and step: whether it requires grad, and its buffer (compared by identity).
@@ -25,59 +26,58 @@ _PARAM_STATE = operator.attrgetter("requires_grad", "_buf")
 
 
 class _LossSlots:
-    """4-byte loss values for replayed steps, carved out of shared chunks
-    (one buffer per 64 steps instead of one per step: a buffer allocation
-    costs more host time than the rest of a replayed step's bookkeeping)."""
+    """Scalar tensors for the losses of replayed steps, views of shared chunks
+    (one allocation per 64 steps instead of one per step), each at an offset a
+    kernel can bind."""
 
     PER_CHUNK = 64
 
     def __init__(self, device):
         self.device = device
-        self.stride = max(device.limits["min_storage_buffer_offset_alignment"], 4)
+        self.stride = max(device.limits["min_storage_buffer_offset_alignment"] // 4, 1)  # in floats
         self.chunk, self.used = None, self.PER_CHUNK
 
     def take(self):
         if self.used == self.PER_CHUNK:
-            self.chunk = _core._Buffer(self.device._dev, self.stride * self.PER_CHUNK, "pywgtrain.losses")
+            self.chunk = empty((self.stride * self.PER_CHUNK,), device=self.device)
             self.used = 0
-        view = self.chunk.view(self.used * self.stride, 4)
+        slot = self.chunk[self.used * self.stride]
         self.used += 1
-        return Tensor(view, (), np.float32, self.device)
+        return slot
 
 
 class Trainer:
-    """Runs forward, loss, backward, (clip,) AdamW as one recorded submission per
-    step. The loss stays on the GPU until ``Loss.item()`` is called, so the GPU
-    never waits for Python between steps.
+    """Runs forward, loss, backward and ``optimizer.step()`` per call. The loss
+    stays on the GPU until ``Loss.item()`` is called, so the GPU never waits
+    for Python between steps.
 
-    With ``capture=True`` (default) the second step is captured as a step
-    graph and later steps with the same batch shapes replay it: the recorded
-    dispatches are re-encoded in one call, without Python-side model code,
-    kernel lookups or bind-group creation; the batch (a device tensor as it
-    is, a NumPy batch uploaded for that step only), the AdamW step scalars
-    and the loss output are bound per step. Results are identical to
-    uncaptured steps, and the caller's tensors are never written.
+    With ``capture=True`` (default) the forward and backward of the second
+    step are captured (:class:`pywgtrain.Graph`) and later steps with the same
+    batch shapes replay them: the recorded dispatches are re-encoded in one
+    call, without Python-side model code, kernel lookups or bind-group
+    creation; the batch (a device tensor as it is, a NumPy batch uploaded for
+    that step only) and the loss output are bound per step. The optimizer
+    steps as in any loop, so learning-rate changes reach every step. Results
+    are identical to uncaptured steps, and the caller's tensors are never
+    written.
 
     A captured step depends on more than the batch shapes: every module's
     ``training`` flag (dropout) and other plain attributes (bool, int, float,
-    str, None: ``Dropout.p``, ``Linear.activation``), which parameters require grad, the module
-    tree and parameter buffers, the optimizer's group sizes and
-    ``max_grad_norm`` (baked into the graph; lr, betas, eps and weight decay
-    are rebound per replay). Each step compares a signature of these with
-    the captured one; after a change it runs eagerly once, then captures
-    again, so replays compute what an eager loop would. A step whose
-    forward, loss or update reads GPU data on the host (``.item()``,
-    ``.numpy()``) or otherwise submits mid-step cannot be captured: that
-    step finishes eagerly, the Trainer stops capturing and warns once,
-    naming the read. Python state a forward consults without such a read
-    (a host counter, a global) is not seen: keep forwards free of it, or
-    pass ``capture=False``.
+    str, None: ``Dropout.p``, ``Linear.activation``), which parameters require
+    grad, the module tree and parameter buffers, the optimizer's group sizes.
+    Each step compares a signature of these with the captured one; after a
+    change it runs eagerly once, then captures again, so replays compute what
+    an eager loop would. A step whose forward, loss or backward reads GPU
+    data on the host (``.item()``, ``.numpy()``) or otherwise submits mid-step
+    cannot be captured: that step finishes eagerly, the Trainer stops
+    capturing and warns once, naming the read. Python state a forward
+    consults without such a read (a host counter, a global) is not seen:
+    keep forwards free of it, or pass ``capture=False``.
 
-    ``steps_per_submit``: replayed steps are grouped, this many to one
-    submission (each submission costs the GPU some idle time). A group is
-    also submitted as soon as anything else on this thread records, submits
-    or reads GPU data (``Loss.item()`` included), so results are always
-    those of the steps in call order; ``flush()`` submits it explicitly.
+    Steps stream to the GPU like any operation (submitted every
+    ``Device.BATCH_SUBMIT_COMMANDS`` dispatches and on every host read);
+    ``steps_per_submit``: at least every this many steps, the Trainer submits
+    what is recorded (``flush()`` does it explicitly).
     """
 
     def __init__(
@@ -103,8 +103,7 @@ class Trainer:
         self._eager_key: Optional[tuple[Any, ...]] = None
         self._walked: Any = None  # (modules_version, model and loss ids), module signature, parameters
         self._loss_slots = _LossSlots(self.device)
-        self._group_rec: Any = None  # recorder of the current group of replayed steps
-        self._group: list[Tensor] = []  # their losses
+        self._unsubmitted = 0  # steps since the last flush()
         self._classes = None  # logits width (CrossEntropyLoss), known after the first forward
 
     def _batch_arrays(self, x, y):
@@ -144,7 +143,7 @@ class Trainer:
         _, modules, params = self._walked
         opt = self.optimizer
         groups = tuple([len(g["params"]) for g in opt.param_groups])
-        return modules, opt.max_grad_norm, groups, tuple(map(_PARAM_STATE, params))
+        return modules, groups, tuple(map(_PARAM_STATE, params))
 
     def _walk(self):
         """(the module tree's ids and plain attributes as a tuple, its parameters), model and loss."""
@@ -181,92 +180,65 @@ class Trainer:
             self._graph = None  # captured under other state; a batch of another shape alone keeps it
         user_x, user_y = isinstance(x, Tensor), isinstance(y, Tensor)
         host_labels = None if user_y else y
-        x = x if user_x else tensor(x, self.device)
-        y = y if user_y else tensor(y, self.device)
+        x = x if isinstance(x, Tensor) else tensor(x, self.device)
+        y = y if isinstance(y, Tensor) else tensor(y, self.device)
         if capture:
             # The graph keeps inputs of its own (the shapes replays check and
-            # the buffers they rebind); the caller's tensors stay as they are.
-            x = x.clone() if isinstance(x, Tensor) and user_x else x
-            y = y.clone() if isinstance(y, Tensor) and user_y else y
-        with self.device.batch() as rec:
-            if capture:
-                self.device.capture_interrupted(reset=True)
-                rec.begin_capture()
-            self.optimizer.zero_grad()
-            out = self.model(x)
-            if self._classes is None and isinstance(self.loss_fn, nn.CrossEntropyLoss) and out.ndim:
-                self._classes = out.shape[-1]
-                if host_labels is not None:  # raising here discards the step's recording
-                    label_array(host_labels, self._classes)
-            loss = self.loss_fn(out, y)
-            loss.backward()
-            self.optimizer.step()
-            if capture:
-                graph = rec.end_capture()
-                where = self.device.capture_interrupted(reset=True)
-                if where is not None:
-                    # Part of the step was submitted mid-capture: the graph misses that part (and its
-                    # uniform blocks). The step itself ran in order, as an eager one would; drop the graph.
-                    self.capture = False
-                    warnings.warn(
-                        f"Trainer: {where} read GPU data (or submitted work) in the middle of the "
-                        "captured training step, so the step cannot be replayed; it ran eagerly and this "
-                        "Trainer no longer captures (remove the read from forward/loss, or pass capture=False "
-                        "to silence this)",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-                else:
-                    self._graph = {"graph": graph, "x": x, "y": y, "loss": loss, "key": key}
-                    # Replays write their losses elsewhere; this one keeps its own.
-                    own = self._loss_slots.take()
-                    rec.copy(loss._buf, 0, own._buf, 0, 4)
-                    loss = own
+            # the tensors they rebind); the caller's tensors stay as they are.
+            x = x.clone() if user_x else x
+            y = y.clone() if user_y else y
+            g = Graph()
+            try:
+                with graph(g, self.device):
+                    loss = self._forward_backward(x, y, host_labels)
+                self._graph = {"graph": g, "x": x, "y": y, "loss": loss, "key": key}
+            except CaptureError as e:
+                # The step ran in order, as an eager one would; only the graph is lost.
+                self.capture = False
+                warnings.warn(
+                    f"Trainer: {e.where} read GPU data (or submitted work) in the middle of the "
+                    "captured training step, so the step cannot be replayed; it ran eagerly and this "
+                    "Trainer no longer captures (remove the read from forward/loss, or pass capture=False "
+                    "to silence this)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        else:
+            with self.device.batch():  # an error in the forward discards the whole step
+                loss = self._forward_backward(x, y, host_labels)
+        self.optimizer.step()
         self._eager_key = None if capture else key
-        self.step_count += 1
-        return loss.detach()
+        return self._stepped(loss.detach())
+
+    def _forward_backward(self, x, y, host_labels):
+        self.optimizer.zero_grad()
+        out = self.model(x)
+        if self._classes is None and isinstance(self.loss_fn, nn.CrossEntropyLoss) and out.ndim:
+            self._classes = out.shape[-1]
+            if host_labels is not None:  # raising here discards the step's recording
+                label_array(host_labels, self._classes)
+        loss = self.loss_fn(out, y)
+        loss.backward()
+        return loss
 
     def _replay(self, x, y):
         g = self._graph
-        dev = self.device
-        own = self._loss_slots.take()
-        inputs = [
-            (g["x"]._buf, x._buf if isinstance(x, Tensor) else x),
-            (g["y"]._buf, y._buf if isinstance(y, Tensor) else y),
-            (g["loss"]._buf, own._buf),
-        ]
-        uniforms = self.optimizer._replay_uniforms(g["graph"])
-        loss = own
-        outer = getattr(dev._local, "recorder", None)
-        if outer is not None:  # inside the caller's batch: part of its submission
-            outer.replay(g["graph"], inputs=inputs, uniforms=uniforms)
-        else:
-            if self._group_rec is None:
-                self._group_rec = _core._Recorder(dev._dev)
-            rec = self._group_rec
-            if dev._defer(rec) or not rec.pending:
-                self._group = []
-            try:
-                rec.replay(g["graph"], inputs=inputs, uniforms=uniforms)
-            except BaseException:
-                # A failed recording discards the whole group (see Recorder).
-                for lost in self._group:
-                    lost._batch = BatchToken(
-                        "the training step of this loss was discarded: a later step of its group failed to record"
-                    )
-                self._group = []
-                raise
-            self._group.append(loss)
-            if len(self._group) >= self.steps_per_submit:
-                self.flush()
+        loss = self._loss_slots.take()
+        g["graph"].replay({g["x"]: x, g["y"]: y, g["loss"]: loss})
+        self.optimizer.step()
+        return self._stepped(loss)
+
+    def _stepped(self, loss):
         self.step_count += 1
+        self._unsubmitted += 1
+        if self._unsubmitted >= self.steps_per_submit:
+            self.flush()
         return loss
 
     def flush(self) -> None:
-        """Submit the grouped steps recorded so far (``steps_per_submit``)."""
-        if self._group_rec is not None and getattr(self.device._local, "deferred", None) is self._group_rec:
-            self.device._submit_deferred()
-        self._group = []
+        """Submit the steps recorded so far (``Device.flush()``)."""
+        self._unsubmitted = 0
+        self.device.flush()
 
     def save(self, path: Union[str, os.PathLike], extra: Any = None) -> None:
         """Model, optimizer state, step count and the device's RNG state

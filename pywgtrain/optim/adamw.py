@@ -76,8 +76,7 @@ class AdamW(Optimizer):
     Parameter objects stay the same, their data becomes views), so a step in
     which every parameter has a gradient is one norm reduction and one AdamW
     dispatch per group instead of one per tensor. Other steps update tensor by
-    tensor. Learning-rate schedulers change ``param_groups[i]["lr"]``, which
-    reaches replayed steps (``Trainer``) too.
+    tensor. Learning-rate schedulers change ``param_groups[i]["lr"]``.
     """
 
     def __init__(
@@ -99,8 +98,6 @@ class AdamW(Optimizer):
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.state: list[dict[str, Any]] = [{} for _ in self.params]
         self._norm: Optional[Tensor] = None
-        # [(group index, param indices, AdamW dispatch indices)] of a captured step
-        self._captured: Optional[list[tuple[int, list[int], range]]] = None
         self._arena: Any = None  # a _FlatArena when the step is fused
         if fused and all(p.device is self.device for p in self.params):
             self._arena = _FlatArena(self.params, self.device)
@@ -147,7 +144,6 @@ class AdamW(Optimizer):
                 grads = [self._arena.span("grad", 0, len(self.params))] if flat else [p.grad for _, p in live]
                 self._norm = record_grad_norm(rec, self.device, grads, self.max_grad_norm)
                 clip = self._norm._buf
-            captured: Optional[list[tuple[int, list[int], range]]] = [] if rec.capturing else None
             if flat:
                 for i in range(len(self.params)):
                     self.state[i]["step"] += 1
@@ -159,7 +155,6 @@ class AdamW(Optimizer):
                     t = {
                         name: self._arena.span(name, first, last) for name in ("param", "grad", "exp_avg", "exp_avg_sq")
                     }
-                    start = rec.captured
                     _core.adamw(
                         rec,
                         t["param"]._buf,
@@ -175,15 +170,12 @@ class AdamW(Optimizer):
                         step,
                         clip,
                     )
-                    if captured is not None:
-                        captured.append((gi, list(range(first, last)), range(start, rec.captured)))
             else:
                 for i, p in live:
                     gi = self._group_of[i]
                     lr, b1, b2, eps, wd = self._hyper(self.param_groups[gi])
                     st = self._state_for(i)
                     st["step"] += 1
-                    start = rec.captured
                     _core.adamw(
                         rec,
                         p._buf,
@@ -199,26 +191,8 @@ class AdamW(Optimizer):
                         st["step"],
                         clip,
                     )
-                    if captured is not None:
-                        captured.append((gi, [i], range(start, rec.captured)))
-            if captured is not None:
-                self._captured = captured
         for _, p in live:
             p._bump_version()  # written in place: a graph that saved the old values refuses to backward
-
-    def _replay_uniforms(self, graph):
-        """Replay counterpart of step(): bump the step counts and return this
-        step's uniform blocks for the captured update dispatches (each group's
-        current lr, so schedulers reach replayed steps), as
-        ``_Recorder.replay(uniforms=...)`` takes them."""
-        blocks = []
-        for gi, indices, dispatches in self._captured:
-            lr, b1, b2, eps, wd = self._hyper(self.param_groups[gi])
-            for i in indices:
-                self.state[i]["step"] += 1
-            step = self.state[indices[0]]["step"]
-            blocks += [(d, graph.adamw_block(d, lr, b1, b2, eps, wd, step)) for d in dispatches]
-        return blocks
 
     def last_grad_norm(self) -> Optional[float]:
         """Global gradient norm computed by the last clipped ``step()`` (reads 4 bytes back)."""
@@ -347,4 +321,3 @@ class AdamW(Optimizer):
             s["step"] = st["step"]
             s["exp_avg"].copy_(st["exp_avg"])
             s["exp_avg_sq"].copy_(st["exp_avg_sq"])
-        self._captured = None

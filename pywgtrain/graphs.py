@@ -1,0 +1,121 @@
+"""Capture GPU work once, replay it many times (``torch.cuda.CUDAGraph``'s idea).
+
+``with pw.graph(g): ...`` runs the block as usual and also keeps its dispatches
+in ``g``; ``g.replay()`` records them again in one call, without the Python
+that issued them, kernel lookups or bind-group creation. A replay reads and
+writes the tensors the capture used, or others of the same shape and dtype
+put in their place (``inputs``), so one captured training step serves every
+batch::
+
+    g = pw.Graph()
+    with pw.graph(g):
+        loss = loss_fn(model(static_x), static_y)
+        loss.backward()
+    for x, y in batches:
+        g.replay({static_x: x, static_y: y})
+        optimizer.step()
+
+What the block computed on the host (shapes, Python branches, scalars baked
+into kernel arguments) is fixed at capture; a block that reads GPU data on the
+host mid-capture cannot be replayed and raises :class:`CaptureError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Mapping, Optional, Union
+
+import numpy as np
+
+from .device import Device, resolve_device
+from .tensor import Tensor
+
+
+class CaptureError(RuntimeError):
+    """The captured block read GPU data on the host (or otherwise submitted
+    work) mid-capture, so its graph would miss part of the block. The block
+    itself ran completely, in order; ``where`` names the read."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"{where} read GPU data (or submitted work) in the middle of a graph capture, so the "
+            "graph cannot be replayed (the block itself ran); move the read out of the captured block"
+        )
+        self.where = where
+
+
+class Graph:
+    """A captured sequence of GPU work (see the module docstring). Empty until
+    a :func:`graph` block has captured into it; capturing again replaces it."""
+
+    def __init__(self) -> None:
+        self.device: Optional[Device] = None
+        self._graph = None
+
+    def __len__(self) -> int:
+        """The number of captured dispatches."""
+        return 0 if self._graph is None else len(self._graph)
+
+    def replay(self, inputs: Optional[Mapping[Tensor, Union[Tensor, np.ndarray]]] = None) -> None:
+        """Record the captured work again, into this thread's ``Device.batch()``
+        or the device's stream, like any operation. ``inputs`` maps tensors the
+        capture used to what this replay uses in their place: a tensor of the
+        same shape and dtype on the same device (read or written, as the
+        capture did), or a C-contiguous NumPy array (uploaded with the replay;
+        the captured work may only read it). Nothing else is checked: the
+        captured work writes the tensors it wrote, whatever they hold now."""
+        if self._graph is None or self.device is None:
+            raise RuntimeError("Graph.replay(): nothing captured yet (capture with `with pywgtrain.graph(g): ...`)")
+        dev = self.device
+        pairs = []
+        for static, source in (inputs or {}).items():
+            if not isinstance(static, Tensor):
+                raise TypeError(f"Graph.replay(): inputs keys must be captured Tensors, got {type(static).__name__}")
+            if not static._bindable:
+                raise ValueError("Graph.replay(): a strided view cannot be rebound; capture a contiguous tensor")
+            if isinstance(source, Tensor):
+                if source.device is not dev:
+                    raise ValueError(f"Graph.replay(): an input lives on {source.device!r}, the graph on {dev!r}")
+                if not source._bindable:
+                    raise ValueError("Graph.replay(): a strided view cannot stand in for a captured tensor")
+                source._batch = dev._current_batch_token()  # written by the work recorded now
+                target = source._buf
+            elif isinstance(source, np.ndarray):
+                if not source.flags.c_contiguous:
+                    raise ValueError("Graph.replay(): NumPy inputs must be C-contiguous")
+                target = source
+            else:
+                raise TypeError(
+                    f"Graph.replay(): inputs values must be Tensors or NumPy arrays, got {type(source).__name__}"
+                )
+            if source.shape != static.shape or np.dtype(source.dtype) != static.dtype:
+                raise ValueError(
+                    f"Graph.replay(): an input of shape {tuple(source.shape)} and dtype {np.dtype(source.dtype).name} "
+                    f"for a captured tensor of shape {static.shape} and dtype {static.dtype.name}"
+                )
+            pairs.append((static._buf, target))
+        with dev._recording() as rec:
+            rec.replay(self._graph, inputs=pairs)
+
+
+@contextlib.contextmanager
+def graph(g: Graph, device: Optional[Device] = None) -> Iterator[Graph]:
+    """Run the block and capture its GPU work into ``g`` (``torch.cuda.graph``'s
+    shape). The block runs as one ``Device.batch()`` of ``device`` (default:
+    the default device); an exception inside it discards the block's work and
+    leaves ``g`` as it was. Raises :class:`CaptureError` at the end of a block
+    that read GPU data on the host."""
+    if not isinstance(g, Graph):
+        raise TypeError(f"graph(): g must be a pywgtrain.Graph, got {type(g).__name__}")
+    dev = resolve_device(device)
+    if dev._in_batch():
+        raise RuntimeError("graph(): cannot capture inside a Device.batch() block")
+    with dev.batch() as rec:
+        dev.capture_interrupted(reset=True)
+        rec.begin_capture()
+        yield g
+        captured = rec.end_capture()
+        where = dev.capture_interrupted(reset=True)
+    if where is not None:
+        raise CaptureError(where)
+    g.device, g._graph = dev, captured
