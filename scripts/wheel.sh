@@ -46,7 +46,9 @@ raw=$(echo "$tmp"/raw/pywgtrain-*.whl)
 # one, so no --exclude is needed: it grafts nothing, keeps the bundling as it
 # is, checks the library's own dependencies (glibc, libgcc_s, libm; Vulkan
 # is dlopen()ed at run time) against the policy and picks the oldest
-# manylinux tag they allow.
+# manylinux tag they allow. That tag follows the build machine's glibc and
+# libstdc++ (Debian 12: manylinux_2_34, for GLIBCXX_3.4.29); wheels for older
+# systems come from cibuildwheel's manylinux_2_28 image.
 say "auditwheel repair"
 auditwheel repair --wheel-dir "$tmp/repaired" "$raw"
 whl=$(echo "$tmp"/repaired/pywgtrain-*manylinux*.whl)
