@@ -27,8 +27,33 @@ else()
       "or pass -DWGPU_NATIVE_DIR=<wgpu-native release dir>.")
   endif()
   find_path(WGPU_NATIVE_INCLUDE_DIR wgpu.h PATHS "${_wgpu_resources}" NO_DEFAULT_PATH)
-  find_library(WGPU_NATIVE_LIBRARY NAMES wgpu_native-release wgpu_native
-    PATHS "${_wgpu_resources}" NO_DEFAULT_PATH)
+  if(WIN32)
+    # wgpu's Windows wheels ship wgpu_native-release.dll without an import
+    # library. Make one with MSVC's lib.exe from the functions webgpu.h and
+    # wgpu.h declare, which are exactly the DLL's exports (228 in 0.32.0).
+    find_file(WGPU_NATIVE_LIBRARY wgpu_native-release.dll PATHS "${_wgpu_resources}" NO_DEFAULT_PATH)
+    if(WGPU_NATIVE_LIBRARY AND WGPU_NATIVE_INCLUDE_DIR)
+      file(READ "${WGPU_NATIVE_INCLUDE_DIR}/webgpu.h" _wgpu_h)
+      file(READ "${WGPU_NATIVE_INCLUDE_DIR}/wgpu.h" _wgpu_ext_h)
+      string(REGEX MATCHALL "wgpu[A-Z][A-Za-z0-9_]*[ \t]*\\(" _wgpu_fns "${_wgpu_h}${_wgpu_ext_h}")
+      list(TRANSFORM _wgpu_fns REPLACE "[ \t(]" "")
+      list(REMOVE_DUPLICATES _wgpu_fns)
+      list(JOIN _wgpu_fns "\n  " _wgpu_exports)
+      set(_wgpu_def "${CMAKE_CURRENT_BINARY_DIR}/wgpu_native-release.def")
+      set(WGPU_NATIVE_IMPLIB "${CMAKE_CURRENT_BINARY_DIR}/wgpu_native-release.lib")
+      file(WRITE "${_wgpu_def}" "LIBRARY wgpu_native-release.dll\nEXPORTS\n  ${_wgpu_exports}\n")
+      execute_process(
+        COMMAND "${CMAKE_AR}" /nologo "/def:${_wgpu_def}" "/out:${WGPU_NATIVE_IMPLIB}"
+                "/machine:${CMAKE_CXX_COMPILER_ARCHITECTURE_ID}"
+        RESULT_VARIABLE _wgpu_lib_rc)
+      if(NOT _wgpu_lib_rc EQUAL 0)
+        message(FATAL_ERROR "could not make an import library for ${WGPU_NATIVE_LIBRARY} (${CMAKE_AR}: ${_wgpu_lib_rc})")
+      endif()
+    endif()
+  else()
+    find_library(WGPU_NATIVE_LIBRARY NAMES wgpu_native-release wgpu_native
+      PATHS "${_wgpu_resources}" NO_DEFAULT_PATH)
+  endif()
 endif()
 
 if(NOT WGPU_NATIVE_INCLUDE_DIR OR NOT WGPU_NATIVE_LIBRARY)
@@ -43,3 +68,6 @@ set_target_properties(wgpu_native::wgpu_native PROPERTIES
   # records a bare file name that $ORIGIN resolves, not a build-machine path.
   IMPORTED_NO_SONAME TRUE
   INTERFACE_INCLUDE_DIRECTORIES "${WGPU_NATIVE_INCLUDE_DIR}")
+if(WGPU_NATIVE_IMPLIB)
+  set_target_properties(wgpu_native::wgpu_native PROPERTIES IMPORTED_IMPLIB "${WGPU_NATIVE_IMPLIB}")
+endif()
