@@ -346,6 +346,19 @@ def test_readme_has_two_setup_commands_and_ci_runs_both():
     assert re.search(r"^bash scripts/train\.sh --steps \d+ ", ci, re.M)
 
 
+def test_readme_python_example_runs(tmp_path):
+    """The README's Python block runs as written (in a process of its own: it opens devices)."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert len(blocks) == 1
+    script = tmp_path / "readme_example.py"
+    script.write_text(blocks[0])
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loss, norm = (float(v) for v in done.stdout.split()[:2])  # the first print: loss and gradient norm
+    assert 0.0 < loss < 10.0 and norm > 0.0
+
+
 def test_readme_lists_every_environment_variable():
     """Each variable the C++ core, the package, the scripts and the benchmarks
     read appears in the README's table, or in docs/gemm_notes.md's table of
