@@ -65,22 +65,21 @@ class enable_grad(set_grad_enabled):
 
 
 class Node:
-    """One recorded op: ``backward(grad, sinks, preact)`` records the input
+    """One recorded op: ``backward_fn(grad, sinks)`` records the input
     gradients. ``inputs`` are the op's tensor inputs (None where an input
     takes no gradient); ``edges`` the nodes that produced them when the op
     ran (None for leaves): an in-place op later gives its tensor a new node,
     and the ops that read the old value must still reach the old one.
-    ``saved`` is whatever backward reads; ``versions`` the (storage, version)
-    of each tensor whose values backward reads, checked before it runs."""
+    ``versions`` the (storage, version) of each tensor whose values backward
+    reads, checked before it runs."""
 
-    __slots__ = ("name", "inputs", "edges", "backward_fn", "saved", "versions", "released", "__weakref__")
+    __slots__ = ("name", "inputs", "edges", "backward_fn", "versions", "released", "__weakref__")
 
-    def __init__(self, name, inputs, backward_fn, saved=None, keep=()):
+    def __init__(self, name, inputs, backward_fn, keep=()):
         self.name = name
         self.inputs = tuple(inputs)
         self.edges = tuple(None if t is None else t._node for t in self.inputs)
         self.backward_fn = backward_fn
-        self.saved = saved
         self.versions = tuple((t._store, t._store.version) for t in keep if t is not None)
         self.released = False
 
@@ -88,7 +87,6 @@ class Node:
         self.inputs = ()
         self.edges = ()
         self.backward_fn = None
-        self.saved = None
         self.versions = ()  # they reference storages: a released graph must not keep memory alive
         self.released = True
 
@@ -113,7 +111,7 @@ def needs_grad(*tensors):
     return any(t is not None and getattr(t, "requires_grad", False) for t in tensors)
 
 
-def attach(out, name, inputs, backward_fn, saved=None, keep=()):
+def attach(out, name, inputs, backward_fn, keep=()):
     """Make ``out`` the result of a recorded op (when any input requires grad).
     ``keep``: the tensors (inputs or ``out``) whose values ``backward_fn``
     reads; writing one of them in place before backward makes backward raise."""
@@ -126,27 +124,22 @@ def attach(out, name, inputs, backward_fn, saved=None, keep=()):
                     "operation"
                 )
         out.requires_grad = True
-        out._node = Node(
-            name, [t if t is not None and t.requires_grad else None for t in inputs], backward_fn, saved, keep
-        )
+        out._node = Node(name, [t if t is not None and t.requires_grad else None for t in inputs], backward_fn, keep)
     return out
 
 
 class _Slot:
     """Where the gradient of one tensor collects during a backward pass."""
 
-    __slots__ = ("tensor", "shape", "leaf", "value", "owned", "share", "preact", "uses", "producer")
+    __slots__ = ("tensor", "shape", "leaf", "value", "owned", "share")
 
-    def __init__(self, tensor, uses, producer):
+    def __init__(self, tensor, leaf):
         self.tensor = tensor
         self.shape = tensor.shape
-        self.leaf = producer is None
+        self.leaf = leaf
         self.value = None  # intermediate: the gradient so far
         self.owned = False  # whether `value` may be written in place
         self.share = None  # the _Share of a value other slots may hold too (owned is then False)
-        self.preact = False  # value is the gradient of the producer's pre-activation (fused Linear)
-        self.uses = uses
-        self.producer = producer
 
     # -- leaves: .grad as in PyTorch -----------------------------------------
     def _leaf_target(self):
@@ -184,10 +177,9 @@ class _Slot:
             return self.value, 0.0
         if not self.owned:
             self._own()
-        self.preact = False
         return self.value, 1.0
 
-    def put(self, g, owned=True, preact=False, share=None):
+    def put(self, g, owned=True, share=None):
         """Hand over a finished contribution ``g`` (``owned``: no one else holds it; ``share``: the
         _Share of the writable gradient g was passed on from, which this slot joins)."""
         if g.shape != self.shape:
@@ -201,13 +193,11 @@ class _Slot:
             _copy_into(g, dst, beta)
             return
         if self.value is None:
-            self.value, self.owned, self.preact = g, owned, preact
+            self.value, self.owned = g, owned
             if share is not None:  # only passed with owned=False
                 share.holders += 1
                 self.share = share
             return
-        if preact or self.preact:
-            raise AssertionError("a pre-activation gradient must be the only contribution to its slot")
         if not self.owned:
             self._own()
         _copy_into(g, self.value, 1.0)
@@ -223,8 +213,7 @@ class _Share:
 
 
 class Sink:
-    """What a backward function sees of one input: its shape, how often the
-    graph uses it, the node that produced it, and where its gradient goes."""
+    """What a backward function sees of one input: its shape and where its gradient goes."""
 
     __slots__ = ("_slot", "_incoming")
 
@@ -236,18 +225,10 @@ class Sink:
     def shape(self):
         return self._slot.shape
 
-    @property
-    def uses(self):
-        return self._slot.uses
-
-    @property
-    def producer(self):
-        return self._slot.producer
-
     def target(self):
         return self._slot.target()
 
-    def put(self, g, owned=True, preact=False):
+    def put(self, g, owned=True):
         share = None
         src = self._incoming
         # A view of the incoming gradient, passed on unchanged: shared with it when it was writable.
@@ -255,7 +236,7 @@ class Sink:
             if src.share is None:
                 src.share, src.owned = _Share(), False
             share = src.share
-        self._slot.put(g, owned, preact, share)
+        self._slot.put(g, owned, share)
 
 
 def _empty_like(t):
@@ -303,25 +284,19 @@ def backward(root, gradient, retain_graph=None):
     tensor of root's shape on its device (``Tensor.backward`` checks the arguments)."""
     if root._node is None:  # a leaf: its gradient is the seed itself
         with root.device._cache.grad_lock:
-            _Slot(root, 1, None).put(gradient, owned=False)
+            _Slot(root, True).put(gradient, owned=False)
         return
     nodes = _topo_nodes(root._node)
     for node in nodes:  # before anything is recorded: a refused pass changes no .grad
         node.check_versions()
     # A slot per gradient: keyed by the node that produced the tensor, or by the leaf tensor itself.
-    uses = {}
-    for node in nodes:
-        for t, e in zip(node.inputs, node.edges):
-            if t is not None:
-                key = id(t) if e is None else id(e)
-                uses[key] = uses.get(key, 0) + 1
     slots = {}  # tensors are kept alive by their consumers' inputs
 
     def slot_of(t, e):
         key = id(t) if e is None else id(e)
         s = slots.get(key)
         if s is None:
-            s = slots[key] = _Slot(t, uses.get(key, 1), e)
+            s = slots[key] = _Slot(t, e is None)
         return s
 
     root_slot = slot_of(root, root._node)
@@ -337,13 +312,13 @@ def backward(root, gradient, retain_graph=None):
                     node.release()  # no gradient reached it
                 continue
             t = slot.tensor
-            if t._retains_grad and t._node is node and not slot.preact:
+            if t._retains_grad and t._node is node:
                 if t.grad is None:
                     t.grad = _copy(slot.value)
                 else:
                     _copy_into(slot.value, t.grad, 1.0)
             sinks = [None if t is None else Sink(slot_of(t, e), slot) for t, e in zip(node.inputs, node.edges)]
-            node.backward_fn(slot.value, sinks, slot.preact)
+            node.backward_fn(slot.value, sinks)
             slot.drop()
             if not retain_graph:
                 node.release()

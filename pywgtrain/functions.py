@@ -191,7 +191,7 @@ def _attach_launch(out, name, x, launch, keep=()):
     and the target's buffers (``beta`` 1.0 accumulates into the target);
     ``keep``: the tensors whose values the launch reads (see autograd.attach)."""
 
-    def backward(g, sinks, _):
+    def backward(g, sinks):
         dst, beta = sinks[0].target()
         with _rec(g.device) as rec:
             launch(rec, g._buf, dst._buf, float(beta))
@@ -277,7 +277,7 @@ def _filled(x: Tensor) -> Tensor:
     """The autograd record of ``x.fill_(v)`` on a graph tensor: a result over
     x's memory whose gradient to x's earlier value is zero."""
 
-    def backward(g, sinks, _):
+    def backward(g, sinks):
         dst, beta = sinks[0].target()
         if beta == 0.0:
             _zero(dst)
@@ -361,7 +361,7 @@ def _binary_tensors(name, ta, tb, dev):
         return out
     abuf, bbuf = ta._buf, tb._buf
 
-    def backward(g, sinks, _):
+    def backward(g, sinks):
         for which, sink in enumerate(sinks):
             if sink is None:
                 continue
@@ -445,7 +445,7 @@ def where(condition: Operand, input: Operand, other: Operand) -> Tensor:  # noqa
         return out
     cbuf = tc._buf
 
-    def backward(g, sinks, _):
+    def backward(g, sinks):
         zero = full((1,), 0.0, dev)
         for which, sink in enumerate(sinks[1:]):  # sinks[0] is the condition's (never differentiated)
             if sink is None:
@@ -511,7 +511,7 @@ def _sum_mean(x, dim, keepdim, mean, op):
         in_shape = x.shape
         kept = tuple(1 if i in dims else s for i, s in enumerate(shape))
 
-        def backward(g, sinks, _):
+        def backward(g, sinks):
             dst, beta = sinks[0].target()
             if mean:
                 tmp = empty(in_shape, np.float32, x.device)
@@ -581,7 +581,7 @@ def _max_all(x):
     if needs_grad(x):
         xbuf, vbuf = x._buf, value._buf
 
-        def backward(g, sinks, _):
+        def backward(g, sinks):
             dst, beta = sinks[0].target()
             mask = empty((n,), np.float32, dev)
             count, share = empty((1,), np.float32, dev), empty((1,), np.float32, dev)
@@ -692,7 +692,7 @@ def _view_op(x, shape, strides, offset, name, backward):
 def _reshape_view(x, shape, name):
     in_shape = x.shape
 
-    def backward(g, sinks, _):
+    def backward(g, sinks):
         sinks[0].put(g.detach().reshape(in_shape), owned=False)
 
     return _view_op(x, shape, _strides(shape), x._offset, name, backward)
@@ -731,7 +731,7 @@ def _dense(x):
 def _copy_of_view(x):
     out = Tensor(x._view_buffer(), x.shape, x.dtype, x.device)
     if x.dtype == np.float32 and needs_grad(x):
-        attach(out, "contiguous", [x], lambda g, sinks, _: sinks[0].put(g, owned=False))
+        attach(out, "contiguous", [x], lambda g, sinks: sinks[0].put(g, owned=False))
     return out
 
 
@@ -767,7 +767,7 @@ def _reshape_like(x, shape, strides, name):
     """A view that only adds or drops size-1 dimensions (strided x stays strided)."""
     in_shape = x.shape
 
-    def backward(g, sinks, _):
+    def backward(g, sinks):
         sinks[0].put(g.detach().reshape(in_shape), owned=False)
 
     return _view_op(x, shape, strides, x._offset, name, backward)
@@ -783,7 +783,7 @@ def permute(x: Tensor, *dims: Union[int, Sequence[int]]) -> Tensor:
     out_shape = tuple(x.shape[p] for p in perm)
     inverse = [perm.index(i) for i in range(x.ndim)]
 
-    def backward(g, sinks, _):
+    def backward(g, sinks):
         dst, beta = sinks[0].target()
         gst = _strides(g.shape)
         ks = _kshape(x.shape)
@@ -818,7 +818,7 @@ def expand(x: Tensor, *shape: ShapeLike) -> Tensor:
     pst = (0,) * (len(shape) - x.ndim) + tuple(x.stride())
     strides = [0 if p == 1 and s != 1 else t for p, s, t in zip(pad, shape, pst)]
 
-    def backward(g, sinks, _):
+    def backward(g, sinks):
         _sum_to_sink(g, sinks[0], owned=False)
 
     return _view_op(x, shape, strides, x._offset, "expand", backward)
@@ -830,7 +830,7 @@ def _region_backward(offset, strides, shape):
     ks = _kshape(shape)
     gst = list(_strides(ks))
 
-    def backward(g, sinks, _):
+    def backward(g, sinks):
         dst, beta = sinks[0].target()
         if beta == 0.0:
             _zero(dst)
@@ -860,7 +860,7 @@ def _rebase_view(view, value):
     base = view._base
     off, st, ks = view._offset, list(view.stride()) or [1], _kshape(view.shape)
 
-    def backward(g, sinks, _):
+    def backward(g, sinks):
         to_base, to_value = sinks
         if to_value is not None:
             dst, beta = to_value.target()
@@ -1019,7 +1019,7 @@ def cat(tensors: Sequence[TensorLike], dim: int = 0) -> Tensor:
     if needs_grad(*ts):
         shapes = [t.shape for t in ts]
 
-        def backward(g, sinks, _):
+        def backward(g, sinks):
             for sink, o, s in zip(sinks, offsets, shapes):
                 if sink is None:
                     continue
@@ -1156,7 +1156,7 @@ def _bmm(a, b, ta, tb, batch):
     if needs_grad(a, b):
         abuf, bbuf = a._buf, b._buf
 
-        def backward(g, sinks, _):
+        def backward(g, sinks):
             sa, sb = sinks
             with _rec(dev) as rec:
                 if sa is not None:
@@ -1177,11 +1177,164 @@ def _bmm(a, b, ta, tb, batch):
     return out
 
 
-class _LinearSaved:
-    __slots__ = ("act", "preact")
+def _activation_code(activation, op):
+    try:
+        return ACTIVATIONS[activation]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"{op}: activation must be one of {sorted(k for k in ACTIVATIONS if k)}, got {activation!r}"
+        ) from None
 
-    def __init__(self, act, preact):
-        self.act, self.preact = act, preact
+
+def _record_linear(rec, x, w, b, r, act, y, preact, rows, out_f, in_f):
+    """y = act(x @ w.T + b) (+ r), the pre-activation kept in ``preact`` when given."""
+    if r is not None and b is not None:
+        _core.gemm_bias_residual(rec, x._buf, w._buf, b._buf, r._buf, y._buf, rows, out_f, in_f, False, True)
+    elif r is not None:  # no bias: the GEMM accumulates onto a copy of the residual
+        _core.unary(rec, UNARY["copy"], r._buf, y._buf, y._numel, 0.0, 0.0, 0.0)
+        _core.gemm(rec, x._buf, w._buf, y._buf, rows, out_f, in_f, False, True, 1.0, 1.0)
+    elif b is not None:
+        pbuf = None if preact is None else preact._buf
+        _core.gemm_bias_act(rec, x._buf, w._buf, b._buf, y._buf, pbuf, rows, out_f, in_f, False, True, act)
+    elif act:
+        z = preact if preact is not None else empty(y.shape, np.float32, y.device)
+        _core.gemm(rec, x._buf, w._buf, z._buf, rows, out_f, in_f, False, True, 1.0, 0.0)
+        _core.unary(rec, UNARY[_ACT_UNARY[act]], z._buf, y._buf, y._numel, 0.0, 0.0, 0.0)
+    else:
+        _core.gemm(rec, x._buf, w._buf, y._buf, rows, out_f, in_f, False, True, 1.0, 0.0)
+
+
+def _record_weight_grads(rec, dz, x, sw, sb, rows, out_f, in_f):
+    """The weight and bias gradients of a linear layer from its pre-activation gradient dz and input x."""
+    if sw is not None and sb is not None:
+        dw, bw = sw.target()
+        db, bb = sb.target()
+        if bw == bb:
+            _core.linear_weight_grads(rec, dz._buf, x._buf, dw._buf, db._buf, rows, out_f, in_f, bw)
+            return
+        _core.gemm(rec, dz._buf, x._buf, dw._buf, out_f, in_f, rows, True, False, 1.0, bw)
+        _core.bias_grad(rec, dz._buf, db._buf, rows, out_f, bb)
+    elif sw is not None:
+        dw, bw = sw.target()
+        _core.gemm(rec, dz._buf, x._buf, dw._buf, out_f, in_f, rows, True, False, 1.0, bw)
+    elif sb is not None:
+        db, bb = sb.target()
+        _core.bias_grad(rec, dz._buf, db._buf, rows, out_f, bb)
+
+
+def mlp(
+    x: TensorLike,
+    weights: Sequence[Tensor],
+    biases: Sequence[Optional[Tensor]],
+    activations: Sequence[Optional[str]],
+    residual: Optional[TensorLike] = None,
+) -> Tensor:
+    """A chain of linear layers, ``h = act_i(h @ weights[i].T + biases[i])``
+    from ``h = x``, as one op: each layer is one fused GEMM, and the backward
+    passes every layer's input gradient through the layer before's activation
+    inside the GEMM that computes it, and each layer's weight and bias
+    gradients come out of one GEMM. ``residual`` (the output's shape; the last
+    activation must be None): added by the last GEMM's epilogue."""
+    if not len(weights) == len(biases) == len(activations) >= 1:
+        raise ValueError(
+            f"mlp: weights, biases and activations must have one entry per layer, got {len(weights)}, "
+            f"{len(biases)} and {len(activations)}"
+        )
+    dev = _device_of(x, *weights, residual)
+    h = _float_tensor(x, dev, "linear", "input")
+    tr = None if residual is None else _float_tensor(residual, dev, "linear", "residual")
+    layers: list[tuple[Tensor, int, int, Optional[Tensor], int]] = []
+    params: list[Optional[Tensor]] = []
+    for i, (weight, bias, activation) in enumerate(zip(weights, biases, activations)):
+        tw = _float_tensor(weight, dev, "linear", "weight" if len(weights) == 1 else f"weights[{i}]")
+        tb = (
+            None
+            if bias is None
+            else _float_tensor(bias, dev, "linear", "bias" if len(weights) == 1 else f"biases[{i}]")
+        )
+        if tw.ndim != 2:
+            raise ValueError(f"linear: weight must be 2-D [out, in], got shape {tw.shape}")
+        out_f, in_f = tw.shape
+        width = layers[-1][1] if layers else (h.shape[-1] if h.ndim else 0)
+        if width != in_f:
+            raise ValueError(
+                f"linear: input has {width} features"
+                + (f" (shape {h.shape})" if not layers else f" (the output of layer {i - 1})")
+                + f", weight expects {in_f}"
+            )
+        if tb is not None and tb.shape != (out_f,):
+            raise ValueError(f"linear: bias has shape {tb.shape}, expected ({out_f},)")
+        layers.append((tw, out_f, in_f, tb, _activation_code(activation, "linear")))
+        params += [tw, tb]
+    rows = h._numel // h.shape[-1]
+    shape = h.shape[:-1] + (layers[-1][1],)
+    if tr is not None:
+        if layers[-1][4]:
+            raise ValueError(
+                f"linear: residual is only supported without an activation (act(x @ W.T + b) + residual is not "
+                f"fused), got activation={activations[-1]!r}"
+            )
+        if tr.shape != shape:
+            raise ValueError(f"linear: residual has shape {tr.shape}, the output has shape {shape}")
+    grad = needs_grad(h, *params, tr)
+    inputs, preacts = [h], []  # each layer's input, and its pre-activation when backward needs it
+    with _rec(dev) as rec:
+        for i, (tw, out_f, in_f, tb, act) in enumerate(layers):
+            y = empty(h.shape[:-1] + (out_f,), np.float32, dev)
+            preact = empty(y.shape, np.float32, dev) if grad and act else None
+            last = i == len(layers) - 1
+            _record_linear(rec, h, tw, tb, tr if last else None, act, y, preact, rows, out_f, in_f)
+            preacts.append(preact)
+            if not last:
+                inputs.append(y)
+            h = y
+    if not grad:
+        return h
+
+    def backward(g, sinks):
+        sx, sr = sinks[0], sinks[-1]
+        if sr is not None:  # d(... + residual)/d residual = 1: the upstream gradient, shared
+            sr.put(g, owned=False)
+        with _rec(dev) as rec:
+            dz = g
+            act = layers[-1][4]
+            if act:
+                dz = empty(g.shape, np.float32, dev)
+                _core.activation_backward(rec, g._buf, preacts[-1]._buf, dz._buf, dz._numel, act)
+            for i in range(len(layers) - 1, -1, -1):
+                tw, out_f, in_f, _, _ = layers[i]
+                _record_weight_grads(rec, dz, inputs[i], sinks[1 + 2 * i], sinks[2 + 2 * i], rows, out_f, in_f)
+                if i > 0:
+                    below_act = layers[i - 1][4]
+                    dh = empty(inputs[i].shape, np.float32, dev)
+                    if below_act:  # the layer below's pre-activation gradient, straight out of the GEMM
+                        _core.gemm_act_grad(
+                            rec,
+                            dz._buf,
+                            tw._buf,
+                            preacts[i - 1]._buf,
+                            dh._buf,
+                            rows,
+                            in_f,
+                            out_f,
+                            False,
+                            False,
+                            below_act,
+                        )
+                    else:
+                        _core.gemm(rec, dz._buf, tw._buf, dh._buf, rows, in_f, out_f, False, False, 1.0, 0.0)
+                    dz = dh
+                elif sx is not None:
+                    dx, bx = sx.target()
+                    _core.gemm(rec, dz._buf, tw._buf, dx._buf, rows, in_f, out_f, False, False, 1.0, bx)
+
+    return attach(
+        h,
+        "linear" if len(layers) == 1 else "mlp",
+        [inputs[0], *params, tr],
+        backward,
+        keep=tuple(inputs[:1]) + tuple(p for p in params[::2]),
+    )
 
 
 def linear(
@@ -1192,115 +1345,12 @@ def linear(
     residual: Optional[TensorLike] = None,
 ) -> Tensor:
     """``act(x @ weight.T + bias)`` (torch.nn.functional.linear, then the
-    activation) in one fused GEMM; its backward keeps the fusion: the weight
-    and bias gradients come out of one GEMM, and the input gradient of a
-    layer whose input came from another activated linear layer leaves its
-    GEMM already multiplied by that activation's derivative.
-
-    ``residual`` (the output's shape, no activation): ``x @ weight.T + bias +
-    residual``, the add of a residual connection done by the GEMM's epilogue."""
-    dev = _device_of(x, weight, bias, residual)
-    tw = _float_tensor(weight, dev, "linear", "weight")
-    tx = _float_tensor(x, dev, "linear", "input")
-    tb = None if bias is None else _float_tensor(bias, dev, "linear", "bias")
-    tr = None if residual is None else _float_tensor(residual, dev, "linear", "residual")
-    if tw.ndim != 2:
-        raise ValueError(f"linear: weight must be 2-D [out, in], got shape {tw.shape}")
-    out_f, in_f = tw.shape
-    if tx.ndim == 0 or tx.shape[-1] != in_f:
-        raise ValueError(
-            f"linear: input has {tx.shape[-1] if tx.ndim else 0} features (shape {tx.shape}), weight expects {in_f}"
-        )
-    if tb is not None and tb.shape != (out_f,):
-        raise ValueError(f"linear: bias has shape {tb.shape}, expected ({out_f},)")
-    try:
-        act = ACTIVATIONS[activation]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"linear: activation must be one of {sorted(k for k in ACTIVATIONS if k)}, got {activation!r}"
-        ) from None
-    rows = tx._numel // in_f
-    shape = tx.shape[:-1] + (out_f,)
-    if tr is not None:
-        if act:
-            raise ValueError(
-                f"linear: residual is only supported without an activation (act(x @ W.T + b) + residual is not "
-                f"fused), got activation={activation!r}"
-            )
-        if tr.shape != shape:
-            raise ValueError(f"linear: residual has shape {tr.shape}, the output has shape {shape}")
-    y = empty(shape, np.float32, dev)
-    grad = needs_grad(tx, tw, tb, tr)
-    preact = empty(shape, np.float32, dev) if grad and act else None
-    with _rec(dev) as rec:
-        if tr is not None and tb is not None:
-            _core.gemm_bias_residual(rec, tx._buf, tw._buf, tb._buf, tr._buf, y._buf, rows, out_f, in_f, False, True)
-        elif tr is not None:  # no bias: the GEMM accumulates onto a copy of the residual
-            _core.unary(rec, UNARY["copy"], tr._buf, y._buf, y._numel, 0.0, 0.0, 0.0)
-            _core.gemm(rec, tx._buf, tw._buf, y._buf, rows, out_f, in_f, False, True, 1.0, 1.0)
-        elif tb is not None:
-            _core.gemm_bias_act(
-                rec,
-                tx._buf,
-                tw._buf,
-                tb._buf,
-                y._buf,
-                None if preact is None else preact._buf,
-                rows,
-                out_f,
-                in_f,
-                False,
-                True,
-                act,
-            )
-        elif act:
-            z = preact if preact is not None else empty(shape, np.float32, dev)
-            _core.gemm(rec, tx._buf, tw._buf, z._buf, rows, out_f, in_f, False, True, 1.0, 0.0)
-            _core.unary(rec, UNARY[_ACT_UNARY[act]], z._buf, y._buf, y._numel, 0.0, 0.0, 0.0)
-        else:
-            _core.gemm(rec, tx._buf, tw._buf, y._buf, rows, out_f, in_f, False, True, 1.0, 0.0)
-    if not grad:
-        return y
-    xbuf, wbuf = tx._buf, tw._buf
-    pbuf = None if preact is None else preact._buf
-
-    def backward(g, sinks, g_is_preact):
-        sx, sw, sb, sr = sinks
-        if sr is not None:  # d(... + residual)/d residual = 1: the upstream gradient, shared
-            sr.put(g, owned=False)
-        with _rec(dev) as rec:
-            dz = g
-            if act and not g_is_preact:
-                dz = empty(shape, np.float32, dev)
-                _core.activation_backward(rec, g._buf, pbuf, dz._buf, dz._numel, act)
-            if sw is not None and sb is not None:
-                dw, bw = sw.target()
-                db, bb = sb.target()
-                if bw == bb:
-                    _core.linear_weight_grads(rec, dz._buf, xbuf, dw._buf, db._buf, rows, out_f, in_f, bw)
-                else:
-                    _core.gemm(rec, dz._buf, xbuf, dw._buf, out_f, in_f, rows, True, False, 1.0, bw)
-                    _core.bias_grad(rec, dz._buf, db._buf, rows, out_f, bb)
-            elif sw is not None:
-                dw, bw = sw.target()
-                _core.gemm(rec, dz._buf, xbuf, dw._buf, out_f, in_f, rows, True, False, 1.0, bw)
-            elif sb is not None:
-                db, bb = sb.target()
-                _core.bias_grad(rec, dz._buf, db._buf, rows, out_f, bb)
-            if sx is not None:
-                below = sx.producer
-                saved = below.saved if below is not None else None
-                if sx.uses == 1 and isinstance(saved, _LinearSaved) and saved.act and saved.preact is not None:
-                    dx = empty(tx.shape, np.float32, dev)
-                    _core.gemm_act_grad(
-                        rec, dz._buf, wbuf, saved.preact, dx._buf, rows, in_f, out_f, False, False, saved.act
-                    )
-                    sx.put(dx, owned=True, preact=True)
-                else:
-                    dx, bx = sx.target()
-                    _core.gemm(rec, dz._buf, wbuf, dx._buf, rows, in_f, out_f, False, False, 1.0, bx)
-
-    return attach(y, "linear", [tx, tw, tb, tr], backward, _LinearSaved(act, pbuf), keep=(tx, tw))
+    activation) in one fused GEMM; its backward gets the weight and bias
+    gradients out of one GEMM. ``residual`` (the output's shape, no
+    activation): ``x @ weight.T + bias + residual``, the add of a residual
+    connection done by the GEMM's epilogue. A chain of layers whose backward
+    fuses each activation's derivative into the next GEMM: :func:`mlp`."""
+    return mlp(x, [weight], [bias], [activation], residual)
 
 
 _ACT_UNARY = {1: "relu", 2: "gelu_tanh", 3: "gelu_erf", 4: "silu"}
@@ -1529,7 +1579,7 @@ def scaled_dot_product_attention(
     obuf, lbuf = out._buf, lse._buf
     distinct = q is not k and q is not v and k is not v
 
-    def backward(g, sinks, _):
+    def backward(g, sinks):
         if distinct:
             targets = [s.target() if s is not None else (empty(q.shape, np.float32, dev), 0.0) for s in sinks]
             beta = builtins.max(bt for _, bt in targets)
@@ -1585,7 +1635,7 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
     if needs_grad(x):
         xbuf, obuf, lbuf = x._buf, out._buf, lse._buf
 
-        def backward(g, sinks, _):
+        def backward(g, sinks):
             dst, beta = sinks[0].target()
             _attn_backward_into(
                 dev,
@@ -1655,7 +1705,7 @@ def layer_norm(
     if needs_grad(x, tw, tb):
         xbuf, mbuf, sbuf = x._buf, mean_._buf, rstd._buf
 
-        def backward(g, sinks, _):
+        def backward(g, sinks):
             outs = [(None, 0.0) if s is None else s.target() for s in sinks]
             (dx, bx), (dw, bw), (db, bb) = outs
             with _rec(dev) as rec:
@@ -1709,7 +1759,7 @@ def dropout(
     if p == 1.0:
         _zero(out)
 
-        def backward_zero(g, sinks, _):
+        def backward_zero(g, sinks):
             dst, beta = sinks[0].target()
             if beta == 0.0:
                 _zero(dst)

@@ -555,3 +555,90 @@ def test_linear_residual_errors(dev, rng):
         pw.linear(x, w, b, residual=pw.tensor(np.zeros((4, 5), np.int32), dev))
     with pytest.raises(TypeError, match="residual must have dtype float32"):
         pw.linear(x, w, b, residual=np.zeros((4, 5), np.float64))
+
+
+@pytest.mark.parametrize(
+    "acts, biases, residual",
+    [
+        (["gelu", None], [True, True], True),
+        (["relu", "silu", "gelu_tanh"], [True, False, True], False),
+        ([None, "gelu", None], [False, True, False], True),
+        (["silu"], [True], False),
+    ],
+)
+def test_mlp_chain_matches_torch(dev, rng, acts, biases, residual):
+    """F.mlp (a chain of linear layers whose backward fuses each activation's
+    derivative into the next GEMM) against torch autograd in float64: output,
+    every weight, bias and input gradient, and a retained output gradient."""
+    torch = pytest.importorskip("torch")
+    widths = [7, 33, 17, 129][: len(acts) + 1]
+    x = rand(rng, 3, 5, widths[0])
+    ws = [rand(rng, o, i) * 0.3 for i, o in zip(widths, widths[1:])]
+    bs = [rand(rng, o) if has else None for o, has in zip(widths[1:], biases)]
+    res = rand(rng, 3, 5, widths[-1]) if residual else None
+    dy = rand(rng, 3, 5, widths[-1])
+    tx = pw.tensor(x, dev, requires_grad=True)
+    tws = [pw.tensor(w, dev, requires_grad=True) for w in ws]
+    tbs = [None if b is None else pw.tensor(b, dev, requires_grad=True) for b in bs]
+    tres = None if res is None else pw.tensor(res, dev, requires_grad=True)
+    y = pw.nn.functional.mlp(tx, tws, tbs, acts, tres)
+    y.retain_grad()
+    (y * pw.tensor(dy, dev)).sum().backward()
+
+    fn = {
+        None: lambda v: v,
+        "relu": torch.relu,
+        "silu": torch.nn.functional.silu,
+        "gelu": torch.nn.functional.gelu,
+        "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
+    }
+    q = lambda v: None if v is None else torch.tensor(v, dtype=torch.float64, requires_grad=True)  # noqa: E731
+    qx, qws, qbs, qres = q(x), [q(w) for w in ws], [q(b) for b in bs], q(res)
+    h = qx
+    for w, b, act in zip(qws, qbs, acts):
+        h = fn[act](torch.nn.functional.linear(h, w, b))
+    if qres is not None:
+        h = h + qres
+    (h * torch.from_numpy(dy).double()).sum().backward()
+
+    assert_close(y.numpy(), h.detach().numpy())
+    np.testing.assert_array_equal(y.grad.numpy(), dy)
+    assert_close(tx.grad.numpy(), qx.grad.numpy())
+    for t, ref in zip(tws, qws):
+        assert_close(t.grad.numpy(), ref.grad.numpy())
+    for t, ref in zip(tbs, qbs):
+        if t is not None:
+            assert_close(t.grad.numpy(), ref.grad.numpy())
+    if tres is not None:
+        np.testing.assert_array_equal(tres.grad.numpy(), dy)
+
+
+def test_mlp_refuses_bad_chains(dev, rng):
+    x = pw.tensor(rand(rng, 4, 6), dev)
+    w1, w2 = pw.tensor(rand(rng, 8, 6), dev), pw.tensor(rand(rng, 3, 9), dev)
+    with pytest.raises(ValueError, match="one entry per layer, got 2, 1 and 2"):
+        pw.nn.functional.mlp(x, [w1, w2], [None], ["relu", None])
+    with pytest.raises(ValueError, match=r"input has 8 features \(the output of layer 0\), weight expects 9"):
+        pw.nn.functional.mlp(x, [w1, w2], [None, None], ["relu", None])
+    with pytest.raises(ValueError, match="activation must be one of"):
+        pw.nn.functional.mlp(x, [w1], [None], ["tanh"])
+    with pytest.raises(ValueError, match="residual is only supported without an activation"):
+        pw.nn.functional.mlp(x, [w1], [None], ["relu"], residual=rand(rng, 4, 8))
+
+
+def test_sequential_runs_linear_chains_as_one_op(dev, rng):
+    """Linear, GELU, Linear, ReLU, Linear in a Sequential: one 'mlp' node, the same result as calling the layers."""
+    model = pw.nn.Sequential(
+        pw.nn.Linear(6, 16, device=dev, rng=np.random.default_rng(0)),
+        pw.nn.GELU(),
+        pw.nn.Linear(16, 9, device=dev, rng=np.random.default_rng(1)),
+        pw.nn.ReLU(),
+        pw.nn.Linear(9, 4, device=dev, rng=np.random.default_rng(2)),
+    )
+    x = pw.tensor(rand(rng, 5, 6), dev)
+    y = model(x)
+    assert y.grad_fn.name == "mlp"
+    h = x
+    for m in model:
+        h = m(h)
+    assert_close(y.numpy(), h.numpy().astype(np.float64))

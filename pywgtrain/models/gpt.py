@@ -119,9 +119,14 @@ class MLP(nn.Module):
         self.dropout = _dropout(cfg.dropout)
 
     def forward(self, x, residual=None):
-        """The MLP branch, plus ``residual`` when given (as CausalSelfAttention)."""
-        h = self.c_fc(x, activation="gelu")  # GELU (erf) fused into the GEMM
-        return _project(self.c_proj, h, self.dropout, residual)
+        """The MLP branch, plus ``residual`` when given (as CausalSelfAttention): one
+        ``F.mlp`` op (GELU (erf) fused into the first GEMM, its derivative into the
+        backward's), the residual added by the last GEMM unless dropout comes between."""
+        weights, biases = [self.c_fc.weight, self.c_proj.weight], [self.c_fc.bias, self.c_proj.bias]
+        if self.dropout is None or not self.dropout.training:
+            return F.mlp(x, weights, biases, ["gelu", None], residual)
+        y = self.dropout(F.mlp(x, weights, biases, ["gelu", None]))
+        return y if residual is None else residual + y
 
 
 class Block(nn.Module):

@@ -9,6 +9,7 @@ from ..functions import (  # noqa: F401
     layer_norm,
     linear,
     log_softmax,
+    mlp,
     mse_loss,
     nll_loss,
     relu,
@@ -21,6 +22,7 @@ from ..functions import (  # noqa: F401
 
 __all__ = [
     "linear",
+    "mlp",
     "relu",
     "gelu",
     "silu",

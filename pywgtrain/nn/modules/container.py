@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, Optional, Union, ValuesView
 
+from ... import functions as F
 from .activation import _Activation
 from .linear import Linear
 from .module import Module
@@ -12,8 +13,9 @@ from .module import Module
 
 class Sequential(Module):
     """Modules called in order (``torch.nn.Sequential``), named "0", "1", ...
-    (or by an OrderedDict's keys). A Linear without its own activation
-    followed by ReLU/GELU/SiLU runs as one fused GEMM."""
+    (or by an OrderedDict's keys). A run of Linear layers, each with its own
+    activation or followed by ReLU/GELU/SiLU, runs as one ``F.mlp`` op: a fused
+    GEMM per layer, each activation's derivative fused into the backward's GEMMs."""
 
     def __init__(self, *modules: Union[Module, OrderedDict[str, Module]]) -> None:
         super().__init__()
@@ -47,15 +49,28 @@ class Sequential(Module):
         mods = list(self._modules.values())
         i = 0
         while i < len(mods):
-            m = mods[i]
-            nxt = mods[i + 1] if i + 1 < len(mods) else None
-            if type(m) is Linear and m.activation is None and isinstance(nxt, _Activation) and nxt.fused is not None:
-                x = m(x, activation=nxt.fused)
-                i += 2
-                continue
-            x = m(x)
-            i += 1
+            chain, i = _linear_chain(mods, i)
+            if chain:
+                weights, biases, acts = zip(*((m.weight, m.bias, act) for m, act in chain))
+                x = F.mlp(x, weights, biases, acts)
+            else:
+                x = mods[i](x)
+                i += 1
         return x
+
+
+def _linear_chain(mods, i):
+    """The run of Linear layers from mods[i], each with its activation (its own,
+    or a fusable activation module right after it), and the index after the run."""
+    chain = []
+    while i < len(mods) and type(mods[i]) is Linear:
+        m, act = mods[i], mods[i].activation
+        i += 1
+        if act is None and i < len(mods) and isinstance(mods[i], _Activation) and mods[i].fused is not None:
+            act = mods[i].fused
+            i += 1
+        chain.append((m, act))
+    return chain, i
 
 
 class ModuleList(Module):
