@@ -642,3 +642,19 @@ def test_sequential_runs_linear_chains_as_one_op(dev, rng):
     for m in model:
         h = m(h)
     assert_close(y.numpy(), h.numpy().astype(np.float64))
+
+
+def test_retained_grad_of_an_activated_linear_feeding_another(dev, rng):
+    """h = relu(x @ W1.T); y = h @ W2.T: h.retain_grad() gives h's gradient (the
+    activation fusion of an earlier design left it None), as torch does."""
+    torch = pytest.importorskip("torch")
+    x, w1, w2 = rand(rng, 4, 6), rand(rng, 8, 6), rand(rng, 3, 8)
+    tw1, tw2 = pw.tensor(w1, dev, requires_grad=True), pw.tensor(w2, dev, requires_grad=True)
+    h = pw.nn.functional.linear(pw.tensor(x, dev), tw1, None, "relu")
+    h.retain_grad()
+    pw.nn.functional.linear(h, tw2).sum().backward()
+    qh = torch.relu(torch.from_numpy(x).double() @ torch.from_numpy(w1).double().T)
+    qh.retain_grad()
+    (qh @ torch.from_numpy(w2).double().T).sum().backward()
+    assert h.grad is not None
+    assert_close(h.grad.numpy(), qh.grad.numpy())
