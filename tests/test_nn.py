@@ -653,7 +653,8 @@ def test_retained_grad_of_an_activated_linear_feeding_another(dev, rng):
     h = pw.nn.functional.linear(pw.tensor(x, dev), tw1, None, "relu")
     h.retain_grad()
     pw.nn.functional.linear(h, tw2).sum().backward()
-    qh = torch.relu(torch.from_numpy(x).double() @ torch.from_numpy(w1).double().T)
+    qw1 = torch.tensor(w1, dtype=torch.float64, requires_grad=True)
+    qh = torch.relu(torch.from_numpy(x).double() @ qw1.T)
     qh.retain_grad()
     (qh @ torch.from_numpy(w2).double().T).sum().backward()
     assert h.grad is not None
