@@ -23,10 +23,11 @@ host mid-capture cannot be replayed and raises :class:`CaptureError`.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Mapping, Optional, Union
+from typing import Any, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
+from . import _core
 from .device import Device, resolve_device
 from .tensor import Tensor
 
@@ -55,6 +56,46 @@ class Graph:
     def __len__(self) -> int:
         """The number of captured dispatches."""
         return 0 if self._graph is None else len(self._graph)
+
+    def kernel_names(self) -> list[str]:
+        """The kernel of each captured dispatch, in order."""
+        return [] if self._graph is None else self._graph.kernel_names()
+
+    def profile(self, reps: int = 5) -> dict[str, Any]:
+        """GPU time of a replay (medians of ``reps``), from timestamp queries
+        (the device needs the ``timestamp-query`` feature): ``gpu_us`` of the
+        whole replay in one timed pass; ``kernels``, each dispatch timed in a
+        pass of its own and summed per kernel, slowest first. Waits for the GPU."""
+        if self._graph is None or self.device is None:
+            raise RuntimeError("Graph.profile(): nothing captured yet")
+        dev = self.device
+        if "timestamp-query" not in dev.features:
+            raise RuntimeError(f"Graph.profile(): {dev.name!r} does not offer the timestamp-query feature")
+        names = self.kernel_names()
+        dev.flush()
+        whole, each = [], []
+        for _ in range(reps):
+            rec = _core._Recorder(dev._dev)
+            timer = _core._PassTimer(dev._dev, 1)
+            timer.time_next_pass(rec, 0)
+            rec.replay(self._graph)
+            whole.append(timer.read(rec, 1)[0] / 1e3)
+            rec = _core._Recorder(dev._dev)
+            timer = _core._PassTimer(dev._dev, len(names))
+            rec.replay(self._graph, timer)
+            each.append(timer.read(rec, len(names)))
+        per_dispatch = np.median(np.array(each), axis=0) / 1e3
+        by_kernel: dict[str, tuple[int, float]] = {}
+        for name, us in zip(names, per_dispatch):
+            n, t = by_kernel.get(name, (0, 0.0))
+            by_kernel[name] = (n + 1, t + float(us))
+        top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])
+        return {
+            "gpu_us": float(np.median(whole)),
+            "dispatches": len(names),
+            "sum_of_dispatches_us": float(per_dispatch.sum()),
+            "kernels": [{"kernel": k, "count": n, "us": t} for k, (n, t) in top],
+        }
 
     def replay(self, inputs: Optional[Mapping[Tensor, Union[Tensor, np.ndarray]]] = None) -> None:
         """Record the captured work again, into this thread's ``Device.batch()``

@@ -106,6 +106,11 @@ class Trainer:
         self._unsubmitted = 0  # steps since the last flush()
         self._classes = None  # logits width (CrossEntropyLoss), known after the first forward
 
+    @property
+    def graph(self) -> Optional[Graph]:
+        """The captured step (forward and backward) that replays use; None before capture."""
+        return None if self._graph is None else self._graph["graph"]
+
     def _batch_arrays(self, x, y):
         """Host batches as contiguous arrays of the kernels' dtypes; device tensors as they are.
 

@@ -144,3 +144,22 @@ def test_bad_arguments_are_refused(dev, rng):
     x = rand(rng, 4, 6)
     g.replay({t: x, out: new_out})  # after the refusals the graph still works
     np.testing.assert_array_equal(new_out.numpy(), 2.0 * x)
+
+
+def test_profile_times_every_captured_kernel(dev, rng):
+    if "timestamp-query" not in dev.features:
+        pytest.skip("the adapter has no timestamp queries")
+    x = pw.tensor(rand(rng, 64, 32), dev)
+    w = pw.tensor(rand(rng, 16, 32), dev)
+    g = pw.Graph()
+    with pytest.raises(RuntimeError, match="nothing captured"):
+        g.profile()
+    with pw.graph(g, dev):
+        F.linear(x, w, None, "relu").sum()
+    names = g.kernel_names()
+    assert len(names) == len(g) >= 2
+    prof = g.profile(reps=2)
+    assert prof["dispatches"] == len(g)
+    assert prof["gpu_us"] > 0 and prof["sum_of_dispatches_us"] > 0
+    assert sorted(k["kernel"] for k in prof["kernels"]) == sorted(set(names))
+    assert sum(k["count"] for k in prof["kernels"]) == len(names)

@@ -173,7 +173,7 @@ def test_user_module_trains_like_pytorch(dev, trainer):
             pending.append(t.step(x, y))
             sched.step()
         got = [p.item() for p in pending]
-        assert t._graph is not None
+        assert t.graph is not None
     else:
         for x, y in batches:
             opt.zero_grad()

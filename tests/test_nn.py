@@ -225,7 +225,7 @@ def test_captured_steps_equal_uncaptured_steps(dev, rng):
     eager, captured = make(False), make(True)
     eager_losses = [eager.step(x, y) for x, y in zip(xs, ys)]
     captured_losses = [captured.step(x, y) for x, y in zip(xs, ys)]
-    assert captured._graph is not None and len(captured._graph["graph"]) > 10
+    assert captured.graph is not None and len(captured.graph) > 10
     # Losses read late: each step kept its own value.
     assert [l.item() for l in captured_losses] == [l.item() for l in eager_losses]
     assert captured.optimizer.last_grad_norm() == eager.optimizer.last_grad_norm()
@@ -258,7 +258,7 @@ def test_step_graphs_leave_caller_tensors_alone(dev, rng):
     for i in range(7):
         e, c = eager.step(txs[i % 3], tys[i % 3]), captured.step(txs[i % 3], tys[i % 3])
         assert c.item() == e.item(), f"step {i}"
-    assert captured._graph is not None
+    assert captured.graph is not None
     for x, tx, y, ty in zip(xs, txs, ys, tys):
         np.testing.assert_array_equal(tx.numpy(), x)
         np.testing.assert_array_equal(ty.numpy(), y)

@@ -82,7 +82,7 @@ def test_eval_after_capture_stops_dropout_in_replays(dev):
         plain = [pw.nn.CrossEntropyLoss()(tr.model(x), y).item() for x, y in batches()]
     assert losses[3:] == plain[3:]
     assert losses[:3] != plain[:3]  # dropout was on before
-    assert tr._graph is not None  # recaptured in eval mode
+    assert tr.graph is not None  # recaptured in eval mode
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_frozen_parameter_stays_put_in_replays(dev):
     params["a.weight"].requires_grad_(False)
     for x, y in batches(2):
         tr.step(x, y)
-    assert tr._graph is not None  # replays resumed with the parameter frozen
+    assert tr.graph is not None  # replays resumed with the parameter frozen
     np.testing.assert_array_equal(params["a.weight"].numpy(), before["a.weight"])
     for k in ("a.bias", "b.weight", "b.bias"):
         assert not np.array_equal(params[k].numpy(), before[k]), k

@@ -6,10 +6,6 @@ cli/ sits above benchmarks/, never the other way round)."""
 import os
 import statistics
 
-import numpy as np
-
-from .. import _core
-
 
 def is_cpu_adapter(dev):
     """lavapipe, WARP, SwiftShader...: the benchmarks scale down there."""
@@ -65,36 +61,6 @@ def _time_cuda(torch, fn, reps, warmup=3):
         e.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
-
-
-def profile_step(dev, graph, reps=5):
-    """GPU time of a captured step: the whole replay in one timed pass, and
-    each dispatch in a pass of its own (summed per kernel). Medians of `reps`."""
-    names = graph.kernel_names()
-    dev.flush()
-    whole, each = [], []
-    for _ in range(reps):
-        rec = _core._Recorder(dev._dev)
-        timer = _core._PassTimer(dev._dev, 1)
-        timer.time_next_pass(rec, 0)
-        rec.replay(graph)
-        whole.append(timer.read(rec, 1)[0] / 1e3)
-        rec = _core._Recorder(dev._dev)
-        timer = _core._PassTimer(dev._dev, len(names))
-        rec.replay(graph, timer)
-        each.append(timer.read(rec, len(names)))
-    per_dispatch = np.median(np.array(each), axis=0) / 1e3
-    by_kernel = {}
-    for name, us in zip(names, per_dispatch):
-        n, t = by_kernel.get(name, (0, 0.0))
-        by_kernel[name] = (n + 1, t + float(us))
-    top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])
-    return {
-        "gpu_us": float(np.median(whole)),
-        "dispatches": len(names),
-        "sum_of_dispatches_us": float(per_dispatch.sum()),
-        "kernels": [{"kernel": k, "count": n, "us": t} for k, (n, t) in top],
-    }
 
 
 def check_output_path(path, option):

@@ -11,7 +11,7 @@ import numpy as np
 from .. import _core, nn, optim
 from ..tensor import tensor, zeros
 from ..train import Trainer
-from .common import _time_cuda, fmt_bandwidth, fmt_flops, is_cpu_adapter, profile_step
+from .common import _time_cuda, fmt_bandwidth, fmt_flops, is_cpu_adapter
 
 SQUARE = [1024, 2048, 4095, 4096, 4097, 8192]
 TRAINING = [(64, 1024, 1024), (256, 768, 3072), (512, 1024, 4096), (4096, 4096, 1024), (4096, 1024, 4096)]
@@ -362,8 +362,8 @@ def bench_train(dev, quick, torch):
             f"(host {row['pywgtrain_grouped_host_us']:.0f})"
         )
         trainer.steps_per_submit = 1
-        if trainer._graph is not None and "timestamp-query" in dev.features:
-            row["profile"] = profile_step(dev, trainer._graph["graph"], reps=3 if quick else 5)
+        if trainer.graph is not None and "timestamp-query" in dev.features:
+            row["profile"] = trainer.graph.profile(reps=3 if quick else 5)
             row["profile"]["host_us"] = profile_host(
                 dev,
                 trainer,
@@ -389,13 +389,12 @@ def profile_host(dev, trainer, x, y, x_host, y_host, steps=50):
     """Host and wall time per step of the replay path (no waits until the end
     of each variant): bare replays (no batch, AdamW or loss rebinding, no loss
     read), then Trainer.step one step per submission and grouped."""
-    graph = trainer._graph["graph"]
+    graph = trainer.graph
     dev.flush()
 
     def bare():
-        rec = _core._Recorder(dev._dev)
-        rec.replay(graph)
-        rec.submit()
+        graph.replay()
+        dev.flush()
 
     variants = {
         "replay+submit": (bare, 1),

@@ -14,7 +14,7 @@ from .. import optim
 from ..models.gpt import GPT, GPTConfig
 from ..tensor import tensor
 from ..train import Trainer
-from .common import is_cpu_adapter, profile_step
+from .common import is_cpu_adapter
 
 CONFIGS = [
     (
@@ -89,7 +89,7 @@ def time_ours(dev, cfg, batch, steps, profile=True, loop=False):
         "reserved_mb": dev.memory_stats()["peak_reserved_bytes"] / 2**20,
     }
     if profile and not loop and "timestamp-query" in dev.features:
-        row["profile"] = profile_step(dev, trainer._graph["graph"], reps=2)
+        row["profile"] = trainer.graph.profile(reps=2)
     return row
 
 
