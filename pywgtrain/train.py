@@ -25,27 +25,6 @@ from .tensor import Tensor, empty, tensor
 _PARAM_STATE = operator.attrgetter("requires_grad", "_buf")
 
 
-class _LossSlots:
-    """Scalar tensors for the losses of replayed steps, views of shared chunks
-    (one allocation per 64 steps instead of one per step), each at an offset a
-    kernel can bind."""
-
-    PER_CHUNK = 64
-
-    def __init__(self, device):
-        self.device = device
-        self.stride = max(device.limits["min_storage_buffer_offset_alignment"] // 4, 1)  # in floats
-        self.chunk, self.used = None, self.PER_CHUNK
-
-    def take(self):
-        if self.used == self.PER_CHUNK:
-            self.chunk = empty((self.stride * self.PER_CHUNK,), device=self.device)
-            self.used = 0
-        slot = self.chunk[self.used * self.stride]
-        self.used += 1
-        return slot
-
-
 class Trainer:
     """Runs forward, loss, backward and ``optimizer.step()`` per call. The loss
     stays on the GPU until ``Loss.item()`` is called, so the GPU never waits
@@ -102,7 +81,6 @@ class Trainer:
         # batch shapes and signature of the last eager step (capture follows one)
         self._eager_key: Optional[tuple[Any, ...]] = None
         self._walked: Any = None  # (modules_version, model and loss ids), module signature, parameters
-        self._loss_slots = _LossSlots(self.device)
         self._unsubmitted = 0  # steps since the last flush()
         self._classes = None  # logits width (CrossEntropyLoss), known after the first forward
 
@@ -228,7 +206,7 @@ class Trainer:
 
     def _replay(self, x, y):
         g = self._graph
-        loss = self._loss_slots.take()
+        loss = empty((), device=self.device)  # each step's loss a tensor of its own
         g["graph"].replay({g["x"]: x, g["y"]: y, g["loss"]: loss})
         self.optimizer.step()
         return self._stepped(loss)

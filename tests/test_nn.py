@@ -326,8 +326,9 @@ def test_grouped_steps_keep_order_with_other_work(dev, rng):
 
 
 def test_step_recording_failure_marks_unsubmitted_losses(rng):
-    """Steps that fail to record (device lost) lose the work recorded with them:
-    the losses of earlier unsubmitted steps say so instead of reading stale memory."""
+    """Steps recorded but not submitted when the device is lost: their losses
+    raise on read (the device is gone, or their work never ran) instead of
+    reading stale memory."""
     from pywgtrain.train import Trainer
 
     d = pw.Device()
@@ -341,7 +342,7 @@ def test_step_recording_failure_marks_unsubmitted_losses(rng):
     with pytest.raises(pw.DeviceLostError):
         t.step(x, y)
     for loss in pending:
-        with pytest.raises(RuntimeError, match="never ran: a later operation failed to record"):
+        with pytest.raises(RuntimeError, match="never ran: a later operation failed to record|device destroyed"):
             loss.item()
 
 

@@ -44,15 +44,21 @@ class _FlatArena:
                 p._grad_home = grad_view
         self.params = list(params)
         self.device = device
+        self._spans = {}
 
     def view(self, name, p, off):
         return Tensor(self.buffers[name].view(off * 4, p.nbytes), p.shape, np.float32, p.device)
 
     def span(self, name, first, last):
-        """Parameters first..last-1 (and the gaps after them) as one flat tensor."""
-        start = self.offsets[first]
-        end = self.offsets[last] if last < len(self.offsets) else self.size
-        return Tensor(self.buffers[name].view(start * 4, (end - start) * 4), (end - start,), np.float32, self.device)
+        """Parameters first..last-1 (and the gaps after them) as one flat tensor (made once: steps reuse it)."""
+        key = (name, first, last)
+        t = self._spans.get(key)
+        if t is None:
+            start = self.offsets[first]
+            end = self.offsets[last] if last < len(self.offsets) else self.size
+            buf = self.buffers[name].view(start * 4, (end - start) * 4)
+            t = self._spans[key] = Tensor(buf, (end - start,), np.float32, self.device)
+        return t
 
     def holds(self, params):
         """Whether every parameter and its gradient still live in this arena."""
