@@ -12,7 +12,7 @@ is imported only when a ``DistributedDataParallel`` is created.
 ::
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=5))
-    dev = pw.Device(int(os.environ["LOCAL_RANK"]))
+    dev = pw.Device(local_rank)                 # torchrun's LOCAL_RANK: this process's GPU
     pw.manual_seed(seed + dist.get_rank())      # dropout: every rank its own masks
     model = DistributedDataParallel(build_model(dev))
     opt = pw.optim.AdamW(model.parameters(), lr=1e-3)
