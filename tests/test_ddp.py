@@ -113,8 +113,8 @@ def _worker(out_dir, scenarios):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=20))
     dev = pw.Device()
-    if scenarios == ["die"]:
-        _die_scenario(dev, rank, world, out_dir)
+    if scenarios in (["die"], ["hang"]):
+        _die_scenario(dev, rank, world, out_dir, hang=scenarios == ["hang"])
         return
     for scenario in scenarios:
         out = _run_rank(dev, scenario, rank, world)
@@ -123,8 +123,9 @@ def _worker(out_dir, scenarios):
     dist.destroy_process_group()
 
 
-def _die_scenario(dev, rank, world, out_dir):
-    """Rank 1 exits after two steps; rank 0 must fail with a clear error, not hang."""
+def _die_scenario(dev, rank, world, out_dir, hang=False):
+    """Rank 1 exits after two steps (``hang``: stops responding for 35 s, then exits); rank 0
+    must fail with a clear error, not hang."""
     from pywgtrain.nn.parallel import DistributedDataParallel
 
     model = DistributedDataParallel(pw.nn.MLP(SIZES, device=dev, seed=0))
@@ -134,6 +135,8 @@ def _die_scenario(dev, rank, world, out_dir):
     try:
         for step in range(STEPS):
             if rank == 1 and step == 2:
+                if hang:
+                    time.sleep(35)
                 os._exit(3)
             x, y = (_shard(a, rank, world) for a in _batch(step))
             opt.zero_grad()
@@ -273,6 +276,16 @@ def test_a_rank_that_dies_makes_the_others_fail(tmp_path):
     waited, message = text.split("\n", 1)
     assert "DistributedDataParallel (rank 0 of 2)" in message and "gradient bucket" in message, message
     assert float(waited) < 25 and elapsed < 60  # within the process group's 20 s timeout, not a hang
+
+
+@pytest.mark.slow
+def test_a_rank_that_stops_responding_makes_the_others_time_out(tmp_path):
+    pytest.importorskip("torch.distributed")
+    codes, logs = _launch(2, tmp_path, ["hang"], timeout=90)
+    assert codes == [0, 3], logs
+    waited, message = (tmp_path / "error.txt").read_text().split("\n", 1)
+    assert "DistributedDataParallel (rank 0 of 2)" in message and "gradient bucket" in message, message
+    assert 15 < float(waited) < 30, (waited, message)  # the process group's 20 s timeout
 
 
 def test_without_a_process_group(dev):
