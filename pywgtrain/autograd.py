@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
+from typing import Any, Callable, Iterator, Sequence
 
 from . import _core
 
@@ -285,6 +287,7 @@ def backward(root, gradient, retain_graph=None):
     if root._node is None:  # a leaf: its gradient is the seed itself
         with root.device._cache.grad_lock:
             _Slot(root, True).put(gradient, owned=False)
+        _after_backward(root.device, (root,))
         return
     nodes = _topo_nodes(root._node)
     for node in nodes:  # before anything is recorded: a refused pass changes no .grad
@@ -322,3 +325,68 @@ def backward(root, gradient, retain_graph=None):
             slot.drop()
             if not retain_graph:
                 node.release()
+    if _hooks.get(root.device):  # (the leaves are gathered only for a device with hooks)
+        _after_backward(root.device, tuple(s.tensor for s in slots.values() if s.leaf))
+
+
+# -- post-backward hooks ------------------------------------------------------------------
+# DistributedDataParallel averages gradients across processes once a backward pass has
+# produced them. A hook runs after the pass's work is recorded (outside its batch), with the
+# leaf tensors the pass wrote gradients into. Inside a graph capture a host round trip would
+# break the graph, so the pass's leaves are kept instead: ``graphs.graph`` runs the hooks
+# after the captured block, and ``Graph.replay`` after every replay (a replayed backward
+# produces the gradients again).
+_hooks: "weakref.WeakKeyDictionary[Any, dict[int, Callable[[Sequence[Any]], None]]]" = weakref.WeakKeyDictionary()
+_hook_ids = iter(range(1, 1 << 62))
+
+
+class RemovableHandle:
+    """Returned by :func:`register_post_backward_hook`; ``remove()`` unregisters the hook."""
+
+    def __init__(self, device: Any, key: int) -> None:
+        self._device = weakref.ref(device)
+        self._key = key
+
+    def remove(self) -> None:
+        dev = self._device()
+        if dev is not None:
+            _hooks.get(dev, {}).pop(self._key, None)
+
+
+def register_post_backward_hook(device: Any, hook: Callable[[Sequence[Any]], None]) -> RemovableHandle:
+    """Call ``hook(leaves)`` after every backward pass on ``device`` (and after every replay
+    of a graph that captured one), ``leaves`` being the leaf tensors the pass wrote gradients
+    into. Hooks run in registration order; an exception propagates from ``backward()``."""
+    key = next(_hook_ids)
+    _hooks.setdefault(device, {})[key] = hook
+    return RemovableHandle(device, key)
+
+
+def _after_backward(device, leaves):
+    if not _hooks.get(device):
+        return
+    pending = getattr(_state, "capture_backwards", None)
+    if pending is not None and pending[0] is device:
+        pending[1].append(leaves)  # run by graphs.graph after the block, by Graph.replay after each replay
+        return
+    run_post_backward_hooks(device, [leaves])
+
+
+def run_post_backward_hooks(device: Any, passes: Sequence[Sequence[Any]]) -> None:
+    """Run the device's post-backward hooks once per backward pass in ``passes``."""
+    for leaves in passes:
+        for hook in list(_hooks.get(device, {}).values()):
+            hook(leaves)
+
+
+@contextlib.contextmanager
+def deferred_post_backward_hooks(device: Any) -> Iterator[list]:
+    """Inside the block (a graph capture), backward passes on ``device`` in this thread keep
+    their leaves in the yielded list instead of running the post-backward hooks."""
+    prev = getattr(_state, "capture_backwards", None)
+    pending: list = []
+    _state.capture_backwards = (device, pending)
+    try:
+        yield pending
+    finally:
+        _state.capture_backwards = prev

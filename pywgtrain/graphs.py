@@ -27,7 +27,7 @@ from typing import Any, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
-from . import _core
+from . import _core, autograd
 from .device import Device, resolve_device
 from .tensor import Tensor
 
@@ -52,6 +52,7 @@ class Graph:
     def __init__(self) -> None:
         self.device: Optional[Device] = None
         self._graph = None
+        self._backwards: list = []  # leaves of each captured backward pass (post-backward hooks)
 
     def __len__(self) -> int:
         """The number of captured dispatches."""
@@ -137,6 +138,9 @@ class Graph:
             pairs.append((static._buf, target))
         with dev._recording() as rec:
             rec.replay(self._graph, inputs=pairs)
+        # The replayed backward passes produced gradients again: what runs after a backward
+        # (DistributedDataParallel's gradient averaging) runs now, as it did after the capture.
+        autograd.run_post_backward_hooks(dev, self._backwards)
 
 
 @contextlib.contextmanager
@@ -154,9 +158,13 @@ def graph(g: Graph, device: Optional[Device] = None) -> Iterator[Graph]:
     with dev.batch() as rec:
         dev.capture_interrupted(reset=True)
         rec.begin_capture()
-        yield g
+        with autograd.deferred_post_backward_hooks(dev) as backwards:
+            yield g
         captured = rec.end_capture()
         where = dev.capture_interrupted(reset=True)
+    # Post-backward hooks (a host round trip) were held back during the capture; the block's
+    # backward passes have run now, and so do their hooks, whether or not the graph is usable.
+    autograd.run_post_backward_hooks(dev, backwards)
     if where is not None:
         raise CaptureError(where)
-    g.device, g._graph = dev, captured
+    g.device, g._graph, g._backwards = dev, captured, backwards

@@ -12,6 +12,7 @@ MODULES = [
     "pywgtrain",
     "pywgtrain.nn",
     "pywgtrain.nn.functional",
+    "pywgtrain.nn.parallel",
     "pywgtrain.optim",
     "pywgtrain.optim.lr_scheduler",
     "pywgtrain.train",

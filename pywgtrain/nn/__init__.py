@@ -35,6 +35,7 @@ from .modules import (  # noqa: F401
     Tanh,
 )
 from .parameter import Parameter  # noqa: F401
+from . import parallel  # noqa: F401  (torch is imported only when DistributedDataParallel is created)
 
 
 def MLP(
@@ -55,4 +56,4 @@ def MLP(
     return Sequential(*layers)
 
 
-__all__ = [*_modules.__all__, "Parameter", "MLP", "functional"]
+__all__ = [*_modules.__all__, "Parameter", "MLP", "functional", "parallel"]

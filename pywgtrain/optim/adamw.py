@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -20,6 +21,9 @@ class _FlatArena:
     maps zeros to zeros), parameters of a group next to each other.
     Parameters are moved into it as views, so a group's update is one AdamW
     dispatch and the norm one reduction, whatever the number of tensors."""
+
+    # Every arena alive, so DistributedDataParallel can reduce a run of gradients as one span.
+    live: "weakref.WeakSet[_FlatArena]" = weakref.WeakSet()
 
     def __init__(self, params, device):
         align = max(device.limits["min_storage_buffer_offset_alignment"] // 4, 1)
@@ -45,6 +49,13 @@ class _FlatArena:
         self.params = list(params)
         self.device = device
         self._spans = {}
+        _FlatArena.live.add(self)
+
+    def holds_grad(self, i):
+        """Whether parameter i's gradient is the one this arena holds (its span is its .grad)."""
+        p = self.params[i]
+        home = p._grad_home
+        return home is not None and p.grad is home and home._buf.shares_memory(self.buffers["grad"])
 
     def view(self, name, p, off):
         return Tensor(self.buffers[name].view(off * 4, p.nbytes), p.shape, np.float32, p.device)

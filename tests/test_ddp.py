@@ -1,0 +1,331 @@
+"""DistributedDataParallel over torch.distributed (gloo) with 2 and 3 processes on
+localhost, each with its own Device: after 10 AdamW steps on equal shards of a global
+batch, every rank's parameters equal those of one process training on the global batch.
+
+Each process group runs every scenario once (starting processes and devices is the
+slow part on a 2-core machine); the tests compare the files the ranks wrote with the
+single-process reference computed here. This file doubles as the worker script:
+``python tests/test_ddp.py worker <out_dir> <scenario,...>`` with RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT set."""
+
+import datetime
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pywgtrain as pw
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = 10
+BATCH = 12  # the global batch: equal shards for 2 and 3 ranks, and 2 micro-batches each
+SIZES = [8, 16, 4]
+LR = 1e-2
+CLIP = 0.05  # below the gradient norms here, so every step clips
+DROP_SEED = 100
+SCENARIOS = ["plain", "small_buckets", "unfused", "clip", "accumulate", "dropout", "trainer"]
+
+
+def _batch(step):
+    rng = np.random.default_rng(1234 + step)
+    return rng.standard_normal((BATCH, SIZES[0])).astype(np.float32), rng.integers(0, SIZES[-1], BATCH)
+
+
+def _shard(a, rank, world):
+    n = len(a) // world
+    return a[rank * n : (rank + 1) * n]
+
+
+def _model(dev, scenario, seed):
+    rng = np.random.default_rng(seed)
+    if scenario == "dropout":
+        return pw.nn.Sequential(
+            pw.nn.Linear(SIZES[0], SIZES[1], activation="relu", device=dev, rng=rng),
+            pw.nn.Dropout(0.3),
+            pw.nn.Linear(SIZES[1], SIZES[2], device=dev, rng=rng),
+        )
+    return pw.nn.MLP(SIZES, device=dev, seed=seed)
+
+
+def _optimizer(scenario, params):
+    return pw.optim.AdamW(
+        params, lr=LR, max_grad_norm=CLIP if scenario == "clip" else None, fused=scenario != "unfused"
+    )
+
+
+def _params(model):
+    return {k: v for k, v in model.state_dict().items()}
+
+
+# -- the ranks' side ---------------------------------------------------------------------------
+def _run_rank(dev, scenario, rank, world):
+    from pywgtrain.nn.parallel import DistributedDataParallel
+
+    loss_fn = pw.nn.CrossEntropyLoss()
+    if scenario == "dropout":
+        pw.manual_seed(DROP_SEED + rank)  # every rank its own masks
+    # Each rank initializes differently: the wrap broadcasts rank 0's parameters.
+    model = DistributedDataParallel(
+        _model(dev, scenario, seed=rank), bucket_cap_mb=1e-4 if scenario == "small_buckets" else 25.0
+    )
+    opt = _optimizer(scenario, model.parameters())
+    out = {"norms": []}
+    if scenario == "trainer":
+        from pywgtrain.train import Trainer
+
+        trainer = Trainer(model, opt, loss_fn)
+        for step in range(STEPS):
+            x, y = _batch(step)
+            trainer.step(_shard(x, rank, world), _shard(y, rank, world))
+        assert trainer._graph is not None  # steps 3+ replayed a captured step
+    else:
+        for step in range(STEPS):
+            x, y = (_shard(a, rank, world) for a in _batch(step))
+            opt.zero_grad()
+            if scenario == "accumulate":
+                half = len(x) // 2
+                with model.no_sync():  # the first micro-batch accumulates locally
+                    (loss_fn(model(x[:half]), y[:half]) * 0.5).backward()
+                    local = model.module[0].weight.grad.numpy()
+                (loss_fn(model(x[half:]), y[half:]) * 0.5).backward()  # reduces both micro-batches
+                if step == 0:
+                    out["local_grad"] = local
+            else:
+                loss_fn(model(x), y).backward()
+            opt.step()
+            if scenario == "clip":
+                out["norms"].append(opt.last_grad_norm())
+    if scenario == "dropout":
+        out["mask"] = pw.nn.functional.dropout(pw.ones((256,), device=dev), 0.5, training=True).numpy() != 0
+    out.update({f"param.{k}": v for k, v in model.module.state_dict().items()})
+    out["state_keys"] = np.array(sorted(model.state_dict()))
+    return out
+
+
+def _worker(out_dir, scenarios):
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=20))
+    dev = pw.Device()
+    if scenarios in (["die"], ["hang"]):
+        _die_scenario(dev, rank, world, out_dir, hang=scenarios == ["hang"])
+        return
+    for scenario in scenarios:
+        out = _run_rank(dev, scenario, rank, world)
+        out["norms"] = np.array(out["norms"], np.float64)
+        np.savez(Path(out_dir) / f"{scenario}.rank{rank}.npz", **out)
+    dist.destroy_process_group()
+
+
+def _die_scenario(dev, rank, world, out_dir, hang=False):
+    """Rank 1 exits after two steps (``hang``: stops responding for 35 s, then exits); rank 0
+    must fail with a clear error, not hang."""
+    from pywgtrain.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(pw.nn.MLP(SIZES, device=dev, seed=0))
+    opt = pw.optim.AdamW(model.parameters(), lr=LR)
+    loss_fn = pw.nn.CrossEntropyLoss()
+    start = time.monotonic()
+    try:
+        for step in range(STEPS):
+            if rank == 1 and step == 2:
+                if hang:
+                    time.sleep(35)
+                os._exit(3)
+            x, y = (_shard(a, rank, world) for a in _batch(step))
+            opt.zero_grad()
+            start = time.monotonic()
+            loss_fn(model(x), y).backward()
+            opt.step()
+    except RuntimeError as e:
+        (Path(out_dir) / "error.txt").write_text(f"{time.monotonic() - start:.2f}\n{e}")
+        os._exit(0)
+    (Path(out_dir) / "error.txt").write_text("no error")
+
+
+# -- the test's side -------------------------------------------------------------------------
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(world, out_dir, scenarios, timeout=120):
+    env = dict(os.environ)
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        WORLD_SIZE=str(world),
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "worker", str(out_dir), ",".join(scenarios)],
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(world)
+    ]
+    logs, codes = [], []
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"the ranks did not finish within {timeout} s") from None
+        logs.append(out.decode(errors="replace"))
+        codes.append(p.returncode)
+    return codes, logs
+
+
+def _reference(dev, scenario, world):
+    """One process on the global batch (dropout: each rank's shard with that rank's RNG stream)."""
+    loss_fn = pw.nn.CrossEntropyLoss()
+    model = _model(dev, scenario, seed=0)
+    opt = _optimizer(scenario, model.parameters())
+    norms = []
+    if scenario == "dropout":
+        states = []
+        for r in range(world):
+            pw.manual_seed(DROP_SEED + r, dev)
+            states.append(pw.get_rng_state(dev))
+    for step in range(STEPS):
+        x, y = _batch(step)
+        opt.zero_grad()
+        if scenario == "dropout":
+            for r in range(world):
+                pw.set_rng_state(states[r], dev)
+                (loss_fn(model(_shard(x, r, world)), _shard(y, r, world)) * (1.0 / world)).backward()
+                states[r] = pw.get_rng_state(dev)
+        else:
+            loss_fn(model(x), y).backward()
+        opt.step()
+        if scenario == "clip":
+            norms.append(opt.last_grad_norm())
+    return _params(model), np.array(norms)
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
+def group_run(request, tmp_path_factory):
+    pytest.importorskip("torch.distributed")
+    world = request.param
+    out_dir = tmp_path_factory.mktemp(f"ddp{world}")
+    start = time.monotonic()
+    codes, logs = _launch(world, out_dir, SCENARIOS)
+    assert codes == [0] * world, "\n".join(logs)
+    print(f"{world} ranks, {len(SCENARIOS)} scenarios: {time.monotonic() - start:.1f} s")
+    return world, out_dir
+
+
+def _load(out_dir, scenario, world):
+    return [dict(np.load(Path(out_dir) / f"{scenario}.rank{r}.npz")) for r in range(world)]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_ranks_match_one_process_on_the_global_batch(group_run, scenario, dev):
+    world, out_dir = group_run
+    ranks = _load(out_dir, scenario, world)
+    ref_scenario = "plain" if scenario == "trainer" else scenario
+    ref, ref_norms = _reference(dev, ref_scenario, world)
+    for r, got in enumerate(ranks):
+        for k, v in ref.items():
+            np.testing.assert_allclose(got[f"param.{k}"], v, rtol=1e-5, atol=1e-7, err_msg=f"rank {r} {k}")
+            # the replicas stay identical, bit for bit
+            np.testing.assert_array_equal(got[f"param.{k}"], ranks[0][f"param.{k}"], err_msg=f"rank {r} {k}")
+        assert list(got["state_keys"]) == sorted(f"module.{k}" for k in ref)  # torch's DDP state_dict keys
+    if scenario == "clip":
+        # AdamW clipped with the global norm (the norm of the averaged gradient), not a rank's own
+        assert (ref_norms > CLIP).all()
+        for got in ranks:
+            np.testing.assert_allclose(got["norms"], ref_norms, rtol=1e-5)
+
+
+def test_no_sync_accumulates_locally(group_run):
+    world, out_dir = group_run
+    ranks = _load(out_dir, "accumulate", world)
+    # inside no_sync the ranks' gradients are their own (different shards), not averaged
+    assert not np.allclose(ranks[0]["local_grad"], ranks[1]["local_grad"])
+
+
+def test_dropout_masks_differ_across_ranks(group_run):
+    world, out_dir = group_run
+    masks = [r["mask"] for r in _load(out_dir, "dropout", world)]
+    for r in range(1, world):
+        assert (masks[r] != masks[0]).any()
+
+
+def test_a_rank_that_dies_makes_the_others_fail(tmp_path):
+    pytest.importorskip("torch.distributed")
+    start = time.monotonic()
+    codes, logs = _launch(2, tmp_path, ["die"], timeout=60)
+    elapsed = time.monotonic() - start
+    assert codes[1] == 3, logs[1]
+    assert codes[0] == 0, logs[0]
+    text = (tmp_path / "error.txt").read_text()
+    assert text != "no error"
+    waited, message = text.split("\n", 1)
+    assert "DistributedDataParallel (rank 0 of 2)" in message and "gradient bucket" in message, message
+    assert float(waited) < 25 and elapsed < 60  # within the process group's 20 s timeout, not a hang
+
+
+@pytest.mark.slow
+def test_a_rank_that_stops_responding_makes_the_others_time_out(tmp_path):
+    pytest.importorskip("torch.distributed")
+    codes, logs = _launch(2, tmp_path, ["hang"], timeout=90)
+    assert codes == [0, 3], logs
+    waited, message = (tmp_path / "error.txt").read_text().split("\n", 1)
+    assert "DistributedDataParallel (rank 0 of 2)" in message and "gradient bucket" in message, message
+    assert 15 < float(waited) < 30, (waited, message)  # the process group's 20 s timeout
+
+
+def test_without_a_process_group(dev):
+    pytest.importorskip("torch.distributed")
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is initialized in this process")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        pw.nn.parallel.DistributedDataParallel(pw.nn.MLP(SIZES, device=dev))
+
+
+def test_post_backward_hooks_run_after_backward_capture_and_replay(dev):
+    """What DDP builds on: a hook sees each backward pass's leaves when backward returns;
+    inside a graph capture it runs after the block, and again after every replay."""
+    model = pw.nn.MLP(SIZES, device=dev)
+    x, y = _batch(0)
+    seen = []
+
+    def hook(leaves):
+        seen.append(({id(t) for t in leaves} == {id(p) for p in model.parameters()}, dev._in_batch()))
+
+    handle = pw.autograd.register_post_backward_hook(dev, hook)
+    try:
+        pw.nn.CrossEntropyLoss()(model(x), y).backward()
+        assert seen == [(True, False)]
+        g = pw.Graph()
+        static_x = pw.tensor(x, dev)
+        with pw.graph(g, dev):
+            pw.nn.CrossEntropyLoss()(model(static_x), y).backward()
+            assert len(seen) == 1  # held back: a host read here would break the capture
+        assert len(seen) == 2
+        g.replay({static_x: x})
+        g.replay({static_x: x})
+        assert seen[2:] == [(True, False)] * 2
+    finally:
+        handle.remove()
+    pw.nn.CrossEntropyLoss()(model(x), y).backward()
+    assert len(seen) == 4
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
+    _worker(sys.argv[2], sys.argv[3].split(","))
