@@ -55,7 +55,7 @@ def test_gemm_alpha_beta(dev, rng, ta, tb, alpha, beta, m, n, k):
 def test_split_k_small_outputs_long_k(dev, rng, m, n, k, ta, tb):
     """Few output tiles and long K take the split-K path (partial products +
     reduce); 1030 x 130 x 4100 is a long-K output of 34 tiles of 64x128,
-    whose splits the wave model picks (gemm.cpp long_k_splits); K = 40001
+    whose splits the wave model picks (gemm_plan.cpp long_k_splits); K = 40001
     takes up to 32 splits instead of 16."""
     a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
     out = pw.tensor(c, dev)
@@ -83,7 +83,7 @@ def test_mid_k_outputs_of_many_tiles(dev, rng, m, n, k, ta, tb):
 @pytest.mark.parametrize("m,n,k", [(256, 768, 768), (1024, 768, 768), (384, 768, 1536)])
 def test_split_k_one_more_split_past_a_wave(dev, rng, m, n, k, ta, tb):
     """64x64-tile products whose split-K workgroups would land just past a
-    whole wave of the 264 slots take one split more (gemm.cpp choose_splits):
+    whole wave of the 264 slots take one split more (gemm_plan.cpp choose_splits):
     48 tiles 6 -> 7 splits (110 K each, below the usual 128), 192 tiles 3 ->
     4, 72 tiles 8 -> 9."""
     a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
