@@ -38,40 +38,21 @@ Range or_placeholder(Device& dev, const Range& r, bool writable) {
 struct VecLoads {
   bool a = false, b = false, c = false, b_pair = false;
 };
-VecLoads vec_loads(const TileConfig& t, bool ta, bool tb, bool act_grad, const GemmParams& p) {
-  static const bool enabled = !env_switched_off("PYWGTRAIN_GEMM_VEC");
+VecLoads vec_loads(const GemmSwitches& sw, const TileConfig& t, bool ta, bool tb, bool act_grad, const GemmParams& p) {
+  const bool enabled = sw.vec;
   const uint32_t threads = (t.bm / t.tm) * (t.bn / t.tn);
   const uint32_t b_slots = t.bn * t.bk / 4 / threads;
   return {enabled && ta && p.lda % 4 == 0 && p.a_off % 4 == 0, enabled && !tb && p.ldb % 4 == 0 && p.b_off % 4 == 0,
           enabled && !act_grad && p.ldc % 4 == 0 && p.c_off % 4 == 0 && p.split_stride % 4 == 0,
           tb && t.bk == 16 && b_slots % 2 == 0 && p.ldb % 2 == 0 && p.b_off % 2 == 0 &&
-              (p.k_chunk % 2 == 0 || p.k_chunk >= p.k) && !env_switched_off("PYWGTRAIN_GEMM_PAIR")};
-}
-
-}  // namespace
-
-uint64_t env_count(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (*end || *v == '-') throw ArgumentError(std::string(name) + " must be a non-negative integer, got '" + v + "'");
-  return n;
-}
-
-namespace {
-
-// gemm.wgsl's GROUP_M: tile rows consecutive workgroups walk down one tile
-// column (PYWGTRAIN_GEMM_GROUP_M for A/B runs, read per call; 1 is row-major).
-constexpr uint64_t kGroupRows = 8;
-uint32_t group_rows() {
-  return uint32_t(std::clamp<uint64_t>(env_count("PYWGTRAIN_GEMM_GROUP_M", kGroupRows), 1, 1u << 16));
+              (p.k_chunk % 2 == 0 || p.k_chunk >= p.k) && sw.pair};
 }
 
 // Entry `entry` of gemm.wgsl with its specialization constants (listed in
 // the shader's header).
-KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, bool tc, Epilogue ep, Activation act,
-                     bool lean, const VecLoads& v, bool aligned = false, bool edge_shift = false) {
+KernelDesc gemm_desc(const GemmSwitches& sw, const char* entry, const TileConfig& t, bool ta, bool tb, bool tc,
+                     Epilogue ep, Activation act, bool lean, const VecLoads& v, bool aligned = false,
+                     bool edge_shift = false) {
   KernelDesc d;
   d.shader = "gemm";
   d.entry = entry;
@@ -92,7 +73,7 @@ KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, b
                  {"B_VEC", bool_literal(v.b)},
                  {"B_PAIR", bool_literal(v.b_pair)},
                  {"C_VEC", bool_literal(v.c)},
-                 {"GROUP_M", u32_literal(group_rows())},
+                 {"GROUP_M", u32_literal(sw.group_m)},
                  {"ALIGNED", bool_literal(aligned)},
                  {"EDGE_SHIFT", bool_literal(edge_shift)}};
   // clang-format on
@@ -117,13 +98,13 @@ KernelDesc gemm_desc(const char* entry, const TileConfig& t, bool ta, bool tb, b
 struct EdgeChecks {
   bool aligned = false, edge_shift = false;
 };
-EdgeChecks edge_checks(const GemmVariant& g, const VecLoads& v, const GemmParams& p) {
+EdgeChecks edge_checks(const GemmSwitches& sw, const GemmVariant& g, const VecLoads& v, const GemmParams& p) {
   const TileConfig& t = g.t;
   const bool whole_rows = p.m % t.bm == 0, whole_cols = p.n % t.bn == 0;
   const bool rows = whole_rows || (p.m >= t.bm && (!(v.c && g.tc) || v.a || p.m % 4 == 0));
   const bool cols = whole_cols || (p.n >= t.bn && (!(v.c && !g.tc) || v.b || p.n % 4 == 0));
   if (g.stream_k || !rows || !cols) return {};
-  const bool aligned = !(g.tb && t.tm == 8 && t.tn == 4) && !env_switched_off("PYWGTRAIN_GEMM_ALIGNED");
+  const bool aligned = !(g.tb && t.tm == 8 && t.tn == 4) && sw.aligned;
   const bool k_tail = p.k % t.bk != 0 || p.k_chunk % t.bk != 0;  // some split ends in a partial K step
   return {aligned, !whole_rows || !whole_cols || (aligned && k_tail)};
 }
@@ -133,7 +114,7 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, 
   // with scalar loads it cost NN 2%, #37). An aligned dispatch always runs
   // the unchecked loop: LEAN_LOOP off keeps one pipeline per aligned variant.
   const bool lean = g.t.lean_loop && (g.tb || v.b) && !c.aligned;
-  KernelDesc d = gemm_desc(g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.tc, g.ep,
+  KernelDesc d = gemm_desc(dev.gemm_switches(), g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.tc, g.ep,
                            g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v, c.aligned, c.edge_shift);
   d.bindings = {sh::a,  sh::b,  sh::c,  sh::p,       sh::bias,     sh::preact, sh::row_sums,
                 sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual, sh::b2};
@@ -145,8 +126,8 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, 
 void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const GemmRanges& ranges, uint32_t gx,
                    uint32_t gy, uint32_t gz) {
   Device& dev = r.device();
-  VecLoads v = vec_loads(g.t, g.ta, g.tb, g.ep == Epilogue::ActGrad, p);
-  const EdgeChecks checks = edge_checks(g, v, p);
+  VecLoads v = vec_loads(dev.gemm_switches(), g.t, g.ta, g.tb, g.ep == Epilogue::ActGrad, p);
+  const EdgeChecks checks = edge_checks(dev.gemm_switches(), g, v, p);
   // No B_PAIR in aligned dispatches: on the H100 (driver 580.159.04) those
   // with a partial first K step (128x128 tiles, NT 200x300x96) ran the last K
   // step on the previous step's A tile; the same SPIR-V is exact on lavapipe
@@ -206,9 +187,9 @@ namespace {
 // fixup takes the product's tiles.
 constexpr TileConfig kElementwiseTiles{64, 64, 16, 4, 4, 16};
 // tc: the entry writes C transposed (the stream-K fixup of a product with tc).
-KernelDesc elementwise_kernel(const char* entry, Epilogue ep, Activation act, const TileConfig& t = kElementwiseTiles,
-                              bool tc = false) {
-  return gemm_desc(entry, t, false, false, tc, ep, act, false, VecLoads{});
+KernelDesc elementwise_kernel(const GemmSwitches& sw, const char* entry, Epilogue ep, Activation act,
+                              const TileConfig& t = kElementwiseTiles, bool tc = false) {
+  return gemm_desc(sw, entry, t, false, false, tc, ep, act, false, VecLoads{});
 }
 
 }  // namespace
@@ -219,9 +200,10 @@ void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ra
   // Four columns per thread (splitk_reduce4) where whole vec4s line up.
   const bool quads = !stream_k_tiles && e.ep != Epilogue::ActGrad && q.n % 4 == 0 && q.ldc % 4 == 0 &&
                      q.c_off % 4 == 0 && q.split_stride % 4 == 0;
-  KernelDesc d = stream_k_tiles ? elementwise_kernel("stream_k_fixup", e.ep, e.act, *stream_k_tiles, tc)
-                 : quads        ? elementwise_kernel("splitk_reduce4", e.ep, e.act)
-                                : elementwise_kernel("splitk_reduce", e.ep, e.act);
+  KernelDesc d = stream_k_tiles
+                     ? elementwise_kernel(dev.gemm_switches(), "stream_k_fixup", e.ep, e.act, *stream_k_tiles, tc)
+                 : quads ? elementwise_kernel(dev.gemm_switches(), "splitk_reduce4", e.ep, e.act)
+                         : elementwise_kernel(dev.gemm_switches(), "splitk_reduce", e.ep, e.act);
   const auto c_slot = quads ? sh::c4 : sh::c;
   const auto preact_slot = quads ? sh::preact4 : sh::preact;
   const auto partials_slot = quads ? sh::partials4 : sh::partials;
@@ -242,7 +224,7 @@ void record_repack(Recorder& r, const Buffer& src, const Buffer& dst, uint32_t r
   q.lda = cols;
   q.ldc = ld;
   q.alpha = 1.0f;
-  KernelDesc d = elementwise_kernel("repack", Epilogue::Plain, Activation::None);
+  KernelDesc d = elementwise_kernel(dev.gemm_switches(), "repack", Epilogue::Plain, Activation::None);
   d.bindings = {sh::c, sh::p, sh::partials};
   auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(rows) * cols, sh::EW_WG));
   r.dispatch(dev.pipelines().get(d),
@@ -262,7 +244,7 @@ void record_transpose(Recorder& r, const Buffer& src, uint64_t src_ld, uint32_t 
   q.n = cols;
   q.lda = uint32_t(src_ld);
   q.ldc = uint32_t(dst_ld);
-  KernelDesc d = elementwise_kernel("transpose", Epilogue::Plain, Activation::None);
+  KernelDesc d = elementwise_kernel(dev.gemm_switches(), "transpose", Epilogue::Plain, Activation::None);
   d.bindings = {sh::c, sh::p, sh::partials};
   r.dispatch(
       dev.pipelines().get(d),

@@ -21,13 +21,11 @@ constexpr double kTuneMargin = 0.98;
 
 // ---- Plan choice (gemm_plan.cpp)
 
-// Concurrent 64x128 workgroups of the GPU, for the wave model.
-uint64_t wave_slots();
 // The warp block of 64x128 tiles for a transpose mode.
 TileConfig with_mode_warps(TileConfig t, bool ta, bool tb);
-TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb);
-uint32_t choose_splits(uint32_t m, uint32_t n, uint64_t k, const TileConfig& t);
-GemmPlan heuristic_plan(uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb);
+TileConfig choose_tiles(const GemmSwitches& sw, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb);
+uint32_t choose_splits(const GemmSwitches& sw, uint32_t m, uint32_t n, uint64_t k, const TileConfig& t);
+GemmPlan heuristic_plan(const GemmSwitches& sw, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb);
 
 // ---- Problems
 
@@ -133,10 +131,6 @@ struct GemmRanges {
 
 inline std::string u32_literal(uint32_t v) { return std::to_string(v) + "u"; }
 inline const char* bool_literal(bool v) { return v ? "true" : "false"; }
-
-// A non-negative integer from the environment variable `name` (read per
-// call: experiments change it in-process); `fallback` when unset or empty.
-uint64_t env_count(const char* name, uint64_t fallback);
 
 // One tiled GEMM dispatch with params p.
 void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const GemmRanges& ranges, uint32_t gx,

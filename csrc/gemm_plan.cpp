@@ -10,18 +10,6 @@
 
 namespace pwt::gemm_detail {
 
-// Concurrent 64x128 workgroups: 2 per SM x 132 SMs on the H100 (measured: the
-// time steps up between 216 and 270 workgroups). WebGPU does not report the
-// multiprocessor count; PYWGTRAIN_GEMM_SLOTS sets it for other GPUs.
-uint64_t wave_slots() {
-  static const uint64_t slots = [] {
-    const char* v = std::getenv("PYWGTRAIN_GEMM_SLOTS");
-    const long n = v ? std::atol(v) : 0;
-    return n > 0 ? uint64_t(n) : uint64_t(264);
-  }();
-  return slots;
-}
-
 namespace {
 
 // From this K on, mid-size outputs take 64x128 tiles and split-K (each split
@@ -66,8 +54,8 @@ constexpr uint64_t kMidKMaxTiles = 384;
 constexpr uint64_t kMidKFewTiles = 64;
 
 
-uint32_t long_k_splits(uint64_t m, uint64_t n, uint64_t k) {
-  const uint64_t tiles = long_k_tiles(m, n), slots = wave_slots();
+uint32_t long_k_splits(const GemmSwitches& sw, uint64_t m, uint64_t n, uint64_t k) {
+  const uint64_t tiles = long_k_tiles(m, n), slots = sw.slots;
   uint32_t best = 1;
   double best_cost = 0;
   for (uint64_t s = 1; s <= kMaxModelSplits && (s == 1 || k / s >= kMinKPerSplit); ++s) {
@@ -80,12 +68,12 @@ uint32_t long_k_splits(uint64_t m, uint64_t n, uint64_t k) {
 }
 
 // The splits of (m, n, k) on 64x128 tiles where the wave model applies; 0 where not.
-uint32_t wave_model_splits(uint64_t m, uint64_t n, uint64_t k) {
+uint32_t wave_model_splits(const GemmSwitches& sw, uint64_t m, uint64_t n, uint64_t k) {
   const uint64_t tiles = long_k_tiles(m, n);
-  if (k >= kLongK) return tiles >= kLongKMinTiles ? long_k_splits(m, n, k) : 0;
+  if (k >= kLongK) return tiles >= kLongKMinTiles ? long_k_splits(sw, m, n, k) : 0;
   if (k < kSplitMinK || tiles >= kMidKMaxTiles || tiles < kMidKFewTiles) return 0;
-  const uint32_t splits = long_k_splits(m, n, k);
-  return tiles >= kMidKMinTiles || 5 * tiles * splits >= 4 * wave_slots() ? splits : 0;
+  const uint32_t splits = long_k_splits(sw, m, n, k);
+  return tiles >= kMidKMinTiles || 5 * tiles * splits >= 4 * sw.slots ? splits : 0;
 }
 
 }  // namespace
@@ -110,33 +98,11 @@ TileConfig with_mode_warps(TileConfig t, bool ta, bool tb) {
 // lean_loop only changes what the compiler makes of the K loop (#37, #44):
 // with 128-bit tile loads +3-6% at 4096^3 in NN, TN and NT, but -10% at
 // 512x4096x4096 NT (256 tiles), so outputs of >= 512 tiles take it.
-// PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN[,WARP_W[,LEAN_LOOP]]" forces one configuration.
-TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
-  const char* forced = std::getenv("PYWGTRAIN_GEMM_TILES");  // read per call: experiments change it in-process
-  TileConfig t{};
-  if (forced && *forced) {
-    int used = 0;
-    const int fields = std::sscanf(forced, "%u,%u,%u,%u,%u%n,%u%n,%u%n", &t.bm, &t.bn, &t.bk, &t.tm, &t.tn, &used,
-                                   &t.warp_w, &used, &t.lean_loop, &used);
-    if (fields < 5 || forced[used] != '\0' || t.lean_loop > 1)
-      throw ArgumentError(std::string("PYWGTRAIN_GEMM_TILES: expected BM,BN,BK,TM,TN[,WARP_W[,LEAN_LOOP]] (LEAN_LOOP 0 "
-                                      "or 1), got '") +
-                          forced + "'");
-    const uint32_t wg_x = t.tn ? t.bn / t.tn : 0, wg_y = t.tm ? t.bm / t.tm : 0, threads = wg_x * wg_y;
-    auto whole_slots = [&](uint32_t rows) { return threads && rows * t.bk / 4 >= threads && (rows * t.bk / 4) % threads == 0; };
-    if (t.tm % 4 || t.tn % 4 || !whole_slots(t.bm) || !whole_slots(t.bn) || t.bm % 16 || t.bn % 16)
-      throw ArgumentError("PYWGTRAIN_GEMM_TILES: TM and TN must be multiples of 4, BM and BN of 16, and each thread must "
-                          "load a whole number (>= 1) of vec4s of both tiles (BM*BK/4 and BN*BK/4 multiples of "
-                          "(BM/TM)*(BN/TN))");
-    const bool warps_ok = !t.warp_w || t.warp_w == wg_x ||
-                          (32 % t.warp_w == 0 && wg_x % t.warp_w == 0 && wg_y % (32 / t.warp_w) == 0);
-    if (!warps_ok)
-      throw ArgumentError("PYWGTRAIN_GEMM_TILES: WARP_W " + std::to_string(t.warp_w) + " must divide 32 and BN/TN (" +
-                          std::to_string(wg_x) + "), and 32/WARP_W must divide BM/TM (" + std::to_string(wg_y) + ")");
-    return t;
-  }
+// PYWGTRAIN_GEMM_TILES (GemmSwitches::tiles) forces one configuration.
+TileConfig choose_tiles(const GemmSwitches& sw, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
+  if (sw.tiles) return *sw.tiles;
   const uint64_t wide = ceil_div(m, 128) * ceil_div(n, 64);
-  if (const uint32_t splits = wave_model_splits(m, n, k))
+  if (const uint32_t splits = wave_model_splits(sw, m, n, k))
     return with_mode_warps({64, 128, 16, 8, 4, 8, long_k_tiles(m, n) * splits >= 512}, ta, tb);
   // LEAN_LOOP from 512 of the tiles it runs (#61: counted in 128x64 tiles
   // before, so 64x768x50304 NT, 393 tiles, took it: 177 us against 142).
@@ -153,12 +119,11 @@ TileConfig choose_tiles(uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
 // is long enough to share: each split writes a partial product to the device
 // workspace, a second pass sums them into C. K longer than kMaxKPerSplit is
 // always split, so no workgroup loops over more (bounded loops, dispatch_util.hpp).
-uint32_t choose_splits(uint32_t m, uint32_t n, uint64_t k, const TileConfig& t) {
+uint32_t choose_splits(const GemmSwitches& sw, uint32_t m, uint32_t n, uint64_t k, const TileConfig& t) {
   const uint64_t bounded = ceil_div(k, kMaxKPerSplit);
-  if (const char* forced = std::getenv("PYWGTRAIN_GEMM_SPLITS"); forced && std::atoi(forced) > 0)
-    return uint32_t(std::max<uint64_t>(bounded, std::min<uint64_t>(std::atoi(forced), ceil_div(k, t.bk))));
+  if (sw.splits) return uint32_t(std::max<uint64_t>(bounded, std::min<uint64_t>(sw.splits, ceil_div(k, t.bk))));
   const uint64_t tiles = ceil_div(m, t.bm) * ceil_div(n, t.bn);
-  if (const uint32_t splits = t.bm == 64 && t.bn == 128 ? wave_model_splits(m, n, k) : 0)
+  if (const uint32_t splits = t.bm == 64 && t.bn == 128 ? wave_model_splits(sw, m, n, k) : 0)
     return uint32_t(std::max<uint64_t>(bounded, splits));
   if (tiles >= 256 || k < kSplitMinK) return uint32_t(bounded);
   // Up to 16 splits; 32 where K is very long (H100, 64x50304x768 NN, 12
@@ -171,16 +136,16 @@ uint32_t choose_splits(uint32_t m, uint32_t n, uint64_t k, const TileConfig& t) 
   // in one submission each: 1024x768x768 NN on 192 tiles 3 -> 4 splits
   // 57.7 -> 53.5 us, 256x768x768 on 48 tiles 6 -> 7 23.8 -> 22.4;
   // docs/gemm_notes.md #60).
-  const uint64_t slots = wave_slots(), past_wave = tiles * splits % slots;
+  const uint64_t slots = sw.slots, past_wave = tiles * splits % slots;
   if (tiles * splits > slots && past_wave && past_wave <= slots / 4 && splits < std::min(most, k / 64)) ++splits;
   return uint32_t(std::max<uint64_t>({splits, bounded, 1}));
 }
 // clang-format on
 
-GemmPlan heuristic_plan(uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
+GemmPlan heuristic_plan(const GemmSwitches& sw, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
   GemmPlan p;
-  p.t = choose_tiles(m, n, k, ta, tb);
-  p.splits = choose_splits(m, n, k, p.t);
+  p.t = choose_tiles(sw, m, n, k, ta, tb);
+  p.splits = choose_splits(sw, m, n, k, p.t);
   return p;
 }
 

@@ -15,13 +15,12 @@ namespace sh = wgsl::gemm;
 
 namespace {
 
-// NT products with at least kNtAsNnRows rows, and N and K of at least
+// NT products with at least GemmSwitches::nt_as_nn_rows rows (4096), and N and K of at least
 // kNtAsNnMinCols, run as NN on a transposed copy of B (record_gemm). H100,
 // 43 NT shapes (docs/gemm_notes.md #49): at 4096-16384 rows 0-5% faster
 // (4096x768x50304 7973 -> 7554 us, 8192x4096x4096 6688 -> 6430, 4096^3
 // 3357 -> 3292); at 256-1024 rows the copy ate the gain or more (777x4096x4096
 // 754 -> 785 us).
-constexpr uint64_t kNtAsNnRows = 4096;
 constexpr uint32_t kNtAsNnMinCols = 256;
 // NT products with fewer rows, at least kNtSwapMinRows of them, at least
 // kNtSwapMinCols columns (a vocabulary projection) and kNtSwapMinMacs
@@ -257,29 +256,25 @@ bool record_ragged(Recorder& r, const GemmProblem& g, const TileConfig& t) {
   GemmProblem strips = g;
   strips.ldc = n;
   auto strip = [&](uint32_t m0, uint32_t mc, uint32_t n0, uint32_t nc) {
-    const TileConfig ts = choose_tiles(mc, nc, k, g.ta, g.tb);
+    const TileConfig ts = choose_tiles(dev.gemm_switches(), mc, nc, k, g.ta, g.tb);
     Region reg;
     reg.m0 = m0;
     reg.mc = mc;
     reg.n0 = n0;
     reg.nc = nc;
     reg.kc = k;
-    record_split_region(r, strips, reg, ts, choose_splits(mc, nc, k, ts), EpilogueArgs{});
+    record_split_region(r, strips, reg, ts, choose_splits(dev.gemm_switches(), mc, nc, k, ts), EpilogueArgs{});
   };
   if (thin_m) strip(m_main, rm, 0, n);       // bottom rows, corner included
   if (thin_n) strip(0, m_main, n_main, rn);  // right columns above them
   return true;
 }
 
-// NT products of at least this many rows run as NN on a transposed copy of
-// B (PYWGTRAIN_GEMM_NT_ROWS, for experiments).
-uint64_t nt_as_nn_rows() { return env_count("PYWGTRAIN_GEMM_NT_ROWS", kNtAsNnRows); }
-// Whether an NT product with fewer rows runs swapped (C^T = B A^T).
-// PYWGTRAIN_GEMM_NT_SWAP_COLS=N (for experiments and tests, read per call):
-// every one with at least N columns does.
-bool nt_swapped(uint64_t m, uint64_t n, uint64_t k) {
-  if (const char* v = std::getenv("PYWGTRAIN_GEMM_NT_SWAP_COLS"); v && *v)
-    return n >= env_count("PYWGTRAIN_GEMM_NT_SWAP_COLS", 0);
+// Whether an NT product with fewer rows than GemmSwitches::nt_as_nn_rows
+// runs swapped (C^T = B A^T): PYWGTRAIN_GEMM_NT_SWAP_COLS=N (for experiments
+// and tests) swaps every one with at least N columns.
+bool nt_swapped(const GemmSwitches& sw, uint64_t m, uint64_t n, uint64_t k) {
+  if (sw.nt_swap_cols) return n >= *sw.nt_swap_cols;
   const bool same_waste = 2 * ceil_div(m, 128) == ceil_div(m, 64);
   return m >= kNtSwapMinRows && n >= kNtSwapMinCols && m * n * k >= kNtSwapMinMacs && same_waste;
 }
@@ -324,7 +319,7 @@ namespace {
 // shapes (products of at least kRowSplitMinRows rows and kRowSplitMinMacs
 // multiply-adds: tuning two more shapes costs too much for smaller ones),
 // the split runs when its two plans beat the whole product's by kTuneMargin.
-// PYWGTRAIN_GEMM_ROW_SPLIT=1 (=0) always (never) splits, read per call. The
+// PYWGTRAIN_GEMM_ROW_SPLIT=1 (=0) always (never) splits. The
 // lower part binds views of A, C and the epilogue's per-element operands
 // from its first row, so those offsets must be aligned.
 constexpr uint32_t kRowSplitTile = 64;
@@ -332,8 +327,8 @@ constexpr uint32_t kRowSplitMinRows = 256;
 constexpr uint64_t kRowSplitMinMacs = uint64_t(1) << 30;
 bool record_row_split(Recorder& r, const GemmProblem& g, const EpilogueArgs& e) {
   const uint32_t low_rows = g.m % kRowSplitTile, top_rows = g.m - low_rows;
-  if (g.ta || e.ep == Epilogue::RowSum || !low_rows || !top_rows || env_switched_off("PYWGTRAIN_GEMM_ROW_SPLIT"))
-    return false;
+  const std::optional<bool> forced = r.device().gemm_switches().row_split;
+  if (g.ta || e.ep == Epilogue::RowSum || !low_rows || !top_rows || (forced && !*forced)) return false;
   const uint64_t align = std::max<uint32_t>(r.device().limits().storage_offset_alignment, 4);
   const uint64_t a_at = uint64_t(top_rows) * g.lda * 4, c_at = uint64_t(top_rows) * g.ldc * 4;
   if (a_at % align || c_at % align) return false;
@@ -341,10 +336,7 @@ bool record_row_split(Recorder& r, const GemmProblem& g, const EpilogueArgs& e) 
   top.m = top_rows;
   low.m = low_rows;
   GemmPlan top_plan, low_plan;
-  const char* forced = std::getenv("PYWGTRAIN_GEMM_ROW_SPLIT");
-  if (forced && *forced) {
-    if (std::string(forced) != "1")
-      throw ArgumentError(std::string("PYWGTRAIN_GEMM_ROW_SPLIT must be 0 or 1, got '") + forced + "'");
+  if (forced) {
     top_plan = gemm_plan(r, top);
     low_plan = gemm_plan(r, low);
   } else {
@@ -401,7 +393,7 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
   // scalars; NN loads B n-major as vec4s. Products with many rows repay
   // transposing B into the device workspace first: the copy reads and writes
   // B once, the product reads it M / BM times.
-  if (!ta && tb && m >= nt_as_nn_rows() && n >= kNtAsNnMinCols && k >= kNtAsNnMinCols)
+  if (!ta && tb && m >= dev.gemm_switches().nt_as_nn_rows && n >= kNtAsNnMinCols && k >= kNtAsNnMinCols)
     if (const auto bt = transposed_copy(r, b, ldb, n, k, 1)) {
       GemmProblem nn = g;
       nn.b = bt.get();
@@ -412,7 +404,7 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
   // Fewer rows and many columns: C^T = B A^T instead, NN on a transposed
   // copy of A, the small operand (4 MB at 256 x 4096, where B is 64 MB), with
   // C stored transposed (gemm.wgsl TRANS_C).
-  if (!ta && tb && e.ep == Epilogue::Plain && nt_swapped(m, n, k))
+  if (!ta && tb && e.ep == Epilogue::Plain && nt_swapped(dev.gemm_switches(), m, n, k))
     if (const auto at = transposed_copy(r, a, lda, m, k, 0)) {
       GemmProblem swapped = g;
       swapped.a = &b;
@@ -516,7 +508,8 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
         const uint64_t kc = std::min(kb, k - k0);
         const float beta = k0 == 0 ? g.beta : 1.0f;
         const Epilogue in_kernel = !k_blocks || (first_block_epilogue && k0 == 0) ? e.ep : Epilogue::Plain;
-        const uint32_t splits = whole_problem ? whole_splits : choose_splits(uint32_t(mc), uint32_t(nc), kc, t);
+        const uint32_t splits =
+            whole_problem ? whole_splits : choose_splits(dev.gemm_switches(), uint32_t(mc), uint32_t(nc), kc, t);
         GemmProblem block = g;
         block.c = target;
         block.beta = beta;

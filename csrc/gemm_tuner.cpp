@@ -66,13 +66,6 @@ bool plan_supported(const GemmPlan& p, bool ta, bool tb) {
   return false;
 }
 
-// Whether an experiment forces the plan (a variable set to a non-empty value).
-bool forced_by_env() {
-  for (const char* name : {"PYWGTRAIN_GEMM_TILES", "PYWGTRAIN_GEMM_SPLITS", "PYWGTRAIN_GEMM_STREAM_K"})
-    if (const char* v = std::getenv(name); v && *v) return true;
-  return false;
-}
-
 bool tunable(const Device& dev, const GemmProblem& g) {
   if (!dev.has_feature(WGPUFeatureName_TimestampQuery)) return false;
   const uint64_t c_bytes = uint64_t(g.m) * g.n * 4;
@@ -105,7 +98,7 @@ std::vector<GemmPlan> tune_candidates(const Device& dev, const GemmProblem& g, c
     const uint64_t tiles = ceil_div(g.m, t.bm) * ceil_div(g.n, t.bn);
     for (uint32_t s : kTuneSplits) {
       s = std::max<uint32_t>(s, uint32_t(ceil_div(g.k, kMaxKPerSplit)));  // bounded K loops
-      if (s > 1 && (g.k / s < kTuneMinKPerSplit || tiles * s > kTuneMaxWaves * wave_slots())) continue;
+      if (s > 1 && (g.k / s < kTuneMinKPerSplit || tiles * s > kTuneMaxWaves * dev.gemm_switches().slots)) continue;
       // 128-wide tiles take LEAN_LOOP both ways: which K loop shape wins
       // depends on the shape (1024x4096x1024 NT in 2 splits: 240.7 us plain,
       // 228.5 lean; docs/gemm_notes.md #79).
@@ -117,7 +110,7 @@ std::vector<GemmPlan> tune_candidates(const Device& dev, const GemmProblem& g, c
       }
     }
   }
-  const uint64_t slots = wave_slots();
+  const uint64_t slots = dev.gemm_switches().slots;
   const uint64_t sk_tiles = ceil_div(g.m, kStreamKTiles.bm) * ceil_div(g.n, kStreamKTiles.bn);
   if (sk_tiles < kTuneMaxWaves * slots &&
       ceil_div(g.k, kStreamKTiles.bk) * sk_tiles * kStreamKTiles.bk >= slots * kTuneMinKPerSplit &&
@@ -232,14 +225,15 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
 // shape is new), else the heuristic.
 GemmPlan gemm_plan(Recorder& r, const GemmProblem& g) {
   GemmTuning& tuning = r.device().gemm_tuning();
+  const GemmSwitches& sw = r.device().gemm_switches();
   const GemmShape shape{g.m, g.n, g.k, g.ta, g.tb, g.tc};
-  if (forced_by_env()) {
-    GemmPlan forced = heuristic_plan(g.m, g.n, g.k, g.ta, g.tb);
-    forced.workers = uint32_t(std::min<uint64_t>(env_count("PYWGTRAIN_GEMM_STREAM_K", 0), UINT32_MAX));
+  if (sw.plan_forced) {
+    GemmPlan forced = heuristic_plan(sw, g.m, g.n, g.k, g.ta, g.tb);
+    forced.workers = sw.stream_k_workers;
     return forced;
   }
   if (auto known = tuning.find(shape); known && plan_supported(*known, g.ta, g.tb)) return *known;
-  const GemmPlan heuristic = heuristic_plan(g.m, g.n, g.k, g.ta, g.tb);
+  const GemmPlan heuristic = heuristic_plan(sw, g.m, g.n, g.k, g.ta, g.tb);
   if (!tuning.enabled() || !tunable(r.device(), g)) return heuristic;
   const GemmPlan plan = tune_plan(r, g, heuristic);
   tuning.add(shape, plan);
@@ -251,7 +245,7 @@ GemmPlan gemm_plan(Recorder& r, const GemmProblem& g) {
 using namespace gemm_detail;
 
 std::vector<GemmPlan> gemm_tune_candidates(const Device& dev, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
-  return tune_candidates(dev, packed_shape(m, n, k, ta, tb), heuristic_plan(m, n, k, ta, tb));
+  return tune_candidates(dev, packed_shape(m, n, k, ta, tb), heuristic_plan(dev.gemm_switches(), m, n, k, ta, tb));
 }
 
 void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_dir) {
@@ -271,7 +265,7 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
   constexpr int kPlanRules = 10;
   const AdapterSummary& a = dev.info();
   sig += a.name + " | " + a.vendor + " | " + a.driver + " | " + a.backend + " | " + std::to_string(a.vendor_id) + ":" +
-         std::to_string(a.device_id) + " | slots " + std::to_string(wave_slots());
+         std::to_string(a.device_id) + " | slots " + std::to_string(dev.gemm_switches().slots);
   std::string material;
   for (const auto& [name, text] : embedded_shaders()) material += name + "\n" + text + "\n";
   for (const TileConfig& t : kTuneTiles)
@@ -282,7 +276,7 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
       for (uint32_t k : {64u, 768u, 3072u, 16384u})
         for (bool ta : {false, true})
           for (bool tb : {false, true}) {
-            const GemmPlan p = heuristic_plan(m, n, k, ta, tb);
+            const GemmPlan p = heuristic_plan(dev.gemm_switches(), m, n, k, ta, tb);
             for (uint32_t v : {p.t.bm, p.t.bn, p.t.bk, p.t.tm, p.t.tn, p.t.warp_w, p.t.lean_loop, p.splits})
               material += std::to_string(v) + ",";
           }

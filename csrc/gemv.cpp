@@ -43,8 +43,7 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
   const uint64_t ld = tb ? k : n;
   // Column form with n a multiple of 4: 128-bit loads of column quads
   // (PYWGTRAIN_GEMV_VEC4=0 turns them off for A/B runs, docs/gemm_notes.md).
-  static const bool vec4_enabled = !env_switched_off("PYWGTRAIN_GEMV_VEC4");
-  const bool vec4 = vec4_enabled && !tb && n % 4 == 0;
+  const bool vec4 = dev.gemm_switches().gemv_vec4 && !tb && n % 4 == 0;
   // vec4 column form: from 4096 columns the column blocks alone fill the GPU,
   // one pass with gv_x quads across (about 256 workgroups); fewer columns take
   // 32 quads across and split K (partials + reduce). H100, docs/gemm_notes.md
@@ -57,8 +56,7 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
   // Row form (tb) with 128-bit loads of B's rows and of x where K and both
   // windows' starts are multiples of 4 (decided per dispatch below;
   // PYWGTRAIN_GEMV_T_VEC4=0 turns them off, #55).
-  static const bool rows4_enabled = !env_switched_off("PYWGTRAIN_GEMV_T_VEC4");
-  const bool rows4_possible = rows4_enabled && tb && k % 4 == 0;
+  const bool rows4_possible = dev.gemm_switches().gemv_t_vec4 && tb && k % 4 == 0;
   namespace gv = wgsl::gemv;
   const uint64_t per_group = tb ? 8 : vec4 ? 4 * gv_x : 32;
   const uint64_t n_limit = uint64_t(dev.limits().max_workgroups_per_dim) * per_group;
