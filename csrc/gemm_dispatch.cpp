@@ -26,15 +26,13 @@ Range or_placeholder(Device& dev, const Range& r, bool writable) {
 // and offset are multiples of 4 (PYWGTRAIN_GEMM_VEC=0 turns them off for A/B
 // runs, docs/gemm_notes.md #42).
 // C_VEC likewise for C's stores: its leading dimension, offset and split
-// stride multiples of 4 (H100, 16384 x 1536 x 384: plain NN 535 -> 491 us,
-// bias + GELU + pre-activation NT 663 -> 616 us). Not for the activation-
-// gradient epilogue, whose vec4 pre-activation reads made it slower
-// (3.47 -> 3.70 ms over a char step's 6 calls).
+// stride multiples of 4; not for the activation-gradient epilogue, whose
+// vec4 pre-activation reads made it slower (docs/gemm_notes.md #48).
 // B_PAIR: transposed B loads as 64-bit pairs along k where its leading
 // dimension and offset are even, splits start at even k, and each thread holds an even
 // number of slots of a 16-deep tile; dispatch_gemm drops it where the dispatch
-// runs aligned (H100: NT 256x4096x4096 231.6 -> 227.0 us, docs/gemm_notes.md
-// #107, #108; PYWGTRAIN_GEMM_PAIR=0 turns it off, read per call).
+// runs aligned (docs/gemm_notes.md #107, #108; PYWGTRAIN_GEMM_PAIR=0 turns it
+// off).
 struct VecLoads {
   bool a = false, b = false, c = false, b_pair = false;
 };
@@ -92,9 +90,8 @@ KernelDesc gemm_desc(const GemmSwitches& sw, const char* entry, const TileConfig
 // where it moves something (a ragged M or N, or an aligned dispatch's partial
 // K step, which it runs first), so whole-tile dispatches keep the kernel
 // without it. ALIGNED not with transposed B on 8x4 thread tiles: on the H100
-// those ran 2-6% slower aligned (the other modes and tiles 0-12% faster;
-// docs/gemm_notes.md #87). PYWGTRAIN_GEMM_ALIGNED=0 turns it off for A/B runs
-// (read per call).
+// those ran slower aligned, the other modes and tiles faster
+// (docs/gemm_notes.md #87). PYWGTRAIN_GEMM_ALIGNED=0 turns it off for A/B runs.
 struct EdgeChecks {
   bool aligned = false, edge_shift = false;
 };
@@ -110,8 +107,8 @@ EdgeChecks edge_checks(const GemmSwitches& sw, const GemmVariant& g, const VecLo
 }
 
 const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, const EdgeChecks& c) {
-  // Non-transposed B takes the separate K loop only with 128-bit loads (#44;
-  // with scalar loads it cost NN 2%, #37). An aligned dispatch always runs
+  // Non-transposed B takes the separate K loop only with 128-bit loads: with
+  // scalar loads it cost NN (docs/gemm_notes.md #37, #44). An aligned dispatch always runs
   // the unchecked loop: LEAN_LOOP off keeps one pipeline per aligned variant.
   const bool lean = g.t.lean_loop && (g.tb || v.b) && !c.aligned;
   KernelDesc d = gemm_desc(dev.gemm_switches(), g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.tc, g.ep,

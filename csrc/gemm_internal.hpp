@@ -15,8 +15,9 @@
 namespace pwt::gemm_detail {
 
 constexpr uint32_t kSplitMinK = 512;  // split-K from this K on (few output tiles)
-// 2%: at 3% the heuristic kept TN products where stream-K ran 2.5-3.6% faster
-// (H100 3072x768x4096 TN 474 against 457 us; docs/gemm_notes.md #105).
+// The tuner keeps the heuristic plan unless a candidate beats it by this
+// factor (timing noise must not trade a known plan for an equal one); a
+// wider margin kept slower plans (docs/gemm_notes.md #105).
 constexpr double kTuneMargin = 0.98;
 
 // ---- Plan choice (gemm_plan.cpp)
@@ -204,9 +205,8 @@ void record_gemv(Recorder& r, const GemvProblem& g);
 // gets); the fixup pass sums them with the epilogue.
 // The tile rows that fill whole waves of workers run before it as plain
 // tiles with the epilogue in-kernel (the stream-K paper's hybrid), so only
-// the part wave's tiles go through partial slots and the fixup (H100,
-// docs/gemm_notes.md #78: 777x4096x4096 NT 765 -> 726 us, 777x768x3072 NN
-// 129 -> 119). `first_row`: where stream-K takes over (a multiple of the
+// the part wave's tiles go through partial slots and the fixup
+// (docs/gemm_notes.md #78). `first_row`: where stream-K takes over (a multiple of the
 // tile height; 0 when the tiles fill less than a wave); `tiles`: those after it.
 struct StreamK {
   uint32_t first_row = 0;

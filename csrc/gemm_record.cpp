@@ -16,25 +16,20 @@ namespace sh = wgsl::gemm;
 namespace {
 
 // NT products with at least GemmSwitches::nt_as_nn_rows rows (4096), and N and K of at least
-// kNtAsNnMinCols, run as NN on a transposed copy of B (record_gemm). H100,
-// 43 NT shapes (docs/gemm_notes.md #49): at 4096-16384 rows 0-5% faster
-// (4096x768x50304 7973 -> 7554 us, 8192x4096x4096 6688 -> 6430, 4096^3
-// 3357 -> 3292); at 256-1024 rows the copy ate the gain or more (777x4096x4096
-// 754 -> 785 us).
+// kNtAsNnMinCols, run as NN on a transposed copy of B (record_gemm): with
+// fewer rows the copy ate the gain (docs/gemm_notes.md #49).
 constexpr uint32_t kNtAsNnMinCols = 256;
 // NT products with fewer rows, at least kNtSwapMinRows of them, at least
 // kNtSwapMinCols columns (a vocabulary projection) and kNtSwapMinMacs
 // multiply-adds run as C^T = B A^T: NN on a transposed copy of A, storing C
 // transposed (record_gemm), where the swapped product's last 128-wide tile
-// column wastes no more than the direct product's last 64-high tile row.
-// H100, tuned plans, swapped / direct (docs/gemm_notes.md #95): 1024x50304x768
-// 1856 / 1935 us, 256x50304x768 479 / 498; but with M = 777 (1683 / 1576) or
-// N = 4096 (256x4096x4096 233 / 231, 1024x4096x1024 226 / 223) slower.
+// column wastes no more than the direct product's last 64-high tile row;
+// with more waste or fewer columns the swap lost (docs/gemm_notes.md #95).
 constexpr uint32_t kNtSwapMinRows = 256;
 constexpr uint64_t kNtSwapMinCols = 8192;
 constexpr uint64_t kNtSwapMinMacs = uint64_t(1) << 30;
 // Row sums ride along in the GEMM up to this many multiply-adds, where the
-// separate pass (~9 us on the H100) costs more than the in-loop adds.
+// separate pass costs more than the in-loop adds (docs/gemm_notes.md #17).
 constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 
 // The window of g's C that region reg writes, `inner` at the region's
@@ -313,9 +308,7 @@ namespace {
 
 // Ragged M in NN and NT (A's rows contiguous): the whole 64-row tile rows
 // and the last few rows can run faster as two products on plans of their own
-// than as one whose last tile row is mostly empty (H100: 777x4096x4096 NT
-// 753 us, its first 768 rows 663 and last 9 51; 777x1024x4096 NT 191 against
-// 179 + 23, docs/gemm_notes.md #96). Where the tuner has timed all three
+// than as one whose last tile row is mostly empty (docs/gemm_notes.md #96). Where the tuner has timed all three
 // shapes (products of at least kRowSplitMinRows rows and kRowSplitMinMacs
 // multiply-adds: tuning two more shapes costs too much for smaller ones),
 // the split runs when its two plans beat the whole product's by kTuneMargin.
@@ -441,15 +434,15 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
       plan.workers && whole_problem ? stream_k_layout(dev, m, n, k, t, plan.workers) : std::nullopt;
   if (e.ep == Epilogue::RowSum && (!whole_problem || whole_splits > 1 || sk || uint64_t(m) * n * k > kRowSumMaxMacs)) {
     // The in-kernel row sums need the whole K in one workgroup and one grid,
-    // and they slow the main loop by ~8% (H100, 4096x512x4096): large
-    // products take a plain GEMM and a separate column-sum pass (A is K x M).
+    // and they slow the main loop (docs/gemm_notes.md #17): large products
+    // take a plain GEMM and a separate column-sum pass (A is K x M).
     record_gemm(r, g, EpilogueArgs{});
     return bias_grad(r, a, *e.row_sums, k, m, g.beta);
   }
   // Large products whose m-major A or n-major B has a leading dimension that
   // is not a multiple of 4 (4095^3, 4097^3) cannot load it as vec4s: they
-  // run on a padded copy when it fits one binding (the copy costs ~1.6% at
-  // 4096^3, the 128-bit loads save ~10%, docs/gemm_notes.md #45). After the
+  // run on a padded copy when it fits one binding (the copy costs less than
+  // the 128-bit loads save, docs/gemm_notes.md #45). After the
   // row-sum fallback above, whose column-sum pass reads A packed.
   const uint64_t binding = dev.limits().max_storage_binding;
   auto padded_fits = [&](uint64_t ld) { return uint64_t(k) * ((ld + 3) & ~uint64_t(3)) * 4 <= binding; };

@@ -24,9 +24,8 @@ namespace {
 // one). Candidates: 64x64 tiles (4x4 per thread), 64x128 tiles (8x4, warps
 // on 8x4 thread blocks, 4x8 in TN: with_mode_warps) and 32x128 tiles (the
 // same 8x4 on 128 threads: twice the workgroups of 64x128 for outputs of
-// under a wave or two; H100 256x768x3072 and 1024x768x768 NN 2 splits 44.8
-// us against 51-52 for the others; both 128-column tiles LEAN_LOOP both
-// ways) over split counts while each split keeps >= kTuneMinKPerSplit of K
+// under a wave or two, docs/gemm_notes.md #70; both 128-column tiles
+// LEAN_LOOP both ways) over split counts while each split keeps >= kTuneMinKPerSplit of K
 // and the workgroups fit kTuneMaxWaves waves, and stream-K (kStreamKTiles,
 // its warps as with_mode_warps sets them). Each runs in batches of calls
 // lasting about kTuneBatchUs (the median call by GPU timestamps) on
@@ -44,7 +43,7 @@ constexpr uint64_t kTuneMaxWaves = 4;
 constexpr double kTuneBatchUs = 1000;
 constexpr int kTuneRounds = 3;
 constexpr uint32_t kTuneMaxReps = 64;
-constexpr uint64_t kTuneRotateBytes = uint64_t(256) << 20;  // as `pywgtrain bench gemm`: > 5x the H100's L2
+constexpr uint64_t kTuneRotateBytes = uint64_t(256) << 20;  // as `pywgtrain bench gemm`: well past L2
 constexpr uint64_t kTuneMaxSets = 8;
 constexpr uint32_t kTuneSplits[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32};
 constexpr TileConfig kTuneTiles[] = {{64, 64, 16, 4, 4}, {64, 128, 16, 8, 4, 8}, {32, 128, 16, 8, 4, 8}};
@@ -100,8 +99,7 @@ std::vector<GemmPlan> tune_candidates(const Device& dev, const GemmProblem& g, c
       s = std::max<uint32_t>(s, uint32_t(ceil_div(g.k, kMaxKPerSplit)));  // bounded K loops
       if (s > 1 && (g.k / s < kTuneMinKPerSplit || tiles * s > kTuneMaxWaves * dev.gemm_switches().slots)) continue;
       // 128-wide tiles take LEAN_LOOP both ways: which K loop shape wins
-      // depends on the shape (1024x4096x1024 NT in 2 splits: 240.7 us plain,
-      // 228.5 lean; docs/gemm_notes.md #79).
+      // depends on the shape (docs/gemm_notes.md #79).
       TileConfig v = with_mode_warps(t, g.ta, g.tb);
       add(v, s);
       if (t.bn == 128) {
@@ -133,9 +131,8 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
   // The timed calls rotate through copies of A and B (and scratch outputs:
   // never the caller's C, which recorded work may still read), as `pywgtrain
   // bench gemm` rotates its operand sets: on one set, warm in L2, plans that
-  // stream their operands read fast and ran slow in the bench (H100,
-  // 1024x768x3072 NN with LEAN_LOOP: 125.6 us warm, 161.3 rotated, against
-  // 129.8 / 130.4 without; docs/gemm_notes.md #67). Up to kTuneMaxSets sets
+  // stream their operands read fast and ran slow in the bench
+  // (docs/gemm_notes.md #67). Up to kTuneMaxSets sets
   // within kTuneRotateBytes; where two do not fit, or the GPU has no memory
   // for the copies, the caller's A and B alone (tuning must not fail a
   // product that fits).
@@ -202,9 +199,8 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
   for (int round = 0; round < kTuneRounds; ++round)
     for (size_t i = 0; i < candidates.size(); ++i) rounds[i].push_back(per_call_us(candidates[i], reps));
   // Each candidate's median round, not its fastest: a plan can run a whole
-  // batch far faster than it usually does (H100, 1024x768x3072 NT lean: one
-  // batch of 50 calls at 134 us among 23 at 168-170; docs/gemm_notes.md #88),
-  // and the fastest of three rounds let such a batch pick it.
+  // batch far faster than it usually does, and the fastest of three rounds
+  // let such a batch pick it (docs/gemm_notes.md #88).
   std::vector<double> best(candidates.size());
   for (size_t i = 0; i < candidates.size(); ++i) {
     auto& t = rounds[i];
@@ -261,7 +257,7 @@ void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_d
   // swapped (C^T = B A^T), edges shifted to vec4-rounded ends; 7: TN products
   // on 64x128 tiles run warps on 4x8 thread blocks (with_mode_warps); 8: TN
   // stream-K on both warp blocks; 9: a 2% margin (kTuneMargin); 10: TN
-  // stream-K on 4x8 only again (8x4 won only within 0.5%, #103).
+  // stream-K on 4x8 only again (#103).
   constexpr int kPlanRules = 10;
   const AdapterSummary& a = dev.info();
   sig += a.name + " | " + a.vendor + " | " + a.driver + " | " + a.backend + " | " + std::to_string(a.vendor_id) + ":" +

@@ -46,8 +46,7 @@ void record_gemv(Recorder& r, const GemvProblem& g) {
   const bool vec4 = dev.gemm_switches().gemv_vec4 && !tb && n % 4 == 0;
   // vec4 column form: from 4096 columns the column blocks alone fill the GPU,
   // one pass with gv_x quads across (about 256 workgroups); fewer columns take
-  // 32 quads across and split K (partials + reduce). H100, docs/gemm_notes.md
-  // #41: 1x4096x4096 32.8 -> 29.8 us (gv_x 4), 1x8192x8192 96.4 -> 94.7 (8).
+  // 32 quads across and split K (partials + reduce; docs/gemm_notes.md #41).
   uint32_t gv_x = 32;
   if (vec4 && n >= 4096) {
     gv_x = 4;
