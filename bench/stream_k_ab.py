@@ -2,7 +2,7 @@
 
 Runs each product with the heuristic's plan (autotuning off), then forced
 stream-K on 64x128 tiles (PYWGTRAIN_GEMM_TILES / PYWGTRAIN_GEMM_STREAM_K,
-read per call) with the worker counts given, timed as `pywgtrain bench gemm`
+read when a Device opens: a Device per configuration) with the worker counts given, timed as `pywgtrain bench gemm`
 times (GPU timestamps, rotated operands). Usage:
 
     PYWGTRAIN_GEMM_AUTOTUNE=0 python bench/stream_k_ab.py [--json out.json] [--workers 264,528]
@@ -45,7 +45,6 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--workers", default="264")
     args = ap.parse_args()
-    dev = pw.Device()
     torch = _torch_cuda()
     configs = [("heuristic", {})]
     for w in args.workers.split(","):
@@ -56,18 +55,21 @@ def main():
                     {"PYWGTRAIN_GEMM_TILES": f"64,128,16,8,4,8,{lean}", "PYWGTRAIN_GEMM_STREAM_K": w},
                 )
             )
-    rows = []
-    for m, k, n, ta, tb in SHAPES:
-        warm_up(dev, torch, 0.25)
-        reps = max(10, min(200, int(2e12 / (2.0 * m * n * k) * 4)))
-        row = {"m": m, "k": k, "n": n, "ta": ta, "tb": tb}
-        for name, env in configs:
-            for key in ("PYWGTRAIN_GEMM_TILES", "PYWGTRAIN_GEMM_STREAM_K"):
-                os.environ.pop(key, None)
-            os.environ.update(env)
-            row[name] = time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps)
+    devices = {}
+    for name, env in configs:
         for key in ("PYWGTRAIN_GEMM_TILES", "PYWGTRAIN_GEMM_STREAM_K"):
             os.environ.pop(key, None)
+        os.environ.update(env)
+        devices[name] = pw.Device()
+    for key in ("PYWGTRAIN_GEMM_TILES", "PYWGTRAIN_GEMM_STREAM_K"):
+        os.environ.pop(key, None)
+    rows = []
+    for m, k, n, ta, tb in SHAPES:
+        warm_up(devices["heuristic"], torch, 0.25)
+        reps = max(10, min(200, int(2e12 / (2.0 * m * n * k) * 4)))
+        row = {"m": m, "k": k, "n": n, "ta": ta, "tb": tb}
+        for name, _ in configs:
+            row[name] = time_pywgtrain_gemm(devices[name], m, k, n, ta, tb, reps)
         if torch is not None:
             row["cublas"] = time_torch_gemm(torch, m, k, n, ta, tb, reps)
         rows.append(row)
@@ -81,7 +83,7 @@ def main():
         )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"adapter": dev.name, "rows": rows}, f, indent=1)
+            json.dump({"adapter": devices["heuristic"].name, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

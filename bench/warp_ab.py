@@ -53,17 +53,20 @@ def main():
         if not usable:
             print(item, "plan", plan, "takes none of the warp widths")
             continue
-        timer = pywgtrain_gemm_timer(dev, m, k, n, ta, tb)
         reps = max(20, min(200, int(2e12 / (2.0 * m * n * k) * 4)))
         os.environ["PYWGTRAIN_GEMM_SPLITS"] = str(splits)
         os.environ.pop("PYWGTRAIN_GEMM_STREAM_K", None)
         if workers:
             os.environ["PYWGTRAIN_GEMM_STREAM_K"] = str(workers)
+        # The switches are read when a Device opens: one Device per warp width.
+        timers = {}
+        for w in usable:
+            os.environ["PYWGTRAIN_GEMM_TILES"] = f"{bm},{bn},{bk},{tm},{tn},{w},{lean}"
+            timers[w] = pywgtrain_gemm_timer(pw.Device(), m, k, n, ta, tb)
         times = {}
         for _ in range(2):
             for w in usable:
-                os.environ["PYWGTRAIN_GEMM_TILES"] = f"{bm},{bn},{bk},{tm},{tn},{w},{lean}"
-                times.setdefault(w, []).append(timer(reps))
+                times.setdefault(w, []).append(timers[w](reps))
         cublas = min(time_torch_gemm(torch, m, k, n, ta, tb, reps) for _ in range(2)) if torch else float("nan")
         cells = " | ".join(
             f"W{w} {' '.join(f'{t:.1f}' for t in times[w])} ({min(times[w]) / cublas:.3f})" for w in usable

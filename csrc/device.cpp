@@ -249,6 +249,7 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   dev->adapter_ = std::move(adapters[chosen]);
   dev->info_ = infos[chosen];
   dev->spin_wait_us_ = spin_budget_us(dev->info_.adapter_type);
+  dev->gemm_switches_ = GemmSwitches::from_env();
 
   WGPULimits alim = WGPU_LIMITS_INIT;
   wgpuAdapterGetLimits(dev->adapter_.get(), &alim);

@@ -11,6 +11,7 @@
 
 #include "buffer_cache.hpp"
 #include "errors.hpp"
+#include "gemm_switches.hpp"
 #include "gemm_tuning.hpp"
 #include "handle.hpp"
 
@@ -53,8 +54,10 @@ class Device : public std::enable_shared_from_this<Device> {
   const std::vector<std::string>& features() const { return feature_names_; }
   bool has_feature(WGPUFeatureName f) const { return wgpuDeviceHasFeature(device_.get(), f); }
   PipelineCache& pipelines() { return *pipelines_; }
-  // GEMM plans measured on this device (gemm.cpp).
+  // GEMM plans measured on this device (gemm_tuner.cpp).
   GemmTuning& gemm_tuning() { return gemm_tuning_; }
+  // The GEMM's experiment switches, read from the environment when the device opened.
+  const GemmSwitches& gemm_switches() const { return gemm_switches_; }
 
   // Serializes every use of the device: wgpu error scopes are per device, so
   // an error must be attributed to the thread that caused it.
@@ -113,7 +116,7 @@ class Device : public std::enable_shared_from_this<Device> {
   // recorded work still binds the old one is safe: wgpu keeps a buffer alive
   // for as long as a command encoder references it.
   WGPUBuffer workspace(uint64_t bytes);
-  // Grow-only storage for GEMM operands copied to a padded layout (gemm.cpp),
+  // Grow-only storage for GEMM operands copied to a padded layout (gemm_record.cpp),
   // one per operand (0: A, 1: B).
   WGPUBuffer repack_space(int operand, uint64_t bytes);
 
@@ -144,6 +147,7 @@ class Device : public std::enable_shared_from_this<Device> {
   std::unique_ptr<PipelineCache> pipelines_;
   std::unique_ptr<BufferCache> memory_;
   GemmTuning gemm_tuning_;
+  GemmSwitches gemm_switches_;
   std::vector<UniformChunk> uniform_pool_;
   std::vector<StageChunk> stage_pool_;
   BufferHandle staging_;

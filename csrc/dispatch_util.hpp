@@ -83,13 +83,6 @@ inline uint64_t align_floats(const Device& dev) {
 // (leaves room for the slack below an unaligned first element).
 inline uint64_t span_limit(const Device& dev) { return max_piece_floats(dev) - align_floats(dev); }
 
-// Whether the environment variable `name` is "0": the switches that turn an
-// optional kernel path off for A/B runs (read once by each caller).
-inline bool env_switched_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v && std::string(v) == "0";
-}
-
 // One dispatch cannot bind a buffer read-only and writable: refuse an output
 // sharing a GPU buffer with any of the inputs (null inputs are skipped).
 inline void check_no_alias(const std::string& fn, const Buffer& out, const char* out_name,

@@ -1,4 +1,4 @@
-// GEMM plans measured on one device (gemm.cpp's autotuner): for each product
+// GEMM plans measured on one device (gemm_tuner.cpp): for each product
 // shape, the tile configuration and split-K count that ran fastest, kept for
 // the device's lifetime and, with a cache directory, in a file per adapter
 // and GEMM shader source, so a shape is timed once per machine.
@@ -49,7 +49,7 @@ uint64_t fnv1a(const std::string& s);
 
 class GemmTuning {
  public:
-  // enabled: whether gemm.cpp times candidate plans for shapes it has not
+  // enabled: whether gemm_tuner.cpp times candidate plans for shapes it has not
   // seen. cache_dir: where the table persists ("" keeps it in memory);
   // signature names the adapter and the GEMM kernels' source, and a file
   // written under another signature is ignored and replaced.

@@ -1,7 +1,7 @@
 // Kernel launchers: each validates sizes, picks a kernel variant from the
 // pipeline cache, splits work that exceeds binding or dispatch limits, and
 // records into the caller's Recorder. Nothing here waits on the GPU but the
-// GEMM autotuner, which times a shape the first time it comes (gemm.cpp).
+// GEMM autotuner, which times a shape the first time it comes (gemm_tuner.cpp).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -20,7 +20,7 @@ void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32
 // Turns GEMM autotuning on or off for dev (Device::gemm_tuning) and points
 // its plan cache at cache_dir ("": memory only). The cache file is named by
 // the adapter, the embedded shaders and the heuristic's own plans, so a new
-// driver, kernel or heuristic starts a fresh table (gemm.cpp).
+// driver, kernel or heuristic starts a fresh table (gemm_tuner.cpp).
 void configure_gemm_tuning(Device& dev, bool enabled, const std::string& cache_dir);
 
 // The plans the tuner would time for a packed m x n x k product, the

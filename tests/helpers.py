@@ -17,6 +17,18 @@ def poisoned(dev, shape):
     return pw.tensor(np.full(shape, np.nan, np.float32), dev)
 
 
+def switched_device(monkeypatch, **switches):
+    """A new Device opened with the environment variables `switches` set
+    (None removes one) on top of those set before: the GEMM's experiment
+    switches (PYWGTRAIN_GEMM_*, PYWGTRAIN_GEMV_*) are read when a Device opens."""
+    for name, value in switches.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    return pw.Device()
+
+
 def assert_close(actual, expected, rtol=1e-5, atol_scale=1e-5, magnitude=None):
     """float32 result vs float64 reference; atol scales with the reference's
     magnitude, or with `magnitude` where terms of that size may cancel in it."""

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import pywgtrain as pw
-from helpers import assert_close, poisoned, rand
+from helpers import assert_close, poisoned, rand, switched_device
 
 SIZES = [1, 7, 33, 129, 1000]
 # Non-multiples of the 64/128 tiles, the 16 K-step and the 8/32 GEMV blocks;
@@ -55,7 +55,7 @@ def test_gemm_alpha_beta(dev, rng, ta, tb, alpha, beta, m, n, k):
 def test_split_k_small_outputs_long_k(dev, rng, m, n, k, ta, tb):
     """Few output tiles and long K take the split-K path (partial products +
     reduce); 1030 x 130 x 4100 is a long-K output of 34 tiles of 64x128,
-    whose splits the wave model picks (gemm.cpp long_k_splits); K = 40001
+    whose splits the wave model picks (gemm_plan.cpp long_k_splits); K = 40001
     takes up to 32 splits instead of 16."""
     a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
     out = pw.tensor(c, dev)
@@ -83,7 +83,7 @@ def test_mid_k_outputs_of_many_tiles(dev, rng, m, n, k, ta, tb):
 @pytest.mark.parametrize("m,n,k", [(256, 768, 768), (1024, 768, 768), (384, 768, 1536)])
 def test_split_k_one_more_split_past_a_wave(dev, rng, m, n, k, ta, tb):
     """64x64-tile products whose split-K workgroups would land just past a
-    whole wave of the 264 slots take one split more (gemm.cpp choose_splits):
+    whole wave of the 264 slots take one split more (gemm_plan.cpp choose_splits):
     48 tiles 6 -> 7 splits (110 K each, below the usual 128), 192 tiles 3 ->
     4, 72 tiles 8 -> 9."""
     a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
@@ -93,11 +93,11 @@ def test_split_k_one_more_split_past_a_wave(dev, rng, m, n, k, ta, tb):
 
 
 @pytest.mark.parametrize("splits", ["1", "2", "3", "7", "64", "100000"])
-def test_forced_split_counts(dev, rng, monkeypatch, splits):
-    """PYWGTRAIN_GEMM_SPLITS (read per call) forces the split count: any
+def test_forced_split_counts(rng, monkeypatch, splits):
+    """PYWGTRAIN_GEMM_SPLITS (read when a Device opens) forces the split count: any
     value, past the K tiles or the workspace binding included, gives the
     product (clamped, never an invalid binding or an empty split)."""
-    monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", splits)
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_SPLITS=splits)
     for m, n, k, ta, tb in [(130, 70, 1000, False, False), (65, 300, 2100, True, False), (7, 9, 40, False, True)]:
         a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
         out = pw.tensor(c, dev)
@@ -120,18 +120,18 @@ def test_heuristic_warps_by_mode(rng, monkeypatch, tmp_path):
         assert [tile_size([x]) for x in names] == [(64, 128)], names
         assert constant_of(names[0], "WARP_W") == ("4u" if (ta, tb) == (True, False) else "8u"), (ta, tb, names)
         assert_close(out.numpy(), ref_gemm(a, b), atol_scale=k_tolerance(k))
-    monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,128,16,8,4,8")
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_TILES="64,128,16,8,4,8")
     names = gemm_kernels(dev, rand(rng, m, k), rand(rng, k, n), True, False)
     assert [constant_of(x, "WARP_W") for x in names if x.startswith("gemm:gemm;")] == ["8u"]
 
 
 @pytest.mark.parametrize("entry", ["plain", "bias_act", "bias_act_train", "act_grad", "bias_residual"])
-def test_split_reduce_quads(dev, rng, monkeypatch, entry):
+def test_split_reduce_quads(rng, monkeypatch, entry):
     """The split-K reduce sums four columns per thread (splitk_reduce4) where
     N is a multiple of 4, one column per thread otherwise and always for the
     activation gradient (no vec4 epilogue); each fused epilogue is applied
     once, into NaN-poisoned outputs (the plain one with alpha and beta too)."""
-    monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", "3")
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_SPLITS="3")
     for m, n, k in [(197, 252, 333), (197, 250, 333), (5, 4, 100)]:
         quads = n % 4 == 0 and entry != "act_grad"
         expected = ["gemm:gemm", "gemm:splitk_reduce4" if quads else "gemm:splitk_reduce"]
@@ -148,8 +148,8 @@ def test_split_reduce_quads(dev, rng, monkeypatch, entry):
 
 
 @pytest.mark.parametrize("group", ["1", "3", "8"])
-def test_grouped_tile_order(dev, rng, monkeypatch, group):
-    """PYWGTRAIN_GEMM_GROUP_M=N (read per call): workgroups walk N tile rows
+def test_grouped_tile_order(rng, monkeypatch, group):
+    """PYWGTRAIN_GEMM_GROUP_M=N: workgroups walk N tile rows
     per tile column. Every output tile is computed once, with full groups, a
     last group of fewer rows (11 rows of 64-row tiles in groups of 3 or 8),
     fewer rows than one group, split-K planes, and a bias + ReLU epilogue."""
@@ -158,7 +158,7 @@ def test_grouped_tile_order(dev, rng, monkeypatch, group):
     monkeypatch.setenv("PYWGTRAIN_GEMM_GROUP_M", group)
     monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,128,16,8,4,8")
     for (m, n, k), splits in [((700, 300, 100), "1"), ((150, 1000, 50), "1"), ((700, 260, 600), "3")]:
-        monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", splits)
+        dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_SPLITS=splits)
         for ta, tb in TRANS:
             a, b = rand(rng, m, k), rand(rng, k, n)
             out = poisoned(dev, (m, n))
@@ -260,13 +260,13 @@ def fused_epilogue_kernels(dev, rng, entry, shape):
 
 
 @pytest.mark.parametrize("workers", ["1", "7", "264", "100000"])
-def test_forced_stream_k(dev, rng, monkeypatch, workers):
-    """PYWGTRAIN_GEMM_STREAM_K=W (read per call) runs products as stream-K
+def test_forced_stream_k(rng, monkeypatch, workers):
+    """PYWGTRAIN_GEMM_STREAM_K=W runs products as stream-K
     over W workgroups: ranges of K steps that start and end inside tiles,
     ragged tiles, alpha and beta, every transpose mode, into C with NaN
     where beta is 0. Where stream-K does not apply (more workers than K
     steps, a workgroup's range past the bounded loops) the tiled path runs."""
-    monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", workers)
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_STREAM_K=workers)
     ran = 0
     for (m, n, k), (ta, tb) in zip(
         [(129, 200, 777), (65, 130, 1500), (7, 33, 129), (777, 300, 2304), (200, 129, 64), (64, 128, 16)],
@@ -285,7 +285,7 @@ def test_forced_stream_k(dev, rng, monkeypatch, workers):
 
 @pytest.mark.parametrize("lean", ["0", "1"])
 @pytest.mark.parametrize("ta,tb", TRANS)
-def test_stream_k_after_whole_waves(dev, rng, monkeypatch, ta, tb, lean):
+def test_stream_k_after_whole_waves(rng, monkeypatch, ta, tb, lean):
     """Products whose 64x128 tiles fill whole waves of the W stream-K workers
     and part of one more run those waves' tile rows as plain tiles (one
     dispatch) and only the rows after them by stream-K (main pass + fixup),
@@ -294,7 +294,7 @@ def test_stream_k_after_whole_waves(dev, rng, monkeypatch, ta, tb, lean):
     workers (11 rows plain, then 73 rows)."""
     monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", f"64,128,16,8,4,8,{lean}")
     for (m, n, k), workers in [((300, 400, 200), "4"), ((777, 300, 500), "7")]:
-        monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", workers)
+        dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_STREAM_K=workers)
         for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
             a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
             out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
@@ -312,21 +312,20 @@ def test_stream_k_after_whole_waves(dev, rng, monkeypatch, ta, tb, lean):
     ],
     ids=["all_stream_k", "after_whole_waves"],
 )
-def test_stream_k_fused_epilogues(dev, rng, monkeypatch, entry, shape, workers, expected):
+def test_stream_k_fused_epilogues(rng, monkeypatch, entry, shape, workers, expected):
     """Each fused epilogue of x @ W.T is applied once: by the fixup over the
     summed slots (3x3 tiles of 64x128 on 11 workers: all stream-K), and also
     in-kernel by the plain tile rows before the stream-K rows (5x3 tiles on 4
     workers)."""
-    monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,128,16,8,4,8")
-    monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", workers)
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_TILES="64,128,16,8,4,8", PYWGTRAIN_GEMM_STREAM_K=workers)
     got = kinds(fused_epilogue_kernels(dev, rng, entry, shape))
     assert got == expected, got
 
 
-def test_stream_k_rowsum_epilogue(dev, rng, monkeypatch):
+def test_stream_k_rowsum_epilogue(rng, monkeypatch):
     """The row-sum epilogue under stream-K: the plain product by stream-K, the
     bias gradient in a column-sum pass of its own (dW = dZ^T X, db = dZ^T 1)."""
-    monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", "11")
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_STREAM_K="11")
     main, fixup = stream_k_counts(fused_epilogue_kernels(dev, rng, "rowsum", (150, 260, 333)))
     assert main == fixup == 1
 
@@ -360,7 +359,7 @@ def tile_size(names):
 @pytest.mark.parametrize(
     "tiles", ["64,128,16,8,4,8,0", "64,128,16,8,4,8,1", "32,128,16,8,4,8,1", "64,64,16,4,4", "128,128,16,8,8,8"]
 )
-def test_transposed_b_loads_in_pairs(dev, rng, monkeypatch, tiles):
+def test_transposed_b_loads_in_pairs(rng, monkeypatch, tiles):
     """B stored along k (NT) loads as 64-bit k pairs (B_PAIR) where K, its
     leading dimension, is even, a thread holds an even number of B slots
     (64x128, 32x128 and 128x128 tiles, not 64x64) and the dispatch is not
@@ -382,7 +381,7 @@ def test_transposed_b_loads_in_pairs(dev, rng, monkeypatch, tiles):
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         for pair_switch in ("", "0"):
-            monkeypatch.setenv("PYWGTRAIN_GEMM_PAIR", pair_switch)
+            dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_PAIR=pair_switch)
             a, b = rand(rng, m, k), rand(rng, k, n)
             out = poisoned(dev, (m, n))
             names = [x for x in gemm_kernels(dev, a, b, False, True, out=out) if x.startswith("gemm:gemm")]
@@ -397,13 +396,14 @@ def test_transposed_b_loads_in_pairs(dev, rng, monkeypatch, tiles):
     if tiles.startswith("128,128"):
         # The case that went wrong on the H100 runs aligned (its edges shifted,
         # K's partial step first), so without pairs.
+        dev = switched_device(monkeypatch)
         names = gemm_kernels(dev, rand(rng, 200, 100), rand(rng, 100, 300), False, True)
         assert gemm_flags(names, "ALIGNED") == [True] and gemm_flags(names, "EDGE_SHIFT") == [True], names
 
 
 @pytest.mark.parametrize("tiles", ["", "64,128,16,8,4,8,1", "64,64,16,4,4,16"])
 @pytest.mark.parametrize("ta,tb", TRANS)
-def test_aligned_dispatches(dev, rng, monkeypatch, tiles, ta, tb):
+def test_aligned_dispatches(rng, monkeypatch, tiles, ta, tb):
     """Dispatches whose tiles all lie inside the matrices once the last tile
     row and column are moved to end at the matrix's edge (EDGE_SHIFT, only
     where M, N or K is ragged), compile without bounds checks (ALIGNED), a
@@ -419,7 +419,7 @@ def test_aligned_dispatches(dev, rng, monkeypatch, tiles, ta, tb):
     cases += [((130, 256, 64), "1"), ((128, 250, 64), "1"), ((128, 256, 72), "1"), ((197, 333, 9), "1")]
     cases += [((40, 256, 64), "1"), ((128, 60, 64), "1")]
     for (m, n, k), splits in cases:
-        monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", splits)
+        dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_SPLITS=splits)
         for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
             a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
             out = pw.tensor(c, dev) if beta else poisoned(dev, (m, n))
@@ -431,8 +431,7 @@ def test_aligned_dispatches(dev, rng, monkeypatch, tiles, ta, tb):
             assert aligned_flags(names) == [aligned], ((m, n, k), splits, names)
             assert gemm_flags(names, "EDGE_SHIFT") == [bool(shifted)], ((m, n, k), splits, names)
             assert_close(out.numpy(), ref_gemm(a, b, alpha, beta, c if beta else None), atol_scale=k_tolerance(k))
-    monkeypatch.setenv("PYWGTRAIN_GEMM_ALIGNED", "0")
-    monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", "1")
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_ALIGNED="0", PYWGTRAIN_GEMM_SPLITS="1")
     a, b = rand(rng, 128, 64), rand(rng, 64, 256)
     out = poisoned(dev, (128, 256))
     names = gemm_kernels(dev, a, b, ta, tb, out=out)
@@ -441,23 +440,23 @@ def test_aligned_dispatches(dev, rng, monkeypatch, tiles, ta, tb):
 
 
 @pytest.mark.parametrize("entry", ["bias_act_train", "act_grad", "bias_residual", "rowsum"])
-def test_aligned_fused_epilogues(dev, rng, monkeypatch, entry):
+def test_aligned_fused_epilogues(rng, monkeypatch, entry):
     """Each fused epilogue on an aligned dispatch (x @ W.T on 64x64 tiles; the
     row-sum one as dW = dZ^T X with db), into poisoned outputs: whole tiles
     (192 x 256 x 320), and ragged M, N and K (197 x 250 x 333), whose last
     tile row and column are moved inside and store only their own outputs."""
-    monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,64,16,4,4")
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_TILES="64,64,16,4,4")
     for shape in [(192, 256, 320), (197, 250, 333)]:
         names = fused_epilogue_kernels(dev, rng, entry, shape)
         assert aligned_flags(names) and all(aligned_flags(names)), (shape, names)
 
 
 @pytest.mark.parametrize("rows", ["1", "777", "1000000000"])
-def test_nt_as_nn_on_transposed_b(dev, rng, monkeypatch, rows):
-    """NT products with many rows run as NN on a transposed copy of B (PYWGTRAIN_GEMM_NT_ROWS, read per
-    call: 1 sends every NT product with N, K >= 256 that way, 10^9 none), plain and with the fused
+def test_nt_as_nn_on_transposed_b(rng, monkeypatch, rows):
+    """NT products with many rows run as NN on a transposed copy of B (PYWGTRAIN_GEMM_NT_ROWS, read
+    when a Device opens: 1 sends every NT product with N, K >= 256 that way, 10^9 none), plain and with the fused
     bias + GELU epilogue, into poisoned outputs."""
-    monkeypatch.setenv("PYWGTRAIN_GEMM_NT_ROWS", rows)
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_NT_ROWS=rows)
     for m, n, k in [(7, 257, 300), (768, 256, 256), (1000, 301, 257), (777, 1025, 999), (900, 255, 4000)]:
         a, b = rand(rng, m, k), rand(rng, n, k)
         out = poisoned(dev, (m, n))
@@ -475,7 +474,7 @@ def gemm_dispatches(names):
 
 
 @pytest.mark.parametrize("tb", [False, True])
-def test_row_split(dev, rng, monkeypatch, tb):
+def test_row_split(rng, monkeypatch, tb):
     """Ragged M in NN and NT products, run as its whole 64-row tile rows and
     the rest (PYWGTRAIN_GEMM_ROW_SPLIT=1; the lower part binds views of A and
     C from its first row), with alpha and beta, into NaN-poisoned outputs
@@ -485,7 +484,7 @@ def test_row_split(dev, rng, monkeypatch, tb):
     cases = [((65, 130, 77), False), ((777, 300, 200), False), ((129, 4, 3), False), ((197, 250, 9), False)]
     cases += [((63, 130, 77), False), ((128, 70, 33), False), ((777, 300, 200), True)]
     for split in ["1", "0"]:
-        monkeypatch.setenv("PYWGTRAIN_GEMM_ROW_SPLIT", split)
+        dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_ROW_SPLIT=split)
         for (m, n, k), ta in cases:
             for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
                 a, b, c = rand(rng, m, k), rand(rng, k, n), rand(rng, m, n)
@@ -494,17 +493,15 @@ def test_row_split(dev, rng, monkeypatch, tb):
                 splits = split == "1" and m % 64 and m > 64 and not ta
                 assert gemm_dispatches(names) == (2 if splits else 1), ((m, n, k), names)
                 assert_close(out.numpy(), ref_gemm(a, b, alpha, beta, c if beta else None), atol_scale=k_tolerance(k))
-    monkeypatch.setenv("PYWGTRAIN_GEMM_ROW_SPLIT", "yes")
     with pytest.raises(ValueError, match="PYWGTRAIN_GEMM_ROW_SPLIT must be 0 or 1, got 'yes'"):
-        pw.gemm(rand(rng, 65, 8), rand(rng, 8, 9))
+        switched_device(monkeypatch, PYWGTRAIN_GEMM_ROW_SPLIT="yes")
 
 
 @pytest.mark.parametrize("entry", ["bias_act_train", "act_grad", "bias_residual"])
-def test_row_split_fused_epilogues(dev, rng, monkeypatch, entry):
+def test_row_split_fused_epilogues(rng, monkeypatch, entry):
     """The fused epilogues on a row-split product (197 = 3 x 64 + 5 rows): the
     lower part's pre-activation and residual are views like its C."""
-    monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", "1")
-    monkeypatch.setenv("PYWGTRAIN_GEMM_ROW_SPLIT", "1")
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_SPLITS="1", PYWGTRAIN_GEMM_ROW_SPLIT="1")
     names = fused_epilogue_kernels(dev, rng, entry, (197, 250, 333))
     assert gemm_dispatches(names) == 2, names
 
@@ -516,11 +513,11 @@ def swapped_flags(names):
 
 @pytest.mark.parametrize("tiles", ["", "64,128,16,8,4,8,1", "64,64,16,4,4,16"])
 @pytest.mark.parametrize("splits", ["1", "3"])
-def test_nt_swapped(dev, rng, monkeypatch, tiles, splits):
+def test_nt_swapped(rng, monkeypatch, tiles, splits):
     """NT products with fewer rows than that and many columns run as
     C^T = B A^T: NN on a transposed copy of A, storing C transposed
-    (TRANS_C; PYWGTRAIN_GEMM_NT_SWAP_COLS=1 sends every NT product there, read
-    per call), unsplit and in three splits (whose partials are stored
+    (TRANS_C; PYWGTRAIN_GEMM_NT_SWAP_COLS=1 sends every NT product there),
+    unsplit and in three splits (whose partials are stored
     transposed), with alpha and beta, into NaN-poisoned outputs where beta is
     0. M = 777: the copy's rows are padded to 780 floats, and the ragged last
     tile column of the swapped product moves to end at column 780 (the vec4
@@ -528,8 +525,7 @@ def test_nt_swapped(dev, rng, monkeypatch, tiles, splits):
     its own columns. The swapped products whose tiles all fit run aligned."""
     monkeypatch.setenv("PYWGTRAIN_GEMM_NT_SWAP_COLS", "1")
     monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", splits)
-    if tiles:
-        monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", tiles)
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_TILES=tiles or None)
     for m, n, k in [(777, 1025, 999), (777, 1024, 130), (130, 257, 31), (7, 257, 300), (256, 260, 64), (65, 65, 777)]:
         for alpha, beta in [(1.0, 0.0), (0.5, -2.0)]:
             a, b, c = rand(rng, m, k), rand(rng, n, k), rand(rng, m, n)
@@ -540,7 +536,7 @@ def test_nt_swapped(dev, rng, monkeypatch, tiles, splits):
             bm, bn = tile_size(names)
             assert aligned_flags(names) == [n >= bm and m >= bn], ((m, n, k), names)
             assert_close(out.numpy(), ref_gemm(a, b.T, alpha, beta, c if beta else None), atol_scale=k_tolerance(k))
-    monkeypatch.setenv("PYWGTRAIN_GEMM_NT_SWAP_COLS", "1000000000")
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_NT_SWAP_COLS="1000000000")
     a, b = rand(rng, 777, 99), rand(rng, 1025, 99)
     out = poisoned(dev, (777, 1025))
     flags, transposed = swapped_flags(gemm_kernels(dev, a, b.T, False, True, out=out))
@@ -549,13 +545,12 @@ def test_nt_swapped(dev, rng, monkeypatch, tiles, splits):
 
 
 @pytest.mark.parametrize("workers", ["7", "16"])
-def test_nt_swapped_stream_k(dev, rng, monkeypatch, workers):
+def test_nt_swapped_stream_k(rng, monkeypatch, workers):
     """A swapped NT product by stream-K: the partial slots hold the swapped
     product's tiles, and the fixup stores C transposed (walking C's rows);
     4097 x 300 swapped runs its first 64 tile rows as plain tiles (storing
     C transposed in the gemm entry) and the last by stream-K."""
-    monkeypatch.setenv("PYWGTRAIN_GEMM_NT_SWAP_COLS", "1")
-    monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", workers)
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_NT_SWAP_COLS="1", PYWGTRAIN_GEMM_STREAM_K=workers)
     for m, n, k in [(133, 700, 401), (300, 4097, 100)]:
         a, b = rand(rng, m, k), rand(rng, n, k)
         out = poisoned(dev, (m, n))
@@ -565,13 +560,13 @@ def test_nt_swapped_stream_k(dev, rng, monkeypatch, workers):
         assert_close(out.numpy(), ref_gemm(a, b.T), atol_scale=k_tolerance(k))
 
 
-def test_nt_swapped_by_default(dev, rng, monkeypatch):
+def test_nt_swapped_by_default(rng, monkeypatch):
     """The default rule: from 256 rows (below the 4096 of the transposed-B
     path), 8192 columns and 2^30 multiply-adds, where M's last 128 (the
     swapped product's tile columns) are no emptier than its last 64 (the
     direct product's tile rows): 480 = 3 x 128 + 96 swaps, 320 = 2 x 128 + 64
     does not."""
-    monkeypatch.delenv("PYWGTRAIN_GEMM_NT_SWAP_COLS", raising=False)
+    dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_NT_SWAP_COLS=None)
     cases = [((256, 8192, 512), True), ((480, 8192, 300), True), ((320, 8192, 512), False)]
     cases += [((255, 8192, 600), False), ((256, 8188, 600), False), ((256, 8192, 500), False)]
     for (m, n, k), swapped in cases:
@@ -583,11 +578,9 @@ def test_nt_swapped_by_default(dev, rng, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["PYWGTRAIN_GEMM_NT_ROWS", "PYWGTRAIN_GEMM_NT_SWAP_COLS"])
-def test_nt_rows_setting_is_checked(dev, rng, monkeypatch, name):
-    monkeypatch.setenv(name, "many")
-    a, b = rand(rng, 8, 300), rand(rng, 260, 300)
+def test_nt_rows_setting_is_checked(monkeypatch, name):
     with pytest.raises(ValueError, match=f"{name} must be a non-negative integer, got 'many'"):
-        pw.gemm(a, b, trans_b=True)
+        switched_device(monkeypatch, **{name: "many"})
 
 
 def test_gemm_beta_zero_ignores_nan_in_out(dev, rng):
@@ -694,17 +687,17 @@ def test_gemm_operand_past_binding_limit(dev, rng, ta, tb, case):
 
 
 @pytest.mark.parametrize("path", ["swapped", "row split"])
-def test_gemm_output_past_binding_limit_swapped_or_row_split(dev, rng, monkeypatch, path):
+def test_gemm_output_past_binding_limit_swapped_or_row_split(rng, monkeypatch, path):
     """C past one binding on the two-product paths: an NT product run as
     C^T = B A^T (PYWGTRAIN_GEMM_NT_SWAP_COLS=1), whose transposed C is cut
     along the swapped product's columns, and a ragged-M product run as its
     whole tile rows and the rest (PYWGTRAIN_GEMM_ROW_SPLIT=1), whose lower
     part's C view starts 8192 rows in."""
     if path == "swapped":
-        monkeypatch.setenv("PYWGTRAIN_GEMM_NT_SWAP_COLS", "1")
+        dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_NT_SWAP_COLS="1")
         (m, n, k), tb = (300, 120000, 8), True
     else:
-        monkeypatch.setenv("PYWGTRAIN_GEMM_ROW_SPLIT", "1")
+        dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_ROW_SPLIT="1")
         (m, n, k), tb = (8207, 4100, 9), False
     if m * n * 4 <= dev.limits["max_storage_buffer_binding_size"]:
         pytest.skip("binding limit larger than the output on this adapter")
@@ -793,8 +786,8 @@ def test_gemm_on_padded_copies(dev, rng, ta, tb):
 
 
 def run_with_tiles(tmp_path, tiles, code):
-    """Run `code` in a fresh process with PYWGTRAIN_GEMM_TILES=tiles (read once
-    per process); the child resolves pywgtrain exactly as this process did."""
+    """Run `code` in a fresh process with PYWGTRAIN_GEMM_TILES=tiles (read when
+    its Device opens); the child resolves pywgtrain exactly as this process did."""
     import os
     import subprocess
     import sys

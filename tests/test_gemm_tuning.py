@@ -195,11 +195,13 @@ def test_autotune_off_and_small_products_keep_the_heuristic(tuned, rng, monkeypa
     assert not tuned.gemm_autotune
     gemm_checked(tuned, rng, 129, 200, 777, False, False)
     assert tuned.gemm_plans() == []
-    # PYWGTRAIN_GEMM_TILES forces one configuration: no tuning under it.
-    tuned.gemm_autotune = True
+    # PYWGTRAIN_GEMM_TILES forces one configuration: no tuning under it (on a
+    # Device opened with it set).
     monkeypatch.setenv("PYWGTRAIN_GEMM_TILES", "64,64,16,4,4")
-    gemm_checked(tuned, rng, 129, 200, 777, False, False)
-    assert tuned.gemm_plans() == []
+    forced = pw.Device()
+    assert forced.gemm_autotune
+    gemm_checked(forced, rng, 129, 200, 777, False, False)
+    assert forced.gemm_plans() == []
 
 
 @pytest.mark.parametrize("ta,tb", [(False, True), (True, False)])
@@ -246,8 +248,9 @@ def test_tuning_a_product_on_a_repacked_operand(tuned, rng, monkeypatch):
     copy's rows are padded to 304 floats, and the copy must hold the 128-bit
     view the kernel binds past the last row's end."""
     monkeypatch.setenv("PYWGTRAIN_GEMM_NT_ROWS", "1")
-    gemm_checked(tuned, rng, 300, 301, 257, False, True)
-    assert [(p["m"], p["n"], p["k"], p["tb"]) for p in tuned.gemm_plans()] == [(300, 301, 257, False)]
+    d = pw.Device()  # the tuned fixture's settings, and the switch, read when a Device opens
+    gemm_checked(d, rng, 300, 301, 257, False, True)
+    assert [(p["m"], p["n"], p["k"], p["tb"]) for p in d.gemm_plans()] == [(300, 301, 257, False)]
 
 
 @pytest.mark.parametrize("low_us,splits", [(300.0, True), (600.0, False)])
@@ -279,8 +282,9 @@ def test_tuning_a_swapped_product(tuned, rng, monkeypatch, tmp_path):
     transposed, on copies of B and of the transposed A (rows padded from 301
     to 304 floats), and its plan persists with the transposed-C flag."""
     monkeypatch.setenv("PYWGTRAIN_GEMM_NT_SWAP_COLS", "1")
-    gemm_checked(tuned, rng, 301, 300, 257, False, True)
-    key = [(p["m"], p["n"], p["k"], p["ta"], p["tb"], p["tc"]) for p in tuned.gemm_plans()]
+    d = pw.Device()  # the tuned fixture's settings, and the switch, read when a Device opens
+    gemm_checked(d, rng, 301, 300, 257, False, True)
+    key = [(p["m"], p["n"], p["k"], p["ta"], p["tb"], p["tc"]) for p in d.gemm_plans()]
     assert key == [(300, 301, 257, False, False, True)]
     again = pw.Device()
     assert [(p["m"], p["n"], p["tc"]) for p in again.gemm_plans()] == [(300, 301, True)]

@@ -41,7 +41,7 @@ def slack(dev):
 
 
 def rows_fitting(dev, ld):
-    """Rows of ld floats one binding holds beside the alignment slack (gemm.cpp rows_per_binding)."""
+    """Rows of ld floats one binding holds beside the alignment slack (gemm_dispatch.cpp rows_per_binding)."""
     return (binding_floats(dev) - slack(dev)) // ld
 
 

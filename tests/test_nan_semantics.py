@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import pywgtrain as pw
-from helpers import assert_close, poisoned, rand
+from helpers import assert_close, poisoned, rand, switched_device
 from pywgtrain import _core
 from pywgtrain._opcodes import BINARY, UNARY
 
@@ -230,9 +230,9 @@ def linear_case(rng, rows, in_f, out_f):
 @pytest.mark.parametrize("plan", ["default", "split_k", "stream_k"])
 def test_linear_relu_epilogue_nan(dev, rng, monkeypatch, rows, with_bias, plan):
     if plan == "split_k":
-        monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", "3")
+        dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_SPLITS="3")
     elif plan == "stream_k":
-        monkeypatch.setenv("PYWGTRAIN_GEMM_STREAM_K", "5")
+        dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_STREAM_K="5")
     x, w, bias = linear_case(rng, rows, 33, 129)
     dy = rand(rng, rows, 129)
     b = bias if with_bias else None

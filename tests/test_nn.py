@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pywgtrain as pw
-from helpers import assert_close, bias_residual, poisoned, rand
+from helpers import assert_close, bias_residual, poisoned, rand, switched_device
 
 ERF = np.vectorize(math.erf)
 
@@ -479,9 +479,10 @@ def test_gemm_bias_residual(dev, rng, rows, fout):
 @pytest.mark.parametrize("m,k,n,splits", [(7, 3000, 33, None), (129, 64, 129, "3"), (33, 700, 128, "5")])
 def test_gemm_bias_residual_split_k(dev, rng, monkeypatch, m, k, n, splits):
     """The split-K reduce pass applies bias and residual: few output tiles
-    with long K split by the heuristic, or splits forced (read per call)."""
+    with long K split by the heuristic, or splits forced (on a Device opened
+    with PYWGTRAIN_GEMM_SPLITS set)."""
     if splits is not None:
-        monkeypatch.setenv("PYWGTRAIN_GEMM_SPLITS", splits)
+        dev = switched_device(monkeypatch, PYWGTRAIN_GEMM_SPLITS=splits)
     x, w, b, res = rand(rng, m, k), rand(rng, n, k), rand(rng, n), rand(rng, m, n)
     want = x.astype(np.float64) @ w.T + b + res
     assert_close(_bias_residual_into_poison(dev, x, w, b, res), want, atol_scale=1e-5 * max(1.0, math.sqrt(k) / 4))

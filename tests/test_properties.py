@@ -16,6 +16,25 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 finite = st.floats(-2.0, 2.0, allow_nan=False, width=32)
 
 
+_STREAM_K_DEVICES = {}
+
+
+def _stream_k_device(stream_k):
+    """A Device opened with PYWGTRAIN_GEMM_STREAM_K=stream_k (read when a
+    Device opens), one per value for all examples."""
+    if stream_k not in _STREAM_K_DEVICES:
+        saved = os.environ.get("PYWGTRAIN_GEMM_STREAM_K")
+        os.environ["PYWGTRAIN_GEMM_STREAM_K"] = stream_k
+        try:
+            _STREAM_K_DEVICES[stream_k] = pw.Device()
+        finally:
+            if saved is None:
+                del os.environ["PYWGTRAIN_GEMM_STREAM_K"]
+            else:
+                os.environ["PYWGTRAIN_GEMM_STREAM_K"] = saved
+    return _STREAM_K_DEVICES[stream_k]
+
+
 @SETTINGS
 @given(
     m=st.integers(1, 300),
@@ -29,9 +48,10 @@ finite = st.floats(-2.0, 2.0, allow_nan=False, width=32)
     seed=st.integers(0, 2**31),
     stream_k=st.sampled_from(["", "1", "3", "17", "264"]),
 )
-def test_gemm_property(dev, m, n, k, ta, tb, alpha, beta, use_out, seed, stream_k):
+def test_gemm_property(m, n, k, ta, tb, alpha, beta, use_out, seed, stream_k):
     """stream_k: PYWGTRAIN_GEMM_STREAM_K, the stream-K path over that many
-    workgroups where it applies ("" leaves the tiled plans)."""
+    workgroups where it applies ("" leaves the tiled plans), on a Device
+    opened with it set."""
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
@@ -41,16 +61,9 @@ def test_gemm_property(dev, m, n, k, ta, tb, alpha, beta, use_out, seed, stream_
     if not use_out:
         beta = 0.0
     ref = alpha * (a.astype(np.float64) @ b) + (beta * c.astype(np.float64) if use_out else 0.0)
+    dev = _stream_k_device(stream_k)
     out = pw.tensor(c, dev) if use_out else None
-    saved = os.environ.get("PYWGTRAIN_GEMM_STREAM_K")
-    os.environ["PYWGTRAIN_GEMM_STREAM_K"] = stream_k
-    try:
-        got = pw.gemm(pw.tensor(sa, dev), pw.tensor(sb, dev), ta, tb, alpha, beta, out=out)
-    finally:
-        if saved is None:
-            del os.environ["PYWGTRAIN_GEMM_STREAM_K"]
-        else:
-            os.environ["PYWGTRAIN_GEMM_STREAM_K"] = saved
+    got = pw.gemm(pw.tensor(sa, dev), pw.tensor(sb, dev), ta, tb, alpha, beta, out=out)
     scale = max(np.abs(ref).max(), 1.0)
     np.testing.assert_allclose(got.numpy(), ref, rtol=1e-4, atol=2e-5 * scale * max(1, math.sqrt(k) / 4))
 

@@ -1,0 +1,268 @@
+// gemm.wgsl's pipelines and single dispatches: the variant's constants
+// (vec4 loads, alignment, tile order), one tiled product, the split-K and
+// stream-K reduce, operand copies (repack, transpose), and the binding
+// windows they all take.
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "gemm_internal.hpp"
+
+namespace pwt::gemm_detail {
+
+namespace sh = wgsl::gemm;
+
+namespace {
+
+// Every gemm.wgsl pipeline binds all of the epilogue's operands; a 16-byte
+// placeholder stands in for the ones its epilogue never touches.
+Range or_placeholder(Device& dev, const Range& r, bool writable) {
+  return r.buffer ? r : Range{dev.placeholder(writable), 0, 16};
+}
+
+// gemm.wgsl's A_VEC / B_VEC: whole-vec4 tile loads where the operand's
+// contiguous direction is the tile's vec4 direction and its leading dimension
+// and offset are multiples of 4 (PYWGTRAIN_GEMM_VEC=0 turns them off for A/B
+// runs, docs/gemm_notes.md #42).
+// C_VEC likewise for C's stores: its leading dimension, offset and split
+// stride multiples of 4; not for the activation-gradient epilogue, whose
+// vec4 pre-activation reads made it slower (docs/gemm_notes.md #48).
+// B_PAIR: transposed B loads as 64-bit pairs along k where its leading
+// dimension and offset are even, splits start at even k, and each thread holds an even
+// number of slots of a 16-deep tile; dispatch_gemm drops it where the dispatch
+// runs aligned (docs/gemm_notes.md #107, #108; PYWGTRAIN_GEMM_PAIR=0 turns it
+// off).
+struct VecLoads {
+  bool a = false, b = false, c = false, b_pair = false;
+};
+VecLoads vec_loads(const GemmSwitches& sw, const TileConfig& t, bool ta, bool tb, bool act_grad, const GemmParams& p) {
+  const bool enabled = sw.vec;
+  const uint32_t threads = (t.bm / t.tm) * (t.bn / t.tn);
+  const uint32_t b_slots = t.bn * t.bk / 4 / threads;
+  return {enabled && ta && p.lda % 4 == 0 && p.a_off % 4 == 0, enabled && !tb && p.ldb % 4 == 0 && p.b_off % 4 == 0,
+          enabled && !act_grad && p.ldc % 4 == 0 && p.c_off % 4 == 0 && p.split_stride % 4 == 0,
+          tb && t.bk == 16 && b_slots % 2 == 0 && p.ldb % 2 == 0 && p.b_off % 2 == 0 &&
+              (p.k_chunk % 2 == 0 || p.k_chunk >= p.k) && sw.pair};
+}
+
+// Entry `entry` of gemm.wgsl with its specialization constants (listed in
+// the shader's header).
+KernelDesc gemm_desc(const GemmSwitches& sw, const char* entry, const TileConfig& t, bool ta, bool tb, bool tc,
+                     Epilogue ep, Activation act, bool lean, const VecLoads& v, bool aligned = false,
+                     bool edge_shift = false) {
+  KernelDesc d;
+  d.shader = "gemm";
+  d.entry = entry;
+  // clang-format off
+  d.constants = {{"BM", u32_literal(t.bm)},
+                 {"BN", u32_literal(t.bn)},
+                 {"BK", u32_literal(t.bk)},
+                 {"TM", u32_literal(t.tm)},
+                 {"TN", u32_literal(t.tn)},
+                 {"TRANS_A", bool_literal(ta)},
+                 {"TRANS_B", bool_literal(tb)},
+                 {"TRANS_C", bool_literal(tc)},
+                 {"EPILOGUE", u32_literal(uint32_t(ep))},
+                 {"ACT", u32_literal(uint32_t(act))},
+                 {"WARP_W", u32_literal(t.warp_w ? t.warp_w : t.bn / t.tn)},
+                 {"LEAN_LOOP", bool_literal(lean)},
+                 {"A_VEC", bool_literal(v.a)},
+                 {"B_VEC", bool_literal(v.b)},
+                 {"B_PAIR", bool_literal(v.b_pair)},
+                 {"C_VEC", bool_literal(v.c)},
+                 {"GROUP_M", u32_literal(sw.group_m)},
+                 {"ALIGNED", bool_literal(aligned)},
+                 {"EDGE_SHIFT", bool_literal(edge_shift)}};
+  // clang-format on
+  d.trusted = true;
+  return d;
+}
+
+// gemm.wgsl's ALIGNED and EDGE_SHIFT for one dispatch of the gemm entry with
+// params p (stream-K takes neither). Both need every tile row (column) inside
+// op(A), op(B) and C: whole tiles, or a ragged edge that EDGE_SHIFT moves
+// inside, which needs at least one whole tile that way. The moved tile ends
+// at the last loadable row (column): M (N) rounded up to 4 where A (B) loads
+// as vec4s, so its origin is a multiple of 4 there; where C stores vec4s
+// along that edge (along n, or along m when tc) the origin must be a
+// multiple of 4 too: M (N) a multiple of 4, or rounded. EDGE_SHIFT is set only
+// where it moves something (a ragged M or N, or an aligned dispatch's partial
+// K step, which it runs first), so whole-tile dispatches keep the kernel
+// without it. ALIGNED not with transposed B on 8x4 thread tiles: on the H100
+// those ran slower aligned, the other modes and tiles faster
+// (docs/gemm_notes.md #87). PYWGTRAIN_GEMM_ALIGNED=0 turns it off for A/B runs.
+struct EdgeChecks {
+  bool aligned = false, edge_shift = false;
+};
+EdgeChecks edge_checks(const GemmSwitches& sw, const GemmVariant& g, const VecLoads& v, const GemmParams& p) {
+  const TileConfig& t = g.t;
+  const bool whole_rows = p.m % t.bm == 0, whole_cols = p.n % t.bn == 0;
+  const bool rows = whole_rows || (p.m >= t.bm && (!(v.c && g.tc) || v.a || p.m % 4 == 0));
+  const bool cols = whole_cols || (p.n >= t.bn && (!(v.c && !g.tc) || v.b || p.n % 4 == 0));
+  if (g.stream_k || !rows || !cols) return {};
+  const bool aligned = !(g.tb && t.tm == 8 && t.tn == 4) && sw.aligned;
+  const bool k_tail = p.k % t.bk != 0 || p.k_chunk % t.bk != 0;  // some split ends in a partial K step
+  return {aligned, !whole_rows || !whole_cols || (aligned && k_tail)};
+}
+
+const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, const EdgeChecks& c) {
+  // Non-transposed B takes the separate K loop only with 128-bit loads: with
+  // scalar loads it cost NN (docs/gemm_notes.md #37, #44). An aligned dispatch always runs
+  // the unchecked loop: LEAN_LOOP off keeps one pipeline per aligned variant.
+  const bool lean = g.t.lean_loop && (g.tb || v.b) && !c.aligned;
+  KernelDesc d = gemm_desc(dev.gemm_switches(), g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.tc, g.ep,
+                           g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v, c.aligned, c.edge_shift);
+  d.bindings = {sh::a,  sh::b,  sh::c,  sh::p,       sh::bias,     sh::preact, sh::row_sums,
+                sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual, sh::b2};
+  return dev.pipelines().get(d);
+}
+
+}  // namespace
+
+void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const GemmRanges& ranges, uint32_t gx,
+                   uint32_t gy, uint32_t gz) {
+  Device& dev = r.device();
+  VecLoads v = vec_loads(dev.gemm_switches(), g.t, g.ta, g.tb, g.ep == Epilogue::ActGrad, p);
+  const EdgeChecks checks = edge_checks(dev.gemm_switches(), g, v, p);
+  // No B_PAIR in aligned dispatches: on the H100 (driver 580.159.04) those
+  // with a partial first K step (128x128 tiles, NT 200x300x96) ran the last K
+  // step on the previous step's A tile; the same SPIR-V is exact on lavapipe
+  // and with scalar B loads (docs/gemm_notes.md #108). NT's tuned tiles (8x4
+  // per thread) never run aligned, so they keep the pairs.
+  v.b_pair = v.b_pair && !checks.aligned;
+  const Range unused{dev.placeholder(false), 0, 16};
+  r.dispatch(gemm_kernel(dev, g, v, checks),
+             {{sh::a, ranges.a},
+              {sh::b, ranges.b},
+              {sh::c, ranges.c},
+              {sh::bias, or_placeholder(dev, ranges.bias, false)},
+              {sh::preact, or_placeholder(dev, ranges.preact, true)},
+              {sh::row_sums, or_placeholder(dev, ranges.row_sums, true)},
+              {sh::a4, v.a ? ranges.a : unused},
+              {sh::b4, v.b ? ranges.b : unused},
+              {sh::b2, v.b_pair ? ranges.b : unused},
+              {sh::c4, or_placeholder(dev, v.c ? ranges.c : Range{}, true)},
+              {sh::preact4, or_placeholder(dev, v.c ? ranges.preact : Range{}, true)},
+              {sh::residual, or_placeholder(dev, ranges.residual, false)}},
+             p, gx, gy, gz);
+}
+
+RowWindow block_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t col0,
+                       uint64_t cols, uint64_t ld) {
+  const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+  const uint64_t first = base + row0 * ld + col0;
+  const uint64_t start = first / align * align;
+  const uint64_t count = first - start + (rows - 1) * ld + cols;
+  return {floats(buf, start, count), uint32_t(first - start)};
+}
+
+RowWindow row_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t ld) {
+  return block_window(dev, buf, base, row0, rows, 0, ld, ld);
+}
+
+uint64_t rows_per_binding(const Device& dev, uint64_t ld, const char* operand) {
+  const uint64_t cap = dev.limits().max_storage_binding / 4;
+  const uint64_t slack = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+  if (ld + slack > cap)
+    throw ArgumentError(std::string("one row of ") + operand + " (" + std::to_string(ld) +
+                        " floats) exceeds the device's max_storage_buffer_binding_size of " +
+                        std::to_string(dev.limits().max_storage_binding) + " bytes");
+  return (cap - slack) / ld;
+}
+
+uint64_t block_along(uint64_t extent, uint64_t limit, uint64_t tile) {
+  uint64_t b = std::min(extent, limit);
+  if (b < extent && b >= tile) b = b / tile * tile;
+  return std::max<uint64_t>(b, 1);
+}
+
+namespace {
+
+// gemm.wgsl's elementwise entries (split-K reduce, repack): most ignore the
+// tile constants, so fixed values keep one pipeline each; the stream-K
+// fixup takes the product's tiles.
+constexpr TileConfig kElementwiseTiles{64, 64, 16, 4, 4, 16};
+// tc: the entry writes C transposed (the stream-K fixup of a product with tc).
+KernelDesc elementwise_kernel(const GemmSwitches& sw, const char* entry, Epilogue ep, Activation act,
+                              const TileConfig& t = kElementwiseTiles, bool tc = false) {
+  return gemm_desc(sw, entry, t, false, false, tc, ep, act, false, VecLoads{});
+}
+
+}  // namespace
+
+void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ranges, const EpilogueArgs& e,
+                         const TileConfig* stream_k_tiles, bool tc) {
+  Device& dev = r.device();
+  // Four columns per thread (splitk_reduce4) where whole vec4s line up.
+  const bool quads = !stream_k_tiles && e.ep != Epilogue::ActGrad && q.n % 4 == 0 && q.ldc % 4 == 0 &&
+                     q.c_off % 4 == 0 && q.split_stride % 4 == 0;
+  KernelDesc d = stream_k_tiles
+                     ? elementwise_kernel(dev.gemm_switches(), "stream_k_fixup", e.ep, e.act, *stream_k_tiles, tc)
+                 : quads ? elementwise_kernel(dev.gemm_switches(), "splitk_reduce4", e.ep, e.act)
+                         : elementwise_kernel(dev.gemm_switches(), "splitk_reduce", e.ep, e.act);
+  const auto c_slot = quads ? sh::c4 : sh::c;
+  const auto preact_slot = quads ? sh::preact4 : sh::preact;
+  const auto partials_slot = quads ? sh::partials4 : sh::partials;
+  d.bindings = {c_slot, sh::p, partials_slot, sh::bias, preact_slot, sh::residual};
+  std::vector<Operand> operands{{c_slot, ranges.c}, {partials_slot, ranges.partials}};
+  operands.push_back({sh::bias, or_placeholder(dev, has_bias(e.ep) ? whole(*e.bias) : Range{}, false)});
+  operands.push_back({preact_slot, or_placeholder(dev, has_preact(e.ep) ? ranges.preact : Range{}, true)});
+  operands.push_back({sh::residual, or_placeholder(dev, has_residual(e.ep) ? ranges.residual : Range{}, false)});
+  auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(q.m) * q.n, quads ? 4 * sh::EW_WG : sh::EW_WG));
+  r.dispatch(dev.pipelines().get(d), operands, q, gx, gy);
+}
+
+void record_repack(Recorder& r, const Buffer& src, const Buffer& dst, uint32_t rows, uint32_t cols, uint32_t ld) {
+  Device& dev = r.device();
+  GemmParams q;
+  q.m = rows;
+  q.n = cols;
+  q.lda = cols;
+  q.ldc = ld;
+  q.alpha = 1.0f;
+  KernelDesc d = elementwise_kernel(dev.gemm_switches(), "repack", Epilogue::Plain, Activation::None);
+  d.bindings = {sh::c, sh::p, sh::partials};
+  auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(rows) * cols, sh::EW_WG));
+  r.dispatch(dev.pipelines().get(d),
+             {{sh::c, floats(dst, 0, uint64_t(rows) * ld)}, {sh::partials, floats(src, 0, uint64_t(rows) * cols)}}, q,
+             gx, gy);
+}
+
+namespace {
+
+// Writes the transpose of the rows x cols matrix `src` (leading dimension
+// src_ld) to `dst` with leading dimension dst_ld.
+void record_transpose(Recorder& r, const Buffer& src, uint64_t src_ld, uint32_t rows, uint32_t cols, const Buffer& dst,
+                      uint64_t dst_ld) {
+  Device& dev = r.device();
+  GemmParams q;
+  q.m = rows;
+  q.n = cols;
+  q.lda = uint32_t(src_ld);
+  q.ldc = uint32_t(dst_ld);
+  KernelDesc d = elementwise_kernel(dev.gemm_switches(), "transpose", Epilogue::Plain, Activation::None);
+  d.bindings = {sh::c, sh::p, sh::partials};
+  r.dispatch(
+      dev.pipelines().get(d),
+      {{sh::c, floats(dst, 0, (cols - 1) * dst_ld + rows)}, {sh::partials, floats(src, 0, (rows - 1) * src_ld + cols)}},
+      q, uint32_t(ceil_div(cols, sh::TRANSPOSE_TILE)), uint32_t(ceil_div(rows, sh::TRANSPOSE_TILE)));
+}
+
+}  // namespace
+
+std::unique_ptr<Buffer> transposed_copy(Recorder& r, const Buffer& src, uint64_t ld, uint32_t rows, uint32_t cols,
+                                        int slot) {
+  Device& dev = r.device();
+  const uint64_t binding_floats = dev.limits().max_storage_binding / 4;
+  const uint64_t rows4 = (uint64_t(rows) + 3) & ~uint64_t(3);
+  if (uint64_t(rows) * ld > binding_floats || uint64_t(cols) * rows4 > binding_floats ||
+      ceil_div(std::max(rows, cols), sh::TRANSPOSE_TILE) > dev.limits().max_workgroups_per_dim)
+    return nullptr;
+  const uint64_t bytes = cols * rows4 * 4;
+  auto copy = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(slot, bytes), bytes);
+  record_transpose(r, src, ld, rows, cols, *copy, rows4);
+  return copy;
+}
+
+}  // namespace pwt::gemm_detail
