@@ -71,7 +71,7 @@ def driver_help(system=None, distro=None):
         return (
             "pywgtrain uses DirectX 12 or Vulkan on Windows: install or update the GPU vendor's driver "
             "(NVIDIA, AMD or Intel) with DirectX 12 or Vulkan support, on Windows 10 or newer. A remote "
-            "desktop session or a VM without GPU access may expose no adapter.\n"
+            "desktop connection or a VM without GPU access may expose no adapter.\n"
             "Then check with: pywgtrain info"
         )
     return (
