@@ -21,7 +21,8 @@ import pytest
 
 import pywgtrain as pw
 
-ROOT = Path(__file__).resolve().parent.parent
+# The workers import the pywgtrain this process imported (installed, or a source tree with its build).
+PACKAGE_PARENT = Path(pw.__file__).resolve().parent.parent
 STEPS = 10
 BATCH = 12  # the global batch: equal shards for 2 and 3 ranks, and 2 micro-batches each
 SIZES = [8, 16, 4]
@@ -162,7 +163,7 @@ def _launch(world, out_dir, scenarios, timeout=120):
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(_free_port()),
         WORLD_SIZE=str(world),
-        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join([str(PACKAGE_PARENT), env.get("PYTHONPATH", "")]),
         OMP_NUM_THREADS="1",
     )
     procs = [
