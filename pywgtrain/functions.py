@@ -1333,7 +1333,7 @@ def mlp(
         "linear" if len(layers) == 1 else "mlp",
         [inputs[0], *params, tr],
         backward,
-        keep=tuple(inputs[:1]) + tuple(p for p in params[::2]),
+        keep=(inputs[0], *params[::2]),  # the input and the weights: what backward reads of the caller's
     )
 
 

@@ -609,29 +609,14 @@ class Tensor:
     def log_softmax(self, dim: int = -1) -> Tensor:
         return F.log_softmax(self, dim)
 
-    def __neg__(self) -> Tensor:
-        return F.neg(self)
-
-    def __abs__(self) -> Tensor:
-        return F.abs(self)
-
-    def __add__(self, other: Operand) -> Tensor:
-        return F.add(self, other)
-
-    def __sub__(self, other: Operand) -> Tensor:
-        return F.sub(self, other)
-
-    def __mul__(self, other: Operand) -> Tensor:
-        return F.mul(self, other)
-
-    def __truediv__(self, other: Operand) -> Tensor:
-        return F.div(self, other)
-
-    def __pow__(self, other: Operand) -> Tensor:
-        return F.pow(self, other)
-
-    def __matmul__(self, other: TensorLike) -> Tensor:
-        return F.matmul(self, other)
+    __neg__ = neg
+    __abs__ = abs
+    __add__ = add
+    __sub__ = sub
+    __mul__ = mul
+    __truediv__ = div
+    __pow__ = pow
+    __matmul__ = matmul
 
     def __radd__(self, other: Operand) -> Tensor:
         return F.add(other, self)

@@ -246,8 +246,57 @@ class GPT(nn.Module):
         top_k: Optional[int] = None,
         seed: Optional[int] = None,
     ) -> np.ndarray:
-        """See :func:`generate` below (sampling with a key/value cache)."""
-        return generate(self, ids, max_new_tokens, temperature, top_k, seed)
+        """Continue int token ids [B, T] (or [T]) by ``max_new_tokens`` sampled
+        tokens; returns the whole sequences as an int32 array. The network runs
+        on the GPU with a key/value cache (each new token costs one position's
+        work); sampling (temperature, top-k) uses the last logits on the host.
+        The model sees at most ``block_size`` tokens, as nanoGPT's generate: a
+        longer prompt is cropped to its last ``block_size`` tokens (the returned
+        sequences keep all of it), and when the context fills, the cache restarts
+        from the last half context (at least one token).
+
+        ``seed``: an int seeds a NumPy generator for this call; ``None`` draws the
+        sampling seed from the device's ``pywgtrain.random`` generator (and
+        advances it), so ``pw.manual_seed`` makes the call reproducible."""
+        arr = np.asarray(ids)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"generate: ids must be integer token ids, got dtype {arr.dtype.name}")
+        if arr.ndim == 1:
+            arr = arr[None]
+        if arr.ndim != 2 or arr.shape[1] < 1:
+            raise ValueError(f"generate: ids must be [batch, time] with time >= 1, got shape {np.asarray(ids).shape}")
+        cfg = self.config
+        if arr.min() < 0 or arr.max() >= cfg.vocab_size:
+            raise ValueError(
+                f"generate: token ids must lie in [0, {cfg.vocab_size}), got range [{arr.min()}, {arr.max()}]"
+            )
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+            raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if not (temperature >= 0.0):
+            raise ValueError(f"generate: temperature must be >= 0 (0: greedy), got {temperature}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
+            raise ValueError(f"generate: top_k must be None or an int >= 1, got {top_k!r}")
+        rng = np.random.default_rng(seed) if seed is not None else host_generator(self.device)
+        out = np.ascontiguousarray(arr, np.int32)
+        keep = max(1, cfg.block_size // 2)  # tokens the cache restarts from when the context fills
+        was_training = self.training
+        self.eval()
+        try:
+            with no_grad():
+                cache = _KVCache(self, out.shape[0])
+                logits = _forward_cached(self, out[:, -cfg.block_size :], cache)
+                for _ in range(int(max_new_tokens)):
+                    last = logits.numpy()[:, -1, :].astype(np.float64)
+                    nxt = _sample(last, temperature, top_k, rng)
+                    out = np.concatenate([out, nxt[:, None]], 1)
+                    if cache.length >= cfg.block_size:  # context full: restart from the recent half
+                        cache = _KVCache(self, out.shape[0])
+                        logits = _forward_cached(self, out[:, -keep:], cache)
+                    else:
+                        logits = _forward_cached(self, nxt[:, None], cache)
+        finally:
+            self.train(was_training)
+        return out
 
     @staticmethod
     def loss(logits: Tensor, targets: Labels, ignore_index: int = -100) -> Tensor:
@@ -315,65 +364,6 @@ def _forward_cached(model, ids, cache):
         x = block.mlp(block.ln_2(x), residual=x)
     cache.length = pos + t
     return model.lm_head(tr["ln_f"](x[:, t - 1 :]))  # [B, 1, V]
-
-
-def generate(
-    self: GPT,
-    ids: Labels,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: Optional[int] = None,
-    seed: Optional[int] = None,
-) -> np.ndarray:
-    """Continue int token ids [B, T] (or [T]) by ``max_new_tokens`` sampled
-    tokens; returns the whole sequences as an int32 array. The network runs
-    on the GPU with a key/value cache (each new token costs one position's
-    work); sampling (temperature, top-k) uses the last logits on the host.
-    The model sees at most ``block_size`` tokens, as nanoGPT's generate: a
-    longer prompt is cropped to its last ``block_size`` tokens (the returned
-    sequences keep all of it), and when the context fills, the cache restarts
-    from the last half context (at least one token).
-
-    ``seed``: an int seeds a NumPy generator for this call; ``None`` draws the
-    sampling seed from the device's ``pywgtrain.random`` generator (and
-    advances it), so ``pw.manual_seed`` makes the call reproducible."""
-    arr = np.asarray(ids)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"generate: ids must be integer token ids, got dtype {arr.dtype.name}")
-    if arr.ndim == 1:
-        arr = arr[None]
-    if arr.ndim != 2 or arr.shape[1] < 1:
-        raise ValueError(f"generate: ids must be [batch, time] with time >= 1, got shape {np.asarray(ids).shape}")
-    cfg = self.config
-    if arr.min() < 0 or arr.max() >= cfg.vocab_size:
-        raise ValueError(f"generate: token ids must lie in [0, {cfg.vocab_size}), got range [{arr.min()}, {arr.max()}]")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
-        raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if not (temperature >= 0.0):
-        raise ValueError(f"generate: temperature must be >= 0 (0: greedy), got {temperature}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
-        raise ValueError(f"generate: top_k must be None or an int >= 1, got {top_k!r}")
-    rng = np.random.default_rng(seed) if seed is not None else host_generator(self.device)
-    out = np.ascontiguousarray(arr, np.int32)
-    keep = max(1, cfg.block_size // 2)  # tokens the cache restarts from when the context fills
-    was_training = self.training
-    self.eval()
-    try:
-        with no_grad():
-            cache = _KVCache(self, out.shape[0])
-            logits = _forward_cached(self, out[:, -cfg.block_size :], cache)
-            for _ in range(int(max_new_tokens)):
-                last = logits.numpy()[:, -1, :].astype(np.float64)
-                nxt = _sample(last, temperature, top_k, rng)
-                out = np.concatenate([out, nxt[:, None]], 1)
-                if cache.length >= cfg.block_size:  # context full: restart from the recent half
-                    cache = _KVCache(self, out.shape[0])
-                    logits = _forward_cached(self, out[:, -keep:], cache)
-                else:
-                    logits = _forward_cached(self, nxt[:, None], cache)
-    finally:
-        self.train(was_training)
-    return out
 
 
 def _sample(logits, temperature, top_k, rng):
