@@ -10,6 +10,9 @@
 namespace pwt {
 namespace {
 
+// How on_uncaptured_error marks an out-of-memory error in uncaptured_.
+constexpr char kOutOfMemoryPrefix[] = "out of memory: ";
+
 // One instance per process, shared by every Device: the NVIDIA Vulkan driver
 // stops enumerating adapters after about 30 instance create/destroy cycles in
 // one process (measured on the H100), so instances are never churned.
@@ -185,13 +188,27 @@ void Device::on_device_lost(WGPUDevice const*, WGPUDeviceLostReason reason, WGPU
 }
 
 void Device::on_uncaptured_error(WGPUDevice const*, WGPUErrorType type, WGPUStringView msg, void* u1, void*) {
-  // Every wgpu call the core makes sits inside guarded(); this only records
-  // strays so that the next guarded() reports them instead of the default
+  // Every wgpu call the core makes sits inside guarded() or is followed by
+  // check_unscoped(); this records the error for them instead of the default
   // handler aborting the process.
   auto* self = static_cast<Device*>(u1);
   std::lock_guard<std::mutex> lk(self->msg_mu_);
   if (self->uncaptured_.empty())
-    self->uncaptured_ = (type == WGPUErrorType_OutOfMemory ? "out of memory: " : "") + to_string(msg);
+    self->uncaptured_ = (type == WGPUErrorType_OutOfMemory ? kOutOfMemoryPrefix : "") + to_string(msg);
+  self->stray_.store(true, std::memory_order_release);
+}
+
+void Device::throw_stray(const std::string& what) {
+  std::string msg;
+  {
+    std::lock_guard<std::mutex> ml(msg_mu_);
+    msg.swap(uncaptured_);
+    stray_.store(false, std::memory_order_release);
+  }
+  ensure_alive(what);
+  if (msg.rfind(kOutOfMemoryPrefix, 0) == 0)
+    throw OutOfMemoryError(what + ": out of GPU memory: " + msg.substr(sizeof(kOutOfMemoryPrefix) - 1));
+  throw ValidationError(what + ": " + msg);
 }
 
 // How long a wait polls without blocking before it blocks. A blocking wait
@@ -396,6 +413,7 @@ void Device::guarded(const std::string& what, const std::function<void()>& body)
   {
     std::lock_guard<std::mutex> ml(msg_mu_);
     stray.swap(uncaptured_);
+    stray_.store(false, std::memory_order_release);
   }
   if (!stray.empty()) throw GpuError(what + ": earlier uncaptured wgpu error: " + stray);
 }

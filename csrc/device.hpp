@@ -73,6 +73,14 @@ class Device : public std::enable_shared_from_this<Device> {
   // rejects the internal filter) and turns whatever they caught into the
   // matching exception, prefixed by `what`.
   void guarded(const std::string& what, const std::function<void()>& body);
+  // The recording hot path runs without error scopes, whose push and pop cost
+  // more than the dispatch: object creation and pass encoding report their
+  // errors synchronously, so outside any scope an error reaches
+  // on_uncaptured_error during the call itself. Called right after such
+  // calls, under mutex(): throws what they raised, prefixed by `what`.
+  void check_unscoped(const std::string& what) {
+    if (stray_.load(std::memory_order_acquire)) throw_stray(what);
+  }
 
   // Blocks until the submission (0: all submitted work) has finished; the
   // Cython layer releases the GIL around it.
@@ -164,7 +172,9 @@ class Device : public std::enable_shared_from_this<Device> {
   uint32_t spin_wait_us_ = 0;
   mutable std::mutex msg_mu_;
   std::string lost_message_;
-  std::string uncaptured_;  // errors outside any scope, reported by the next guarded()
+  std::string uncaptured_;          // errors outside any scope, reported by the next guarded() or check_unscoped()
+  std::atomic<bool> stray_{false};  // uncaptured_ is not empty
+  [[noreturn]] void throw_stray(const std::string& what);
 };
 
 std::string backend_name(WGPUBackendType t);

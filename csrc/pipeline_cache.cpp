@@ -63,6 +63,8 @@ const Kernel& PipelineCache::get(const KernelDesc& desc) {
     uniforms += slot.kind == Bind::Uniform;
   }
   if (uniforms > 1) throw GpuError(key + ": more than one uniform binding");
+  if (desc.bindings.size() > kMaxBindings)
+    throw GpuError(key + ": more than " + std::to_string(kMaxBindings) + " bindings (kMaxBindings)");
   std::string code = enables;
   for (auto& [name, value] : contract->constants) code += "const " + name + ": u32 = " + std::to_string(value) + "u;\n";
   for (auto& [name, value] : desc.constants) code += "const " + name + " = " + value + ";\n";

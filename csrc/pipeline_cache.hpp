@@ -4,9 +4,12 @@
 // shader text, so one .wgsl file serves every tile configuration. The
 // shader's shared constants (shader_contract.hpp) are emitted the same way.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -37,10 +40,37 @@ struct Kernel {
   ComputePipelineHandle pipeline;
 };
 
+// Bindings one kernel may have: the recorder keeps them in fixed storage.
+constexpr size_t kMaxBindings = 16;
+
+// The integer key of a kernel on a hot path: `site` identifies the launcher
+// family (the address of a string literal or static the launcher owns),
+// `variant` packs the constants and bindings that vary. Equal keys must mean
+// equal KernelDescs; distinct sites for the same desc only cost a lookup.
+struct KernelKey {
+  const void* site;
+  uint64_t variant;
+  bool operator==(const KernelKey& o) const { return site == o.site && variant == o.variant; }
+};
+
 class PipelineCache {
  public:
   explicit PipelineCache(Device& dev) : dev_(dev) {}
   const Kernel& get(const KernelDesc& desc);
+  // The kernel of `key`, found without building strings; `make()` gives its
+  // KernelDesc the first time (launchers that run per op: kernel keys built
+  // from strings cost more than recording the dispatch).
+  template <typename MakeDesc>
+  const Kernel& get(const KernelKey& key, MakeDesc&& make) {
+    {
+      std::lock_guard<std::mutex> lk(keyed_mu_);
+      if (auto it = keyed_.find(key); it != keyed_.end()) return *it->second;
+    }
+    const Kernel& k = get(make());  // not under keyed_mu_: get() takes the device's lock
+    std::lock_guard<std::mutex> lk(keyed_mu_);
+    keyed_.emplace(key, &k);
+    return k;
+  }
   // The kernel of one entry of a family: its bindings looked up by entry
   // point in the family's table (unknown entries are a programming error).
   using EntryBindings = std::map<std::string, std::vector<Slot>>;
@@ -49,8 +79,15 @@ class PipelineCache {
   size_t size() const { return kernels_.size(); }
 
  private:
+  struct KeyHash {
+    size_t operator()(const KernelKey& k) const {
+      return std::hash<const void*>()(k.site) ^ (std::hash<uint64_t>()(k.variant) * 0x9e3779b97f4a7c15ull);
+    }
+  };
   Device& dev_;
   std::map<std::string, std::unique_ptr<Kernel>> kernels_;
+  std::mutex keyed_mu_;
+  std::unordered_map<KernelKey, const Kernel*, KeyHash> keyed_;
 };
 
 }  // namespace pwt

@@ -1,5 +1,6 @@
 #include "recorder.hpp"
 
+#include <array>
 #include <cstring>
 #include <utility>
 
@@ -82,8 +83,8 @@ Range Recorder::stage(const void* data, uint64_t bytes) {
   return Range{s.chunk.buffer.get(), offset, bytes};
 }
 
-void Recorder::record_dispatch(const Kernel& k, const std::vector<Operand>& operands, const void* params,
-                               size_t params_bytes, const char* params_type, uint32_t gx, uint32_t gy, uint32_t gz) {
+void Recorder::record_dispatch(const Kernel& k, Operands operands, const void* params, size_t params_bytes,
+                               const char* params_type, uint32_t gx, uint32_t gy, uint32_t gz) {
   const auto& lim = dev_->limits();
   if (gx > lim.max_workgroups_per_dim || gy > lim.max_workgroups_per_dim || gz > lim.max_workgroups_per_dim)
     throw ArgumentError(k.name + ": dispatch of (" + std::to_string(gx) + ", " + std::to_string(gy) + ", " +
@@ -105,7 +106,10 @@ void Recorder::record_dispatch(const Kernel& k, const std::vector<Operand>& oper
                           ", which is not a storage binding of the kernel");
   }
   if (gx == 0 || gy == 0 || gz == 0) return;
-  std::vector<WGPUBindGroupEntry> entries;
+  // Fixed storage: this runs for every dispatch, and an allocation is a
+  // sizable part of its cost (PipelineCache refuses kernels with more).
+  std::array<WGPUBindGroupEntry, kMaxBindings> entries;
+  size_t count = 0;
   for (const Slot& slot : k.bindings) {
     Range r;
     if (slot.kind == Bind::Uniform) {
@@ -128,40 +132,50 @@ void Recorder::record_dispatch(const Kernel& k, const std::vector<Operand>& oper
                             " bytes exceeds max_storage_buffer_binding_size " +
                             std::to_string(lim.max_storage_binding));
     }
-    WGPUBindGroupEntry e = {};
+    WGPUBindGroupEntry& e = entries[count++];
+    e = {};
     e.binding = slot.binding;
     e.buffer = r.buffer;
     e.offset = r.offset;
     e.size = r.size;
-    entries.push_back(e);
   }
   ensure_pass();
-  recording_step("recording " + k.name, [&] {
+  // No error scopes here (Device::check_unscoped says why); what the calls
+  // raise is attributed to this kernel by the check right after them.
+  std::lock_guard<std::recursive_mutex> lk(dev_->mutex());
+  try {
+    if (dev_->lost()) dev_->ensure_alive("recording " + k.name);
     WGPUBindGroupDescriptor d = {};
     d.layout = k.layout.get();
-    d.entryCount = entries.size();
+    d.entryCount = count;
     d.entries = entries.data();
     BindGroupHandle group(wgpuDeviceCreateBindGroup(dev_->raw(), &d));
     wgpuComputePassEncoderSetPipeline(pass_.get(), k.pipeline.get());
     wgpuComputePassEncoderSetBindGroup(pass_.get(), 0, group.get(), 0, nullptr);
     wgpuComputePassEncoderDispatchWorkgroups(pass_.get(), gx, gy, gz);
+    dev_->check_unscoped("recording " + k.name);
     if (graph_) {
       // References taken now: a temporary bound here may be released before
       // the capture ends, and its handle's address reused by another buffer.
-      for (auto& e : entries) {
+      for (size_t i = 0; i < count; ++i) {
+        const WGPUBuffer b = entries[i].buffer;
         bool known = false;
-        for (auto& b : graph_->bound_) known = known || b.get() == e.buffer;
+        for (auto& h : graph_->bound_) known = known || h.get() == b;
         if (known) continue;
-        wgpuBufferAddRef(e.buffer);
-        graph_->bound_.push_back(BufferHandle(e.buffer));
-        dev_->memory().pin(e.buffer);
+        wgpuBufferAddRef(b);
+        graph_->bound_.push_back(BufferHandle(b));
+        dev_->memory().pin(b);
       }
       const bool has_uniform = !uniforms_.empty() && params_bytes;
-      graph_->dispatches_.push_back({&k, std::move(group), entries, has_uniform ? uniforms_.size() - 1 : 0,
-                                     has_uniform ? uniform_offset_ : 0, uint32_t(has_uniform ? params_bytes : 0), gx,
-                                     gy, gz});
+      graph_->dispatches_.push_back({&k, std::move(group),
+                                     std::vector<WGPUBindGroupEntry>(entries.begin(), entries.begin() + count),
+                                     has_uniform ? uniforms_.size() - 1 : 0, has_uniform ? uniform_offset_ : 0,
+                                     uint32_t(has_uniform ? params_bytes : 0), gx, gy, gz});
     }
-  });
+  } catch (...) {
+    discard();  // as recording_step does: the recording is broken
+    throw;
+  }
   ++commands_;
 }
 

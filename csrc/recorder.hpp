@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <memory>
 #include <vector>
@@ -28,9 +29,25 @@ inline Range whole(const Buffer& b) {
 // A storage range bound to one named binding of a kernel (a Slot of
 // wgsl::<shader>, shader_contract.hpp).
 struct Operand {
+  Operand() = default;
   Operand(const Slot& slot, const Range& r) : binding(slot.binding), range(r) {}
-  uint32_t binding;
+  uint32_t binding = 0;
   Range range;
+};
+
+// The operands of one dispatch, as a braced list at the call site or a
+// vector: a view, so that recording a dispatch allocates nothing for them.
+class Operands {
+ public:
+  Operands(std::initializer_list<Operand> list) : first_(list.begin()), count_(list.size()) {}
+  Operands(const std::vector<Operand>& v) : first_(v.data()), count_(v.size()) {}  // NOLINT: implicit by design
+  Operands(const Operand* first, size_t count) : first_(first), count_(count) {}
+  const Operand* begin() const { return first_; }
+  const Operand* end() const { return first_ + count_; }
+
+ private:
+  const Operand* first_;
+  size_t count_;
 };
 
 // One binding range of a captured graph pointed elsewhere for one replay
@@ -91,12 +108,11 @@ class Recorder {
   // type the kernel's uniform binding declares, is copied into per-dispatch
   // uniform memory.
   template <typename P>
-  void dispatch(const Kernel& k, const std::vector<Operand>& operands, const P& params, uint32_t gx, uint32_t gy = 1,
-                uint32_t gz = 1) {
+  void dispatch(const Kernel& k, Operands operands, const P& params, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
     record_dispatch(k, operands, &params, sizeof(P), UniformTraits<P>::name, gx, gy, gz);
   }
   // A kernel without a uniform binding.
-  void dispatch(const Kernel& k, const std::vector<Operand>& operands, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
+  void dispatch(const Kernel& k, Operands operands, uint32_t gx, uint32_t gy = 1, uint32_t gz = 1) {
     record_dispatch(k, operands, nullptr, 0, nullptr, gx, gy, gz);
   }
   void copy(const Buffer& src, uint64_t src_offset, const Buffer& dst, uint64_t dst_offset, uint64_t bytes);
@@ -134,7 +150,7 @@ class Recorder {
   Range uniform_block(const void* params, size_t bytes);
 
  private:
-  void record_dispatch(const Kernel& k, const std::vector<Operand>& operands, const void* params, size_t params_bytes,
+  void record_dispatch(const Kernel& k, Operands operands, const void* params, size_t params_bytes,
                        const char* params_type, uint32_t gx, uint32_t gy, uint32_t gz);
   void ensure_encoder();  // opens the recording (the caching allocator's ticket)
   void close_recording();

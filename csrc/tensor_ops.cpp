@@ -55,8 +55,8 @@ void check_nonzero(uint64_t v, const std::string& what) {
 }
 
 // One element-wise kernel over n elements of the buffers bound to `operands`.
-void record_flat(Recorder& r, const Kernel& k, const std::vector<std::pair<Slot, const Buffer*>>& operands, uint64_t n,
-                 float a, float b, float beta) {
+void record_flat(Recorder& r, const Kernel& k, std::initializer_list<std::pair<Slot, const Buffer*>> operands,
+                 uint64_t n, float a, float b, float beta) {
   Device& dev = r.device();
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
     FlatParams p;
@@ -64,10 +64,11 @@ void record_flat(Recorder& r, const Kernel& k, const std::vector<std::pair<Slot,
     p.a = a;
     p.b = b;
     p.beta = beta;
-    std::vector<Operand> bound;
-    for (auto& [slot, buf] : operands) bound.push_back({slot, floats(*buf, first, count)});
+    std::array<Operand, 4> bound;  // no allocation per call
+    size_t i = 0;
+    for (auto& [slot, buf] : operands) bound.at(i++) = Operand(slot, floats(*buf, first, count));
     auto [gx, gy] = grid_1d(dev, ceil_div(count, ew::WG));
-    r.dispatch(k, bound, p, gx, gy);
+    r.dispatch(k, Operands(bound.data(), i), p, gx, gy);
   });
 }
 
@@ -85,24 +86,35 @@ uint32_t act_for(UnaryOp op) {
 }
 
 // elementwise.wgsl kernel: every constant the file reads is emitted (unused ones as 0).
-const Kernel& ew_kernel(Device& dev, const char* entry, std::vector<Slot> bindings, uint32_t op, uint32_t act = 0,
-                        uint32_t which = 0) {
-  KernelDesc d;
-  d.shader = "elementwise";
-  d.entry = entry;
-  d.bindings = std::move(bindings);
-  d.constants = {
-      {"OP", std::to_string(op) + "u"}, {"ACT", std::to_string(act) + "u"}, {"WHICH", std::to_string(which) + "u"}};
-  return dev.pipelines().get(d);
+const Kernel& ew_kernel(Device& dev, const char* entry, std::initializer_list<Slot> bindings, uint32_t op,
+                        uint32_t act = 0, uint32_t which = 0) {
+  uint64_t mask = 0;  // the binding numbers: part of the key, as they are of the desc
+  for (const Slot& s : bindings) mask |= uint64_t(1) << s.binding;
+  const KernelKey key{entry, op | uint64_t(act) << 12 | uint64_t(which) << 20 | mask << 24};
+  return dev.pipelines().get(key, [&] {
+    KernelDesc d;
+    d.shader = "elementwise";
+    d.entry = entry;
+    d.bindings = bindings;
+    d.constants = {
+        {"OP", std::to_string(op) + "u"}, {"ACT", std::to_string(act) + "u"}, {"WHICH", std::to_string(which) + "u"}};
+    return d;
+  });
 }
 
-const Kernel& axis_kernel(Device& dev, const char* entry, std::vector<Slot> bindings, uint32_t op, bool log = false) {
-  KernelDesc d;
-  d.shader = "axis";
-  d.entry = entry;
-  d.bindings = std::move(bindings);
-  d.constants = {{"OP", std::to_string(op) + "u"}, {"LOG", log ? "true" : "false"}};
-  return dev.pipelines().get(d);
+const Kernel& axis_kernel(Device& dev, const char* entry, std::initializer_list<Slot> bindings, uint32_t op,
+                          bool log = false) {
+  uint64_t mask = 0;
+  for (const Slot& s : bindings) mask |= uint64_t(1) << s.binding;
+  const KernelKey key{entry, op | uint64_t(log) << 12 | mask << 24};
+  return dev.pipelines().get(key, [&] {
+    KernelDesc d;
+    d.shader = "axis";
+    d.entry = entry;
+    d.bindings = bindings;
+    d.constants = {{"OP", std::to_string(op) + "u"}, {"LOG", log ? "true" : "false"}};
+    return d;
+  });
 }
 
 const Kernel& gather_kernel(Device& dev, const char* entry, std::vector<Slot> bindings) {
@@ -162,7 +174,8 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
       if (step > (uint64_t(1) << 52)) throw ArgumentError(fn + ": " + op.what + " strides reach past any buffer");
       last += step;
     }
-    check_floats(*op.buf, last + 1, (fn + " " + op.what).c_str());
+    if (op.buf->bytes() < (last + 1) * 4)  // the message is built only on failure: this runs per op
+      check_floats(*op.buf, last + 1, (fn + " " + op.what).c_str());
   }
   for (size_t i = 0; i < 3; ++i)
     if (ops[i].buf) check_no_alias(fn, *ops[3].buf, ops[3].what, {{ops[i].buf, ops[i].what}});
@@ -170,27 +183,29 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
   // Collapse. Slot 4 is the block's own element index (contiguous), which
   // bounds the element count of a block.
   constexpr size_t kSlots = 5;
-  std::vector<uint64_t> sh;
-  std::vector<std::array<uint64_t, kSlots>> st;
+  // Fixed storage (at most kMaxDims dimensions): this runs for every element-wise op.
+  std::array<uint64_t, kMaxDims> sh{};
+  std::array<std::array<uint64_t, kSlots>, kMaxDims> st{};
+  size_t n = 0;
   for (size_t d = 0; d < nd; ++d) {
     if (shape[d] == 1) continue;
     std::array<uint64_t, kSlots> s{};
     for (size_t i = 0; i < 4; ++i) s[i] = ops[i].buf ? (*ops[i].strides)[d] : 0;
-    bool merge = !sh.empty();
-    for (size_t i = 0; i < 4 && merge; ++i) merge = st.back()[i] == s[i] * shape[d];
+    bool merge = n > 0;
+    for (size_t i = 0; i < 4 && merge; ++i) merge = st[n - 1][i] == s[i] * shape[d];
     if (merge) {
-      sh.back() *= shape[d];
-      st.back() = s;
+      sh[n - 1] *= shape[d];
+      st[n - 1] = s;
     } else {
-      sh.push_back(shape[d]);
-      st.push_back(s);
+      sh[n] = shape[d];
+      st[n++] = s;
     }
   }
-  if (sh.empty()) {
-    sh.push_back(1);
-    st.push_back({});
+  if (n == 0) {
+    sh[0] = 1;
+    st[0] = {};
+    n = 1;
   }
-  const size_t n = sh.size();
   for (size_t d = n, step = 1; d-- > 0;) {
     st[d][4] = step;
     step *= sh[d];
@@ -226,7 +241,7 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
 
   uint64_t per_run = 1;  // elements per coordinate of dim p
   for (size_t d = split; d < n; ++d) per_run *= sh[d];
-  std::vector<uint64_t> coord(p, 0);
+  std::array<uint64_t, kMaxDims> coord{};
   for (;;) {
     for (uint64_t c = 0; c < sh[p]; c += run) {
       const uint64_t len = std::min(run, sh[p] - c);
@@ -238,17 +253,18 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
       for (size_t d = split; d < n; ++d) prm.shape[(d - p) / 4][(d - p) % 4] = uint32_t(sh[d]);
       for (size_t d = p; d < n; ++d)
         for (size_t i = 0; i < 4; ++i) prm.strides[d - p][i] = uint32_t(st[d][i]);
-      std::vector<Operand> operands;
+      std::array<Operand, 4> operands;
+      size_t bound = 0;
       for (size_t i = 0; i < 4; ++i) {
         if (!ops[i].buf) continue;
         uint64_t first = ops[i].off + c * st[p][i];
         for (size_t d = 0; d < p; ++d) first += coord[d] * st[d][i];
         const Bound b = bind_span(dev, *ops[i].buf, first, (len - 1) * st[p][i] + tail(i, split));
-        operands.push_back({kNdSlots[i], b.range});
+        operands[bound++] = Operand(kNdSlots[i], b.range);
         prm.offs[i] = b.off;
       }
       auto [gx, gy] = grid_1d(dev, ceil_div(prm.n, ew::WG));
-      r.dispatch(k, operands, prm, gx, gy);
+      r.dispatch(k, Operands(operands.data(), bound), prm, gx, gy);
     }
     size_t d = p;
     for (; d > 0; --d) {
@@ -479,9 +495,8 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
                         std::to_string(max_len) + " per block, or past one storage binding) needs scale 1 and beta 0");
   const char* entry =
       rows ? (argmax ? "reduce_rows_arg" : "reduce_rows") : (argmax ? "reduce_cols_arg" : "reduce_cols");
-  std::vector<Slot> bindings = {ax::src, ax::res, ax::ap};
-  if (argmax) bindings.push_back(ax::idx_out);
-  const Kernel& k = axis_kernel(dev, entry, bindings, uint32_t(op));
+  const Kernel& k = argmax ? axis_kernel(dev, entry, {ax::src, ax::res, ax::ap, ax::idx_out}, uint32_t(op))
+                           : axis_kernel(dev, entry, {ax::src, ax::res, ax::ap}, uint32_t(op));
   for_each_axis_block(limit, max_len, outer, len, inner, [&](const AxisBlock& b) {
     AxisBinding ab = axis_binding(b, len, inner);
     const Bound xb = bind_span(dev, x, ab.x_first, ab.x_count);

@@ -198,6 +198,57 @@ cdef class _Buffer:
             self.ptr.get().download(&out[0], n, offset)
 
 
+cdef class _Storage:
+    """The memory behind a tensor and every view of it, with PyTorch's version
+    counter: each in-place write bumps ``version``, and autograd refuses a
+    backward that would read a saved tensor written since it was saved."""
+    cdef public _Buffer buf
+    cdef public object version
+
+    def __init__(self, _Buffer buf not None):
+        self.buf = buf
+        self.version = 0
+
+    @property
+    def nbytes(self):
+        return self.buf.ptr.get().bytes()
+
+
+cdef class _TensorFields:
+    """The fields of ``pywgtrain.Tensor`` (its base class), kept in C: every op
+    creates tensors, and filling sixteen Python slots costs about what
+    recording the op's kernel does. The methods live in tensor.py."""
+    cdef public object _store, _offset, _strides, _whole, _base, shape, dtype, device, _numel
+    cdef public object requires_grad, grad, _node, _grad_home, _batch, _retains_grad, _view_of
+    cdef object __weakref__
+
+
+def _new_tensor(type cls, _Buffer buf not None, tuple shape, object dtype, object device, object numel, object batch):
+    """A ``cls`` (Tensor) over all of ``buf``: contiguous, no autograd record.
+    The caller has checked the arguments (ops derive them from checked inputs)."""
+    cdef _TensorFields t = cls.__new__(cls)
+    cdef _Storage store = _Storage.__new__(_Storage)
+    store.buf = buf
+    store.version = 0
+    t._store = store
+    t._offset = 0
+    t._strides = None
+    t._whole = True
+    t._base = None
+    t.shape = shape
+    t.dtype = dtype
+    t.device = device
+    t._numel = numel
+    t.requires_grad = False
+    t.grad = None
+    t._node = None
+    t._grad_home = None
+    t._batch = batch
+    t._retains_grad = False
+    t._view_of = None
+    return t
+
+
 cdef class _Recorder:
     """Records dispatches into one command encoder; submit() sends them in one submit."""
     cdef unique_ptr[Recorder] ptr

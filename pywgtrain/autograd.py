@@ -108,9 +108,10 @@ class Node:
 
 def needs_grad(*tensors):
     """Whether an op over these inputs records a node."""
-    if not is_grad_enabled():
-        return False
-    return any(t is not None and getattr(t, "requires_grad", False) for t in tensors)
+    for t in tensors:  # a loop, not any(): this runs for every op
+        if t is not None and getattr(t, "requires_grad", False):
+            return is_grad_enabled()
+    return False
 
 
 def attach(out, name, inputs, backward_fn, keep=()):

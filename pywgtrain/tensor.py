@@ -33,23 +33,13 @@ _DTYPES = (np.dtype(np.float32), np.dtype(np.int32))
 MAX_DIM = 2**31 - 1  # kernels index with 32-bit integers
 
 
-class _Storage:
-    """The memory behind a tensor and every view of it, with PyTorch's version
-    counter: each in-place write bumps ``version``, and autograd refuses a
-    backward that would read a saved tensor written since it was saved."""
-
-    __slots__ = ("buf", "version")
-
-    def __init__(self, buf: _core._Buffer) -> None:
-        self.buf = buf
-        self.version = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.buf.nbytes
+if TYPE_CHECKING:  # mypy cannot see into the extension; it reads the fields from __init__
+    _TensorFields = object
+else:
+    _TensorFields = _core._TensorFields
 
 
-class Tensor:
+class Tensor(_TensorFields):
     """An array in GPU memory (float32, or int32 for labels and ids).
 
     Create with :func:`tensor` / :func:`zeros` / :func:`empty`; read back with
@@ -64,25 +54,8 @@ class Tensor:
     contiguous copy they make themselves.
     """
 
-    __slots__ = (
-        "_store",
-        "_offset",
-        "_strides",
-        "_whole",
-        "_base",
-        "shape",
-        "dtype",
-        "device",
-        "_numel",
-        "requires_grad",
-        "grad",
-        "_node",
-        "_grad_home",
-        "_batch",
-        "_retains_grad",
-        "_view_of",
-        "__weakref__",
-    )
+    if not TYPE_CHECKING:
+        __slots__ = ()  # the fields are _core._TensorFields'
     shape: tuple[int, ...]
     dtype: np.dtype
     device: Device
@@ -92,7 +65,7 @@ class Tensor:
     def __init__(
         self, buf: _core._Buffer, shape: Sequence[int], dtype: DTypeLike, device: Device, requires_grad: bool = False
     ) -> None:
-        self._store = _Storage(buf)
+        self._store = _core._Storage(buf)
         self._offset = 0  # elements from the start of the storage
         self._strides = None  # element strides; None: contiguous (row-major)
         self._base = None  # the tensor this one is a view of (PyTorch's ._base)
@@ -783,7 +756,9 @@ _FLOAT32 = np.dtype(np.float32)
 def _result(shape: tuple[int, ...], device: Device) -> Tensor:
     """A new float32 tensor for an op's result, whose shape the op derived from
     checked inputs (``empty`` without the argument checks: ops run per call)."""
-    return Tensor(_core._Buffer(device._dev, math.prod(shape) * 4), shape, _FLOAT32, device)
+    numel = math.prod(shape)
+    buf = _core._Buffer(device._dev, numel * 4)
+    return _core._new_tensor(Tensor, buf, shape, _FLOAT32, device, numel, device._current_batch_token())
 
 
 def empty(
