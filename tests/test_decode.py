@@ -148,23 +148,26 @@ def test_generate_captured_replays_one_graph(dev, rng):
     assert model._decode_step(1).graph is not g
 
 
-def test_captured_step_logits_match_eager(dev, rng):
-    """The captured step's logits at positions t .. t + 5 against the eager cached forward."""
-    model = _model(dev, 24, c=36)
+@pytest.mark.parametrize("b,t", [(1, 1), (3, 7), (2, 33), (1, 38)])
+def test_captured_step_logits_match_eager(dev, rng, b, t):
+    """The captured step's logits at positions t .. (up to the last cache row 39)
+    against the eager cached forward fed the same tokens."""
+    model = _model(dev, 40, c=36)
     model.eval()
-    ids = rng.integers(0, 61, (3, 7)).astype(np.int32)
+    ids = rng.integers(0, 61, (b, t)).astype(np.int32)
     with pw.no_grad():
-        step = model._decode_step(3)
+        step = model._decode_step(b)
         step.prefill(ids, True)
-        cache = _KVCache(model, 3)
+        cache = _KVCache(model, b)
         _forward_cached(model, ids, cache)
-        for p in range(7, 13):
+        for p in range(t, min(t + 6, 40)):
             fed = step.tok.numpy()
             step.run()
             assert step.pos.numpy().item() == p + 1
             ref = _forward_cached(model, fed, cache).numpy()
             assert_close(step.logits.numpy(), ref, rtol=1e-4, atol_scale=1e-4)
             np.testing.assert_array_equal(step.tok.numpy()[:, 0], ref[:, -1].argmax(-1))
+            np.testing.assert_array_equal(step.hist.numpy()[:, p + 1], ref[:, -1].argmax(-1))
 
 
 def test_generate_captured_sampling_matches_eager(dev, rng):
@@ -176,6 +179,9 @@ def test_generate_captured_sampling_matches_eager(dev, rng):
 
 def test_generate_falls_back_to_eager(dev, rng, monkeypatch):
     model = _model(dev, 16)
+    with dev.batch():  # a capture is a batch of its own
+        assert model._decode_step(1) is None
+    assert model._decode_step(1) is not None
     monkeypatch.setattr(F, "DECODE_MAX_CAPACITY", 8)
     assert model._decode_step(1) is None
     ids = rng.integers(0, 61, (1, 4))
