@@ -102,6 +102,8 @@ def main(argv=None):
             )
         else:
             row(name, "transformers (CUDA eager, KV)", hf)
+            ours = rows[-3]["tokens_per_s"]
+            print(f"{name:8} captured step / transformers: {ours * hf:.2f}x tokens/s", flush=True)
         del model
         dev.empty_cache()
     if args.json:

@@ -182,6 +182,11 @@ def test_generate_falls_back_to_eager(dev, rng, monkeypatch):
     with dev.batch():  # a capture is a batch of its own
         assert model._decode_step(1) is None
     assert model._decode_step(1) is not None
+    limits = dict(dev.limits, max_storage_buffer_binding_size=2 * 16 * 28 * 4 - 4)  # a cache of batch 2 > 1 binding
+    with monkeypatch.context() as m:
+        m.setattr(type(dev), "limits", property(lambda self: limits))
+        assert model._decode_step(2) is None
+        assert model._decode_step(1) is not None
     monkeypatch.setattr(F, "DECODE_MAX_CAPACITY", 8)
     assert model._decode_step(1) is None
     ids = rng.integers(0, 61, (1, 4))

@@ -270,7 +270,7 @@ class GPT(nn.Module):
         by op instead (the eager path) with ``capture=False``, inside a
         ``Device.batch()`` block (no capture there), and where the decode kernels
         do not apply: ``block_size`` past ``functions.DECODE_MAX_CAPACITY``,
-        head size over 128, logits [B, vocab] past one storage binding."""
+        head size over 128, logits [B, vocab] or a layer's cache past one storage binding."""
         arr = np.asarray(ids)
         if arr.dtype.kind not in "iu":
             raise TypeError(f"generate: ids must be integer token ids, got dtype {arr.dtype.name}")
@@ -325,7 +325,8 @@ class GPT(nn.Module):
             or dev._in_batch()  # a capture is a batch of its own
             or cfg.block_size > F.DECODE_MAX_CAPACITY
             or d > F.ATTN_MAX_HEAD_DIM
-            or batch * cfg.vocab_size * 4 > dev.limits["max_storage_buffer_binding_size"]
+            or batch * max(cfg.vocab_size, cfg.block_size * cfg.n_embd) * 4
+            > dev.limits["max_storage_buffer_binding_size"]  # logits and each cache in one binding
         ):
             return None
         stores = tuple(p._store for p in self.parameters())
