@@ -193,3 +193,19 @@ def test_generate_falls_back_to_eager(dev, rng, monkeypatch):
     np.testing.assert_array_equal(
         model.generate(ids, 6, temperature=0.0), model.generate(ids, 6, temperature=0.0, capture=False)
     )
+
+
+def test_generate_follows_trained_and_moved_parameters(dev, rng):
+    """A step of AdamW (which moves the parameters into its arena and changes
+    them) between two calls: the second call decodes with the new weights."""
+    model = _model(dev, 16, seed=3)
+    ids = rng.integers(0, 61, (1, 4))
+    before = model.generate(ids, 8, temperature=0.0)
+    opt = pw.optim.AdamW(model.parameters(), lr=0.05)
+    x = rng.integers(0, 61, (2, 16))
+    loss = model.loss(model(x), np.roll(x, -1, 1))
+    loss.backward()
+    opt.step()
+    after = model.generate(ids, 8, temperature=0.0)
+    np.testing.assert_array_equal(after, model.generate(ids, 8, temperature=0.0, capture=False))
+    assert not np.array_equal(after, before)

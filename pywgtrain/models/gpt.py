@@ -262,7 +262,7 @@ class GPT(nn.Module):
         advances it), so ``pw.manual_seed`` makes the call reproducible.
 
         ``capture``: the prompt runs op by op, then each new token replays one
-        decode step captured once per batch size (``pywgtrain.Graph``; the position
+        decode step captured once per batch size and parameter buffers (``pywgtrain.Graph``; the position
         lives on the device, so one graph serves every position). Greedy decoding
         (temperature 0) picks each token on the device and reads the tokens back
         once per context (``block_size`` tokens); sampling reads each step's
@@ -316,7 +316,7 @@ class GPT(nn.Module):
 
     def _decode_step(self, batch: int) -> Optional["_DecodeStep"]:
         """The captured decode step for ``batch`` sequences (kept for the last batch
-        size and these parameters), or None where it does not apply."""
+        size and these parameter buffers), or None where it does not apply."""
         cfg = self.config
         dev = self.device
         d = cfg.n_embd // cfg.n_head
@@ -329,16 +329,20 @@ class GPT(nn.Module):
             > dev.limits["max_storage_buffer_binding_size"]  # logits and each cache in one binding
         ):
             return None
-        stores = tuple(p._store for p in self.parameters())
+        # The graph binds the parameters' buffers: a parameter moved to another buffer (AdamW's
+        # arena, a replaced Parameter) needs a new capture.
+        bufs = tuple(p._store.buf for p in self.parameters())
         step = self.__dict__.get("_decode")
         if (
             step is None
             or step.batch != batch
-            or len(step.stores) != len(stores)
-            or any(a is not b for a, b in zip(step.stores, stores))
+            or len(step.bufs) != len(bufs)
+            or any(a is not b for a, b in zip(step.bufs, bufs))
         ):
-            self.__dict__["_decode"] = None  # free the old step's caches first
-            step = _DecodeStep(self, batch, stores)
+            # Kept out of Module's attribute tracking (not a parameter, module or plain value that a
+            # captured training step could depend on); the old step's caches go first.
+            self.__dict__.pop("_decode", None)
+            step = _DecodeStep(self, batch, bufs)
             self.__dict__["_decode"] = step
         return step
 
@@ -373,10 +377,10 @@ class _DecodeStep:
     block_size + 1] (column pos + 1) and advances ``pos``, so greedy steps chain
     without the host."""
 
-    def __init__(self, model: GPT, batch: int, stores: tuple) -> None:
+    def __init__(self, model: GPT, batch: int, bufs: tuple) -> None:
         cfg = model.config
         dev = model.device
-        self.model, self.batch, self.stores = model, batch, stores
+        self.model, self.batch, self.bufs = model, batch, bufs
         self.cache = _KVCache(model, batch)
         self.tok = zeros((batch, 1), np.int32, dev)
         self.pos = zeros((1, 1), np.int32, dev)
