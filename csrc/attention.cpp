@@ -38,6 +38,8 @@ const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d, boo
                    sh::dout, sh::q4,   sh::k4,   sh::v4,  sh::g4};
   else if (entry == "attn_delta")
     kd.bindings = {sh::ap, sh::o_in, sh::dout, sh::delta_out};
+  else if (entry == "attn_decode")
+    kd.bindings = {sh::q_in, sh::out, sh::ap, sh::kc, sh::vc, sh::pos_in};
   else if (entry == "attn_dkdv")
     kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in, sh::delta_in,
                    sh::dk,   sh::dv,   sh::q4,   sh::k4, sh::v4,   sh::g4};
@@ -266,6 +268,45 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
       r.dispatch(kq, with_inputs({{sh::dq, rdq}}), p, nb - b0, count);
     });
   }
+}
+
+void attention_decode(Recorder& r, const Buffer& qkv, const Buffer& k_cache, const Buffer& v_cache, const Buffer& pos,
+                      const Buffer& out, uint32_t batch, uint32_t heads, uint32_t capacity, uint32_t d, float scale) {
+  Device& dev = r.device();
+  const Shape s{batch, heads, 1, d};
+  check_shape(dev, s);
+  if (capacity == 0 || capacity > sh::DEC_KEYS)
+    throw ArgumentError("attention_decode: cache capacity " + std::to_string(capacity) + " outside [1, " +
+                        std::to_string(sh::DEC_KEYS) + "]");
+  if (s.bh() > dev.limits().max_workgroups_per_dim)
+    throw ArgumentError("attention_decode: B * H = " + std::to_string(s.bh()) + " exceeds the grid's " +
+                        std::to_string(dev.limits().max_workgroups_per_dim) + " workgroups");
+  check_ints(pos, 1, "attention_decode pos");
+  check_no_alias("attention_decode", out, "out", {{&qkv, "qkv"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}});
+  check_no_alias("attention_decode", k_cache, "k_cache", {{&qkv, "qkv"}, {&v_cache, "v_cache"}, {&pos, "pos"}});
+  check_no_alias("attention_decode", v_cache, "v_cache", {{&qkv, "qkv"}, {&pos, "pos"}});
+  const uint32_t c = heads * d;
+  // qkv [B, 1, 3C]: q, k, v side by side; out [B, 1, C]; caches [B, H, capacity, D].
+  const AttnView qv{0, 3 * c, d, d}, kv{c, 3 * c, d, d}, vv{2 * c, 3 * c, d, d}, ov{0, c, d, d};
+  const AttnView cv{0, heads * capacity * d, capacity * d, d};
+  const Shape cache{batch, heads, capacity, d};
+  const Range rq = bind_view(dev, qkv, vv, s, false, "qkv");  // v's view ends last: the binding covers q and k
+  const Range ro = bind_view(dev, out, ov, s, true, "out");
+  const Range rk = bind_view(dev, k_cache, cv, cache, true, "k_cache");
+  const Range rv = bind_view(dev, v_cache, cv, cache, true, "v_cache");
+  AttnParams p;
+  p.t = capacity;
+  p.heads = heads;
+  p.scale = scale;
+  p.q = view(qv);
+  p.k = view(kv);
+  p.v = view(vv);
+  p.o = view(ov);
+  p.dk = view(cv);
+  p.dv = view(cv);
+  r.dispatch(attn_kernel(dev, "attn_decode", d),
+             {{sh::q_in, rq}, {sh::out, ro}, {sh::kc, rk}, {sh::vc, rv}, {sh::pos_in, floats(pos, 0, 1)}}, p,
+             uint32_t(s.bh()), 1);
 }
 
 }  // namespace pwt

@@ -118,6 +118,7 @@ inline uint64_t rows_per_piece(const Device& dev, uint64_t cols) {
 }
 
 void check_floats(const Buffer& b, uint64_t count, const char* what);
+void check_ints(const Buffer& b, uint64_t count, const char* what);
 
 constexpr uint64_t kReduceGroup = wgsl::reduce::WG * wgsl::reduce::ITEMS;  // elements per partial_sum workgroup
 // Partial sums (of squares) of src's pieces into scratch from `offset`; returns the next offset.

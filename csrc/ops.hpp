@@ -112,6 +112,13 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
                         const AttnView& dqv, const Buffer& dk, const AttnView& dkv, const Buffer& dv,
                         const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
                         float beta, uint32_t max_blocks);
+// One decode step's attention (attn_decode): qkv [B, 1, 3C] (C = heads * d) holds
+// the new token's q, k, v; k and v are written to row pos[0] (int32, on the
+// device, < capacity) of k_cache / v_cache [B, heads, capacity, d], and
+// out [B, 1, C] = softmax(q K^T * scale) V over cache rows 0..pos[0].
+// capacity <= wgsl::attention::DEC_KEYS.
+void attention_decode(Recorder& r, const Buffer& qkv, const Buffer& k_cache, const Buffer& v_cache, const Buffer& pos,
+                      const Buffer& out, uint32_t batch, uint32_t heads, uint32_t capacity, uint32_t d, float scale);
 // Fused LayerNorm over the rows of x [rows, cols] (layernorm.cpp). Forward: y = (x - mean) * rstd
 // * weight + bias (weight / bias may be null: 1 / 0), mean and rstd = 1 / sqrt(var + eps) (biased
 // variance, as torch) saved per row for the backward. Rows past one binding run in row blocks.

@@ -130,6 +130,7 @@ struct UniformTraits;  // defined for each uniform block below
   F(rows, u32, 0) F(cols, u32, 4) F(vocab, u32, 8) F(v0, u32, 12) F(vcount, u32, 16) F(src_off, u32, 20)          \
   F(idx_off, u32, 24) F(dst_off, u32, 28) F(ignore_index, i32, 32) F(first, u32, 36) F(beta, f32, 40)             \
   F(_pad, u32, 44)
+#define PWT_FIELDS_TokenParams(F) F(rows, u32, 0) F(cols, u32, 4) F(hist_cols, u32, 8) F(_pad, u32, 12)
 #define PWT_FIELDS_EmbBwdParams(F)                                                                                \
   F(rows, u32, 0) F(cols, u32, 4) F(v0, u32, 8) F(vcount, u32, 12) F(src_off, u32, 16) F(idx_off, u32, 20)        \
   F(dst_off, u32, 24) F(seg, u32, 28) F(segs, u32, 32) F(_pad0, u32, 36) F(beta, f32, 40) F(_pad, u32, 44)
@@ -139,7 +140,7 @@ struct UniformTraits;  // defined for each uniform block below
   U(GemmParams, 64) U(GemvParams, 40) U(BmmParams, 64) U(AttnParams, 160) U(XentParams, 32) U(XentFinalParams, 8) \
   U(DropParams, 32) U(LnParams, 48) U(EwParams, 16) U(ColParams, 16) U(AdamParams, 32) U(ScaleParams, 4)          \
   U(ReducePartialParams, 8) U(ReduceFinalParams, 16) U(FlatParams, 16) U(NdParams, 160) U(AxisParams, 48)         \
-  U(GatherParams, 48) U(EmbBwdParams, 48)
+  U(GatherParams, 48) U(EmbBwdParams, 48) U(TokenParams, 16)
 
 // clang-format on
 
@@ -212,9 +213,12 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   READ(dout, 7, "array<f32>") READ(lse_in, 8, "array<f32>") WRITE(delta_out, 9, "array<f32>")                     \
   READ(delta_in, 10, "array<f32>") WRITE(dq, 11, "array<f32>") WRITE(dk, 12, "array<f32>")                        \
   WRITE(dv, 13, "array<f32>") READ(q4, 14, "array<vec4<f32>>") READ(k4, 15, "array<vec4<f32>>")                   \
-  READ(v4, 16, "array<vec4<f32>>") READ(g4, 17, "array<vec4<f32>>")                                               \
+  READ(v4, 16, "array<vec4<f32>>") READ(g4, 17, "array<vec4<f32>>") WRITE(kc, 18, "array<f32>")                  \
+  WRITE(vc, 19, "array<f32>") READ(pos_in, 20, "array<i32>")                                                      \
   CONST(B, 64)        /* rows and columns of a tile */                                                            \
-  CONST(DELTA_WG, 256) /* threads of attn_delta, one row each */
+  CONST(DELTA_WG, 256) /* threads of attn_delta, one row each */                                                  \
+  CONST(DEC_WG, 256)  /* threads of attn_decode (a workgroup per head) */                                         \
+  CONST(DEC_KEYS, 2048) /* attn_decode's largest cache: its scores sit in workgroup memory */
 #define PWT_SHADER_cross_entropy(READ, WRITE, UNIFORM, CONST)                                                     \
   READ(logits, 0, "array<f32>") READ(labels, 1, "array<i32>") WRITE(row_lse, 2, "array<f32>")                     \
   WRITE(row_loss, 3, "array<f32>") WRITE(row_valid, 4, "array<f32>") UNIFORM(xp, 5, XentParams)                   \
@@ -266,8 +270,9 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   PWT_REDUCE_OPS(CONST)
 #define PWT_SHADER_embedding(READ, WRITE, UNIFORM, CONST)                                                         \
   READ(src, 0, "array<f32>") READ(idx, 1, "array<i32>") WRITE(dst, 2, "array<f32>") WRITE(dst2, 3, "array<f32>")  \
-  UNIFORM(gp, 4, GatherParams)                                                                                    \
-  CONST(WG, 256) /* threads of the flat entries */                                                                \
+  UNIFORM(gp, 4, GatherParams) WRITE(tok_out, 5, "array<i32>") WRITE(hist, 6, "array<i32>")                       \
+  WRITE(pos_io, 7, "array<i32>") UNIFORM(tp, 8, TokenParams)                                                      \
+  CONST(WG, 256) /* threads of the flat entries (and of next_token's one workgroup) */                                                                \
   CONST(VB, 128) /* dweight rows per embedding_backward (scan) workgroup */                                       \
   CONST(CB, 64)  /* columns per embedding_backward (scan) workgroup, one per thread */
 #define PWT_SHADER_embedding_backward(READ, WRITE, UNIFORM, CONST)                                                \

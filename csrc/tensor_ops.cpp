@@ -41,11 +41,15 @@ constexpr uint64_t kRowThreads = ax::WG;   // threads along a row (reduce_rows, 
 constexpr uint64_t kColLanes = ax::LANES;  // lanes along len (reduce_cols)
 constexpr uint64_t kSoftmaxMaxCols = kRowThreads * kMaxTrips;
 
+}  // namespace
+
 void check_ints(const Buffer& b, uint64_t count, const char* what) {
   if (b.bytes() < count * 4)
     throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 4) + " int32 values, needs " +
                         std::to_string(count));
 }
+
+namespace {
 
 // WebGPU cannot bind one buffer read-only and writable in one dispatch (wgpu
 // would reject the whole recording at submit): refuse outputs that share a
@@ -613,6 +617,37 @@ void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffe
       r.dispatch(k, {{emb::src, wb.range}, {emb::idx, ib.range}, {emb::dst, ob.range}}, p, gx, gy);
     }
   }
+}
+
+void next_token(Recorder& r, const Buffer& logits, const Buffer& tok, const Buffer& hist, const Buffer& pos,
+                uint32_t rows, uint32_t cols, uint32_t hist_cols) {
+  check_nonzero(rows, "next_token: rows");
+  check_nonzero(cols, "next_token: cols");
+  check_nonzero(hist_cols, "next_token: hist_cols");
+  check_floats(logits, uint64_t(rows) * cols, "next_token logits");
+  check_ints(tok, rows, "next_token tok");
+  check_ints(hist, uint64_t(rows) * hist_cols, "next_token hist");
+  check_ints(pos, 1, "next_token pos");
+  check_no_alias("next_token", tok, "tok", {{&logits, "logits"}, {&hist, "hist"}, {&pos, "pos"}});
+  check_no_alias("next_token", hist, "hist", {{&logits, "logits"}, {&pos, "pos"}});
+  check_no_alias("next_token", pos, "pos", {{&logits, "logits"}});
+  Device& dev = r.device();
+  // One workgroup walks every row: its loops run rows and cols / WG trips.
+  if (uint64_t(rows) * cols * 4 > dev.limits().max_storage_binding || ceil_div(cols, emb::WG) > kMaxTrips ||
+      rows > kMaxTrips)
+    throw ArgumentError("next_token: logits [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                        "] exceed one storage binding or one workgroup's loop limit");
+  const Kernel& k = gather_kernel(dev, "next_token", {emb::src, emb::tok_out, emb::hist, emb::pos_io, emb::tp});
+  TokenParams p;
+  p.rows = rows;
+  p.cols = cols;
+  p.hist_cols = hist_cols;
+  r.dispatch(k,
+             {{emb::src, floats(logits, 0, uint64_t(rows) * cols)},
+              {emb::tok_out, floats(tok, 0, rows)},
+              {emb::hist, floats(hist, 0, uint64_t(rows) * hist_cols)},
+              {emb::pos_io, floats(pos, 0, 1)}},
+             p, 1);
 }
 
 void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const Buffer& dweight, uint32_t n_ids,

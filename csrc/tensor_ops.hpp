@@ -93,6 +93,11 @@ void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buff
 // out[i, :] = weight[ids[i], :], i < n_ids; ids outside [0, vocab) give NaN rows.
 void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffer& out, uint32_t n_ids, uint32_t vocab,
                uint32_t dim);
+// Greedy decoding's next token: tok[r] = argmax of logits [rows, cols] row r (first of
+// equal maxima, NaN largest), hist[r, pos[0] + 1] = tok[r] (where < hist_cols), then
+// pos[0] += 1; tok, hist, pos int32. Nothing is read back: decode steps chain on the device.
+void next_token(Recorder& r, const Buffer& logits, const Buffer& tok, const Buffer& hist, const Buffer& pos,
+                uint32_t rows, uint32_t cols, uint32_t hist_cols);
 // dweight[v, :] = beta * dweight[v, :] + sum over i with ids[i] == v of dy[i, :]: deterministic (bit-identical
 // across runs), no atomics. Out-of-range ids contribute nothing. The ids are cut into consecutive segments
 // (several for tables of up to 8M floats, so small vocabularies still fill the GPU): each segment sums in

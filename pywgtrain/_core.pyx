@@ -540,6 +540,11 @@ def embedding_backward(_Recorder r not None, _Buffer dy not None, _Buffer ids no
     c.embedding_backward(r.ptr.get()[0], _b(dy)[0], _b(ids)[0], _b(dweight)[0], n_ids, vocab, dim, beta)
 
 
+def next_token(_Recorder r not None, _Buffer logits not None, _Buffer tok not None, _Buffer hist not None,
+               _Buffer pos not None, uint32_t rows, uint32_t cols, uint32_t hist_cols):
+    c.next_token(r.ptr.get()[0], _b(logits)[0], _b(tok)[0], _b(hist)[0], _b(pos)[0], rows, cols, hist_cols)
+
+
 def nll_pick(_Recorder r not None, _Buffer x not None, _Buffer labels not None, _Buffer out not None,
              _Buffer mask not None, uint32_t rows, uint32_t cols, int32_t ignore_index):
     c.nll_pick(r.ptr.get()[0], _b(x)[0], _b(labels)[0], _b(out)[0], _b(mask)[0], rows, cols, ignore_index)
@@ -581,6 +586,13 @@ def attention_backward(_Recorder r not None, _Buffer q not None, tuple qv not No
     c.attention_backward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
                          _view(ov), _b(dout)[0], _view(gv), _b(lse)[0], _b(delta)[0], _b(dq)[0], _view(dqv),
                          _b(dk)[0], _view(dkv), _b(dv)[0], _view(dvv), batch, heads, t, d, scale, beta, max_blocks)
+
+
+def attention_decode(_Recorder r not None, _Buffer qkv not None, _Buffer k_cache not None, _Buffer v_cache not None,
+                     _Buffer pos not None, _Buffer out not None, uint32_t batch, uint32_t heads, uint32_t capacity,
+                     uint32_t d, float scale):
+    c.attention_decode(r.ptr.get()[0], _b(qkv)[0], _b(k_cache)[0], _b(v_cache)[0], _b(pos)[0], _b(out)[0], batch,
+                       heads, capacity, d, scale)
 # Fused LayerNorm (csrc/layernorm.cpp); weight, bias, dx, dweight, dbias may be None.
 
 

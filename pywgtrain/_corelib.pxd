@@ -186,6 +186,9 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                             const Buffer& dq, const AttnView& dqv, const Buffer& dk, const AttnView& dkv,
                             const Buffer& dv, const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t,
                             uint32_t d, float scale, float beta, uint32_t max_blocks) except +raise_py_error
+    void attention_decode(Recorder& r, const Buffer& qkv, const Buffer& k_cache, const Buffer& v_cache,
+                          const Buffer& pos, const Buffer& out, uint32_t batch, uint32_t heads, uint32_t capacity,
+                          uint32_t d, float scale) except +raise_py_error
 
 
 cdef extern from "faults.hpp" namespace "pwt" nogil:
@@ -226,6 +229,8 @@ cdef extern from "tensor_ops.hpp" namespace "pwt" nogil:
                  bool log) except +raise_py_error
     void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buffer& dx, uint32_t rows,
                           uint32_t cols, bool log, float beta) except +raise_py_error
+    void next_token(Recorder& r, const Buffer& logits, const Buffer& tok, const Buffer& hist, const Buffer& pos,
+                    uint32_t rows, uint32_t cols, uint32_t hist_cols) except +raise_py_error
     void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffer& out, uint32_t n_ids,
                    uint32_t vocab, uint32_t dim) except +raise_py_error
     void embedding_backward(Recorder& r, const Buffer& dy, const Buffer& ids, const Buffer& dweight, uint32_t n_ids,

@@ -1660,6 +1660,104 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
     return out
 
 
+# -- decoding with a key/value cache (inference only: no autograd) ---------------------------------
+# attn_decode's largest cache (its scores sit in workgroup memory); csrc/shader_contract.hpp has the number.
+DECODE_MAX_CAPACITY = _core.shader_constants()["attention"]["DEC_KEYS"]
+
+
+def _decode_operand(x, dev, dtype, shape, op, name):
+    """x checked as a contiguous ``dtype`` Tensor on ``dev`` of ``shape`` (None: any) for a decode kernel."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}: {name} must be a pywgtrain.Tensor, got {type(x).__name__}")
+    if x.device is not dev:
+        raise ValueError(f"{op}: {name} lives on {x.device!r}, expected {dev!r}")
+    if x.dtype != dtype:
+        raise TypeError(f"{op}: {name} must be {np.dtype(dtype).name}, got {x.dtype.name}")
+    if shape is not None and x.shape != tuple(shape):
+        raise ValueError(f"{op}: {name} must have shape {tuple(shape)}, got {x.shape}")
+    if not x._bindable:
+        raise ValueError(f"{op}: {name} must be a contiguous tensor (the kernel writes or reads it in place)")
+    if needs_grad(x):
+        raise RuntimeError(f"{op} has no backward: call it under pywgtrain.no_grad() ({name} requires grad)")
+    return x
+
+
+def kv_cache_attention(
+    qkv: Tensor, k_cache: Tensor, v_cache: Tensor, pos: Tensor, n_head: int, scale: Optional[float] = None
+) -> Tensor:
+    """One decoding step of causal self-attention against a key/value cache ->
+    [B, 1, C]. ``qkv`` [B, 1, 3C] holds the new token's query, key and value (as
+    ``causal_self_attention_qkv`` takes them); ``k_cache`` and ``v_cache``
+    [B * n_head, capacity, D] (float32, D = C / n_head); ``pos`` a one-element
+    int32 tensor. The kernel reads the position on the device, writes the new key
+    and value into cache row ``pos`` and attends over rows 0..pos, so a captured
+    step replays at every position. The host does not see ``pos``: keeping it in
+    [0, capacity) is the caller's part (the kernel clamps it). Inference only."""
+    op = "kv_cache_attention"
+    if not isinstance(qkv, Tensor):
+        raise TypeError(f"{op}: qkv must be a pywgtrain.Tensor, got {type(qkv).__name__}")
+    dev = qkv.device
+    if isinstance(n_head, bool) or not isinstance(n_head, numbers.Integral) or n_head < 1:
+        raise TypeError(f"{op}: n_head must be a positive int, got {n_head!r}")
+    if qkv.ndim != 3 or qkv.shape[1] != 1 or qkv.shape[2] % 3 or 0 in qkv.shape:
+        raise ValueError(f"{op}: qkv must be [batch, 1, 3 * C], got shape {qkv.shape}")
+    b, _, c3 = qkv.shape
+    c = c3 // 3
+    if c % n_head:
+        raise ValueError(f"{op}: C = {c} is not divisible by n_head = {n_head}")
+    h = int(n_head)
+    d = c // h
+    _attn_head_dim(d, op)
+    sc = _attn_scale(scale, d, op)
+    _decode_operand(qkv, dev, np.float32, None, op, "qkv")
+    if not isinstance(k_cache, Tensor) or k_cache.ndim != 3:
+        raise ValueError(f"{op}: k_cache must be [B * n_head, capacity, D], got {getattr(k_cache, 'shape', k_cache)}")
+    cap = k_cache.shape[1]
+    if not 1 <= cap <= DECODE_MAX_CAPACITY:
+        raise ValueError(f"{op}: cache capacity {cap} outside [1, {DECODE_MAX_CAPACITY}]")
+    _decode_operand(k_cache, dev, np.float32, (b * h, cap, d), op, "k_cache")
+    _decode_operand(v_cache, dev, np.float32, (b * h, cap, d), op, "v_cache")
+    _decode_operand(pos, dev, np.int32, None, op, "pos")
+    if pos._numel != 1:
+        raise ValueError(f"{op}: pos must hold one int32 position, got shape {pos.shape}")
+    out = empty((b, 1, c), np.float32, dev)
+    with _rec(dev) as rec:
+        _core.attention_decode(rec, qkv._buf, k_cache._buf, v_cache._buf, pos._buf, out._buf, b, h, cap, d, sc)
+    k_cache._bump_version()
+    v_cache._bump_version()
+    return out
+
+
+def next_token(logits: Tensor, tok: Tensor, hist: Tensor, pos: Tensor) -> None:
+    """Greedy decoding's next token, on the device: for logits [B, V] (or
+    [B, 1, V]), ``tok`` [B, 1] or [B] (int32) <- the argmax of each row (the
+    first of equal maxima, NaN the largest, as ``numpy.argmax``), ``hist``
+    [B, L] (int32) column pos + 1 <- the same ids (skipped from L on), then
+    ``pos`` (one int32) += 1. Nothing is read back, so decoding steps chain
+    on the GPU. Inference only."""
+    op = "next_token"
+    if not isinstance(logits, Tensor):
+        raise TypeError(f"{op}: logits must be a pywgtrain.Tensor, got {type(logits).__name__}")
+    dev = logits.device
+    if logits.ndim not in (2, 3) or (logits.ndim == 3 and logits.shape[1] != 1) or 0 in logits.shape:
+        raise ValueError(f"{op}: logits must be [batch, vocab] or [batch, 1, vocab], got shape {logits.shape}")
+    b, v = logits.shape[0], logits.shape[-1]
+    _decode_operand(logits, dev, np.float32, None, op, "logits")
+    _decode_operand(tok, dev, np.int32, None, op, "tok")
+    if tok.shape not in ((b,), (b, 1)):
+        raise ValueError(f"{op}: tok must have shape ({b},) or ({b}, 1), got {tok.shape}")
+    _decode_operand(hist, dev, np.int32, None, op, "hist")
+    if hist.ndim != 2 or hist.shape[0] != b or hist.shape[1] < 1:
+        raise ValueError(f"{op}: hist must be [{b}, length >= 1], got shape {hist.shape}")
+    _decode_operand(pos, dev, np.int32, None, op, "pos")
+    if pos._numel != 1:
+        raise ValueError(f"{op}: pos must hold one int32 position, got shape {pos.shape}")
+    with _rec(dev) as rec:
+        _core.next_token(rec, logits._buf, tok._buf, hist._buf, pos._buf, b, v, hist.shape[1])
+    for t in (tok, hist, pos):
+        t._bump_version()
+
+
 # -- normalization and dropout -----------------------------------------------------------------------
 def layer_norm(
     input: TensorLike,

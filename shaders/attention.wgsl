@@ -65,6 +65,10 @@ struct AttnParams {
 @group(0) @binding(15) var<storage, read> k4: array<vec4<f32>>;
 @group(0) @binding(16) var<storage, read> v4: array<vec4<f32>>;
 @group(0) @binding(17) var<storage, read> g4: array<vec4<f32>>;
+// attn_decode: the key/value caches it appends to, and the position (device-side, so replays move on).
+@group(0) @binding(18) var<storage, read_write> kc: array<f32>;
+@group(0) @binding(19) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(20) var<storage, read> pos_in: array<i32>;
 
 // From csrc/shader_contract.hpp (emitted ahead of this file): B (rows and columns of a tile),
 // DELTA_WG (threads of attn_delta).
@@ -617,5 +621,96 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
         dq[iq + 64u] = x1;
       }
     }
+  }
+}
+
+// attn_decode: one new query row per (b, h) against a key/value cache of
+// capacity ap.t ([B, H, capacity, D] views ap.dk, ap.dv). The position
+// comes from the device (pos_in[0]), so a captured decode step replays at
+// every position: the new key and value (views ap.k, ap.v of the [B, 1, 3C]
+// projection, like the query ap.q) are written to cache row pos, and the
+// query attends over rows 0..pos (the new row read from the projection, not
+// back from the cache). A workgroup per bh; every loop stops at pos + 1 keys,
+// so the cost follows the filled length, not the capacity. Scores and the
+// weights live in workgroup memory (DEC_KEYS of them: the host's capacity
+// limit); the weighted sum runs DEC_WG / 64 key lanes of 64 columns each.
+const DEC_LANES: u32 = DEC_WG / 64u;
+var<workgroup> dec_s: array<f32, DEC_KEYS>;
+var<workgroup> dec_r: array<f32, DEC_WG>;
+var<workgroup> dec_o: array<f32, DEC_LANES * 128u>;
+var<workgroup> dec_q: array<f32, 128>;
+
+fn dec_reduce(li: u32, is_max: bool) -> f32 {
+  workgroupBarrier();
+  for (var w = DEC_WG / 2u; w > 0u; w = w / 2u) {
+    if (li < w) {
+      let a = dec_r[li];
+      let b = dec_r[li + w];
+      dec_r[li] = select(a + b, max(a, b), is_max);
+    }
+    workgroupBarrier();
+  }
+  let r = dec_r[0];
+  workgroupBarrier();  // dec_r is reused by the next reduction
+  return r;
+}
+
+@compute @workgroup_size(DEC_WG)
+fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+  let bh = wid.x;
+  let pos = min(u32(max(pos_in[0], 0)), ap.t - 1u);  // the host keeps pos < capacity; clamped for memory safety
+  let n = pos + 1u;
+  let qb = head_base(ap.q, bh);
+  let kb = head_base(ap.k, bh);
+  let vb = head_base(ap.v, bh);
+  let kcb = head_base(ap.dk, bh);
+  let vcb = head_base(ap.dv, bh);
+  if (li < HD) {
+    dec_q[li] = q_in[qb + li];
+    kc[kcb + pos * ap.dk.w + li] = q_in[kb + li];
+    vc[vcb + pos * ap.dv.w + li] = q_in[vb + li];
+  }
+  workgroupBarrier();
+  var m = NEG;
+  for (var j = li; j < n; j += DEC_WG) {
+    var s = 0.0;
+    if (j == pos) {
+      for (var d = 0u; d < HD; d++) { s = fma(dec_q[d], q_in[kb + d], s); }
+    } else {
+      let row = kcb + j * ap.dk.w;
+      for (var d = 0u; d < HD; d++) { s = fma(dec_q[d], kc[row + d], s); }
+    }
+    s *= ap.scale;
+    dec_s[j] = s;
+    m = max(m, s);
+  }
+  dec_r[li] = m;
+  let mx = dec_reduce(li, true);
+  var l = 0.0;
+  for (var j = li; j < n; j += DEC_WG) {
+    let p = exp(dec_s[j] - mx);
+    dec_s[j] = p;
+    l += p;
+  }
+  dec_r[li] = l;
+  let total = dec_reduce(li, false);  // its barriers also publish dec_s
+  let lane = li % 64u;
+  let grp = li / 64u;
+  for (var ch = 0u; ch < DCH; ch++) {
+    let col = ch * 64u + lane;
+    var acc = 0.0;
+    if (col < HD) {
+      for (var j = grp; j < n; j += DEC_LANES) {
+        let v = select(vc[vcb + j * ap.dv.w + col], q_in[vb + col], j == pos);
+        acc = fma(dec_s[j], v, acc);
+      }
+    }
+    dec_o[grp * 128u + col] = acc;
+  }
+  workgroupBarrier();
+  if (li < HD) {
+    var acc = 0.0;
+    for (var g = 0u; g < DEC_LANES; g++) { acc += dec_o[g * 128u + li]; }
+    out[head_base(ap.o, bh) + li] = acc / total;
   }
 }

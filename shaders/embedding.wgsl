@@ -1,6 +1,6 @@
 // Index kernels (csrc/tensor_ops.cpp): embedding gather, the embedding
-// backward for large tables (small ones: embedding_backward.wgsl, segmented)
-// and the NLL pick of cross-entropy.
+// backward for large tables (small ones: embedding_backward.wgsl, segmented),
+// the NLL pick of cross-entropy and greedy decoding's next token.
 // Rows of a [rows, cols] operand may be bound in blocks: offsets (in
 // elements) of this block's first row in each binding come in the uniform.
 
@@ -24,6 +24,18 @@ struct GatherParams {
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(3) var<storage, read_write> dst2: array<f32>;
 @group(0) @binding(4) var<uniform> gp: GatherParams;
+
+struct TokenParams {
+  rows: u32,       // logits rows (sequences)
+  cols: u32,       // vocabulary
+  hist_cols: u32,  // token history row length
+  _pad: u32,
+}
+
+@group(0) @binding(5) var<storage, read_write> tok_out: array<i32>;
+@group(0) @binding(6) var<storage, read_write> hist: array<i32>;
+@group(0) @binding(7) var<storage, read_write> pos_io: array<i32>;
+@group(0) @binding(8) var<uniform> tp: TokenParams;
 
 // VB (dweight rows per embedding_backward workgroup), CB (its columns, one per
 // thread) and WG come from csrc/shader_contract.hpp.
@@ -121,4 +133,55 @@ fn nll_pick_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
   var v = select(0.0, -src[gp.idx_off + r], label != gp.ignore_index && label == i32(c));
   if (gp.beta != 0.0) { v += gp.beta * dst[gp.dst_off + e]; }
   dst[gp.dst_off + e] = v;
+}
+
+// Greedy decoding's next token, on the device so that decode steps chain
+// without the host: tok_out[r] = argmax of logits row r (src [rows, cols]; the
+// first of equal maxima, a NaN counting as the largest, as NumPy's argmax);
+// hist[r, pos + 1] = the same id (skipped past hist_cols), then pos += 1
+// (pos_io[0]: the position of the token the next step feeds). One workgroup:
+// a thread per column stride, a tree over the workgroup per row.
+var<workgroup> best_v: array<f32, WG>;
+var<workgroup> best_i: array<u32, WG>;
+
+// By its bits: a compiler may fold v != v to false.
+fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
+
+// Whether (v, i) comes before (bv, bi) in argmax order.
+fn beats(v: f32, i: u32, bv: f32, bi: u32) -> bool {
+  let vn = is_nan(v);
+  let bn = is_nan(bv);
+  if (vn != bn) { return vn; }
+  if (vn || v == bv) { return i < bi; }
+  return v > bv;
+}
+
+@compute @workgroup_size(WG)
+fn next_token(@builtin(local_invocation_index) lid: u32) {
+  for (var r = 0u; r < tp.rows; r++) {
+    var bv = bitcast<f32>(0xff800000u);  // -inf
+    var bi = 0xffffffffu;
+    for (var c = lid; c < tp.cols; c += WG) {
+      let v = src[r * tp.cols + c];
+      if (beats(v, c, bv, bi)) { bv = v; bi = c; }
+    }
+    best_v[lid] = bv;
+    best_i[lid] = bi;
+    workgroupBarrier();
+    for (var w = WG / 2u; w > 0u; w = w / 2u) {
+      if (lid < w && beats(best_v[lid + w], best_i[lid + w], best_v[lid], best_i[lid])) {
+        best_v[lid] = best_v[lid + w];
+        best_i[lid] = best_i[lid + w];
+      }
+      workgroupBarrier();
+    }
+    if (lid == 0u) {
+      let id = i32(best_i[0]);
+      tok_out[r] = id;
+      let col = u32(max(pos_io[0], 0)) + 1u;
+      if (col < tp.hist_cols) { hist[r * tp.hist_cols + col] = id; }
+    }
+    workgroupBarrier();
+  }
+  if (lid == 0u) { pos_io[0] = pos_io[0] + 1; }
 }

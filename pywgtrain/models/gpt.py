@@ -19,8 +19,9 @@ from .. import functions as F
 from .. import nn
 from ..autograd import no_grad
 from ..device import Device, resolve_device
+from ..graphs import Graph, graph
 from ..random import host_generator
-from ..tensor import Labels, Tensor, tensor
+from ..tensor import Labels, Tensor, tensor, zeros
 
 
 @dataclass
@@ -245,6 +246,7 @@ class GPT(nn.Module):
         temperature: float = 1.0,
         top_k: Optional[int] = None,
         seed: Optional[int] = None,
+        capture: bool = True,
     ) -> np.ndarray:
         """Continue int token ids [B, T] (or [T]) by ``max_new_tokens`` sampled
         tokens; returns the whole sequences as an int32 array. The network runs
@@ -257,7 +259,18 @@ class GPT(nn.Module):
 
         ``seed``: an int seeds a NumPy generator for this call; ``None`` draws the
         sampling seed from the device's ``pywgtrain.random`` generator (and
-        advances it), so ``pw.manual_seed`` makes the call reproducible."""
+        advances it), so ``pw.manual_seed`` makes the call reproducible.
+
+        ``capture``: the prompt runs op by op, then each new token replays one
+        decode step captured once per batch size and parameter buffers (``pywgtrain.Graph``; the position
+        lives on the device, so one graph serves every position). Greedy decoding
+        (temperature 0) picks each token on the device and reads the tokens back
+        once per context (``block_size`` tokens); sampling reads each step's
+        logits back and samples on the host, as the eager path. The step runs op
+        by op instead (the eager path) with ``capture=False``, inside a
+        ``Device.batch()`` block (no capture there), and where the decode kernels
+        do not apply: ``block_size`` past ``functions.DECODE_MAX_CAPACITY``,
+        head size over 128, logits [B, vocab] or a layer's cache past one storage binding."""
         arr = np.asarray(ids)
         if arr.dtype.kind not in "iu":
             raise TypeError(f"generate: ids must be integer token ids, got dtype {arr.dtype.name}")
@@ -283,6 +296,9 @@ class GPT(nn.Module):
         self.eval()
         try:
             with no_grad():
+                step = self._decode_step(out.shape[0]) if capture else None
+                if step is not None:
+                    return step.generate(out, int(max_new_tokens), temperature, top_k, rng, keep)
                 cache = _KVCache(self, out.shape[0])
                 logits = _forward_cached(self, out[:, -cfg.block_size :], cache)
                 for _ in range(int(max_new_tokens)):
@@ -297,6 +313,38 @@ class GPT(nn.Module):
         finally:
             self.train(was_training)
         return out
+
+    def _decode_step(self, batch: int) -> Optional["_DecodeStep"]:
+        """The captured decode step for ``batch`` sequences (kept for the last batch
+        size and these parameter buffers), or None where it does not apply."""
+        cfg = self.config
+        dev = self.device
+        d = cfg.n_embd // cfg.n_head
+        if (
+            dev is None
+            or dev._in_batch()  # a capture is a batch of its own
+            or cfg.block_size > F.DECODE_MAX_CAPACITY
+            or d > F.ATTN_MAX_HEAD_DIM
+            or batch * max(cfg.vocab_size, cfg.block_size * cfg.n_embd) * 4
+            > dev.limits["max_storage_buffer_binding_size"]  # logits and each cache in one binding
+        ):
+            return None
+        # The graph binds the parameters' buffers: a parameter moved to another buffer (AdamW's
+        # arena, a replaced Parameter) needs a new capture.
+        bufs = tuple(p._store.buf for p in self.parameters())
+        step = self.__dict__.get("_decode")
+        if (
+            step is None
+            or step.batch != batch
+            or len(step.bufs) != len(bufs)
+            or any(a is not b for a, b in zip(step.bufs, bufs))
+        ):
+            # Kept out of Module's attribute tracking (not a parameter, module or plain value that a
+            # captured training step could depend on); the old step's caches go first.
+            self.__dict__.pop("_decode", None)
+            step = _DecodeStep(self, batch, bufs)
+            self.__dict__["_decode"] = step
+        return step
 
     @staticmethod
     def loss(logits: Tensor, targets: Labels, ignore_index: int = -100) -> Tensor:
@@ -318,6 +366,94 @@ class _KVCache:
         self.k = [empty(shape, np.float32, model.device) for _ in range(cfg.n_layer)]
         self.v = [empty(shape, np.float32, model.device) for _ in range(cfg.n_layer)]
         self.length = 0
+
+
+class _DecodeStep:
+    """One token's forward for ``batch`` sequences over a key/value cache of
+    ``block_size`` rows, captured into a Graph on its first run and replayed for
+    every later token. What changes per token lives on the device: ``tok`` (the
+    token fed, [B, 1]) and ``pos`` (its position, [1, 1]); the step ends with
+    ``next_token``, which writes the argmax into ``tok`` and ``hist`` [B,
+    block_size + 1] (column pos + 1) and advances ``pos``, so greedy steps chain
+    without the host."""
+
+    def __init__(self, model: GPT, batch: int, bufs: tuple) -> None:
+        cfg = model.config
+        dev = model.device
+        self.model, self.batch, self.bufs = model, batch, bufs
+        self.cache = _KVCache(model, batch)
+        self.tok = zeros((batch, 1), np.int32, dev)
+        self.pos = zeros((1, 1), np.int32, dev)
+        self.hist = zeros((batch, cfg.block_size + 1), np.int32, dev)
+        self.graph: Optional[Graph] = None
+        self.logits: Optional[Tensor] = None  # [B, 1, V] of the last step
+
+    def _forward(self):
+        model = self.model
+        tr = model.transformer
+        x = tr["wte"](self.tok) + tr["wpe"](self.pos)
+        for i, block in enumerate(tr["h"]):
+            attn = block.attn
+            qkv = attn.c_attn(block.ln_1(x))
+            y = F.kv_cache_attention(qkv, self.cache.k[i], self.cache.v[i], self.pos, attn.n_head)
+            x = attn.c_proj(y, residual=x)
+            x = block.mlp(block.ln_2(x), residual=x)
+        logits = model.lm_head(tr["ln_f"](x))
+        F.next_token(logits, self.tok, self.hist, self.pos)
+        return logits
+
+    def run(self):
+        """One decode step: the token in ``tok`` at position ``pos``."""
+        if self.graph is None:
+            g = Graph()
+            with graph(g, self.model.device):
+                self.logits = self._forward()
+            self.graph = g
+        else:
+            self.graph.replay()
+
+    def prefill(self, ids, greedy):
+        """Run the context ids [B, t] op by op into the cache (from row 0); greedy:
+        the first new token picked on the device (``hist`` column t, ``pos`` = t),
+        else the last position's logits [B, V] returned for the host to sample."""
+        t = ids.shape[1]
+        self.cache.length = 0
+        logits = _forward_cached(self.model, ids, self.cache)
+        if not greedy:
+            return logits.numpy()[:, -1, :].astype(np.float64)
+        self.pos.copy_(np.full((1, 1), t - 1, np.int32))
+        F.next_token(logits, self.tok, self.hist, self.pos)
+        return None
+
+    def generate(self, out, n, temperature, top_k, rng, keep):
+        """GPT.generate's loop over the captured step (see there)."""
+        cap = self.model.config.block_size
+        greedy = temperature == 0.0
+        ctx = out[:, -cap:]
+        while n > 0:
+            t = ctx.shape[1]
+            last = self.prefill(ctx, greedy)
+            steps = min(n - 1, cap - t)  # a step at position p fills cache row p < cap
+            if greedy:
+                for _ in range(steps):
+                    self.run()
+                new = self.hist.numpy()[:, t : t + steps + 1]
+            else:
+                picked = []
+                for i in range(steps + 1):
+                    nxt = _sample(last, temperature, top_k, rng)
+                    picked.append(nxt)
+                    if i == steps:
+                        break
+                    self.tok.copy_(nxt[:, None])
+                    self.pos.copy_(np.full((1, 1), t + i, np.int32))
+                    self.run()
+                    last = cast(Tensor, self.logits).numpy()[:, -1, :].astype(np.float64)
+                new = np.stack(picked, 1)
+            out = np.concatenate([out, new.astype(np.int32)], 1)
+            n -= new.shape[1]
+            ctx = out[:, -keep:]
+        return out
 
 
 def _write_rows(src, dst, pos):
