@@ -434,6 +434,43 @@ def test_main_job_under_torchrun_trains_data_parallel_and_rank_0_alone_writes(tm
 
 
 @pytest.mark.slow
+def test_main_job_across_two_torchrun_nodes(tmp_path):
+    """The README's multi-host command on one machine: two torchrun launches (--nnodes 2,
+    --node_rank 0 and 1, c10d rendezvous at a shared endpoint), one process each; node 0's
+    rank 0 alone reports and saves."""
+    pytest.importorskip("torch.distributed")
+    endpoint = f"127.0.0.1:{_free_port()}"
+    job = ["gpt", "--steps", "3", "--batch-size", "2", "--max-bytes", "100000", "--eval-iters", "1"]
+    job += ["--sample-tokens", "0", "--plot", "", "--checkpoint", "run.safetensors"]
+    nodes = []
+    for node in (0, 1):
+        cwd = tmp_path / f"node{node}"
+        cwd.mkdir()
+        run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node)]
+        run += ["--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint]
+        env = dict(_module_env(), GLOO_SOCKET_IFNAME="lo")
+        nodes.append(
+            subprocess.Popen(
+                [*run, "-m", "pywgtrain", *job], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+        )
+    outs = []
+    try:
+        for p in nodes:
+            outs.append(p.communicate(timeout=240)[0].decode(errors="replace"))
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in nodes] == [0, 0], "\n".join(outs)
+    lead = [k for k, out in enumerate(outs) if "data-parallel: 2 processes (torchrun)" in out]
+    assert len(lead) == 1, outs  # one rank 0, on whichever node the rendezvous made it
+    assert "step 3/3: loss" in outs[lead[0]] and "step 3/3" not in outs[1 - lead[0]]
+    assert (tmp_path / f"node{lead[0]}" / "run.safetensors").exists()
+    assert not (tmp_path / f"node{1 - lead[0]}" / "run.safetensors").exists()
+
+
+@pytest.mark.slow
 def test_bench_ddp_runs_one_and_two_processes(tmp_path):
     """`pywgtrain bench ddp --quick --gpus 1,2`: two processes share the CPU adapter; a row per
     process count and accumulation, with the time split."""
