@@ -391,6 +391,49 @@ def test_post_backward_hooks_run_after_backward_capture_and_replay(dev):
     assert len(seen) == 4
 
 
+def test_gradient_ready_hooks_report_each_leaf_once_its_gradient_is_complete(dev):
+    """What DDP's overlap builds on: during backward each leaf is reported once, when its gradient
+    is final (read here mid-pass, it equals the gradient after backward), a leaf used twice after
+    its last use and before the layers further from the loss; nothing inside a graph capture."""
+    rng = np.random.default_rng(0)
+    model = pw.nn.MLP([8, 16, 16, 4], device=dev, seed=0)
+    shared = pw.tensor(rng.standard_normal((4,)).astype(np.float32), dev, requires_grad=True)
+    x, y = _batch(0)
+    seen = []
+
+    def hook(leaves):
+        dev.flush()  # the pass's batch so far, as DDP does before reading
+        seen.append([(id(t), t.grad.numpy().copy()) for t in leaves])
+
+    def loss():
+        h = model(x) * shared
+        return pw.nn.CrossEntropyLoss()(h + shared, y)
+
+    handle = pw.autograd.register_gradient_ready_hook(dev, hook)
+    try:
+        loss().backward()
+        leaves = [shared, *model.parameters()]
+        reported = [i for call in seen for i, _ in call]
+        assert sorted(reported) == sorted(id(t) for t in leaves)  # each exactly once
+        final = {id(t): t.grad.numpy() for t in leaves}
+        for call in seen:
+            for i, g in call:
+                np.testing.assert_array_equal(g, final[i])
+        # `shared` is final after the product (the nodes nearer the loss), before the MLP's backward
+        assert reported[0] == id(shared) and len(seen[0]) == 1 and len(seen) >= 2
+        count = len(seen)
+        g = pw.Graph()
+        static_x = pw.tensor(x, dev)
+        with pw.graph(g, dev):
+            pw.nn.CrossEntropyLoss()(model(static_x), y).backward()
+        g.replay({static_x: x})
+        assert len(seen) == count  # a capture and its replays report nothing
+    finally:
+        handle.remove()
+    loss().backward()
+    assert len(seen) == count
+
+
 # -- the main job under torchrun, and the benchmark --------------------------------------------
 def _module_env():
     return dict(
