@@ -305,15 +305,18 @@ def backward(root, gradient, retain_graph=None):
 
     root_slot = slot_of(root, root._node)
     root_slot.put(gradient, owned=False)
+    ready = _ready_leaves(root.device, nodes)
     # The device's gradient lock spans the pass and its submission: threads
     # accumulating into one leaf then reach the GPU in the order they decided
     # whether to create or add to its .grad.
     with root.device._cache.grad_lock, root.device.batch():
-        for node in nodes:
+        for i, node in enumerate(nodes):
             slot = slots.get(id(node))
             if slot is None or slot.value is None:
                 if not retain_graph:
                     node.release()  # no gradient reached it
+                if i in ready:
+                    _gradients_ready(root.device, ready[i])
                 continue
             t = slot.tensor
             if t._retains_grad and t._node is node:
@@ -326,6 +329,8 @@ def backward(root, gradient, retain_graph=None):
             slot.drop()
             if not retain_graph:
                 node.release()
+            if i in ready:
+                _gradients_ready(root.device, ready[i])
     if _hooks.get(root.device):  # (the leaves are gathered only for a device with hooks)
         _after_backward(root.device, tuple(s.tensor for s in slots.values() if s.leaf))
 
@@ -344,14 +349,15 @@ _hook_ids = iter(range(1, 1 << 62))
 class RemovableHandle:
     """Returned by :func:`register_post_backward_hook`; ``remove()`` unregisters the hook."""
 
-    def __init__(self, device: Any, key: int) -> None:
+    def __init__(self, device: Any, key: int, table: Any = None) -> None:
         self._device = weakref.ref(device)
         self._key = key
+        self._table = _hooks if table is None else table
 
     def remove(self) -> None:
         dev = self._device()
         if dev is not None:
-            _hooks.get(dev, {}).pop(self._key, None)
+            self._table.get(dev, {}).pop(self._key, None)
 
 
 def register_post_backward_hook(device: Any, hook: Callable[[Sequence[Any]], None]) -> RemovableHandle:
@@ -371,6 +377,49 @@ def _after_backward(device, leaves):
         pending[1].append(leaves)  # run by graphs.graph after the block, by Graph.replay after each replay
         return
     run_post_backward_hooks(device, [leaves])
+
+
+# -- gradient-ready hooks -----------------------------------------------------------------
+# So that DistributedDataParallel can start reducing a bucket while the rest of the backward
+# pass is still being recorded and run, the engine reports each leaf once the last node that
+# contributes to its gradient has recorded its backward (inside the pass's batch: a hook that
+# reads the gradient must ``Device.flush()`` first). Not inside a graph capture, where a host
+# read would break the graph: there only the post-backward hooks run, after the block.
+_ready_hooks: "weakref.WeakKeyDictionary[Any, dict[int, Callable[[Sequence[Any]], None]]]" = weakref.WeakKeyDictionary()
+
+
+def register_gradient_ready_hook(device: Any, hook: Callable[[Sequence[Any]], None]) -> RemovableHandle:
+    """Call ``hook(leaves)`` during every backward pass on ``device`` outside a graph capture,
+    each time the gradients of ``leaves`` are complete (recorded, not yet submitted; every leaf
+    of the pass is reported once, in the order their gradients finish). Hooks run in
+    registration order; an exception propagates from ``backward()``."""
+    key = next(_hook_ids)
+    _ready_hooks.setdefault(device, {})[key] = hook
+    return RemovableHandle(device, key, _ready_hooks)
+
+
+def _ready_leaves(device, nodes) -> dict:
+    """{node position: leaves whose last contribution that node records}, empty when no hook
+    would see them (none registered, or inside a capture)."""
+    if not _ready_hooks.get(device):
+        return {}
+    pending = getattr(_state, "capture_backwards", None)
+    if pending is not None and pending[0] is device:
+        return {}
+    last: dict[int, tuple[int, Any]] = {}
+    for i, node in enumerate(nodes):
+        for t, e in zip(node.inputs, node.edges):
+            if t is not None and e is None:
+                last[id(t)] = (i, t)
+    out: dict[int, list] = {}
+    for i, t in last.values():
+        out.setdefault(i, []).append(t)
+    return out
+
+
+def _gradients_ready(device, leaves) -> None:
+    for hook in list(_ready_hooks.get(device, {}).values()):
+        hook(leaves)
 
 
 def run_post_backward_hooks(device: Any, passes: Sequence[Sequence[Any]]) -> None:

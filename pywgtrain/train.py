@@ -223,6 +223,14 @@ class Trainer:
         self._unsubmitted = 0
         self.device.flush()
 
+    def _saved_model(self) -> nn.Module:
+        """The model whose weights checkpoints hold: a ``DistributedDataParallel``'s wrapped module
+        (keys as without it, as torch users save ``ddp.module``), so a run saved with any number of
+        processes resumes with any other."""
+        from .nn.parallel import DistributedDataParallel
+
+        return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
+
     def save(self, path: Union[str, os.PathLike], extra: Any = None) -> None:
         """Model, optimizer state, step count and the device's RNG state
         (``pywgtrain.random``: dropout masks continue as if uninterrupted) to one file, atomically: the
@@ -249,14 +257,14 @@ class Trainer:
         if extra is not None:
             meta["extra"] = extra
         if _is_safetensors_path(path):
-            tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
+            tensors = {f"model.{k}": v for k, v in self._saved_model().state_dict().items()}
             for i, st in osd["state"].items():
                 tensors[f"optim.{i}.exp_avg"] = st["exp_avg"]
                 tensors[f"optim.{i}.exp_avg_sq"] = st["exp_avg_sq"]
             tensors["rng_state"] = random.get_rng_state(self.device)
             _atomic_write(path, lambda f: write_safetensors(f, tensors, {"pywgtrain": json.dumps(meta)}))
             return
-        arrays = {f"model/{k}": v for k, v in self.model.state_dict().items()}
+        arrays = {f"model/{k}": v for k, v in self._saved_model().state_dict().items()}
         for i, st in osd["state"].items():
             arrays[f"optim/{i}/exp_avg"] = st["exp_avg"]
             arrays[f"optim/{i}/exp_avg_sq"] = st["exp_avg_sq"]
@@ -276,7 +284,7 @@ class Trainer:
         step count as they were."""
         path = os.fspath(path)
         meta, model_sd, state, rng_state = _read_checkpoint(path)
-        own = {k: p.shape for k, p in self.model._named_parameter_slots().items()}  # no GPU read for shapes
+        own = {k: p.shape for k, p in self._saved_model()._named_parameter_slots().items()}  # no GPU read for shapes
         missing, unexpected = sorted(set(own) - set(model_sd)), sorted(set(model_sd) - set(own))
         if missing or unexpected:
             raise ValueError(
@@ -289,14 +297,14 @@ class Trainer:
                     f"{path}: the checkpoint is of another model: {k} has shape {np.shape(model_sd[k])}, this model {shape}"
                 )
         try:
-            weights, _, _ = self.model._checked_state_dict(model_sd)
+            weights, _, _ = self._saved_model()._checked_state_dict(model_sd)
             optim_state = self.optimizer.check_state_dict({"state": state, "param_groups": meta["param_groups"]})
             rng_state = None if rng_state is None else random._state_arg(rng_state)
         except (TypeError, ValueError) as e:
             raise type(e)(f"{path}: {e}") from None
         # Everything is checked: apply.
         self._graph, self._eager_key = None, None  # optimizer state buffers are replaced below
-        self.model._load_checked(weights)
+        self._saved_model()._load_checked(weights)
         self.optimizer._load_checked(optim_state)
         self.step_count = meta["step_count"]
         if rng_state is not None:  # dropout masks continue as if uninterrupted

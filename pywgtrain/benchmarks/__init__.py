@@ -1,5 +1,6 @@
-"""Benchmarks: ``pywgtrain bench {gemm,adamw,train,gpt,all}`` (``main``;
+"""Benchmarks: ``pywgtrain bench {gemm,adamw,train,gpt,ddp,all}`` (``main``;
 the GEMM, AdamW and training benchmarks in ``gemm``, the GPT step in ``gpt``,
+data-parallel training over several processes in ``ddp`` (not part of ``all``),
 what both use in ``common``).
 
 pywgtrain kernels are timed with GPU timestamp queries around their compute
@@ -24,6 +25,11 @@ from .gpt import bench_gpt
 
 
 def main(args):
+    if args.what == "ddp":  # launches its own processes, one per GPU: this one opens no device for it
+        from .ddp import bench_ddp
+
+        bench_ddp(args)
+        return 0
     # Arguments first, so a bad one fails before any GPU work.
     shapes = args.shapes
     if isinstance(shapes, str):  # the CLI has parsed them already

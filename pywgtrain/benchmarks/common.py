@@ -63,6 +63,23 @@ def _time_cuda(torch, fn, reps, warmup=3):
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
 
 
+def gpu_adapters():
+    """Indices into ``list_adapters()`` of the GPUs, once each: the adapters that are not CPU
+    adapters, on the backend of the first of them (a GPU listed by two backends counts once)."""
+    from ..device import list_adapters
+
+    gpus = [a for a in list_adapters() if a.get("adapter_type") != "cpu"]
+    return [a["index"] for a in gpus if a["backend"] == gpus[0]["backend"]]
+
+
+def rank_adapter(local_rank):
+    """The adapter of a data-parallel process with this ``LOCAL_RANK``: the local_rank-th GPU, or
+    None (the default adapter, shared) when there are fewer GPUs than processes, as on a CPU
+    adapter, where several processes share it."""
+    gpus = gpu_adapters()
+    return gpus[local_rank] if local_rank < len(gpus) else None
+
+
 def check_output_path(path, option):
     """Raise ValueError unless a file can be written at ``path``: not a
     directory, its directory exists and is writable, and an existing file is

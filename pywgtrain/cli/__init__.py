@@ -384,7 +384,7 @@ def build_parser():
         formatter_class=fmt,
         description="GPU-timestamp benchmarks. On a CPU adapter (lavapipe) sizes and repetitions are scaled down.",
     )
-    b.add_argument("what", choices=["gemm", "adamw", "train", "gpt", "all"])
+    b.add_argument("what", choices=["gemm", "adamw", "train", "gpt", "ddp", "all"])
     b.add_argument("--adapter", default=None, help=ADAPTER_HELP)
     b.add_argument("--quick", action="store_true", help="fewer shapes, repetitions and warm-up")
     b.add_argument("--json", default=None, help="write results here")
@@ -401,6 +401,25 @@ def build_parser():
         help="gemm: the linear-layer grid (rows 1..8192 x common layer widths x forward/dX/dW modes); "
         "bench/sweep_heatmap.py draws the time ratios to cuBLAS",
     )
+    b.add_argument(
+        "--gpus",
+        default=None,
+        help="ddp: process counts to run, one process per GPU, e.g. 1,2,4; unset: 1, 2 and 4 as far as "
+        "there are GPUs (1,2 on a CPU adapter, whose processes share it)",
+    )
+    b.add_argument(
+        "--config",
+        default=None,
+        choices=["tiny", "gpt2"],
+        help="ddp: the GPT; unset: gpt2 (GPT-2 small), tiny on a CPU adapter",
+    )
+    b.add_argument(
+        "--accumulate", type=positive_int, default=8, help="ddp: micro-batches per step (also run: 1, no accumulation)"
+    )
+    b.add_argument("--no-overlap", action="store_true", help="ddp: reduce only after backward (no bucket overlap)")
+    b.add_argument("--compression", default=None, choices=["fp16"], help="ddp: gradient compression")
+    b.add_argument("--bucket-cap-mb", type=non_negative_float, default=25.0, help="ddp: gradient bucket size")
+    b.add_argument("--timeout", type=positive_int, default=1200, help="ddp: seconds allowed per process group")
     b.set_defaults(fn=cmd_bench)
     return p
 

@@ -7,8 +7,18 @@ from the model at the end.
 Batches come from a memory-mapped file; batch ``s`` is drawn from a
 generator seeded with ``(seed, s)``, so a resumed run sees exactly the
 batches an uninterrupted one would (its next step is bit-identical).
+
+Started by torchrun (``torchrun --nproc_per_node N -m pywgtrain gpt ...``: its
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` are set),
+every process trains the same model data-parallel (``DistributedDataParallel`` over
+gloo) on the GPU of its ``LOCAL_RANK``: rank r draws batch ``s`` from ``(seed, s, r)``,
+``--batch-size`` sequences per rank, and rank 0 alone prints, evaluates, plots,
+samples and writes the checkpoint (whose weights load with any number of processes).
 """
 
+import contextlib
+import datetime
+import os
 import sys
 import time
 from dataclasses import asdict, replace
@@ -16,11 +26,12 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from .. import optim
-from ..benchmarks.common import check_output_path
+from ..benchmarks.common import check_output_path, rank_adapter
 from ..data import ByteTokenizer, TokenDataset, stdlib_corpus_file
 from ..device import Device
 from ..models.gpt import CONFIGS, GPT
 from ..optim.lr_scheduler import warmup_cosine
+from ..random import manual_seed
 from ..train import Trainer
 from .demo import _check_count, _StopOnInterrupt, check_plot_path
 
@@ -70,7 +81,65 @@ def run_gpt(
     prompt="def ",
 ):
     """Train; returns a dict with ``train_losses`` [(step, loss)], ``val_losses``
-    [(step, loss)], ``tokens_per_s``, ``sample``, ``interrupted``, ``step``, ``total``."""
+    [(step, loss)], ``tokens_per_s``, ``sample``, ``interrupted``, ``step``, ``total``
+    (under torchrun: rank 0's evaluations and sample; the other ranks' lists of those are empty)."""
+    args = dict(locals())
+    launch = torchrun_env()
+    if launch is None:
+        return _train(**args)
+    rank, world, local_rank = launch
+    import torch.distributed as dist
+
+    # Generous: rank 0 evaluates, plots and saves while the others wait in their next all_reduce.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
+    if args["adapter"] is None:
+        args["adapter"] = rank_adapter(local_rank)
+    try:
+        with (
+            open(os.devnull, "w") as devnull,
+            contextlib.redirect_stdout(devnull) if rank else contextlib.nullcontext(),
+        ):
+            return _train(**args, rank=rank, world=world)
+    finally:
+        dist.destroy_process_group()
+
+
+def torchrun_env():
+    """(rank, world size, local rank) in a process torchrun started (its variables set), else None."""
+    env = os.environ
+    if not all(k in env for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")):
+        return None
+    return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"])
+
+
+def _train(
+    config,
+    steps,
+    batch_size,
+    block_size,
+    lr,
+    weight_decay,
+    seed,
+    adapter,
+    eval_every,
+    eval_iters,
+    max_bytes,
+    plot,
+    checkpoint,
+    resume,
+    sample_tokens,
+    attention,
+    steps_per_submit,
+    max_grad_norm,
+    warmup,
+    log_every,
+    progress,
+    prompt,
+    rank=None,
+    world=1,
+):
+    """run_gpt's training; ``rank`` set: one of ``world`` data-parallel processes (a process group is up)."""
+    lead = not rank  # rank 0, or the only process: prints, evaluates, plots, samples, saves
     if config not in CONFIGS:
         raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {config!r}")
     d_steps, d_batch, d_lr = DEFAULTS[config]
@@ -101,6 +170,11 @@ def run_gpt(
     data = TokenDataset(path)
     dev = Device(adapter)
     model = GPT(cfg, device=dev, seed=seed)
+    net = model
+    if rank is not None:
+        from ..nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model)  # rank 0's initial weights everywhere
     named = list(model.named_parameters())
     groups = [
         {"params": [p for _, p in named if p.dim() >= 2], "weight_decay": weight_decay},
@@ -108,13 +182,15 @@ def run_gpt(
     ]
     opt = optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), max_grad_norm=max_grad_norm)
     sched = warmup_cosine(opt, warmup, steps, min_lr_ratio=0.1)
-    trainer = Trainer(model, opt, GPT.loss, steps_per_submit=steps_per_submit)
+    trainer = Trainer(net, opt, GPT.loss, steps_per_submit=steps_per_submit)
     start = 0
     if resume:
-        trainer.load(resume)
+        trainer.load(resume)  # every rank reads the file (on multi-host runs: a path all hosts see)
         start = trainer.step_count
         sched.last_epoch = start - 1
         sched.step()
+    if rank is not None:  # dropout: every rank its own masks (after a resume too, not rank 0's saved state)
+        manual_seed(int(np.random.default_rng([seed, start, rank]).integers(1 << 62)), dev)
     print(f"adapter: {dev.name} ({dev.backend}, {dev.info['driver']})")
     print(
         f"model: GPT '{config}' {cfg.n_layer} layers, d {cfg.n_embd}, {cfg.n_head} heads, context "
@@ -130,9 +206,14 @@ def run_gpt(
     )
     if start >= steps:
         print(f"{resume} is at step {start}, at or past --steps {steps}: nothing to train (raise --steps to go on)")
+    if rank is not None:
+        print(
+            f"data-parallel: {world} processes (torchrun), gloo all_reduce, {batch_size} x {cfg.block_size} tokens "
+            "per rank and step, each rank its own batches; this process (rank 0) alone writes the outputs"
+        )
     sys.stdout.flush()
 
-    tokens_per_step = batch_size * cfg.block_size
+    tokens_per_step = batch_size * cfg.block_size * world
     train_losses, val_losses, pending = [], [], []
     use_bar = progress == "bar" or (progress is None and sys.stdout.isatty() and sys.stderr.isatty())
     bar, t0, timed_from, s = None, None, start, start
@@ -144,7 +225,7 @@ def run_gpt(
 
     with _StopOnInterrupt() as stop:
         while s < steps and not stop.requested:
-            x, y = data.batch("train", batch_size, cfg.block_size, np.random.default_rng([seed, s]))
+            x, y = data.batch("train", batch_size, cfg.block_size, np.random.default_rng(_batch_seed(seed, s, rank)))
             first = s == start
             if first:
                 print("compiling kernels (first steps)...", end=" ", flush=True)
@@ -160,11 +241,13 @@ def run_gpt(
                     from tqdm import tqdm
 
                     bar = tqdm(total=steps, initial=start, desc="train", unit="step")
+            if rank is not None:
+                _agree_on_stop(stop)  # every rank stops after the same step (a Ctrl-C reaches them apart)
             if s % log_every == 0 or s == steps or s % eval_every == 0 or stop.requested:
                 read()
                 rate = tokens_per_step * (s - timed_from) / (time.perf_counter() - t0) if s > timed_from else 0.0
                 msg = f"loss {train_losses[-1][1]:.4f}, {rate:,.0f} tok/s"
-                if s % eval_every == 0 or s == steps:
+                if lead and (s % eval_every == 0 or s == steps):
                     val = evaluate(model, data, "val", batch_size, cfg.block_size, eval_iters, seed)
                     val_losses.append((s, val))
                     msg += f", val {val:.4f}"
@@ -179,7 +262,7 @@ def run_gpt(
             bar.close()
         elapsed = time.perf_counter() - t0 if t0 is not None else 0.0
         interrupted = stop.requested and s < steps
-        if checkpoint and (interrupted or s > start):
+        if lead and checkpoint and (interrupted or s > start):
             trainer.save(checkpoint, extra={"config": asdict(cfg)})
             print(f"checkpoint: {checkpoint} (step {s})", flush=True)
     tps = tokens_per_step * (s - timed_from) / elapsed if elapsed > 0 and s > timed_from else None
@@ -202,10 +285,10 @@ def run_gpt(
         )
     if val_losses:
         print(f"validation loss {val_losses[-1][1]:.4f} (bits per byte {val_losses[-1][1] / np.log(2):.3f})")
-    if plot and train_losses:
+    if lead and plot and train_losses:
         _plot(plot, train_losses, val_losses, dev, config)
         print(f"loss curve: {plot}")
-    if sample_tokens:
+    if lead and sample_tokens:
         ids = tok.encode(prompt)
         out = model.generate(ids, sample_tokens, temperature=0.8, top_k=50, seed=seed)
         result["sample"] = tok.decode(out[0])
@@ -214,6 +297,21 @@ def run_gpt(
         print("-" * 60)
     sys.stdout.flush()
     return result
+
+
+def _batch_seed(seed, step, rank):
+    """Batch ``step``'s generator seed: (seed, step) alone, or rank's own under torchrun."""
+    return [seed, step] if rank is None else [seed, step, rank]
+
+
+def _agree_on_stop(stop):
+    """Stop on every rank if any rank was asked to (a max all_reduce of the flag)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([int(stop.requested)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    stop.requested = bool(flag.item())
 
 
 def _plot(path, train_losses, val_losses, dev, config):

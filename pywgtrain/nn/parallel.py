@@ -25,9 +25,10 @@ is imported only when a ``DistributedDataParallel`` is created.
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 import zlib
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -54,14 +55,22 @@ class DistributedDataParallel(Module):
       from a post-backward hook (``pywgtrain.autograd.register_post_backward_hook``);
       inside a ``pywgtrain.graph`` capture it runs right after the captured block and
       after every ``Graph.replay``, so ``Trainer`` steps average too.
-    - Buckets: gradients that live in a fused AdamW's flat arena are reduced as spans of
-      it, a run of neighbouring parameters per bucket (one download and one upload each);
-      other gradients are concatenated on the host. A bucket holds up to
-      ``bucket_cap_mb`` MiB (a larger parameter is a bucket of its own). All buckets are
-      downloaded, their ``all_reduce``s started together (asynchronously), then each is
-      averaged and uploaded as it completes. The whole reduction is synchronous with
-      respect to the caller: it waits for the GPU to finish the backward pass first (the
-      download), and for every rank.
+    - Buckets: gradients that live in a fused AdamW's flat arena are reduced as spans of it, a run
+      of neighbouring parameters per bucket (one download and one upload each); other gradients
+      are concatenated on the host. A bucket holds up to ``bucket_cap_mb`` MiB (a larger
+      parameter is a bucket of its own). Each bucket is downloaded and its ``all_reduce`` started
+      (asynchronously) on a transfer thread, in the same order on every rank; a finishing thread
+      waits for it, averages and uploads, so several buckets are in flight at once.
+    - Overlap (``overlap=True``, from the second backward pass on, outside graph captures): a
+      bucket starts as soon as the backward pass has recorded the last gradient of its parameters
+      (``pywgtrain.autograd.register_gradient_ready_hook``; the recorded work is submitted first),
+      while the rest of backward is recorded and runs. ``backward()`` returns once every bucket is
+      averaged and uploaded; the first pass (which finds the buckets), passes whose gradients
+      moved, and captured or replayed passes start them all when backward returns.
+    - ``gradient_compression="fp16"``: each rank's gradient, divided by the world size, is sent as
+      fp16 and summed in fp16 (torch's ``fp16_compress_hook``): half the bytes, the mean within
+      fp16's precision, still identical on every rank.
+    - :meth:`comm_stats`: seconds spent per phase (download, all_reduce, upload, blocked).
     - :meth:`no_sync`: backward passes inside accumulate gradients locally; the first
       backward outside reduces the accumulated gradients (gradient accumulation).
     - Gradient clipping (``AdamW(max_grad_norm=...)``, ``clip_grad_norm_``) after backward
@@ -83,6 +92,8 @@ class DistributedDataParallel(Module):
         process_group: Any = None,
         bucket_cap_mb: float = 25.0,
         init_sync: bool = True,
+        gradient_compression: Optional[str] = None,
+        overlap: bool = True,
     ) -> None:
         import torch
         import torch.distributed as dist
@@ -98,6 +109,8 @@ class DistributedDataParallel(Module):
             )
         if not float(bucket_cap_mb) > 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
+        if gradient_compression not in (None, "fp16"):
+            raise ValueError(f"gradient_compression must be None or 'fp16', got {gradient_compression!r}")
         super().__init__()
         self.module = module
         device = module.device
@@ -110,6 +123,19 @@ class DistributedDataParallel(Module):
         self.rank: int = dist.get_rank(process_group)
         self.bucket_cap_mb = float(bucket_cap_mb)
         self.require_backward_grad_sync = True
+        self.gradient_compression = gradient_compression
+        self._stats = dict.fromkeys(
+            ("download_s", "upload_s", "all_reduce_s", "blocked_s", "syncs", "buckets", "early_buckets"), 0.0
+        )
+        self._threads: Optional[tuple[Any, Any]] = None
+        # The buckets of the last reduction (reused while the gradients stay where they were), which
+        # bucket each parameter is in, how many of each bucket's gradients are still being computed
+        # in this backward pass, and the buckets started during it.
+        self._plan: Optional[list[_Bucket]] = None
+        self._bucket_of: dict[int, int] = {}
+        self._remaining: list[int] = []
+        self._inflight: dict[int, Any] = {}
+        object.__setattr__(self, "_device", device)
         params = module.parameters()
         self._check_same_model(params)
         if init_sync:
@@ -123,6 +149,14 @@ class DistributedDataParallel(Module):
 
         handle = autograd.register_post_backward_hook(device, hook)
         weakref.finalize(self, handle.remove)
+        if overlap:
+
+            def ready(leaves: Sequence[Any]) -> None:
+                ddp = ref()
+                if ddp is not None:
+                    ddp._on_gradients_ready(leaves)
+
+            weakref.finalize(self, autograd.register_gradient_ready_hook(device, ready).remove)
 
     # -- PyTorch's surface -------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -188,36 +222,129 @@ class DistributedDataParallel(Module):
 
     # -- gradient averaging --------------------------------------------------------------------
     def _after_backward(self, leaves: Sequence[Any]) -> None:
-        if not self.require_backward_grad_sync:
-            return
+        if not self.require_backward_grad_sync or self.world_size == 1:
+            return  # (a world of one has nothing to average: no transfers)
         mine = {id(p) for p in self.module.parameters()}
         if any(id(t) in mine for t in leaves):
             self.sync_gradients()
 
+    def _on_gradients_ready(self, leaves: Sequence[Any]) -> None:
+        """During backward: start reducing each bucket of the current plan whose gradients are all
+        complete (flushing the recorded work first, so the download finds it submitted)."""
+        if not self.require_backward_grad_sync or self._plan is None or self.world_size == 1:
+            return
+        for t in leaves:
+            k = self._bucket_of.get(id(t))
+            if k is None or k in self._inflight:
+                continue
+            self._remaining[k] -= 1
+            if self._remaining[k] == 0 and self._plan[k].current():
+                self._device.flush()
+                self._inflight[k] = self._start(k, self._plan[k])
+                self._stats["early_buckets"] += 1
+
     def sync_gradients(self) -> None:
         """Average every parameter's ``.grad`` across the ranks now (what each backward outside
-        :meth:`no_sync` does when it returns). Every rank must call it."""
-        torch, dist = self._torch, self._dist
-        buckets = self._gradient_buckets([p for p in self.module.parameters() if p.grad is not None])
-        started = []
-        for i, (span, grads) in enumerate(buckets):
-            flat = span.numpy() if span is not None else np.concatenate([g.numpy().reshape(-1) for g in grads])
-            t = torch.from_numpy(flat)
-            work = self._collective(
-                f"all_reduce of gradient bucket {i} ({flat.size} values)",
-                lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True),
-            )
-            started.append((i, work, t, flat, span, grads))
-        for i, work, t, flat, span, grads in started:
-            self._collective(f"all_reduce of gradient bucket {i} ({flat.size} values)", work.wait)
-            t.div_(self.world_size)
-            if span is not None:
-                span.copy_(flat)
-            else:
-                _scatter(flat, grads)
+        :meth:`no_sync` does when it returns; buckets already started during that backward are
+        waited for). Every rank must call it."""
+        t0 = time.perf_counter()
+        inflight, self._inflight = self._inflight, {}
+        try:
+            # The transfers run on other threads: what this thread recorded (its batch too) must be
+            # submitted for their downloads to see it.
+            self._device.flush()
+            params = [p for p in self.module.parameters() if p.grad is not None]
+            plan = self._gradient_buckets(params)
+            started = list(inflight.values())
+            if self._plan is not None and [b.key for b in plan] == [b.key for b in self._plan]:
+                plan = self._plan  # the same buckets: keep their spans
+                rest = [(k, b) for k, b in enumerate(plan) if k not in inflight]
+            else:  # the first pass, or the gradients moved: what was started covers its own parameters
+                done = {id(p) for k in inflight for p in self._plan[k].params} if self._plan else set()
+                left = [p for p in params if id(p) not in done]
+                rest = list(enumerate(self._gradient_buckets(left) if done else plan))
+            started += [self._start(k, b) for k, b in rest]
+            for transfer in started:
+                transfer.result().result()  # the download and all_reduce start, then wait, average, upload
+        except BaseException:
+            self._use_plan(None)
+            raise
+        else:
+            self._use_plan(plan)
+        finally:
+            self._stats["blocked_s"] += time.perf_counter() - t0
+            self._stats["syncs"] += 1
 
-    def _gradient_buckets(self, params: list[Any]) -> list[tuple[Any, list[Any]]]:
-        """(arena span, None) for runs of gradients in a fused AdamW's arena, (None, grads) for
+    def _use_plan(self, plan: Any) -> None:
+        self._plan = plan
+        self._bucket_of = {} if plan is None else {id(p): k for k, b in enumerate(plan) for p in b.params}
+        self._remaining = [] if plan is None else [len(b.params) for b in plan]
+        self._inflight = {}
+
+    def _start(self, k: int, bucket: "_Bucket") -> Any:
+        """Download bucket k and start its all_reduce on the transfer thread (in the order of the
+        calls, the same on every rank); its averaging and upload follow on the finishing thread.
+        Returns the transfer's future, whose result is the finishing future."""
+        if self._threads is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._threads = (
+                ThreadPoolExecutor(1, "pywgtrain-ddp-transfer"),
+                ThreadPoolExecutor(1, "pywgtrain-ddp-finish"),
+            )
+            weakref.finalize(self, _shutdown, self._threads)
+        return self._threads[0].submit(self._transfer, k, bucket)
+
+    def _transfer(self, k: int, bucket: "_Bucket") -> Any:
+        torch, dist = self._torch, self._dist
+        t0 = time.perf_counter()
+        grads = [p.grad for p in bucket.params]
+        flat = (
+            bucket.span.numpy() if bucket.span is not None else np.concatenate([g.numpy().reshape(-1) for g in grads])
+        )
+        t = torch.from_numpy(flat)
+        if self.gradient_compression == "fp16":
+            t = t.to(torch.float16).div_(self.world_size)  # averaged before the sum, as torch's fp16 hook
+        t1 = time.perf_counter()
+        what = f"all_reduce of gradient bucket {k} ({flat.size} values)"
+        work = self._collective(
+            what, lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group, async_op=True)
+        )
+        self._stats["download_s"] += t1 - t0
+        return self._threads[1].submit(self._finish, what, work, t, t1, flat, bucket, grads)  # type: ignore[index]
+
+    def _finish(
+        self, what: str, work: Any, t: Any, t1: float, flat: np.ndarray, bucket: "_Bucket", grads: list
+    ) -> None:
+        self._collective(what, work.wait)
+        t2 = time.perf_counter()
+        if self.gradient_compression == "fp16":
+            flat[:] = t.numpy()
+        else:
+            t.div_(self.world_size)
+        if bucket.span is not None:
+            bucket.span.copy_(flat)
+        else:
+            _scatter(flat, grads)
+        self._stats["all_reduce_s"] += t2 - t1
+        self._stats["upload_s"] += time.perf_counter() - t2
+        self._stats["buckets"] += 1
+
+    def comm_stats(self, reset: bool = False) -> dict[str, float]:
+        """Seconds spent since the last reset: ``download_s`` and ``upload_s`` (host transfers of the
+        buckets; a download counts from its request, so it includes waiting for the GPU to reach the
+        bucket), ``all_reduce_s`` (from each bucket's all_reduce start to its end), ``blocked_s`` (the
+        caller's time inside the post-backward reduction: what was not overlapped with backward),
+        and the counts ``syncs``, ``buckets`` and ``early_buckets`` (started while backward ran). Buckets run concurrently: the times are summed
+        over buckets, not wall clock."""
+        out = dict(self._stats)
+        if reset:
+            for key in self._stats:
+                self._stats[key] = 0.0
+        return out
+
+    def _gradient_buckets(self, params: list[Any]) -> list["_Bucket"]:
+        """Arena spans for runs of gradients in a fused AdamW's arena, host-concatenated groups for
         the rest; in the same order on every rank (that of the model's parameters)."""
         from ..optim.adamw import _FlatArena  # the optimizer sits above nn: imported when used
 
@@ -235,14 +362,36 @@ class DistributedDataParallel(Module):
             if run:
                 runs.append((pos[id(arena.params[run[0]])], arena, run))
             in_arena.update(id(arena.params[i]) for i in idx)
-        out: list[tuple[int, Any, list[Any]]] = [
-            (first, arena.span("grad", run[0], run[-1] + 1), []) for first, arena, run in runs
-        ]
+        out = [(first, _Bucket(arena, run)) for first, arena, run in runs]
         loose = [p for p in params if id(p) not in in_arena]
         for bucket in _host_buckets(loose, self._cap_floats()):
-            out.append((pos[id(bucket[0])], None, [p.grad for p in bucket]))
+            out.append((pos[id(bucket[0])], _Bucket(None, bucket)))
         out.sort(key=lambda b: b[0])
-        return [(span, grads) for _, span, grads in out]
+        return [b for _, b in out]
+
+
+class _Bucket:
+    """Gradients reduced together: a span of an AdamW arena (``arena`` and its indices ``items``),
+    or loose parameters (``items``) whose gradients are concatenated on the host."""
+
+    __slots__ = ("arena", "items", "params", "span", "key")
+
+    def __init__(self, arena: Any, items: list[Any]) -> None:
+        self.arena, self.items = arena, items
+        self.params = items if arena is None else [arena.params[i] for i in items]
+        self.span = None if arena is None else arena.span("grad", items[0], items[-1] + 1)
+        self.key = (id(arena), tuple(id(p) for p in self.params))
+
+    def current(self) -> bool:
+        """Whether the gradients still live where this bucket reads them."""
+        if self.arena is None:
+            return all(p.grad is not None for p in self.params)
+        return all(self.arena.holds_grad(i) for i in self.items)
+
+
+def _shutdown(threads: Any) -> None:
+    for pool in threads:
+        pool.shutdown(wait=False)
 
 
 def _end(arena: Any, i: int) -> int:
