@@ -147,6 +147,31 @@ def test_transfers_keep_order_with_recorded_work(small, rng):
     np.testing.assert_array_equal(doubled.numpy(), x * 2.0)
 
 
+def test_transfers_from_several_threads(small, rng):
+    """Threads sharing the rings: each transfer holds the device for all its chunks."""
+    import threading
+
+    n = (SLOTS + 2) * CHUNK // 4 + 1
+    data = [rng.standard_normal(n).astype(np.float32) for _ in range(4)]
+    bad = []
+
+    def worker(x):
+        try:
+            for k in range(5):
+                t = pw.tensor(x + np.float32(k), small)
+                if not np.array_equal(t.numpy(), x + np.float32(k)):
+                    bad.append(k)
+        except Exception as e:  # a thread's exception would only be printed
+            bad.append(e)
+
+    threads = [threading.Thread(target=worker, args=(x,)) for x in data]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not bad
+
+
 def test_queue_writes_and_ring_uploads_interleave(rng):
     """Uploads up to queue_write_max go through the queue's own write, larger
     ones through the ring; overlapping writes land in the order made."""
