@@ -26,6 +26,11 @@ uint64_t env_setting(const char* name, uint64_t fallback, uint64_t lo, uint64_t 
 // jump to a whole chunk's once a transfer needs more: small reads such as
 // item() never allocate a full chunk, large ones never regrow step by step.
 constexpr uint64_t kFirstSlotBytes = 1ull << 20;
+
+// Chunks are no smaller than this (unless chunk_bytes is): below it, a
+// chunk's own costs (a submission, a map request, a wake-up: tens of
+// microseconds) would weigh on its copy.
+constexpr uint64_t kMinChunkBytes = 4ull << 20;
 }  // namespace
 
 TransferSettings TransferSettings::from_env() {
@@ -207,6 +212,14 @@ void Transfers::await_map(Slot& s, const std::string& what) {
   if (!failure.empty()) throw GpuError(what + ": mapping a staging buffer failed: " + failure);
 }
 
+uint64_t Transfers::chunk_for(uint64_t bytes) const {
+  // A transfer of a few chunks' worth is cut into `slots` chunks, so that the
+  // GPU's copy of one overlaps the host's copy of the next; a multiple of
+  // 64 KiB (of 4, as every chunk must start at the same lead).
+  const uint64_t even = ((bytes + settings_.slots - 1) / settings_.slots + 0xFFFF) & ~uint64_t(0xFFFF);
+  return std::min(settings_.chunk_bytes, std::max(kMinChunkBytes, even));
+}
+
 uint64_t Transfers::submit_copy(WGPUBuffer src, uint64_t src_off, WGPUBuffer dst, uint64_t dst_off, uint64_t bytes) {
   CommandEncoderHandle enc(wgpuDeviceCreateCommandEncoder(dev_.raw(), nullptr));
   wgpuCommandEncoderCopyBufferToBuffer(enc.get(), src, src_off, dst, dst_off, bytes);
@@ -232,7 +245,7 @@ void Transfers::upload(WGPUBuffer dst, uint64_t offset, const void* src, uint64_
       }
       return;
     }
-    const uint64_t chunk = settings_.chunk_bytes;
+    const uint64_t chunk = chunk_for(bytes);
     const uint64_t n = (bytes + chunk - 1) / chunk;
     const size_t depth = size_t(std::min<uint64_t>(n, settings_.slots));
     try {
@@ -259,7 +272,7 @@ void Transfers::upload(WGPUBuffer dst, uint64_t offset, const void* src, uint64_
 void Transfers::download(WGPUBuffer src, uint64_t offset, void* dst, uint64_t bytes) {
   const std::string what = "downloading " + std::to_string(bytes) + " bytes";
   auto* out = static_cast<uint8_t*>(dst);
-  const uint64_t chunk = settings_.chunk_bytes;  // a multiple of 4: every chunk has the same lead
+  const uint64_t chunk = chunk_for(bytes);  // a multiple of 4: every chunk has the same lead
   const uint64_t n = (bytes + chunk - 1) / chunk;
   const uint64_t lead = offset & 3, base = offset - lead;
   const size_t depth = size_t(std::min<uint64_t>(n, settings_.slots));

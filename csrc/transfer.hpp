@@ -23,7 +23,8 @@ class Device;
 
 // The transfer tunables, read once when a Device opens.
 struct TransferSettings {
-  // PYWGTRAIN_TRANSFER_CHUNK_KIB: bytes one staging buffer carries per copy.
+  // PYWGTRAIN_TRANSFER_CHUNK_KIB: bytes one staging buffer carries per copy
+  // (the most: transfers of less than `slots` such chunks use smaller ones).
   uint64_t chunk_bytes = 32ull << 20;
   // PYWGTRAIN_TRANSFER_SLOTS: staging buffers per direction (chunks in flight).
   uint32_t slots = 4;
@@ -105,6 +106,7 @@ class Transfers {
     bool mapped = false;            // mapped and not yet unmapped by us
   };
   Slot& slot(std::vector<Slot>& ring, size_t i, uint64_t need, bool upload);
+  uint64_t chunk_for(uint64_t bytes) const;     // the chunk size of a transfer of `bytes`
   static const char* map_state(const Slot& s);  // "mapped", "pending" or "unmapped"
   void unmap(Slot& s);
   void request_map(Slot& s, bool write, uint64_t bytes);

@@ -247,6 +247,17 @@ def test_device_lost_mid_transfer(rng, direction):
     np.testing.assert_array_equal(pw.tensor(x, fresh).numpy(), x)
 
 
+def test_mid_sizes_are_cut_into_one_chunk_per_slot(rng):
+    """With the default 32 MiB chunks, 12 MiB moves as 3 chunks of 4 MiB (the
+    smallest chunk), so GPU and host copies overlap."""
+    dev = _open()
+    x = rng.standard_normal(3 << 20).astype(np.float32)
+    np.testing.assert_array_equal(pw.tensor(x, dev).numpy(), x)
+    report = dev._dev.staging_report()
+    assert [d for d, _, _ in report].count("download") == 3
+    assert [d for d, _, _ in report].count("upload") == 3
+
+
 def test_empty_cache_releases_the_staging_buffers(small, rng):
     x = rng.standard_normal(3 * CHUNK).astype(np.float32)
     np.testing.assert_array_equal(pw.tensor(x, small).numpy(), x)
