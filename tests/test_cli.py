@@ -297,7 +297,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("what", ["gemm", "adamw", "train", "gpt", "all"])
+@pytest.mark.parametrize("what", ["gemm", "adamw", "train", "gpt", "transfer", "all"])
 def test_bench_quick_finishes_with_progress(tmp_path, what):
     """Each bench subcommand with --quick through the entry point, with a
     timeout: on lavapipe they used to run for 20 minutes without a word."""
@@ -317,6 +317,9 @@ def test_bench_quick_finishes_with_progress(tmp_path, what):
         assert m and float(m.group(1)) > 0, r.stdout
     if "train" in kinds:
         assert len(res["train"]) == 2 and all(row["pywgtrain_us"] > 0 for row in res["train"])
+    if "transfer" in kinds:
+        rows = res["transfer"]["rows"]
+        assert rows and all(row["up_us"] > 0 and row["down_us"] > 0 for row in rows)
 
 
 def test_bench_gemm_one_small_shape_is_quick():
