@@ -1,7 +1,6 @@
 #include "buffer.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include "faults.hpp"
 
@@ -69,60 +68,15 @@ void Buffer::upload(const void* src, uint64_t bytes, uint64_t offset) {
                         " overruns a buffer of " + std::to_string(bytes_) + " bytes");
   if (bytes == 0) return;
   if (offset % 4) throw ArgumentError("upload offset " + std::to_string(offset) + " is not a multiple of 4 bytes");
-  const uint64_t whole = bytes & ~uint64_t(3);
-  dev_->guarded("uploading " + std::to_string(bytes) + " bytes", [&] {
-    if (whole) wgpuQueueWriteBuffer(dev_->queue(), raw(), offset_ + offset, src, whole);
-    if (whole != bytes) {  // ragged tail: pad to the 4-byte copy granule
-      uint8_t tail[4] = {0, 0, 0, 0};
-      std::memcpy(tail, static_cast<const uint8_t*>(src) + whole, bytes - whole);
-      wgpuQueueWriteBuffer(dev_->queue(), raw(), offset_ + offset + whole, tail, 4);
-    }
-  });
+  dev_->transfers().upload(raw(), offset_ + offset, src, bytes);
 }
 
 void Buffer::download(void* dst, uint64_t bytes, uint64_t offset) const {
   if (offset + bytes > bytes_)
     throw ArgumentError("download of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
                         " overruns a buffer of " + std::to_string(bytes_) + " bytes");
-  std::lock_guard<std::recursive_mutex> lk(dev_->mutex());
-  auto* out = static_cast<uint8_t*>(dst);
-  // Chunks through the capped, grow-only staging buffer.
-  for (uint64_t done = 0; done < bytes;) {
-    const uint64_t chunk = std::min(bytes - done, Device::kStagingCap - 4);
-    const uint64_t src_off = (offset + done) & ~uint64_t(3);
-    const uint64_t lead = (offset + done) - src_off;
-    const uint64_t copy = round4(lead + chunk);
-    WGPUBuffer staging = dev_->staging(copy);
-    struct Map {
-      std::atomic<bool> done{false};
-      WGPUMapAsyncStatus status = WGPUMapAsyncStatus_Error;
-      std::string msg;
-    } m;
-    dev_->guarded("downloading " + std::to_string(bytes) + " bytes", [&] {
-      CommandEncoderHandle enc(wgpuDeviceCreateCommandEncoder(dev_->raw(), nullptr));
-      wgpuCommandEncoderCopyBufferToBuffer(enc.get(), raw(), offset_ + src_off, staging, 0, copy);
-      CommandBufferHandle cmd(wgpuCommandEncoderFinish(enc.get(), nullptr));
-      WGPUCommandBuffer cmds[] = {cmd.get()};
-      wgpuQueueSubmit(dev_->queue(), 1, cmds);
-      WGPUBufferMapCallbackInfo cb = {};
-      cb.mode = WGPUCallbackMode_AllowSpontaneous;
-      cb.callback = [](WGPUMapAsyncStatus s, WGPUStringView msg, void* u1, void*) {
-        auto* m = static_cast<Map*>(u1);
-        m->status = s;
-        m->msg = to_string(msg);
-        m->done.store(true, std::memory_order_release);
-      };
-      cb.userdata1 = &m;
-      wgpuBufferMapAsync(staging, WGPUMapMode_Read, 0, copy, cb);
-      wait_for_callback(dev_->instance(), m.done, dev_.get());
-    });
-    dev_->ensure_alive("downloading " + std::to_string(bytes) + " bytes");
-    if (m.status != WGPUMapAsyncStatus_Success) throw GpuError("mapping the staging buffer failed: " + m.msg);
-    const void* p = wgpuBufferGetConstMappedRange(staging, 0, copy);
-    std::memcpy(out + done, static_cast<const uint8_t*>(p) + lead, chunk);
-    wgpuBufferUnmap(staging);
-    done += chunk;
-  }
+  if (bytes == 0) return;
+  dev_->transfers().download(raw(), offset_ + offset, dst, bytes);
 }
 
 }  // namespace pwt

@@ -267,6 +267,7 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   dev->info_ = infos[chosen];
   dev->spin_wait_us_ = spin_budget_us(dev->info_.adapter_type);
   dev->gemm_switches_ = GemmSwitches::from_env();
+  const TransferSettings transfer_settings = TransferSettings::from_env();
 
   WGPULimits alim = WGPU_LIMITS_INIT;
   wgpuAdapterGetLimits(dev->adapter_.get(), &alim);
@@ -328,6 +329,7 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   std::sort(dev->feature_names_.begin(), dev->feature_names_.end());
   dev->pipelines_ = std::make_unique<PipelineCache>(*dev);
   dev->memory_ = std::make_unique<BufferCache>(*dev);
+  dev->transfers_ = std::make_unique<Transfers>(*dev, transfer_settings);
   return dev;
 }
 
@@ -339,7 +341,7 @@ Device::~Device() {
   memory_.reset();
   uniform_pool_.clear();
   stage_pool_.clear();
-  staging_.reset();
+  transfers_.reset();
   workspace_.reset();
   for (auto& b : repack_) b.reset();
   for (auto& b : placeholder_) b.reset();
@@ -357,15 +359,16 @@ bool Device::spin(const std::function<bool()>& finished) const {
   return false;
 }
 
-void wait_for_callback(WGPUInstance instance, const std::atomic<bool>& done, const Device* poll) {
+void wait_for_callback(WGPUInstance instance, const std::atomic<bool>& done, const Device* poll, uint64_t submission) {
   if (poll) {
+    const WGPUSubmissionIndex idx = submission;
     auto finished = [&] { return done.load(std::memory_order_acquire) || poll->lost(); };
     if (poll->spin([&] {
           wgpuDevicePoll(poll->raw(), false, nullptr);
           return finished();
         }))
       return;
-    while (!finished()) wgpuDevicePoll(poll->raw(), true, nullptr);
+    while (!finished()) wgpuDevicePoll(poll->raw(), true, submission ? &idx : nullptr);
   } else {
     while (!done.load(std::memory_order_acquire)) wgpuInstanceProcessEvents(instance);
   }
@@ -578,22 +581,6 @@ WGPUBuffer Device::workspace(uint64_t bytes) {
 WGPUBuffer Device::repack_space(int operand, uint64_t bytes) {
   return grow(repack_[operand], repack_bytes_[operand], bytes,
               operand ? "pywgtrain.repacked_b" : "pywgtrain.repacked_a");
-}
-
-WGPUBuffer Device::staging(uint64_t bytes) {
-  if (bytes > staging_bytes_) {
-    uint64_t size = std::min<uint64_t>(kStagingCap, std::max<uint64_t>(bytes, 1 << 20));
-    WGPUBufferDescriptor d = WGPU_BUFFER_DESCRIPTOR_INIT;
-    d.label = sv("pywgtrain.staging");
-    d.size = size;
-    d.usage = WGPUBufferUsage_MapRead | WGPUBufferUsage_CopyDst;
-    staging_.reset();
-    staging_bytes_ = 0;
-    guarded("allocating the download staging buffer",
-            [&] { staging_ = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
-    staging_bytes_ = size;
-  }
-  return staging_.get();
 }
 
 }  // namespace pwt

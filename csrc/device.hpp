@@ -14,6 +14,7 @@
 #include "gemm_switches.hpp"
 #include "gemm_tuning.hpp"
 #include "handle.hpp"
+#include "transfer.hpp"
 
 namespace pwt {
 
@@ -134,9 +135,8 @@ class Device : public std::enable_shared_from_this<Device> {
   // another buffer: one dispatch cannot bind a buffer read-only and writable.
   WGPUBuffer placeholder(bool writable = false);
 
-  // Grow-only MAP_READ staging buffer for downloads, capped at kStagingCap.
-  WGPUBuffer staging(uint64_t bytes);
-  static constexpr uint64_t kStagingCap = 64ull << 20;
+  // Host <-> device copies through the device's staging rings (transfer.hpp).
+  Transfers& transfers() { return *transfers_; }
 
  private:
   Device() = default;
@@ -158,8 +158,7 @@ class Device : public std::enable_shared_from_this<Device> {
   GemmSwitches gemm_switches_;
   std::vector<UniformChunk> uniform_pool_;
   std::vector<StageChunk> stage_pool_;
-  BufferHandle staging_;
-  uint64_t staging_bytes_ = 0;
+  std::unique_ptr<Transfers> transfers_;
   BufferHandle workspace_;
   uint64_t workspace_bytes_ = 0;
   BufferHandle repack_[2];
@@ -183,7 +182,10 @@ std::string backend_name(WGPUBackendType t);
 // may run on another thread: what it wrote before is visible once `done`
 // reads true). Without `poll`, processes the instance's events (adapter and
 // device requests, error scopes); with it, polls that device, blocking until
-// submitted work advances (buffer maps), and gives up once it is lost.
-void wait_for_callback(WGPUInstance instance, const std::atomic<bool>& done, const Device* poll = nullptr);
+// submitted work advances (buffer maps), and gives up once it is lost. A
+// `submission` index blocks only until that submission has finished (not
+// every later one), so that later work keeps running while we wake.
+void wait_for_callback(WGPUInstance instance, const std::atomic<bool>& done, const Device* poll = nullptr,
+                       uint64_t submission = 0);
 
 }  // namespace pwt

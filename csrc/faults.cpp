@@ -49,4 +49,20 @@ bool fail_this_allocation(const std::string& label) {
   return true;
 }
 
+namespace {
+std::atomic<int64_t> map_fault_in{-1};  // maps left before the fault; -1: none armed
+std::atomic<bool> map_fault_loses{false};
+}  // namespace
+
+void inject_map_failure(int64_t after, bool lose_device) {
+  map_fault_loses = lose_device;
+  map_fault_in = after < 0 ? -1 : after;
+}
+
+MapFault take_map_fault() {
+  if (map_fault_in.load(std::memory_order_relaxed) < 0) return MapFault::None;  // the common case
+  if (map_fault_in.fetch_sub(1) != 0) return MapFault::None;
+  return map_fault_loses ? MapFault::LoseDevice : MapFault::Fail;
+}
+
 }  // namespace pwt

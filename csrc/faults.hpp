@@ -16,4 +16,10 @@ void inject_invalid_binding(Recorder& r, const Buffer& buf);
 void inject_allocation_failures(const std::string& label, uint32_t after, uint32_t count);
 bool fail_this_allocation(const std::string& label);
 inline const std::string kDriverAllocation = "<driver>";
+// After `after` more staging-buffer maps of host transfers (transfer.cpp),
+// the next one fails: reported as a failed map, or (lose_device) by
+// destroying the device first.
+enum class MapFault { None, Fail, LoseDevice };
+void inject_map_failure(int64_t after, bool lose_device);  // after < 0: none
+MapFault take_map_fault();
 }  // namespace pwt

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "env.hpp"
 #include "errors.hpp"
 
 namespace pwt {
@@ -17,16 +18,6 @@ namespace {
 bool env_switched_off(const char* name) {
   const char* v = std::getenv(name);
   return v && std::string(v) == "0";
-}
-
-// A non-negative integer from the variable `name`; `fallback` when unset or empty.
-uint64_t env_count(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const unsigned long long n = std::strtoull(v, &end, 10);
-  if (*end || *v == '-') throw ArgumentError(std::string(name) + " must be a non-negative integer, got '" + v + "'");
-  return n;
 }
 
 // PYWGTRAIN_GEMM_TILES="BM,BN,BK,TM,TN[,WARP_W[,LEAN_LOOP]]": checked against

@@ -2,7 +2,7 @@
 """Thin wrappers over the C++ core. The Python layer (tensor.py, ops.py, ...)
 does argument checking and shape logic; these wrappers move bytes and record
 kernels. Every call that can wait on the GPU releases the GIL."""
-from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp.memory cimport shared_ptr, unique_ptr
 from libcpp.string cimport string
 from libcpp.utility cimport move, pair
@@ -120,7 +120,20 @@ cdef class _Device:
                 "driver_allocations": s.driver_allocations, "cache_hits": s.cache_hits}
 
     def empty_cache(self):
+        self.ptr.get().transfers().release()
         return self.ptr.get().memory().empty()
+
+    @property
+    def transfer_settings(self):
+        """The host-transfer tunables this device read when it opened (csrc/transfer.hpp)."""
+        cdef const c.TransferSettings* t = &self.ptr.get().transfers().settings()
+        return {"chunk_bytes": t.chunk_bytes, "slots": t.slots, "copy_threads": t.copy_threads,
+                "queue_write_max": t.queue_write_max}
+
+    def staging_report(self):
+        """(direction, map state, bytes) of each host-transfer staging buffer, for tests."""
+        cdef vector[c.SlotInfo] slots = self.ptr.get().transfers().report()
+        return [(_s(i.direction), _s(i.state), i.bytes) for i in slots]
 
     def configure_gemm_tuning(self, bint enabled, str cache_dir not None):
         c.configure_gemm_tuning(self.ptr.get()[0], enabled, cache_dir.encode())
@@ -466,6 +479,12 @@ def _inject_allocation_failures(str label not None, uint32_t after, uint32_t cou
     OutOfMemoryError (``count`` 0 clears). ``"<driver>"``: the caching allocator's requests to the
     driver, which it retries once after emptying its cache."""
     c.inject_allocation_failures(label.encode(), after, count)
+
+
+def _inject_map_failure(int64_t after, bint lose_device=False):
+    """Test hook: after ``after`` more staging-buffer maps of host transfers, the next one fails
+    (GpuError), or destroys the device first (``lose_device``: DeviceLostError); ``after`` < 0 disarms."""
+    c.inject_map_failure(after, lose_device)
 
 
 # Tensor kernels of the autograd (csrc/tensor_ops.hpp). Ops are the numbers of

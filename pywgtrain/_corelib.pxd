@@ -1,5 +1,5 @@
 # Declarations of the C++ core (csrc/) for the Cython wrappers in _core.pyx.
-from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr, unique_ptr
 from libcpp.string cimport string
@@ -20,6 +20,21 @@ cdef extern from "buffer_cache.hpp" namespace "pwt" nogil:
         uint64_t empty()
         MemoryStats stats()
         void reset_peaks()
+
+
+cdef extern from "transfer.hpp" namespace "pwt" nogil:
+    cdef cppclass TransferSettings:
+        uint64_t chunk_bytes, queue_write_max
+        uint32_t slots, copy_threads
+
+    cdef cppclass SlotInfo "pwt::Transfers::SlotInfo":
+        string direction, state
+        uint64_t bytes
+
+    cdef cppclass Transfers:
+        const TransferSettings& settings()
+        vector[SlotInfo] report()
+        void release()
 
 
 cdef extern from "device.hpp" namespace "pwt" nogil:
@@ -69,6 +84,7 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
         uint32_t spin_wait_us()
         void destroy() except +raise_py_error
         BufferCache& memory()
+        Transfers& transfers()
         vector[pair[string, uint64_t]] resource_report()
 
 
@@ -194,6 +210,7 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
 cdef extern from "faults.hpp" namespace "pwt" nogil:
     void inject_invalid_binding(Recorder& r, const Buffer& buf) except +raise_py_error
     void inject_allocation_failures(const string& label, uint32_t after, uint32_t count)
+    void inject_map_failure(int64_t after, bool lose_device)
 
 
 cdef extern from "tensor_ops.hpp" namespace "pwt" nogil:

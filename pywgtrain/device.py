@@ -251,6 +251,17 @@ class Device:
         return self._dev.spin_wait_us
 
     @property
+    def transfer_settings(self) -> dict[str, int]:
+        """How ``tensor()``, ``copy_`` and ``numpy()`` move data, read from
+        the environment when the device opens: ``chunk_bytes`` per staging
+        buffer (``PYWGTRAIN_TRANSFER_CHUNK_KIB``), ``slots`` staging buffers
+        each way, the chunks in flight (``PYWGTRAIN_TRANSFER_SLOTS``),
+        ``copy_threads`` sharing each host copy (``PYWGTRAIN_COPY_THREADS``)
+        and ``queue_write_max``, the largest upload written through the
+        queue instead (``PYWGTRAIN_QUEUE_WRITE_MAX_KIB``)."""
+        return self._dev.transfer_settings
+
+    @property
     def limits(self) -> dict[str, int]:
         return self._dev.limits
 
@@ -409,8 +420,9 @@ class Device:
 
     def empty_cache(self) -> int:
         """Release the cached blocks no tensor uses back to the driver (as
-        ``torch.cuda.empty_cache``); blocks still waiting for recorded work
-        to be submitted stay. Returns the bytes released. An allocation the
+        ``torch.cuda.empty_cache``), and the host-transfer staging buffers;
+        blocks still waiting for recorded work to be submitted stay. Returns
+        the device-memory bytes released. An allocation the
         driver refuses for lack of memory does this once by itself and
         retries."""
         return self._dev.empty_cache()

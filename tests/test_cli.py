@@ -94,6 +94,11 @@ def test_help_names_the_command_and_shows_defaults(capsys):
         (["bench", "gemm", "--shapes", "64x64"], "bad GEMM shape '64x64': expected MxKxN"),
         (["bench", "gemm", "--shapes", "4x4x4:NX"], "must be NN, NT, TN or TT"),
         (["bench", "gemm", "--json", "{tmp}/missing/b.json"], "directory '{tmp}/missing' does not exist"),
+        (
+            ["bench", "transfer", "--sizes", "1X"],
+            "bad transfer size '1X': expected a number with an optional K, M or G",
+        ),
+        (["bench", "transfer", "--sizes", "6,0K"], "bad transfer size '0K': must be a positive multiple of 4 bytes"),
         (["info", "--adapter", "99"], "adapter index 99 out of range"),
     ],
 )
@@ -292,7 +297,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("what", ["gemm", "adamw", "train", "gpt", "all"])
+@pytest.mark.parametrize("what", ["gemm", "adamw", "train", "gpt", "transfer", "all"])
 def test_bench_quick_finishes_with_progress(tmp_path, what):
     """Each bench subcommand with --quick through the entry point, with a
     timeout: on lavapipe they used to run for 20 minutes without a word."""
@@ -301,7 +306,7 @@ def test_bench_quick_finishes_with_progress(tmp_path, what):
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     res = json.loads(out_json.read_text())
-    kinds = ["gemm", "adamw", "train", "gpt"] if what == "all" else [what]
+    kinds = ["gemm", "adamw", "train", "gpt", "transfer"] if what == "all" else [what]
     assert [k for k in res if k != "meta"] == kinds
     if "gemm" in kinds:
         n = len(res["gemm"])
@@ -312,6 +317,9 @@ def test_bench_quick_finishes_with_progress(tmp_path, what):
         assert m and float(m.group(1)) > 0, r.stdout
     if "train" in kinds:
         assert len(res["train"]) == 2 and all(row["pywgtrain_us"] > 0 for row in res["train"])
+    if "transfer" in kinds:
+        rows = res["transfer"]["rows"]
+        assert rows and all(row["up_us"] > 0 and row["down_us"] > 0 for row in rows)
 
 
 def test_bench_gemm_one_small_shape_is_quick():
@@ -320,6 +328,19 @@ def test_bench_gemm_one_small_shape_is_quick():
     r = run_entry(["bench", "gemm", "--quick", "--no-baseline", "--shapes", "64x64x64"], timeout=60)
     assert r.returncode == 0, r.stderr
     assert re.search(r"^\[1/1\] 64x64x64 NN: pywgtrain", r.stdout, re.M), r.stdout
+
+
+def test_bench_transfer_small_sizes(tmp_path):
+    """`bench transfer` at small sizes: a line per size, the table, GB/s in the JSON."""
+    out_json = tmp_path / "t.json"
+    r = run_entry(["bench", "transfer", "--sizes", "64K,1M", "--no-baseline", "--json", str(out_json)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^\[1/2\] 64 KiB: pywgtrain up [\d.]+ [MG]B/s, down [\d.]+ [MG]B/s$", r.stdout, re.M), r.stdout
+    assert re.search(r"^\s+1 MiB\s+[\d.]+\s+[\d.]+$", r.stdout, re.M), r.stdout
+    res = json.loads(out_json.read_text())["transfer"]
+    assert [row["bytes"] for row in res["rows"]] == [64 << 10, 1 << 20]
+    assert all(row["up_us"] > 0 and row["down_us"] > 0 for row in res["rows"])
+    assert res["settings"]["chunk_bytes"] == 32 << 20
 
 
 def test_bandwidth_and_flop_units():

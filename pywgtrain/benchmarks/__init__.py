@@ -1,7 +1,8 @@
-"""Benchmarks: ``pywgtrain bench {gemm,adamw,train,gpt,ddp,all}`` (``main``;
-the GEMM, AdamW and training benchmarks in ``gemm``, the GPT step in ``gpt``,
-data-parallel training over several processes in ``ddp`` (not part of ``all``),
-what both use in ``common``).
+"""Benchmarks: ``pywgtrain bench {gemm,adamw,train,gpt,transfer,ddp,all}``
+(``main``; the GEMM, AdamW and training benchmarks in ``gemm``, the GPT step
+in ``gpt``, host <-> device copies in ``transfer``, data-parallel training
+over several processes in ``ddp`` (not part of ``all``), what they share in
+``common``).
 
 pywgtrain kernels are timed with GPU timestamp queries around their compute
 passes (median of many runs after warm-up, fresh random data, inputs rotated
@@ -22,6 +23,7 @@ from ..device import Device
 from .common import _torch_cuda, check_output_path, is_cpu_adapter
 from .gemm import bench_adamw, bench_gemm, bench_gemm_sweep, bench_train, parse_shapes
 from .gpt import bench_gpt
+from .transfer import bench_transfer, parse_sizes
 
 
 def main(args):
@@ -34,6 +36,9 @@ def main(args):
     shapes = args.shapes
     if isinstance(shapes, str):  # the CLI has parsed them already
         shapes = parse_shapes(shapes)
+    sizes = getattr(args, "sizes", None)
+    if isinstance(sizes, str):
+        sizes = parse_sizes(sizes)
     if args.json:
         check_output_path(args.json, "--json")
     dev = Device(args.adapter)
@@ -57,7 +62,7 @@ def main(args):
             flush=True,
         )
     results = {"meta": header}
-    kinds = ["gemm", "adamw", "train", "gpt"] if args.what == "all" else [args.what]
+    kinds = ["gemm", "adamw", "train", "gpt", "transfer"] if args.what == "all" else [args.what]
     for kind in kinds:
         if len(kinds) > 1:
             print(f"== {kind} ==", flush=True)
@@ -65,6 +70,8 @@ def main(args):
             results[kind] = bench_gemm_sweep(dev, args.quick, torch)
         elif kind == "gemm" and shapes:
             results[kind] = bench_gemm(dev, args.quick, torch, shapes)
+        elif kind == "transfer":
+            results[kind] = bench_transfer(dev, args.quick, torch, sizes)
         else:
             results[kind] = {"gemm": bench_gemm, "adamw": bench_adamw, "train": bench_train, "gpt": bench_gpt}[kind](
                 dev, args.quick, torch

@@ -246,6 +246,15 @@ def gemm_shapes(text):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def transfer_sizes(text):
+    from ..benchmarks.transfer import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 ADAPTER_HELP = "index into the adapter list or a name substring; unset: $PYWGTRAIN_ADAPTER, else the best adapter"
 
 
@@ -382,9 +391,10 @@ def build_parser():
         "bench",
         help="benchmarks (GPU timestamps; beside PyTorch CUDA when available)",
         formatter_class=fmt,
-        description="GPU-timestamp benchmarks. On a CPU adapter (lavapipe) sizes and repetitions are scaled down.",
+        description="GPU-timestamp benchmarks (transfer: wall-clock time of host <-> device copies). On a CPU "
+        "adapter (lavapipe) sizes and repetitions are scaled down.",
     )
-    b.add_argument("what", choices=["gemm", "adamw", "train", "gpt", "ddp", "all"])
+    b.add_argument("what", choices=["gemm", "adamw", "train", "gpt", "transfer", "ddp", "all"])
     b.add_argument("--adapter", default=None, help=ADAPTER_HELP)
     b.add_argument("--quick", action="store_true", help="fewer shapes, repetitions and warm-up")
     b.add_argument("--json", default=None, help="write results here")
@@ -393,6 +403,13 @@ def build_parser():
         type=gemm_shapes,
         default=None,
         help="GEMM shapes MxKxN[:NN|NT|TN|TT],... each dimension >= 1; unset: the standard set",
+    )
+    b.add_argument(
+        "--sizes",
+        type=transfer_sizes,
+        default=None,
+        help="transfer: sizes such as 64K,1M,1G (K, M, G: KiB, MiB, GiB; no suffix: MiB); unset: 1 MiB .. 1 GiB "
+        "(1-16 MiB on a CPU adapter)",
     )
     b.add_argument("--no-baseline", action="store_true", help="skip the PyTorch/cuBLAS columns (A/B experiments)")
     b.add_argument(
