@@ -4,7 +4,9 @@
 // windows they all take.
 #include <algorithm>
 #include <cstdlib>
+#include <initializer_list>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "gemm_internal.hpp"
@@ -46,37 +48,64 @@ VecLoads vec_loads(const GemmSwitches& sw, const TileConfig& t, bool ta, bool tb
               (p.k_chunk % 2 == 0 || p.k_chunk >= p.k) && sw.pair};
 }
 
-// Entry `entry` of gemm.wgsl with its specialization constants (listed in
-// the shader's header).
-KernelDesc gemm_desc(const GemmSwitches& sw, const char* entry, const TileConfig& t, bool ta, bool tb, bool tc,
-                     Epilogue ep, Activation act, bool lean, const VecLoads& v, bool aligned = false,
-                     bool edge_shift = false) {
-  KernelDesc d;
-  d.shader = "gemm";
-  d.entry = entry;
-  // clang-format off
-  d.constants = {{"BM", u32_literal(t.bm)},
-                 {"BN", u32_literal(t.bn)},
-                 {"BK", u32_literal(t.bk)},
-                 {"TM", u32_literal(t.tm)},
-                 {"TN", u32_literal(t.tn)},
-                 {"TRANS_A", bool_literal(ta)},
-                 {"TRANS_B", bool_literal(tb)},
-                 {"TRANS_C", bool_literal(tc)},
-                 {"EPILOGUE", u32_literal(uint32_t(ep))},
-                 {"ACT", u32_literal(uint32_t(act))},
-                 {"WARP_W", u32_literal(t.warp_w ? t.warp_w : t.bn / t.tn)},
-                 {"LEAN_LOOP", bool_literal(lean)},
-                 {"A_VEC", bool_literal(v.a)},
-                 {"B_VEC", bool_literal(v.b)},
-                 {"B_PAIR", bool_literal(v.b_pair)},
-                 {"C_VEC", bool_literal(v.c)},
-                 {"GROUP_M", u32_literal(sw.group_m)},
-                 {"ALIGNED", bool_literal(aligned)},
-                 {"EDGE_SHIFT", bool_literal(edge_shift)}};
-  // clang-format on
-  d.trusted = true;
-  return d;
+// The specialization constants of one gemm.wgsl entry (listed in the
+// shader's header), apart from the device's switches.
+struct GemmSpec {
+  TileConfig t;
+  bool ta = false, tb = false, tc = false;
+  Epilogue ep = Epilogue::Plain;
+  Activation act = Activation::None;
+  bool lean = false;
+  VecLoads v;
+  bool aligned = false, edge_shift = false;
+};
+
+// Entry `entry` of gemm.wgsl specialized by `s`, binding `slots`. Found by an
+// integer key: this runs for every GEMM dispatch, and building the desc's
+// strings cost more than recording the dispatch.
+const Kernel& gemm_pipeline(Device& dev, const char* entry, const GemmSpec& s, std::initializer_list<Slot> slots) {
+  const GemmSwitches& sw = dev.gemm_switches();
+  const TileConfig& t = s.t;
+  const uint32_t warp_w = t.warp_w ? t.warp_w : t.bn / t.tn;
+  auto field = [](uint32_t v) -> uint64_t {
+    if (v >= 1024) throw std::logic_error("gemm kernel key: a constant of 1024 or more");
+    return v;
+  };
+  const uint64_t tiles =
+      field(t.bm) | field(t.bn) << 10 | field(t.bk) << 20 | field(t.tm) << 30 | field(t.tn) << 40 | field(warp_w) << 50;
+  uint64_t rest = uint64_t(s.ep) << 16 | uint64_t(s.act) << 24 | field(sw.group_m) << 32;
+  int bit = 0;
+  for (bool f : {s.ta, s.tb, s.tc, s.lean, s.v.a, s.v.b, s.v.b_pair, s.v.c, s.aligned, s.edge_shift})
+    rest |= uint64_t(f) << bit++;
+  return dev.pipelines().get(KernelKey(entry, slots, tiles, rest), [&] {
+    KernelDesc d;
+    d.shader = "gemm";
+    d.entry = entry;
+    d.bindings = slots;
+    // clang-format off
+    d.constants = {{"BM", u32_literal(t.bm)},
+                   {"BN", u32_literal(t.bn)},
+                   {"BK", u32_literal(t.bk)},
+                   {"TM", u32_literal(t.tm)},
+                   {"TN", u32_literal(t.tn)},
+                   {"TRANS_A", bool_literal(s.ta)},
+                   {"TRANS_B", bool_literal(s.tb)},
+                   {"TRANS_C", bool_literal(s.tc)},
+                   {"EPILOGUE", u32_literal(uint32_t(s.ep))},
+                   {"ACT", u32_literal(uint32_t(s.act))},
+                   {"WARP_W", u32_literal(warp_w)},
+                   {"LEAN_LOOP", bool_literal(s.lean)},
+                   {"A_VEC", bool_literal(s.v.a)},
+                   {"B_VEC", bool_literal(s.v.b)},
+                   {"B_PAIR", bool_literal(s.v.b_pair)},
+                   {"C_VEC", bool_literal(s.v.c)},
+                   {"GROUP_M", u32_literal(sw.group_m)},
+                   {"ALIGNED", bool_literal(s.aligned)},
+                   {"EDGE_SHIFT", bool_literal(s.edge_shift)}};
+    // clang-format on
+    d.trusted = true;
+    return d;
+  });
 }
 
 // gemm.wgsl's ALIGNED and EDGE_SHIFT for one dispatch of the gemm entry with
@@ -111,11 +140,20 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, 
   // scalar loads it cost NN (docs/gemm_notes.md #37, #44). An aligned dispatch always runs
   // the unchecked loop: LEAN_LOOP off keeps one pipeline per aligned variant.
   const bool lean = g.t.lean_loop && (g.tb || v.b) && !c.aligned;
-  KernelDesc d = gemm_desc(dev.gemm_switches(), g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.tc, g.ep,
-                           g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v, c.aligned, c.edge_shift);
-  d.bindings = {sh::a,  sh::b,  sh::c,  sh::p,       sh::bias,     sh::preact, sh::row_sums,
-                sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual, sh::b2};
-  return dev.pipelines().get(d);
+  GemmSpec s;
+  s.t = g.t;
+  s.ta = g.ta;
+  s.tb = g.tb;
+  s.tc = g.tc;
+  s.ep = g.ep;
+  s.act = g.ep == Epilogue::Plain ? Activation::None : g.act;
+  s.lean = lean;
+  s.v = v;
+  s.aligned = c.aligned;
+  s.edge_shift = c.edge_shift;
+  return gemm_pipeline(dev, g.stream_k ? "gemm_stream_k" : "gemm", s,
+                       {sh::a, sh::b, sh::c, sh::p, sh::bias, sh::preact, sh::row_sums, sh::a4, sh::b4, sh::c4,
+                        sh::preact4, sh::residual, sh::b2});
 }
 
 }  // namespace
@@ -184,9 +222,15 @@ namespace {
 // fixup takes the product's tiles.
 constexpr TileConfig kElementwiseTiles{64, 64, 16, 4, 4, 16};
 // tc: the entry writes C transposed (the stream-K fixup of a product with tc).
-KernelDesc elementwise_kernel(const GemmSwitches& sw, const char* entry, Epilogue ep, Activation act,
-                              const TileConfig& t = kElementwiseTiles, bool tc = false) {
-  return gemm_desc(sw, entry, t, false, false, tc, ep, act, false, VecLoads{});
+const Kernel& elementwise_pipeline(Device& dev, const char* entry, Epilogue ep, Activation act,
+                                   std::initializer_list<Slot> slots, const TileConfig& t = kElementwiseTiles,
+                                   bool tc = false) {
+  GemmSpec s;
+  s.t = t;
+  s.tc = tc;
+  s.ep = ep;
+  s.act = act;
+  return gemm_pipeline(dev, entry, s, slots);
 }
 
 }  // namespace
@@ -197,20 +241,21 @@ void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ra
   // Four columns per thread (splitk_reduce4) where whole vec4s line up.
   const bool quads = !stream_k_tiles && e.ep != Epilogue::ActGrad && q.n % 4 == 0 && q.ldc % 4 == 0 &&
                      q.c_off % 4 == 0 && q.split_stride % 4 == 0;
-  KernelDesc d = stream_k_tiles
-                     ? elementwise_kernel(dev.gemm_switches(), "stream_k_fixup", e.ep, e.act, *stream_k_tiles, tc)
-                 : quads ? elementwise_kernel(dev.gemm_switches(), "splitk_reduce4", e.ep, e.act)
-                         : elementwise_kernel(dev.gemm_switches(), "splitk_reduce", e.ep, e.act);
   const auto c_slot = quads ? sh::c4 : sh::c;
   const auto preact_slot = quads ? sh::preact4 : sh::preact;
   const auto partials_slot = quads ? sh::partials4 : sh::partials;
-  d.bindings = {c_slot, sh::p, partials_slot, sh::bias, preact_slot, sh::residual};
-  std::vector<Operand> operands{{c_slot, ranges.c}, {partials_slot, ranges.partials}};
-  operands.push_back({sh::bias, or_placeholder(dev, has_bias(e.ep) ? whole(*e.bias) : Range{}, false)});
-  operands.push_back({preact_slot, or_placeholder(dev, has_preact(e.ep) ? ranges.preact : Range{}, true)});
-  operands.push_back({sh::residual, or_placeholder(dev, has_residual(e.ep) ? ranges.residual : Range{}, false)});
+  const char* entry = stream_k_tiles ? "stream_k_fixup" : quads ? "splitk_reduce4" : "splitk_reduce";
+  const Kernel& k =
+      elementwise_pipeline(dev, entry, e.ep, e.act, {c_slot, sh::p, partials_slot, sh::bias, preact_slot, sh::residual},
+                           stream_k_tiles ? *stream_k_tiles : kElementwiseTiles, stream_k_tiles && tc);
   auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(q.m) * q.n, quads ? 4 * sh::EW_WG : sh::EW_WG));
-  r.dispatch(dev.pipelines().get(d), operands, q, gx, gy);
+  r.dispatch(k,
+             {{c_slot, ranges.c},
+              {partials_slot, ranges.partials},
+              {sh::bias, or_placeholder(dev, has_bias(e.ep) ? whole(*e.bias) : Range{}, false)},
+              {preact_slot, or_placeholder(dev, has_preact(e.ep) ? ranges.preact : Range{}, true)},
+              {sh::residual, or_placeholder(dev, has_residual(e.ep) ? ranges.residual : Range{}, false)}},
+             q, gx, gy);
 }
 
 void record_repack(Recorder& r, const Buffer& src, const Buffer& dst, uint32_t rows, uint32_t cols, uint32_t ld) {
@@ -221,12 +266,11 @@ void record_repack(Recorder& r, const Buffer& src, const Buffer& dst, uint32_t r
   q.lda = cols;
   q.ldc = ld;
   q.alpha = 1.0f;
-  KernelDesc d = elementwise_kernel(dev.gemm_switches(), "repack", Epilogue::Plain, Activation::None);
-  d.bindings = {sh::c, sh::p, sh::partials};
+  const Kernel& k =
+      elementwise_pipeline(dev, "repack", Epilogue::Plain, Activation::None, {sh::c, sh::p, sh::partials});
   auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(rows) * cols, sh::EW_WG));
-  r.dispatch(dev.pipelines().get(d),
-             {{sh::c, floats(dst, 0, uint64_t(rows) * ld)}, {sh::partials, floats(src, 0, uint64_t(rows) * cols)}}, q,
-             gx, gy);
+  r.dispatch(k, {{sh::c, floats(dst, 0, uint64_t(rows) * ld)}, {sh::partials, floats(src, 0, uint64_t(rows) * cols)}},
+             q, gx, gy);
 }
 
 namespace {
@@ -241,10 +285,10 @@ void record_transpose(Recorder& r, const Buffer& src, uint64_t src_ld, uint32_t 
   q.n = cols;
   q.lda = uint32_t(src_ld);
   q.ldc = uint32_t(dst_ld);
-  KernelDesc d = elementwise_kernel(dev.gemm_switches(), "transpose", Epilogue::Plain, Activation::None);
-  d.bindings = {sh::c, sh::p, sh::partials};
+  const Kernel& k =
+      elementwise_pipeline(dev, "transpose", Epilogue::Plain, Activation::None, {sh::c, sh::p, sh::partials});
   r.dispatch(
-      dev.pipelines().get(d),
+      k,
       {{sh::c, floats(dst, 0, (cols - 1) * dst_ld + rows)}, {sh::partials, floats(src, 0, (rows - 1) * src_ld + cols)}},
       q, uint32_t(ceil_div(cols, sh::TRANSPOSE_TILE)), uint32_t(ceil_div(rows, sh::TRANSPOSE_TILE)));
 }

@@ -24,13 +24,17 @@ GemvKernel gemv_kernel(Device& dev, bool tb, GemvForm form, uint32_t gv_x) {
   namespace gv = wgsl::gemv;
   const Slot& x = form == GemvForm::Rows4 ? gv::x4 : gv::x;
   const Slot& b = form == GemvForm::Scalar ? gv::b : gv::b4;
-  KernelDesc d;
-  d.shader = "gemv";
-  d.entry = form == GemvForm::Scalar ? "gemv" : form == GemvForm::Columns4 ? "gemv_vec4" : "gemv_t_vec4";
-  d.bindings = {x, b, gv::y, gv::p};
-  d.constants = {{"TRANS_B", bool_literal(tb)}, {"GV_X", u32_literal(gv_x)}};
-  d.trusted = true;
-  return {dev.pipelines().get(d), x, b};
+  const char* entry = form == GemvForm::Scalar ? "gemv" : form == GemvForm::Columns4 ? "gemv_vec4" : "gemv_t_vec4";
+  const Kernel& k = dev.pipelines().get(KernelKey(entry, {x, b, gv::y, gv::p}, tb, gv_x), [&] {
+    KernelDesc d;
+    d.shader = "gemv";
+    d.entry = entry;
+    d.bindings = {x, b, gv::y, gv::p};
+    d.constants = {{"TRANS_B", bool_literal(tb)}, {"GV_X", u32_literal(gv_x)}};
+    d.trusted = true;
+    return d;
+  });
+  return {k, x, b};
 }
 
 }  // namespace

@@ -63,6 +63,8 @@ const Kernel& PipelineCache::get(const KernelDesc& desc) {
     uniforms += slot.kind == Bind::Uniform;
   }
   if (uniforms > 1) throw GpuError(key + ": more than one uniform binding");
+  for (const Slot& slot : desc.bindings)  // KernelKey keeps them as a 64-bit set
+    if (slot.binding >= 64) throw GpuError(key + ": binding number " + std::to_string(slot.binding) + " above 63");
   if (desc.bindings.size() > kMaxBindings)
     throw GpuError(key + ": more than " + std::to_string(kMaxBindings) + " bindings (kMaxBindings)");
   std::string code = enables;

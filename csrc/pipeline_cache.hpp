@@ -5,6 +5,7 @@
 // shader's shared constants (shader_contract.hpp) are emitted the same way.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -45,12 +46,19 @@ constexpr size_t kMaxBindings = 16;
 
 // The integer key of a kernel on a hot path: `site` identifies the launcher
 // family (the address of a string literal or static the launcher owns),
-// `variant` packs the constants and bindings that vary. Equal keys must mean
-// equal KernelDescs; distinct sites for the same desc only cost a lookup.
+// `variant` and `variant2` pack the constants that vary, `bindings` is the
+// set of binding numbers. Equal keys must mean equal KernelDescs; distinct
+// sites for the same desc only cost a lookup.
 struct KernelKey {
   const void* site;
-  uint64_t variant;
-  bool operator==(const KernelKey& o) const { return site == o.site && variant == o.variant; }
+  uint64_t variant = 0, variant2 = 0, bindings = 0;
+  KernelKey(const void* site, std::initializer_list<Slot> slots, uint64_t variant, uint64_t variant2 = 0)
+      : site(site), variant(variant), variant2(variant2) {
+    for (const Slot& s : slots) bindings |= uint64_t(1) << s.binding;
+  }
+  bool operator==(const KernelKey& o) const {
+    return site == o.site && variant == o.variant && variant2 == o.variant2 && bindings == o.bindings;
+  }
 };
 
 class PipelineCache {
@@ -81,7 +89,9 @@ class PipelineCache {
  private:
   struct KeyHash {
     size_t operator()(const KernelKey& k) const {
-      return std::hash<const void*>()(k.site) ^ (std::hash<uint64_t>()(k.variant) * 0x9e3779b97f4a7c15ull);
+      uint64_t h = std::hash<const void*>()(k.site);
+      for (uint64_t v : {k.variant, k.variant2, k.bindings}) h = (h ^ v) * 0x9e3779b97f4a7c15ull;
+      return size_t(h);
     }
   };
   Device& dev_;

@@ -92,9 +92,7 @@ uint32_t act_for(UnaryOp op) {
 // elementwise.wgsl kernel: every constant the file reads is emitted (unused ones as 0).
 const Kernel& ew_kernel(Device& dev, const char* entry, std::initializer_list<Slot> bindings, uint32_t op,
                         uint32_t act = 0, uint32_t which = 0) {
-  uint64_t mask = 0;  // the binding numbers: part of the key, as they are of the desc
-  for (const Slot& s : bindings) mask |= uint64_t(1) << s.binding;
-  const KernelKey key{entry, op | uint64_t(act) << 12 | uint64_t(which) << 20 | mask << 24};
+  const KernelKey key(entry, bindings, op, uint64_t(act) | uint64_t(which) << 32);
   return dev.pipelines().get(key, [&] {
     KernelDesc d;
     d.shader = "elementwise";
@@ -108,9 +106,7 @@ const Kernel& ew_kernel(Device& dev, const char* entry, std::initializer_list<Sl
 
 const Kernel& axis_kernel(Device& dev, const char* entry, std::initializer_list<Slot> bindings, uint32_t op,
                           bool log = false) {
-  uint64_t mask = 0;
-  for (const Slot& s : bindings) mask |= uint64_t(1) << s.binding;
-  const KernelKey key{entry, op | uint64_t(log) << 12 | mask << 24};
+  const KernelKey key(entry, bindings, op, log);
   return dev.pipelines().get(key, [&] {
     KernelDesc d;
     d.shader = "axis";

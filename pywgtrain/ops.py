@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _core
 from .device import Device, resolve_device
-from .tensor import Tensor, _check_array, _check_flag, empty, tensor
+from .tensor import Tensor, _check_array, _check_flag, _result, empty, tensor
 
 
 def _device_of(*xs, device=None):
@@ -93,7 +93,7 @@ def gemm(
     if beta != 0.0 and out is None:
         raise ValueError("gemm: beta != 0 accumulates into out, so out= must be given")
     if out is None:
-        tc = empty((m, n), np.float32, dev)
+        tc = _result((m, n), dev)  # not empty(): m and n come from checked shapes, and this runs per call
     else:
         if isinstance(out, Tensor):
             out_t = _as_tensor(out, "out", dev, ndim=2, written=True)
