@@ -135,4 +135,8 @@ void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, u
 // round(p * 2^32) (at most 2^32 - 1): elements whose random word is below it are dropped.
 uint32_t dropout_threshold(double p);
 
+// Casts (cast.cpp): dst[i] = src[i] for i < n, float32 -> float16 (to_half; round to nearest
+// even, overflow to inf) or float16 -> float32 (exact). Both bound from their first byte.
+void cast(Recorder& r, const Buffer& src, const Buffer& dst, uint64_t n, bool to_half);
+
 }  // namespace pwt

@@ -562,6 +562,12 @@ def dropout_threshold(double p):
     return c.dropout_threshold(p)
 
 
+# Casts (csrc/cast.cpp): n elements float32 -> float16 (to_half) or float16 -> float32.
+
+def cast(_Recorder r not None, _Buffer src not None, _Buffer dst not None, uint64_t n, bint to_half):
+    c.cast(r.ptr.get()[0], _b(src)[0], _b(dst)[0], n, to_half)
+
+
 # ---- the host <-> shader contract (csrc/shader_contract.hpp), for tests/test_contract.py ----
 
 def uniform_layouts():

@@ -172,6 +172,7 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
     void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p,
                  float beta) except +raise_py_error
     uint32_t dropout_threshold(double p) except +raise_py_error
+    void cast(Recorder& r, const Buffer& src, const Buffer& dst, uint64_t n, bint to_half) except +raise_py_error
 
     cdef cppclass AttnView:
         uint64_t off

@@ -64,7 +64,8 @@ def _float_tensor(x, dev, op, name):
         if x.device is not dev:
             raise ValueError(f"{op}: {name} lives on {x.device!r}, the other operand on {dev!r}")
         if x.dtype != np.float32:
-            raise TypeError(f"{op}: {name} must be float32, got {x.dtype.name} (int32 tensors hold ids and labels)")
+            hint = " (int32 tensors hold ids and labels)" if x.dtype == np.int32 else " (cast it with .float())"
+            raise TypeError(f"{op}: {name} must be float32, got {x.dtype.name}{hint}")
         return x if x._whole else _dense(x)
     if isinstance(x, np.ndarray):
         if x.dtype != np.float32:  # no silent casts (torch refuses mixed dtypes too)
@@ -271,6 +272,38 @@ def clamp(
 
 def clone(x: TensorLike) -> Tensor:
     return _unary("copy", x)
+
+
+_CASTS = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def to_dtype(x: Tensor, dtype: Any) -> Tensor:
+    """x as ``dtype``, float32 <-> float16 (``torch.Tensor.to(dtype)``): x itself when it already
+    has it; float16 rounds to nearest even, overflows to +-inf and keeps NaN. Differentiable:
+    the gradient is cast back to x's dtype."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"to: x must be a pywgtrain.Tensor, got {type(x).__name__}")
+    try:
+        want = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"to: dtype must be a NumPy dtype (float32 or float16), got {dtype!r}") from None
+    if want == x.dtype:
+        return x
+    if want not in _CASTS or x.dtype not in _CASTS:
+        raise TypeError(f"to: casts run between float32 and float16, got {x.dtype.name} -> {want.name}")
+    src = _dense(x)
+    out = empty(x.shape, want, x.device)
+    with x.device._recording() as rec:
+        _core.cast(rec, src._buf, out._buf, x._numel, want == np.float16)
+    if needs_grad(x):
+        src_dtype = x.dtype
+
+        def backward(g, sinks):
+            cast_g = to_dtype(g.detach(), src_dtype)
+            sinks[0].put(cast_g, owned=cast_g is not g)
+
+        attach(out, "to", [x], backward)
+    return out
 
 
 def _filled(x: Tensor) -> Tensor:
@@ -686,6 +719,10 @@ def _view_op(x, shape, strides, offset, name, backward):
     out = _make_view(x, shape, strides, offset)
     if x.dtype == np.float32 and needs_grad(x):
         attach(out, name, [x], backward)
+    elif needs_grad(x):  # their backward writes float32 regions
+        raise TypeError(
+            f"{name}: views of {x.dtype.name} tensors that require grad are not supported; cast with .float()"
+        )
     return out
 
 
@@ -730,7 +767,7 @@ def _dense(x):
 
 def _copy_of_view(x):
     out = Tensor(x._view_buffer(), x.shape, x.dtype, x.device)
-    if x.dtype == np.float32 and needs_grad(x):
+    if needs_grad(x):
         attach(out, "contiguous", [x], lambda g, sinks: sinks[0].put(g, owned=False))
     return out
 
