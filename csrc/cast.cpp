@@ -17,12 +17,6 @@ void check_elements(const Buffer& b, uint64_t n, uint64_t size, const char* what
                         " bytes)");
 }
 
-// Bytes [first, first + count) * size of b, rounded up to whole words (the
-// word kernels never write past element count: see f32_to_f16).
-Range elements(const Buffer& b, uint64_t first, uint64_t count, uint64_t size) {
-  return Range{b.raw(), b.offset() + first * size, std::max<uint64_t>(4, (count * size + 3) & ~uint64_t(3))};
-}
-
 }  // namespace
 
 void cast(Recorder& r, const Buffer& src, const Buffer& dst, uint64_t n, bool to_half) {

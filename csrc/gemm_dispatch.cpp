@@ -50,10 +50,12 @@ VecLoads vec_loads(const GemmSwitches& sw, const TileConfig& t, bool ta, bool tb
 // the shader's header).
 KernelDesc gemm_desc(const GemmSwitches& sw, const char* entry, const TileConfig& t, bool ta, bool tb, bool tc,
                      Epilogue ep, Activation act, bool lean, const VecLoads& v, bool aligned = false,
-                     bool edge_shift = false) {
+                     bool edge_shift = false, bool half_ab = false, bool half_c = false) {
   KernelDesc d;
   d.shader = "gemm";
   d.entry = entry;
+  const bool half_fma = half_ab && sw.f16_fma;
+  d.aliases = {{"AB", half_ab ? "f16" : "f32"}, {"CT", half_c ? "f16" : "f32"}, {"TT", half_fma ? "f16" : "f32"}};
   // clang-format off
   d.constants = {{"BM", u32_literal(t.bm)},
                  {"BN", u32_literal(t.bn)},
@@ -73,7 +75,8 @@ KernelDesc gemm_desc(const GemmSwitches& sw, const char* entry, const TileConfig
                  {"C_VEC", bool_literal(v.c)},
                  {"GROUP_M", u32_literal(sw.group_m)},
                  {"ALIGNED", bool_literal(aligned)},
-                 {"EDGE_SHIFT", bool_literal(edge_shift)}};
+                 {"EDGE_SHIFT", bool_literal(edge_shift)},
+                 {"HALF_FMA", bool_literal(half_fma)}};
   // clang-format on
   d.trusted = true;
   return d;
@@ -112,7 +115,8 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, 
   // the unchecked loop: LEAN_LOOP off keeps one pipeline per aligned variant.
   const bool lean = g.t.lean_loop && (g.tb || v.b) && !c.aligned;
   KernelDesc d = gemm_desc(dev.gemm_switches(), g.stream_k ? "gemm_stream_k" : "gemm", g.t, g.ta, g.tb, g.tc, g.ep,
-                           g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v, c.aligned, c.edge_shift);
+                           g.ep == Epilogue::Plain ? Activation::None : g.act, lean, v, c.aligned, c.edge_shift,
+                           g.half_ab, g.half_c);
   d.bindings = {sh::a,  sh::b,  sh::c,  sh::p,       sh::bias,     sh::preact, sh::row_sums,
                 sh::a4, sh::b4, sh::c4, sh::preact4, sh::residual, sh::b2};
   return dev.pipelines().get(d);
@@ -149,24 +153,26 @@ void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const
 }
 
 RowWindow block_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t col0,
-                       uint64_t cols, uint64_t ld) {
-  const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+                       uint64_t cols, uint64_t ld, uint32_t elem) {
+  const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / elem;
   const uint64_t first = base + row0 * ld + col0;
   const uint64_t start = first / align * align;
   const uint64_t count = first - start + (rows - 1) * ld + cols;
-  return {floats(buf, start, count), uint32_t(first - start)};
+  return {elements(buf, start, count, elem), uint32_t(first - start)};
 }
 
-RowWindow row_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t ld) {
-  return block_window(dev, buf, base, row0, rows, 0, ld, ld);
+RowWindow row_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t ld,
+                     uint32_t elem) {
+  return block_window(dev, buf, base, row0, rows, 0, ld, ld, elem);
 }
 
-uint64_t rows_per_binding(const Device& dev, uint64_t ld, const char* operand) {
-  const uint64_t cap = dev.limits().max_storage_binding / 4;
-  const uint64_t slack = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+uint64_t rows_per_binding(const Device& dev, uint64_t ld, const char* operand, uint32_t elem) {
+  // (the window's byte count is rounded up to a word: one element of slack for float16)
+  const uint64_t cap = dev.limits().max_storage_binding / elem - (elem < 4 ? 1 : 0);
+  const uint64_t slack = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / elem;
   if (ld + slack > cap)
     throw ArgumentError(std::string("one row of ") + operand + " (" + std::to_string(ld) +
-                        " floats) exceeds the device's max_storage_buffer_binding_size of " +
+                        " elements) exceeds the device's max_storage_buffer_binding_size of " +
                         std::to_string(dev.limits().max_storage_binding) + " bytes");
   return (cap - slack) / ld;
 }
@@ -185,22 +191,23 @@ namespace {
 constexpr TileConfig kElementwiseTiles{64, 64, 16, 4, 4, 16};
 // tc: the entry writes C transposed (the stream-K fixup of a product with tc).
 KernelDesc elementwise_kernel(const GemmSwitches& sw, const char* entry, Epilogue ep, Activation act,
-                              const TileConfig& t = kElementwiseTiles, bool tc = false) {
-  return gemm_desc(sw, entry, t, false, false, tc, ep, act, false, VecLoads{});
+                              const TileConfig& t = kElementwiseTiles, bool tc = false, bool half_c = false) {
+  return gemm_desc(sw, entry, t, false, false, tc, ep, act, false, VecLoads{}, false, false, false, half_c);
 }
 
 }  // namespace
 
 void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ranges, const EpilogueArgs& e,
-                         const TileConfig* stream_k_tiles, bool tc) {
+                         const TileConfig* stream_k_tiles, bool tc, bool half_c) {
   Device& dev = r.device();
   // Four columns per thread (splitk_reduce4) where whole vec4s line up.
   const bool quads = !stream_k_tiles && e.ep != Epilogue::ActGrad && q.n % 4 == 0 && q.ldc % 4 == 0 &&
                      q.c_off % 4 == 0 && q.split_stride % 4 == 0;
-  KernelDesc d = stream_k_tiles
-                     ? elementwise_kernel(dev.gemm_switches(), "stream_k_fixup", e.ep, e.act, *stream_k_tiles, tc)
-                 : quads ? elementwise_kernel(dev.gemm_switches(), "splitk_reduce4", e.ep, e.act)
-                         : elementwise_kernel(dev.gemm_switches(), "splitk_reduce", e.ep, e.act);
+  KernelDesc d =
+      stream_k_tiles
+          ? elementwise_kernel(dev.gemm_switches(), "stream_k_fixup", e.ep, e.act, *stream_k_tiles, tc, half_c)
+      : quads ? elementwise_kernel(dev.gemm_switches(), "splitk_reduce4", e.ep, e.act, kElementwiseTiles, false, half_c)
+              : elementwise_kernel(dev.gemm_switches(), "splitk_reduce", e.ep, e.act, kElementwiseTiles, false, half_c);
   const auto c_slot = quads ? sh::c4 : sh::c;
   const auto preact_slot = quads ? sh::preact4 : sh::preact;
   const auto partials_slot = quads ? sh::partials4 : sh::partials;

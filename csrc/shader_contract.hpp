@@ -189,12 +189,12 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
 #define PWT_REDUCE_OPS(CONST) CONST(R_SUM, 0) CONST(R_MAX, 1)
 
 #define PWT_SHADER_gemm(READ, WRITE, UNIFORM, CONST)                                                              \
-  READ(a, 0, "array<f32>") READ(b, 1, "array<f32>") WRITE(c, 2, "array<f32>") UNIFORM(p, 3, GemmParams)           \
+  READ(a, 0, "array<AB>") READ(b, 1, "array<AB>") WRITE(c, 2, "array<CT>") UNIFORM(p, 3, GemmParams)              \
   READ(bias, 4, "array<f32>") WRITE(preact, 5, "array<f32>") READ(partials, 6, "array<f32>")                      \
-  WRITE(row_sums, 7, "array<f32>") READ(a4, 8, "array<vec4<f32>>") READ(b4, 9, "array<vec4<f32>>")                \
-  WRITE(c4, 10, "array<vec4<f32>>") WRITE(preact4, 11, "array<vec4<f32>>") READ(residual, 12, "array<f32>")       \
+  WRITE(row_sums, 7, "array<f32>") READ(a4, 8, "array<vec4<AB>>") READ(b4, 9, "array<vec4<AB>>")                  \
+  WRITE(c4, 10, "array<vec4<CT>>") WRITE(preact4, 11, "array<vec4<f32>>") READ(residual, 12, "array<f32>")       \
   READ(partials4, 13, "array<vec4<f32>>") /* splitk_reduce4: the partials as vec4s */                             \
-  READ(b2, 14, "array<vec2<f32>>") /* B as pairs of floats (B_PAIR) */                                             \
+  READ(b2, 14, "array<vec2<AB>>") /* B as pairs of elements (B_PAIR) */                                            \
   CONST(EW_WG, 256) /* threads of the elementwise entries (split-K reduce, repack), one element each */        \
   CONST(TRANSPOSE_TILE, 32) /* transpose: square tile per workgroup */                                          \
   CONST(TRANSPOSE_ROWS, 8)  /* transpose: thread rows (TRANSPOSE_TILE x TRANSPOSE_ROWS threads) */             \

@@ -322,8 +322,12 @@ cdef inline const Buffer* _opt(_Buffer b):
 
 
 def gemm(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer out not None, uint32_t m, uint32_t n,
-         uint32_t k, bint trans_a, bint trans_b, float alpha, float beta):
-    c.gemm(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(out)[0], m, n, k, trans_a, trans_b, alpha, beta)
+         uint32_t k, bint trans_a, bint trans_b, float alpha, float beta, bint half=False):
+    """half: a, b and out hold float16 (accumulation in float32)."""
+    if half:
+        c.gemm_half(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(out)[0], m, n, k, trans_a, trans_b, alpha, beta)
+    else:
+        c.gemm(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(out)[0], m, n, k, trans_a, trans_b, alpha, beta)
 
 
 def gemm_batched(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer out not None, uint32_t batch,

@@ -1135,6 +1135,8 @@ def matmul(a: TensorLike, b: TensorLike) -> Tensor:
     """``a @ b`` like torch.matmul: 2-D, 1-D (vector), and batched N-D operands
     whose batch dimensions broadcast."""
     dev = _device_of(a, b)
+    if getattr(a, "dtype", None) == np.float16:
+        return _matmul_half(a, b, dev)
     ta, tb = _float_tensor(a, dev, "matmul", "input"), _float_tensor(b, dev, "matmul", "other")
     if ta.ndim == 0 or tb.ndim == 0:
         raise ValueError("matmul: both operands need at least one dimension (use * for scalars)")
@@ -1154,6 +1156,30 @@ def matmul(a: TensorLike, b: TensorLike) -> Tensor:
     nb = math.prod(batch)
     out = _bmm(reshape(ea, (nb,) + ta.shape[-2:]), reshape(eb, (nb,) + tb.shape[-2:]), False, False, nb)
     return reshape(out, batch + out.shape[-2:])
+
+
+def _matmul_half(a, b, dev):
+    """2-D float16 ``a @ b`` (float32 accumulation), without autograd."""
+    ops = []
+    for x, name in ((a, "input"), (b, "other")):
+        if isinstance(x, Tensor) and x.device is not dev:
+            raise ValueError(f"matmul: {name} lives on {x.device!r}, the other operand on {dev!r}")
+        if not isinstance(x, (Tensor, np.ndarray)) or x.dtype != np.float16:
+            got = x.dtype.name if isinstance(x, (Tensor, np.ndarray)) else type(x).__name__
+            raise TypeError(f"matmul: {name} must be float16 like input, got {got} (no mixed dtypes, as torch)")
+        ops.append(_dense(x) if isinstance(x, Tensor) else tensor(np.ascontiguousarray(x), dev))
+    ta, tb = ops
+    if ta.ndim != 2 or tb.ndim != 2:
+        raise TypeError(f"matmul: float16 operands must be 2-D, got shapes {ta.shape} and {tb.shape}")
+    if needs_grad(ta, tb):
+        raise TypeError("matmul: float16 operands that require grad are not supported; cast them with .float()")
+    (m, k), (kb, n) = ta.shape, tb.shape
+    if k != kb:
+        raise ValueError(f"matmul: shapes {ta.shape} and {tb.shape}: inner dimensions {k} and {kb} differ")
+    out = empty((m, n), np.float16, dev)
+    with dev._recording() as rec:
+        _core.gemm(rec, ta._buf, tb._buf, out._buf, m, n, k, False, False, 1.0, 0.0, True)
+    return out
 
 
 def bmm(a: TensorLike, b: TensorLike, trans_a: bool = False, trans_b: bool = False) -> Tensor:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import pywgtrain as pw
+from helpers import switched_device
 
 SIZES = (1, 7, 33, 129, 4099)
 
@@ -175,3 +176,119 @@ def test_cast_past_one_binding(dev, rng):
     assert_same_halves(got, x.astype(np.float16))
     back = h.float().numpy()
     np.testing.assert_array_equal(back, got.astype(np.float32))
+
+
+# -- the float16 GEMM ------------------------------------------------------------
+# Operands are float16 values, so the float64 product of them is the exact reference; the result
+# is rounded to float16 once (half an ulp: 2^-11 relative). f32 accumulation adds at most about
+# K * 2^-24 of sum|a b| (2^-20 of it is allowed); a float16 running sum over K = 4099 terms would
+# be off by ~K * 2^-11 of the terms and fails that by orders of magnitude. With
+# PYWGTRAIN_GEMM_F16_FMA=1 each 16-deep K tile is summed in float16 first: its error grows like
+# 2^-11 of a chunk's sum, bounded here by 2^-9 * sqrt(16 * sum (a b)^2).
+# (M, N, K); 1027 rows: a thin last tile row run as its own split-K strip (record_ragged)
+GEMM_SHAPES = [(1, 1, 1), (7, 33, 129), (33, 7, 4099), (129, 65, 33), (70, 130, 300), (1027, 64, 520)]
+
+
+def half_operand(rng, rows, cols):
+    return rng.standard_normal((rows, cols)).astype(np.float16)
+
+
+def gemm_reference(a, b, ta, tb, alpha=1.0, beta=0.0, c=None):
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    a64, b64 = (a64.T if ta else a64), (b64.T if tb else b64)
+    ref = alpha * (a64 @ b64) + (beta * c.astype(np.float64) if beta else 0.0)
+    bound_f32 = np.abs(alpha) * (np.abs(a64) @ np.abs(b64)) * 2.0**-20
+    bound_fma = np.abs(alpha) * np.sqrt(16 * ((a64**2) @ (b64**2))) * 2.0**-9
+    return ref, bound_f32, bound_fma
+
+
+def assert_half_gemm(got, ref, bound):
+    got = np.asarray(got)
+    assert got.dtype == np.float16 and got.shape == ref.shape
+    assert np.all(np.isfinite(got)), "non-finite values (unwritten or poisoned elements)"
+    err = np.abs(got.astype(np.float64) - ref)
+    limit = 2.0**-11 * np.abs(ref) + bound + 2.0**-24  # (+ the smallest subnormal)
+    assert np.all(err <= limit), (
+        f"max excess {np.max(err - limit)} at {np.unravel_index(np.argmax(err - limit), err.shape)}"
+    )
+
+
+def run_half_gemm(device, rng, m, n, k, ta, tb, alpha, beta):
+    a = half_operand(rng, *((k, m) if ta else (m, k)))
+    b = half_operand(rng, *((n, k) if tb else (k, n)))
+    c0 = half_operand(rng, m, n)
+    out = pw.tensor(c0 if beta else np.full((m, n), np.nan, np.float16), device)
+    pw.gemm(pw.tensor(a, device), pw.tensor(b, device), ta, tb, alpha=alpha, beta=beta, out=out)
+    return out.numpy(), gemm_reference(a, b, ta, tb, alpha, beta, c0)
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("shape", GEMM_SHAPES)
+def test_half_gemm_against_float64(dev, rng, shape, ta, tb):
+    m, n, k = shape
+    for alpha, beta in ((1.0, 0.0), (0.5, -1.25)):
+        got, (ref, bound, _) = run_half_gemm(dev, rng, m, n, k, ta, tb, alpha, beta)
+        assert_half_gemm(got, ref, bound)
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, True)])
+def test_half_gemm_with_f16_fmas(monkeypatch, rng, ta, tb):
+    device = switched_device(monkeypatch, PYWGTRAIN_GEMM_F16_FMA="1")
+    for m, n, k in [(7, 33, 129), (33, 7, 4099), (70, 130, 300)]:
+        got, (ref, _, bound) = run_half_gemm(device, rng, m, n, k, ta, tb, 1.0, 0.0)
+        assert_half_gemm(got, ref, bound)
+
+
+@pytest.mark.parametrize("switch", [{"PYWGTRAIN_GEMM_SPLITS": "3"}, {"PYWGTRAIN_GEMM_STREAM_K": "4"}])
+def test_half_gemm_on_forced_plans(monkeypatch, rng, switch):
+    """Split-K and stream-K: float32 partials, reduced into float16 C."""
+    device = switched_device(monkeypatch, **switch)
+    for ta, tb in ((False, False), (True, False), (False, True)):
+        for m, n, k in [(130, 70, 300), (65, 129, 1000)]:
+            got, (ref, bound, _) = run_half_gemm(device, rng, m, n, k, ta, tb, 0.5, 1.5)
+            assert_half_gemm(got, ref, bound)
+
+
+def test_half_matmul_numpy_views_and_errors(dev, rng):
+    a, b = half_operand(rng, 33, 129), half_operand(rng, 129, 7)
+    ref, bound, _ = gemm_reference(a, b, False, False)
+    assert_half_gemm(pw.gemm(a, b), ref, bound)  # NumPy in, NumPy out
+    ta, tb = pw.tensor(a, dev), pw.tensor(b, dev)
+    assert_half_gemm((ta @ tb).numpy(), ref, bound)
+    assert_half_gemm(pw.matmul(a, tb).numpy(), ref, bound)
+    # views: a strided slice and an unaligned row block of a bigger float16 tensor
+    big = half_operand(rng, 140, 140)
+    tbig = pw.tensor(big, dev)
+    va, vb = tbig[3:36, 5:134], tbig[1:130, 3:10].contiguous()
+    ref2, bound2, _ = gemm_reference(big[3:36, 5:134], big[1:130, 3:10], False, False)
+    assert_half_gemm((va @ vb).numpy(), ref2, bound2)
+    assert_half_gemm(pw.gemm(va, tbig[1:130, 3:10]).numpy(), ref2, bound2)
+    with pytest.raises(TypeError, match="b must have dtype float16, got float32"):
+        pw.gemm(a, b.astype(np.float32))
+    with pytest.raises(TypeError, match="out must have dtype float16, got float32"):
+        pw.gemm(ta, tb, out=pw.zeros((33, 7), device=dev))
+    with pytest.raises(TypeError, match="other must be float16 like input, got float32"):
+        ta @ pw.tensor(b.astype(np.float32), dev)
+    with pytest.raises(TypeError, match="must be float32, got float16"):
+        pw.tensor(b.astype(np.float32), dev) @ ta.T
+    with pytest.raises(TypeError, match="float16 operands must be 2-D"):
+        ta.reshape(3, 11, 129) @ tb
+    g = pw.tensor(a, dev, requires_grad=True)
+    with pytest.raises(TypeError, match="float16 operands that require grad"):
+        g @ tb
+
+
+@pytest.mark.slow
+def test_half_gemm_past_one_binding(dev, rng):
+    """A float16 A larger than one storage binding (cut into row blocks), NN and TN."""
+    k = 1100
+    m = dev.limits["max_storage_buffer_binding_size"] // (2 * k) + 37
+    b = half_operand(rng, k, 5)
+    for ta in (False, True):
+        a = half_operand(rng, *((k, m) if ta else (m, k)))
+        got = pw.gemm(a, b, trans_a=ta)
+        for r0 in range(0, m, 8192):  # float64 reference in row blocks (memory)
+            rows = a[:, r0 : r0 + 8192].T if ta else a[r0 : r0 + 8192]
+            ref, bound, _ = gemm_reference(rows, b, False, False)
+            assert_half_gemm(got[r0 : r0 + 8192], ref, bound)
