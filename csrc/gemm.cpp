@@ -71,7 +71,7 @@ void gemm_half(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, u
   check_halves(b, uint64_t(k) * n, "gemm operand B");
   check_halves(c, uint64_t(m) * n, "gemm output C");
   GemmProblem g = packed_problem(a, b, c, m, n, k, ta, tb, alpha, beta);
-  g.elem = 2;
+  g.elem = g.c_elem = 2;
   record_gemm(r, g, EpilogueArgs{});
 }
 

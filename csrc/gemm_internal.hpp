@@ -57,7 +57,8 @@ struct GemmProblem {
   bool ta = false, tb = false, tc = false;
   uint64_t lda = 0, ldb = 0, ldc = 0;
   float alpha = 1.0f, beta = 0.0f;
-  uint32_t elem = 4;  // bytes per element of A, B and C: 4 (float32) or 2 (float16)
+  uint32_t elem = 4;    // bytes per element of A and B: 4 (float32) or 2 (float16)
+  uint32_t c_elem = 4;  // of C
 };
 
 // The shape of a product of packed operands (no buffers yet).

@@ -37,8 +37,8 @@ constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 // pre-activation and residual windows are C's rows too (row_window, the
 // same offset inside before the region's n0 is added; never with tc).
 RowWindow c_window(const Device& dev, const GemmProblem& g, const Region& reg) {
-  if (g.tc) return block_window(dev, *g.c, 0, reg.n0, reg.nc, reg.m0, reg.mc, g.ldc, g.elem);
-  RowWindow w = row_window(dev, *g.c, 0, reg.m0, reg.mc, g.ldc, g.elem);
+  if (g.tc) return block_window(dev, *g.c, 0, reg.n0, reg.nc, reg.m0, reg.mc, g.ldc, g.c_elem);
+  RowWindow w = row_window(dev, *g.c, 0, reg.m0, reg.mc, g.ldc, g.c_elem);
   w.inner += reg.n0;
   return w;
 }
@@ -94,7 +94,8 @@ GemmVariant plain_variant(const TileConfig& t, const GemmProblem& g) {
   v.ta = g.ta;
   v.tb = g.tb;
   v.tc = g.tc;
-  v.half_ab = v.half_c = g.elem == 2;
+  v.half_ab = g.elem == 2;
+  v.half_c = g.c_elem == 2;
   return v;
 }
 GemmRanges abc_ranges(const RegionBinding& rb, const Range& c) {
@@ -145,7 +146,7 @@ void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, c
   q.bias_off = reg.n0;
   q.split_stride = uint32_t(stride);
   q.splits = splits;
-  record_split_reduce(r, q, sr, e, nullptr, false, g.elem == 2);
+  record_split_reduce(r, q, sr, e, nullptr, false, g.c_elem == 2);
 }
 
 }  // namespace
@@ -229,7 +230,7 @@ void record_stream_k(Recorder& r, const GemmProblem& g, const TileConfig& t, uin
   const SplitRanges sr = split_ranges(dev, g, e, ws, reg, q.c_off);
   q.ldc = uint32_t(g.ldc);
   q.bias_off = 0;
-  record_split_reduce(r, q, sr, e, &t, g.tc, g.elem == 2);
+  record_split_reduce(r, q, sr, e, &t, g.tc, g.c_elem == 2);
 }
 
 // Ragged large products (e.g. 4097^3): a last tile row or column holding a
@@ -250,7 +251,7 @@ bool record_ragged(Recorder& r, const GemmProblem& g, const TileConfig& t) {
   main_part.nc = n_main;
   main_part.kc = k;
   RegionBinding rb = bind_region(dev, g, main_part);
-  RowWindow cw = row_window(dev, *g.c, 0, 0, m_main, n, g.elem);
+  RowWindow cw = row_window(dev, *g.c, 0, 0, m_main, n, g.c_elem);
   rb.p.ldc = n;
   rb.p.c_off = cw.inner;
   dispatch_gemm(r, plain_variant(t, g), rb.p, abc_ranges(rb, cw.range), uint32_t(ceil_div(n_main, t.bn)),
@@ -286,7 +287,7 @@ bool nt_swapped(const GemmSwitches& sw, uint64_t m, uint64_t n, uint64_t k) {
 Blocks blocks(const Device& dev, const GemmProblem& g, const TileConfig& t) {
   // Rows of each stored matrix are one of M, N, K; bound each block size by
   // every operand whose rows run along that dimension.
-  const uint64_t c_rows = rows_per_binding(dev, g.ldc, "C", g.elem);
+  const uint64_t c_rows = rows_per_binding(dev, g.ldc, "C", g.c_elem);
   uint64_t m_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bm;
   uint64_t n_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bn;
   if (g.tc)
@@ -491,6 +492,18 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
   // The bias + residual epilogue only adds, so the first K block applies it
   // and the others accumulate onto its result.
   const bool k_blocks = kb < k;
+  if (k_blocks && g.c_elem == 2) {
+    // The K blocks add into C: float16 would round once per block. They add
+    // into a float32 copy instead, narrowed into C once (C is packed here).
+    if (g.tc || ldc != n) throw std::logic_error("gemm: a float16 C in K blocks must be packed");
+    Buffer wide(r.device_ptr(), uint64_t(m) * n * 4, "pywgtrain.half_product");
+    if (g.beta != 0.0f) cast(r, c, wide, uint64_t(m) * n, false);
+    GemmProblem w = g;
+    w.c = &wide;
+    w.c_elem = 4;
+    record_planned(r, w, e, plan);
+    return cast(r, wide, c, uint64_t(m) * n, true);
+  }
   const bool first_block_epilogue = e.ep == Epilogue::BiasResidual;
   std::unique_ptr<Buffer> scratch;  // released after recording: wgpu keeps it alive for the encoder
   const Buffer* target = &c;
