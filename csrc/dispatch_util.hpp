@@ -71,9 +71,11 @@ inline void for_each_piece(const Device& dev, uint64_t n, const std::function<vo
   for (uint64_t first = 0; first < n; first += piece) fn(first, std::min(piece, n - first));
 }
 
-inline Range floats(const Buffer& b, uint64_t first, uint64_t count) {
-  return Range{b.raw(), b.offset() + first * 4, std::max<uint64_t>(count, 1) * 4};
+// Elements [first, first + count) of `size` bytes each, bound as whole 4-byte words.
+inline Range elements(const Buffer& b, uint64_t first, uint64_t count, uint64_t size) {
+  return Range{b.raw(), b.offset() + first * size, (std::max<uint64_t>(count, 1) * size + 3) & ~uint64_t(3)};
 }
+inline Range floats(const Buffer& b, uint64_t first, uint64_t count) { return elements(b, first, count, 4); }
 
 inline uint64_t align_floats(const Device& dev) {
   return std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;

@@ -25,6 +25,12 @@ void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, u
   check_floats(c, uint64_t(m) * n, "gemm output C");
 }
 
+void check_halves(const Buffer& b, uint64_t count, const char* what) {
+  if (b.bytes() < count * 2)
+    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 2) + " float16 values, needs " +
+                        std::to_string(count));
+}
+
 }  // namespace
 
 void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k, bool ta,
@@ -54,6 +60,19 @@ void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32
   } else {
     record_gemm(r, packed_problem(a, b, c, m, n, k, ta, tb, alpha, beta), EpilogueArgs{});
   }
+}
+
+void gemm_half(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+               bool ta, bool tb, float alpha, float beta) {
+  if (m == 0 || n == 0 || k == 0)
+    throw ArgumentError("gemm: M, N and K must be >= 1 (got " + std::to_string(m) + ", " + std::to_string(n) + ", " +
+                        std::to_string(k) + ")");
+  check_halves(a, uint64_t(m) * k, "gemm operand A");
+  check_halves(b, uint64_t(k) * n, "gemm operand B");
+  check_halves(c, uint64_t(m) * n, "gemm output C");
+  GemmProblem g = packed_problem(a, b, c, m, n, k, ta, tb, alpha, beta);
+  g.elem = g.c_elem = 2;
+  record_gemm(r, g, EpilogueArgs{});
 }
 
 void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& y,

@@ -58,6 +58,7 @@ struct GemmSpec {
   bool lean = false;
   VecLoads v;
   bool aligned = false, edge_shift = false;
+  bool half_ab = false, half_c = false;  // float16 A and B; float16 C
 };
 
 // Entry `entry` of gemm.wgsl specialized by `s`, binding `slots`. Found by an
@@ -75,13 +76,16 @@ const Kernel& gemm_pipeline(Device& dev, const char* entry, const GemmSpec& s, s
       field(t.bm) | field(t.bn) << 10 | field(t.bk) << 20 | field(t.tm) << 30 | field(t.tn) << 40 | field(warp_w) << 50;
   uint64_t rest = uint64_t(s.ep) << 16 | uint64_t(s.act) << 24 | field(sw.group_m) << 32;
   int bit = 0;
-  for (bool f : {s.ta, s.tb, s.tc, s.lean, s.v.a, s.v.b, s.v.b_pair, s.v.c, s.aligned, s.edge_shift})
+  const bool half_fma = s.half_ab && sw.f16_fma;
+  for (bool f : {s.ta, s.tb, s.tc, s.lean, s.v.a, s.v.b, s.v.b_pair, s.v.c, s.aligned, s.edge_shift, s.half_ab,
+                 s.half_c, half_fma})
     rest |= uint64_t(f) << bit++;
   return dev.pipelines().get(KernelKey(entry, slots, tiles, rest), [&] {
     KernelDesc d;
     d.shader = "gemm";
     d.entry = entry;
     d.bindings = slots;
+    d.aliases = {{"AB", s.half_ab ? "f16" : "f32"}, {"CT", s.half_c ? "f16" : "f32"}, {"TT", half_fma ? "f16" : "f32"}};
     // clang-format off
     d.constants = {{"BM", u32_literal(t.bm)},
                    {"BN", u32_literal(t.bn)},
@@ -101,7 +105,8 @@ const Kernel& gemm_pipeline(Device& dev, const char* entry, const GemmSpec& s, s
                    {"C_VEC", bool_literal(s.v.c)},
                    {"GROUP_M", u32_literal(sw.group_m)},
                    {"ALIGNED", bool_literal(s.aligned)},
-                   {"EDGE_SHIFT", bool_literal(s.edge_shift)}};
+                   {"EDGE_SHIFT", bool_literal(s.edge_shift)},
+                   {"HALF_FMA", bool_literal(half_fma)}};
     // clang-format on
     d.trusted = true;
     return d;
@@ -151,6 +156,8 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, 
   s.v = v;
   s.aligned = c.aligned;
   s.edge_shift = c.edge_shift;
+  s.half_ab = g.half_ab;
+  s.half_c = g.half_c;
   return gemm_pipeline(dev, g.stream_k ? "gemm_stream_k" : "gemm", s,
                        {sh::a, sh::b, sh::c, sh::p, sh::bias, sh::preact, sh::row_sums, sh::a4, sh::b4, sh::c4,
                         sh::preact4, sh::residual, sh::b2});
@@ -187,24 +194,26 @@ void dispatch_gemm(Recorder& r, const GemmVariant& g, const GemmParams& p, const
 }
 
 RowWindow block_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t col0,
-                       uint64_t cols, uint64_t ld) {
-  const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+                       uint64_t cols, uint64_t ld, uint32_t elem) {
+  const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / elem;
   const uint64_t first = base + row0 * ld + col0;
   const uint64_t start = first / align * align;
   const uint64_t count = first - start + (rows - 1) * ld + cols;
-  return {floats(buf, start, count), uint32_t(first - start)};
+  return {elements(buf, start, count, elem), uint32_t(first - start)};
 }
 
-RowWindow row_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t ld) {
-  return block_window(dev, buf, base, row0, rows, 0, ld, ld);
+RowWindow row_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t ld,
+                     uint32_t elem) {
+  return block_window(dev, buf, base, row0, rows, 0, ld, ld, elem);
 }
 
-uint64_t rows_per_binding(const Device& dev, uint64_t ld, const char* operand) {
-  const uint64_t cap = dev.limits().max_storage_binding / 4;
-  const uint64_t slack = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
+uint64_t rows_per_binding(const Device& dev, uint64_t ld, const char* operand, uint32_t elem) {
+  // (the window's byte count is rounded up to a word: one element of slack for float16)
+  const uint64_t cap = dev.limits().max_storage_binding / elem - (elem < 4 ? 1 : 0);
+  const uint64_t slack = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / elem;
   if (ld + slack > cap)
     throw ArgumentError(std::string("one row of ") + operand + " (" + std::to_string(ld) +
-                        " floats) exceeds the device's max_storage_buffer_binding_size of " +
+                        " elements) exceeds the device's max_storage_buffer_binding_size of " +
                         std::to_string(dev.limits().max_storage_binding) + " bytes");
   return (cap - slack) / ld;
 }
@@ -224,19 +233,20 @@ constexpr TileConfig kElementwiseTiles{64, 64, 16, 4, 4, 16};
 // tc: the entry writes C transposed (the stream-K fixup of a product with tc).
 const Kernel& elementwise_pipeline(Device& dev, const char* entry, Epilogue ep, Activation act,
                                    std::initializer_list<Slot> slots, const TileConfig& t = kElementwiseTiles,
-                                   bool tc = false) {
+                                   bool tc = false, bool half_c = false) {
   GemmSpec s;
   s.t = t;
   s.tc = tc;
   s.ep = ep;
   s.act = act;
+  s.half_c = half_c;
   return gemm_pipeline(dev, entry, s, slots);
 }
 
 }  // namespace
 
 void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ranges, const EpilogueArgs& e,
-                         const TileConfig* stream_k_tiles, bool tc) {
+                         const TileConfig* stream_k_tiles, bool tc, bool half_c) {
   Device& dev = r.device();
   // Four columns per thread (splitk_reduce4) where whole vec4s line up.
   const bool quads = !stream_k_tiles && e.ep != Epilogue::ActGrad && q.n % 4 == 0 && q.ldc % 4 == 0 &&
@@ -247,7 +257,7 @@ void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ra
   const char* entry = stream_k_tiles ? "stream_k_fixup" : quads ? "splitk_reduce4" : "splitk_reduce";
   const Kernel& k =
       elementwise_pipeline(dev, entry, e.ep, e.act, {c_slot, sh::p, partials_slot, sh::bias, preact_slot, sh::residual},
-                           stream_k_tiles ? *stream_k_tiles : kElementwiseTiles, stream_k_tiles && tc);
+                           stream_k_tiles ? *stream_k_tiles : kElementwiseTiles, stream_k_tiles && tc, half_c);
   auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(q.m) * q.n, quads ? 4 * sh::EW_WG : sh::EW_WG));
   r.dispatch(k,
              {{c_slot, ranges.c},

@@ -57,6 +57,8 @@ struct GemmProblem {
   bool ta = false, tb = false, tc = false;
   uint64_t lda = 0, ldb = 0, ldc = 0;
   float alpha = 1.0f, beta = 0.0f;
+  uint32_t elem = 4;    // bytes per element of A and B: 4 (float32) or 2 (float16)
+  uint32_t c_elem = 4;  // of C
 };
 
 // The shape of a product of packed operands (no buffers yet).
@@ -120,6 +122,8 @@ struct GemmVariant {
   Epilogue ep = Epilogue::Plain;
   Activation act = Activation::None;
   bool stream_k = false;
+  // float16 A and B (AB), C (CT); split-K and stream-K partials stay float32.
+  bool half_ab = false, half_c = false;
 };
 
 // What one tiled dispatch binds: windows of A, B and C, and the epilogue's
@@ -145,12 +149,14 @@ struct RowWindow {
   uint32_t inner;
 };
 
+// `elem`: bytes per element (4, or 2 for float16).
 RowWindow block_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t col0,
-                       uint64_t cols, uint64_t ld);
+                       uint64_t cols, uint64_t ld, uint32_t elem = 4);
 // Whole rows [row0, row0 + rows).
-RowWindow row_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t ld);
+RowWindow row_window(const Device& dev, const Buffer& buf, uint64_t base, uint64_t row0, uint64_t rows, uint64_t ld,
+                     uint32_t elem = 4);
 // Largest row count whose window (plus alignment slack) fits one binding.
-uint64_t rows_per_binding(const Device& dev, uint64_t ld, const char* operand);
+uint64_t rows_per_binding(const Device& dev, uint64_t ld, const char* operand, uint32_t elem = 4);
 // Block size along one dimension: every operand stored with that dimension as
 // its row index must fit; 0 constraints means the whole extent.
 uint64_t block_along(uint64_t extent, uint64_t limit, uint64_t tile);
@@ -166,8 +172,9 @@ struct SplitRanges {
 // plain epilogue adds q.beta * C, the bias is read from q.bias_off on. With
 // stream_k_tiles: the sum of each tile's stream-K slots (gemm.wgsl
 // stream_k_fixup) for a product on those tiles, into C transposed when tc.
+// half_c: C is float16.
 void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ranges, const EpilogueArgs& e,
-                         const TileConfig* stream_k_tiles = nullptr, bool tc = false);
+                         const TileConfig* stream_k_tiles = nullptr, bool tc = false, bool half_c = false);
 
 // Copies the rows x cols matrix `src` (leading dimension cols) to `dst` with
 // leading dimension ld.

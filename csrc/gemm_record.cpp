@@ -37,8 +37,8 @@ constexpr uint64_t kRowSumMaxMacs = uint64_t(1) << 30;
 // pre-activation and residual windows are C's rows too (row_window, the
 // same offset inside before the region's n0 is added; never with tc).
 RowWindow c_window(const Device& dev, const GemmProblem& g, const Region& reg) {
-  if (g.tc) return block_window(dev, *g.c, 0, reg.n0, reg.nc, reg.m0, reg.mc, g.ldc);
-  RowWindow w = row_window(dev, *g.c, 0, reg.m0, reg.mc, g.ldc);
+  if (g.tc) return block_window(dev, *g.c, 0, reg.n0, reg.nc, reg.m0, reg.mc, g.ldc, g.c_elem);
+  RowWindow w = row_window(dev, *g.c, 0, reg.m0, reg.mc, g.ldc, g.c_elem);
   w.inner += reg.n0;
   return w;
 }
@@ -67,8 +67,11 @@ struct RegionBinding {
 };
 RegionBinding bind_region(const Device& dev, const GemmProblem& g, const Region& reg) {
   RegionBinding rb;
-  rb.a = g.ta ? row_window(dev, *g.a, 0, reg.k0, reg.kc, g.lda) : row_window(dev, *g.a, 0, reg.m0, reg.mc, g.lda);
-  rb.b = g.tb ? row_window(dev, *g.b, 0, reg.n0, reg.nc, g.ldb) : row_window(dev, *g.b, 0, reg.k0, reg.kc, g.ldb);
+  const uint32_t el = g.elem;
+  rb.a =
+      g.ta ? row_window(dev, *g.a, 0, reg.k0, reg.kc, g.lda, el) : row_window(dev, *g.a, 0, reg.m0, reg.mc, g.lda, el);
+  rb.b =
+      g.tb ? row_window(dev, *g.b, 0, reg.n0, reg.nc, g.ldb, el) : row_window(dev, *g.b, 0, reg.k0, reg.kc, g.ldb, el);
   GemmParams& p = rb.p;
   p.m = reg.mc;
   p.n = reg.nc;
@@ -91,6 +94,8 @@ GemmVariant plain_variant(const TileConfig& t, const GemmProblem& g) {
   v.ta = g.ta;
   v.tb = g.tb;
   v.tc = g.tc;
+  v.half_ab = g.elem == 2;
+  v.half_c = g.c_elem == 2;
   return v;
 }
 GemmRanges abc_ranges(const RegionBinding& rb, const Range& c) {
@@ -127,8 +132,10 @@ void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, c
   p.k_chunk = k_chunk;
   p.split_stride = uint32_t(stride);
   p.splits = splits;
-  dispatch_gemm(r, plain_variant(t, g), p, abc_ranges(rb, ws), uint32_t(ceil_div(reg.nc, t.bn)),
-                uint32_t(ceil_div(reg.mc, t.bm)), splits);
+  GemmVariant partial = plain_variant(t, g);
+  partial.half_c = false;  // the partials are float32
+  dispatch_gemm(r, partial, p, abc_ranges(rb, ws), uint32_t(ceil_div(reg.nc, t.bn)), uint32_t(ceil_div(reg.mc, t.bm)),
+                splits);
   GemmParams q;
   const SplitRanges sr = split_ranges(dev, g, e, ws, reg, q.c_off);
   q.m = g.tc ? reg.nc : reg.mc;
@@ -139,7 +146,7 @@ void record_split_region(Recorder& r, const GemmProblem& g, const Region& reg, c
   q.bias_off = reg.n0;
   q.split_stride = uint32_t(stride);
   q.splits = splits;
-  record_split_reduce(r, q, sr, e);
+  record_split_reduce(r, q, sr, e, nullptr, false, g.c_elem == 2);
 }
 
 }  // namespace
@@ -216,13 +223,14 @@ void record_stream_k(Recorder& r, const GemmProblem& g, const TileConfig& t, uin
   p.ldc = t.bn;  // rows of a partial slot (vec_loads' C_VEC test)
   GemmVariant v = plain_variant(t, g);
   v.stream_k = true;
-  v.tc = false;  // its partial slots hold the product's tiles; the fixup transposes
+  v.tc = false;      // its partial slots hold the product's tiles; the fixup transposes
+  v.half_c = false;  // and are float32
   dispatch_gemm(r, v, p, abc_ranges(rb, ws), workers, 1);
   GemmParams q = p;
   const SplitRanges sr = split_ranges(dev, g, e, ws, reg, q.c_off);
   q.ldc = uint32_t(g.ldc);
   q.bias_off = 0;
-  record_split_reduce(r, q, sr, e, &t, g.tc);
+  record_split_reduce(r, q, sr, e, &t, g.tc, g.c_elem == 2);
 }
 
 // Ragged large products (e.g. 4097^3): a last tile row or column holding a
@@ -243,7 +251,7 @@ bool record_ragged(Recorder& r, const GemmProblem& g, const TileConfig& t) {
   main_part.nc = n_main;
   main_part.kc = k;
   RegionBinding rb = bind_region(dev, g, main_part);
-  RowWindow cw = row_window(dev, *g.c, 0, 0, m_main, n);
+  RowWindow cw = row_window(dev, *g.c, 0, 0, m_main, n, g.c_elem);
   rb.p.ldc = n;
   rb.p.c_off = cw.inner;
   dispatch_gemm(r, plain_variant(t, g), rb.p, abc_ranges(rb, cw.range), uint32_t(ceil_div(n_main, t.bn)),
@@ -279,7 +287,7 @@ bool nt_swapped(const GemmSwitches& sw, uint64_t m, uint64_t n, uint64_t k) {
 Blocks blocks(const Device& dev, const GemmProblem& g, const TileConfig& t) {
   // Rows of each stored matrix are one of M, N, K; bound each block size by
   // every operand whose rows run along that dimension.
-  const uint64_t c_rows = rows_per_binding(dev, g.ldc, "C");
+  const uint64_t c_rows = rows_per_binding(dev, g.ldc, "C", g.c_elem);
   uint64_t m_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bm;
   uint64_t n_cap = uint64_t(dev.limits().max_workgroups_per_dim) * t.bn;
   if (g.tc)
@@ -288,13 +296,13 @@ Blocks blocks(const Device& dev, const GemmProblem& g, const TileConfig& t) {
     m_cap = std::min(m_cap, c_rows);
   uint64_t k_cap = UINT64_MAX;
   if (!g.ta)
-    m_cap = std::min(m_cap, rows_per_binding(dev, g.lda, "A"));
+    m_cap = std::min(m_cap, rows_per_binding(dev, g.lda, "A", g.elem));
   else
-    k_cap = std::min(k_cap, rows_per_binding(dev, g.lda, "A"));
+    k_cap = std::min(k_cap, rows_per_binding(dev, g.lda, "A", g.elem));
   if (g.tb)
-    n_cap = std::min(n_cap, rows_per_binding(dev, g.ldb, "B"));
+    n_cap = std::min(n_cap, rows_per_binding(dev, g.ldb, "B", g.elem));
   else
-    k_cap = std::min(k_cap, rows_per_binding(dev, g.ldb, "B"));
+    k_cap = std::min(k_cap, rows_per_binding(dev, g.ldb, "B", g.elem));
   const uint64_t mb = block_along(g.m, m_cap, t.bm), nb = block_along(g.n, n_cap, t.bn);
   // Bounded K loops (dispatch_util.hpp): a K block takes at most as many
   // kMaxKPerSplit splits as one pass may have and as fit the workspace binding
@@ -357,6 +365,10 @@ bool record_row_split(Recorder& r, const GemmProblem& g, const EpilogueArgs& e) 
 
 void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
   Device& dev = r.device();
+  // float16 operands: the tiled product on its plan (gemm_plan: forced or
+  // heuristic). The GEMV rows, transposed copies and the row split move
+  // float32 operands; they only change speed.
+  if (g.elem == 2) return record_planned(r, g, e, gemm_plan(r, g));
   const uint32_t m = g.m, n = g.n, k = g.k;
   const bool ta = g.ta, tb = g.tb;
   const uint64_t lda = g.lda, ldb = g.ldb;
@@ -446,8 +458,8 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
   // row-sum fallback above, whose column-sum pass reads A packed.
   const uint64_t binding = dev.limits().max_storage_binding;
   auto padded_fits = [&](uint64_t ld) { return uint64_t(k) * ((ld + 3) & ~uint64_t(3)) * 4 <= binding; };
-  const bool pad_a = t.lean_loop && ta && lda % 4 && n >= 1024 && padded_fits(lda);
-  const bool pad_b = t.lean_loop && !tb && ldb % 4 && m >= 1024 && padded_fits(ldb);
+  const bool pad_a = g.elem == 4 && t.lean_loop && ta && lda % 4 && n >= 1024 && padded_fits(lda);
+  const bool pad_b = g.elem == 4 && t.lean_loop && !tb && ldb % 4 && m >= 1024 && padded_fits(ldb);
   if (pad_a || pad_b) {
     const uint64_t lda4 = pad_a ? (lda + 3) & ~uint64_t(3) : lda, ldb4 = pad_b ? (ldb + 3) & ~uint64_t(3) : ldb;
     std::unique_ptr<Buffer> a_padded, b_padded;
@@ -480,6 +492,18 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
   // The bias + residual epilogue only adds, so the first K block applies it
   // and the others accumulate onto its result.
   const bool k_blocks = kb < k;
+  if (k_blocks && g.c_elem == 2) {
+    // The K blocks add into C: float16 would round once per block. They add
+    // into a float32 copy instead, narrowed into C once (C is packed here).
+    if (g.tc || ldc != n) throw std::logic_error("gemm: a float16 C in K blocks must be packed");
+    Buffer wide(r.device_ptr(), uint64_t(m) * n * 4, "pywgtrain.half_product");
+    if (g.beta != 0.0f) cast(r, c, wide, uint64_t(m) * n, false);
+    GemmProblem w = g;
+    w.c = &wide;
+    w.c_elem = 4;
+    record_planned(r, w, e, plan);
+    return cast(r, wide, c, uint64_t(m) * n, true);
+  }
   const bool first_block_epilogue = e.ep == Epilogue::BiasResidual;
   std::unique_ptr<Buffer> scratch;  // released after recording: wgpu keeps it alive for the encoder
   const Buffer* target = &c;

@@ -74,6 +74,11 @@ GemmSwitches GemmSwitches::from_env() {
   s.vec = !env_switched_off("PYWGTRAIN_GEMM_VEC");
   s.gemv_vec4 = !env_switched_off("PYWGTRAIN_GEMV_VEC4");
   s.gemv_t_vec4 = !env_switched_off("PYWGTRAIN_GEMV_T_VEC4");
+  if (const char* v = std::getenv("PYWGTRAIN_GEMM_F16_FMA"); v && *v) {
+    if (std::string(v) != "0" && std::string(v) != "1")
+      throw ArgumentError(std::string("PYWGTRAIN_GEMM_F16_FMA must be 0 or 1, got '") + v + "'");
+    s.f16_fma = std::string(v) == "1";
+  }
   return s;
 }
 

@@ -38,6 +38,10 @@ struct GemmSwitches {
   // transposed B's k pairs (_PAIR), the GEMM's 128-bit tile loads and stores
   // (_VEC), the GEMV's 128-bit column and row forms (PYWGTRAIN_GEMV_VEC4, _T_VEC4).
   bool aligned = true, pair = true, vec = true, gemv_vec4 = true, gemv_t_vec4 = true;
+  // PYWGTRAIN_GEMM_F16_FMA=1: float16 products multiply each K tile with f16
+  // FMAs into f16 partial sums added to f32 accumulators (gemm.wgsl
+  // HALF_FMA); unset or 0: f32 accumulation throughout.
+  bool f16_fma = false;
 
   // The switches the environment sets; ArgumentError names a malformed one.
   static GemmSwitches from_env();

@@ -228,6 +228,8 @@ GemmPlan gemm_plan(Recorder& r, const GemmProblem& g) {
     forced.workers = sw.stream_k_workers;
     return forced;
   }
+  // float16 products: the heuristic (the tuner times and its table holds float32 products).
+  if (g.elem != 4) return heuristic_plan(sw, g.m, g.n, g.k, g.ta, g.tb);
   if (auto known = tuning.find(shape); known && plan_supported(*known, g.ta, g.tb)) return *known;
   const GemmPlan heuristic = heuristic_plan(sw, g.m, g.n, g.k, g.ta, g.tb);
   if (!tuning.enabled() || !tunable(r.device(), g)) return heuristic;

@@ -16,6 +16,10 @@ enum class Activation : uint32_t { None = 0, Relu = 1, GeluTanh = 2, GeluErf = 3
 // C[M,N] = alpha * op(A) op(B) + beta * C, row-major f32, op(A) is M x K.
 void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
           bool trans_a, bool trans_b, float alpha, float beta);
+// The same on float16 A, B and C (gemm.wgsl with AB = CT = f16; accumulation in f32). Needs the
+// device's shader-f16 feature (ArgumentError naming it otherwise).
+void gemm_half(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+               bool trans_a, bool trans_b, float alpha, float beta);
 
 // Turns GEMM autotuning on or off for dev (Device::gemm_tuning) and points
 // its plan cache at cache_dir ("": memory only). The cache file is named by
@@ -141,5 +145,9 @@ void rng_take(Recorder& r, const Buffer& state, const Buffer& key);
 void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p, float beta);
 // round(p * 2^32) (at most 2^32 - 1): elements whose random word is below it are dropped.
 uint32_t dropout_threshold(double p);
+
+// Casts (cast.cpp): dst[i] = src[i] for i < n, float32 -> float16 (to_half; round to nearest
+// even, overflow to inf) or float16 -> float32 (exact). Both bound from their first byte.
+void cast(Recorder& r, const Buffer& src, const Buffer& dst, uint64_t n, bool to_half);
 
 }  // namespace pwt

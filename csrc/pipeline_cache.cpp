@@ -10,6 +10,7 @@ namespace pwt {
 std::string KernelDesc::key() const {
   std::string k = shader + ":" + entry;
   for (auto& [name, value] : constants) k += ";" + name + "=" + value;
+  for (auto& [name, type] : aliases) k += ";" + name + ":" + type;
   if (trusted) k += ";trusted";
   return k;
 }
@@ -67,9 +68,18 @@ const Kernel& PipelineCache::get(const KernelDesc& desc) {
     if (slot.binding >= 64) throw GpuError(key + ": binding number " + std::to_string(slot.binding) + " above 63");
   if (desc.bindings.size() > kMaxBindings)
     throw GpuError(key + ": more than " + std::to_string(kMaxBindings) + " bindings (kMaxBindings)");
+  bool half = false;
+  for (auto& [name, type] : desc.aliases) half = half || type.find("f16") != std::string::npos;
+  if (half && enables.find("enable f16;") == std::string::npos) {
+    if (!dev_.has_feature(WGPUFeatureName_ShaderF16))
+      throw ArgumentError(key + ": float16 kernels need the adapter's shader-f16 feature, which " + dev_.info().name +
+                          " does not offer");
+    enables += "enable f16;\n";
+  }
   std::string code = enables;
   for (auto& [name, value] : contract->constants) code += "const " + name + ": u32 = " + std::to_string(value) + "u;\n";
   for (auto& [name, value] : desc.constants) code += "const " + name + " = " + value + ";\n";
+  for (auto& [name, type] : desc.aliases) code += "alias " + name + " = " + type + ";\n";
   code += body;
 
   auto k = std::make_unique<Kernel>();

@@ -26,6 +26,9 @@ struct KernelDesc {
   std::string entry;
   std::vector<Slot> bindings;  // the entry point's bindings, from wgsl::<shader> (shader_contract.hpp)
   std::vector<std::pair<std::string, std::string>> constants;  // (name, WGSL literal)
+  // (name, WGSL type), emitted as `alias name = type;`: element types (gemm.wgsl's AB, CT). An f16
+  // type also emits `enable f16;` and needs the device's shader-f16 feature.
+  std::vector<std::pair<std::string, std::string>> aliases;
   // Skip wgpu's injected bounds checks: only for kernels whose every access is
   // bounds-checked in the shader itself (the checks cost registers and
   // block vectorization in hot loops).

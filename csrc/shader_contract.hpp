@@ -117,6 +117,7 @@ struct UniformTraits;  // defined for each uniform block below
   F(n, u32, 0) F(beta1, f32, 4) F(beta2, f32, 8) F(eps, f32, 12) F(decay, f32, 16) F(step_size, f32, 20)          \
   F(bc2_sqrt, f32, 24) F(_pad, f32, 28)
 #define PWT_FIELDS_ScaleParams(F) F(n, u32, 0)
+#define PWT_FIELDS_CastParams(F) F(n, u32, 0)
 #define PWT_FIELDS_ReducePartialParams(F) F(n, u32, 0) F(out_off, u32, 4)
 #define PWT_FIELDS_ReduceFinalParams(F) F(count, u32, 0) F(out_off, u32, 4) F(scale, f32, 8) F(max_norm, f32, 12)
 #define PWT_FIELDS_FlatParams(F) F(n, u32, 0) F(a, f32, 4) F(b, f32, 8) F(beta, f32, 12)
@@ -138,7 +139,7 @@ struct UniformTraits;  // defined for each uniform block below
 // (name, size in bytes) of every uniform block.
 #define PWT_UNIFORMS(U)                                                                                           \
   U(GemmParams, 64) U(GemvParams, 40) U(BmmParams, 64) U(AttnParams, 160) U(XentParams, 32) U(XentFinalParams, 8) \
-  U(DropParams, 32) U(LnParams, 48) U(EwParams, 16) U(ColParams, 16) U(AdamParams, 32) U(ScaleParams, 4)          \
+  U(DropParams, 32) U(LnParams, 48) U(EwParams, 16) U(ColParams, 16) U(AdamParams, 32) U(ScaleParams, 4) U(CastParams, 4)          \
   U(ReducePartialParams, 8) U(ReduceFinalParams, 16) U(FlatParams, 16) U(NdParams, 160) U(AxisParams, 48)         \
   U(GatherParams, 48) U(EmbBwdParams, 48) U(TokenParams, 16)
 
@@ -189,12 +190,12 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
 #define PWT_REDUCE_OPS(CONST) CONST(R_SUM, 0) CONST(R_MAX, 1)
 
 #define PWT_SHADER_gemm(READ, WRITE, UNIFORM, CONST)                                                              \
-  READ(a, 0, "array<f32>") READ(b, 1, "array<f32>") WRITE(c, 2, "array<f32>") UNIFORM(p, 3, GemmParams)           \
+  READ(a, 0, "array<AB>") READ(b, 1, "array<AB>") WRITE(c, 2, "array<CT>") UNIFORM(p, 3, GemmParams)              \
   READ(bias, 4, "array<f32>") WRITE(preact, 5, "array<f32>") READ(partials, 6, "array<f32>")                      \
-  WRITE(row_sums, 7, "array<f32>") READ(a4, 8, "array<vec4<f32>>") READ(b4, 9, "array<vec4<f32>>")                \
-  WRITE(c4, 10, "array<vec4<f32>>") WRITE(preact4, 11, "array<vec4<f32>>") READ(residual, 12, "array<f32>")       \
+  WRITE(row_sums, 7, "array<f32>") READ(a4, 8, "array<vec4<AB>>") READ(b4, 9, "array<vec4<AB>>")                  \
+  WRITE(c4, 10, "array<vec4<CT>>") WRITE(preact4, 11, "array<vec4<f32>>") READ(residual, 12, "array<f32>")       \
   READ(partials4, 13, "array<vec4<f32>>") /* splitk_reduce4: the partials as vec4s */                             \
-  READ(b2, 14, "array<vec2<f32>>") /* B as pairs of floats (B_PAIR) */                                             \
+  READ(b2, 14, "array<vec2<AB>>") /* B as pairs of elements (B_PAIR) */                                            \
   CONST(EW_WG, 256) /* threads of the elementwise entries (split-K reduce, repack), one element each */        \
   CONST(TRANSPOSE_TILE, 32) /* transpose: square tile per workgroup */                                          \
   CONST(TRANSPOSE_ROWS, 8)  /* transpose: thread rows (TRANSPOSE_TILE x TRANSPOSE_ROWS threads) */             \
@@ -230,6 +231,9 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   READ(src, 0, "array<f32>") READ(key, 1, "array<u32>") WRITE(dst, 2, "array<f32>") UNIFORM(dp, 3, DropParams)    \
   WRITE(state, 4, "array<u32>") WRITE(key_out, 5, "array<u32>")                                                   \
   CONST(WG, 256) /* threads per dropout workgroup, 4 elements (one Philox block) each */
+#define PWT_SHADER_cast(READ, WRITE, UNIFORM, CONST)                                                              \
+  READ(src, 0, "array<u32>") WRITE(dst, 1, "array<u32>") UNIFORM(cp, 2, CastParams)                               \
+  CONST(WG, 256) /* threads per workgroup: an output word (f32_to_f16) or element (f16_to_f32) each */
 #define PWT_SHADER_layernorm(READ, WRITE, UNIFORM, CONST)                                                         \
   READ(x, 0, "array<f32>") READ(weight, 1, "array<f32>") READ(bias, 2, "array<f32>") WRITE(y, 3, "array<f32>")    \
   WRITE(mean_out, 4, "array<f32>") WRITE(rstd_out, 5, "array<f32>") UNIFORM(lp, 6, LnParams)                      \
@@ -281,7 +285,7 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   CONST(CB, 64)  /* columns per emb_bwd_segments workgroup, one per thread (VB is emitted per kernel) */
 
 #define PWT_SHADERS(S) \
-  S(gemm) S(gemv) S(bmm) S(attention) S(cross_entropy) S(dropout) S(layernorm) S(linear) S(optim) S(reduce) \
+  S(gemm) S(gemv) S(bmm) S(attention) S(cross_entropy) S(cast) S(dropout) S(layernorm) S(linear) S(optim) S(reduce) \
   S(elementwise) S(axis) S(embedding) S(embedding_backward)
 
 // clang-format on

@@ -386,8 +386,12 @@ cdef inline const Buffer* _opt(_Buffer b):
 
 
 def gemm(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer out not None, uint32_t m, uint32_t n,
-         uint32_t k, bint trans_a, bint trans_b, float alpha, float beta):
-    c.gemm(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(out)[0], m, n, k, trans_a, trans_b, alpha, beta)
+         uint32_t k, bint trans_a, bint trans_b, float alpha, float beta, bint half=False):
+    """half: a, b and out hold float16 (accumulation in float32)."""
+    if half:
+        c.gemm_half(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(out)[0], m, n, k, trans_a, trans_b, alpha, beta)
+    else:
+        c.gemm(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(out)[0], m, n, k, trans_a, trans_b, alpha, beta)
 
 
 def gemm_batched(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer out not None, uint32_t batch,
@@ -642,6 +646,12 @@ def dropout(_Recorder r not None, _Buffer x not None, _Buffer key not None, _Buf
 def dropout_threshold(double p):
     """round(p * 2^32), capped at 2^32 - 1: random words below it drop their element."""
     return c.dropout_threshold(p)
+
+
+# Casts (csrc/cast.cpp): n elements float32 -> float16 (to_half) or float16 -> float32.
+
+def cast(_Recorder r not None, _Buffer src not None, _Buffer dst not None, uint64_t n, bint to_half):
+    c.cast(r.ptr.get()[0], _b(src)[0], _b(dst)[0], n, to_half)
 
 
 # ---- the host <-> shader contract (csrc/shader_contract.hpp), for tests/test_contract.py ----

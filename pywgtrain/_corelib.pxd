@@ -147,6 +147,8 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                                           bool tb) except +raise_py_error
     void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
               bool trans_a, bool trans_b, float alpha, float beta) except +raise_py_error
+    void gemm_half(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+                   bool trans_a, bool trans_b, float alpha, float beta) except +raise_py_error
     void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t batch, uint32_t m,
                       uint32_t n, uint32_t k, bool ta, bool tb, float alpha, float beta) except +raise_py_error
     void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
@@ -188,6 +190,7 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
     void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p,
                  float beta) except +raise_py_error
     uint32_t dropout_threshold(double p) except +raise_py_error
+    void cast(Recorder& r, const Buffer& src, const Buffer& dst, uint64_t n, bint to_half) except +raise_py_error
 
     cdef cppclass AttnView:
         uint64_t off

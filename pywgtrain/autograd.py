@@ -247,8 +247,19 @@ def _empty_like(t):
 
 
 def _copy_into(src, dst, beta):
+    n = src._numel
     with dst.device._recording() as rec:
-        _core.unary(rec, 0, src._buf, dst._buf, src._numel, 0.0, 0.0, float(beta))
+        if src.dtype.itemsize == 2:  # float16: add in float32 and round once, as torch's half add
+            wide = _core._Buffer(dst.device._dev, n * 4)
+            _core.cast(rec, src._buf, wide, n, False)
+            if beta:
+                acc = _core._Buffer(dst.device._dev, n * 4)
+                _core.cast(rec, dst._buf, acc, n, False)
+                _core.unary(rec, 0, wide, acc, n, 0.0, 0.0, float(beta))
+                wide = acc
+            _core.cast(rec, wide, dst._buf, n, True)
+            return
+        _core.unary(rec, 0, src._buf, dst._buf, n, 0.0, 0.0, float(beta))
 
 
 def _copy(src):

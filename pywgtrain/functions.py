@@ -64,7 +64,8 @@ def _float_tensor(x, dev, op, name):
         if x.device is not dev:
             raise ValueError(f"{op}: {name} lives on {x.device!r}, the other operand on {dev!r}")
         if x.dtype != np.float32:
-            raise TypeError(f"{op}: {name} must be float32, got {x.dtype.name} (int32 tensors hold ids and labels)")
+            hint = " (int32 tensors hold ids and labels)" if x.dtype == np.int32 else " (cast it with .float())"
+            raise TypeError(f"{op}: {name} must be float32, got {x.dtype.name}{hint}")
         return x if x._whole else _dense(x)
     if isinstance(x, np.ndarray):
         if x.dtype != np.float32:  # no silent casts (torch refuses mixed dtypes too)
@@ -271,6 +272,38 @@ def clamp(
 
 def clone(x: TensorLike) -> Tensor:
     return _unary("copy", x)
+
+
+_CASTS = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def to_dtype(x: Tensor, dtype: Any) -> Tensor:
+    """x as ``dtype``, float32 <-> float16 (``torch.Tensor.to(dtype)``): x itself when it already
+    has it; float16 rounds to nearest even, overflows to +-inf and keeps NaN. Differentiable:
+    the gradient is cast back to x's dtype."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"to: x must be a pywgtrain.Tensor, got {type(x).__name__}")
+    try:
+        want = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"to: dtype must be a NumPy dtype (float32 or float16), got {dtype!r}") from None
+    if want == x.dtype:
+        return x
+    if want not in _CASTS or x.dtype not in _CASTS:
+        raise TypeError(f"to: casts run between float32 and float16, got {x.dtype.name} -> {want.name}")
+    src = _dense(x)
+    out = empty(x.shape, want, x.device)
+    with x.device._recording() as rec:
+        _core.cast(rec, src._buf, out._buf, x._numel, want == np.float16)
+    if needs_grad(x):
+        src_dtype = x.dtype
+
+        def backward(g, sinks):
+            cast_g = to_dtype(g.detach(), src_dtype)
+            sinks[0].put(cast_g, owned=cast_g is not g)
+
+        attach(out, "to", [x], backward)
+    return out
 
 
 def _filled(x: Tensor) -> Tensor:
@@ -686,6 +719,10 @@ def _view_op(x, shape, strides, offset, name, backward):
     out = _make_view(x, shape, strides, offset)
     if x.dtype == np.float32 and needs_grad(x):
         attach(out, name, [x], backward)
+    elif needs_grad(x):  # their backward writes float32 regions
+        raise TypeError(
+            f"{name}: views of {x.dtype.name} tensors that require grad are not supported; cast with .float()"
+        )
     return out
 
 
@@ -730,7 +767,7 @@ def _dense(x):
 
 def _copy_of_view(x):
     out = Tensor(x._view_buffer(), x.shape, x.dtype, x.device)
-    if x.dtype == np.float32 and needs_grad(x):
+    if needs_grad(x):
         attach(out, "contiguous", [x], lambda g, sinks: sinks[0].put(g, owned=False))
     return out
 
@@ -1098,6 +1135,8 @@ def matmul(a: TensorLike, b: TensorLike) -> Tensor:
     """``a @ b`` like torch.matmul: 2-D, 1-D (vector), and batched N-D operands
     whose batch dimensions broadcast."""
     dev = _device_of(a, b)
+    if getattr(a, "dtype", None) == np.float16:
+        return _matmul_half(a, b, dev)
     ta, tb = _float_tensor(a, dev, "matmul", "input"), _float_tensor(b, dev, "matmul", "other")
     if ta.ndim == 0 or tb.ndim == 0:
         raise ValueError("matmul: both operands need at least one dimension (use * for scalars)")
@@ -1117,6 +1156,30 @@ def matmul(a: TensorLike, b: TensorLike) -> Tensor:
     nb = math.prod(batch)
     out = _bmm(reshape(ea, (nb,) + ta.shape[-2:]), reshape(eb, (nb,) + tb.shape[-2:]), False, False, nb)
     return reshape(out, batch + out.shape[-2:])
+
+
+def _matmul_half(a, b, dev):
+    """2-D float16 ``a @ b`` (float32 accumulation), without autograd."""
+    ops = []
+    for x, name in ((a, "input"), (b, "other")):
+        if isinstance(x, Tensor) and x.device is not dev:
+            raise ValueError(f"matmul: {name} lives on {x.device!r}, the other operand on {dev!r}")
+        if not isinstance(x, (Tensor, np.ndarray)) or x.dtype != np.float16:
+            got = x.dtype.name if isinstance(x, (Tensor, np.ndarray)) else type(x).__name__
+            raise TypeError(f"matmul: {name} must be float16 like input, got {got} (no mixed dtypes, as torch)")
+        ops.append(_dense(x) if isinstance(x, Tensor) else tensor(np.ascontiguousarray(x), dev))
+    ta, tb = ops
+    if ta.ndim != 2 or tb.ndim != 2:
+        raise TypeError(f"matmul: float16 operands must be 2-D, got shapes {ta.shape} and {tb.shape}")
+    if needs_grad(ta, tb):
+        raise TypeError("matmul: float16 operands that require grad are not supported; cast them with .float()")
+    (m, k), (kb, n) = ta.shape, tb.shape
+    if k != kb:
+        raise ValueError(f"matmul: shapes {ta.shape} and {tb.shape}: inner dimensions {k} and {kb} differ")
+    out = empty((m, n), np.float16, dev)
+    with dev._recording() as rec:
+        _core.gemm(rec, ta._buf, tb._buf, out._buf, m, n, k, False, False, 1.0, 0.0, True)
+    return out
 
 
 def bmm(a: TensorLike, b: TensorLike, trans_a: bool = False, trans_b: bool = False) -> Tensor:

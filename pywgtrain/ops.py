@@ -25,6 +25,7 @@ def _device_of(*xs, device=None):
 
 
 _FLOAT32 = np.dtype(np.float32)
+_HALF = np.dtype(np.float16)
 
 
 def _as_tensor(x, name, device, ndim=None, dtype=_FLOAT32, written=False):
@@ -69,7 +70,8 @@ def gemm(
     device: Optional[Device] = None,
 ) -> Union[Tensor, np.ndarray]:
     """``out = alpha * op(a) @ op(b) + beta * out`` with ``op`` = transpose when
-    ``trans_a`` / ``trans_b``. ``a``, ``b``: 2-D float32. ``beta != 0`` needs
+    ``trans_a`` / ``trans_b``. ``a``, ``b``: 2-D float32, or both float16 (then
+    ``out`` is float16 too; products accumulate in float32). ``beta != 0`` needs
     ``out``. Returns ``out`` if given, a NumPy array if ``a`` and ``b`` are NumPy
     arrays, else a Tensor."""
     # `type(x) is` first: this runs on every call, and a GEMV's whole call is ~50 us.
@@ -82,8 +84,9 @@ def gemm(
     if type(beta) is not float:
         beta = _check_real("gemm", "beta", beta)
     dev = _device_of(a, b, out, device=device)
-    ta = _as_tensor(a, "a", dev, ndim=2)
-    tb = _as_tensor(b, "b", dev, ndim=2)
+    dtype = _HALF if getattr(a, "dtype", None) == _HALF else _FLOAT32  # b and out must match a
+    ta = _as_tensor(a, "a", dev, ndim=2, dtype=dtype)
+    tb = _as_tensor(b, "b", dev, ndim=2, dtype=dtype)
     m, k = ta.shape[::-1] if trans_a else ta.shape
     k2, n = tb.shape[::-1] if trans_b else tb.shape
     if k != k2:
@@ -93,10 +96,10 @@ def gemm(
     if beta != 0.0 and out is None:
         raise ValueError("gemm: beta != 0 accumulates into out, so out= must be given")
     if out is None:
-        tc = _result((m, n), dev)  # not empty(): m and n come from checked shapes, and this runs per call
+        tc = _result((m, n), dev, dtype)  # not empty(): m and n come from checked shapes, and this runs per call
     else:
         if isinstance(out, Tensor):
-            out_t = _as_tensor(out, "out", dev, ndim=2, written=True)
+            out_t = _as_tensor(out, "out", dev, ndim=2, dtype=dtype, written=True)
             if out_t._buf.shares_memory(ta._buf) or out_t._buf.shares_memory(tb._buf):
                 raise ValueError(
                     "gemm: out must not alias a or b: it shares a device buffer with them (the kernel reads them while writing out)"
@@ -108,12 +111,12 @@ def gemm(
         if isinstance(out, Tensor):
             tc = out_t
         else:
-            _check_array(out, "out")
-            tc = tensor(out, dev) if beta != 0.0 else empty(out.shape, np.float32, dev)
+            _check_array(out, "out", dtype)
+            tc = tensor(out, dev) if beta != 0.0 else empty(out.shape, dtype, dev)
         if tc.shape != (m, n):
             raise ValueError(f"gemm: out has shape {tc.shape}, expected ({m}, {n})")
     with dev._recording() as rec:
-        _core.gemm(rec, ta._buf, tb._buf, tc._buf, m, n, k, trans_a, trans_b, alpha, beta)
+        _core.gemm(rec, ta._buf, tb._buf, tc._buf, m, n, k, trans_a, trans_b, alpha, beta, dtype is _HALF)
     tc._bump_version()
     if out is not None:
         if isinstance(out, np.ndarray):

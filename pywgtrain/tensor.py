@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, overload
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union, overload
 
 import numpy as np
 
@@ -29,7 +30,10 @@ def _register_ops(module: ModuleType) -> None:
     F = module
 
 
-_DTYPES = (np.dtype(np.float32), np.dtype(np.int32))
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32))
+_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # those autograd differentiates
+_HALF = np.dtype(np.float16)
+_DTYPE_NAMES = "float32, float16 or int32"
 MAX_DIM = 2**31 - 1  # kernels index with 32-bit integers
 
 
@@ -40,7 +44,7 @@ else:
 
 
 class Tensor(_TensorFields):
-    """An array in GPU memory (float32, or int32 for labels and ids).
+    """An array in GPU memory (float32, float16, or int32 for labels and ids).
 
     Create with :func:`tensor` / :func:`zeros` / :func:`empty`; read back with
     ``.numpy()`` or ``.item()``. Float tensors take part in autograd:
@@ -113,11 +117,36 @@ class Tensor(_TensorFields):
             return store.buf.view(self._offset * self.dtype.itemsize, self.nbytes)
         out = _core._Buffer(self.device._dev, self.nbytes)
         shape = list(self.shape) or [1]
+        if self.dtype == _HALF:  # the strided copy moves 4-byte words: gather in float32, exactly
+            tmp = _core._Buffer(self.device._dev, self._numel * 4)
+            with self.device._recording() as rec, self._wide_span(rec) as (wide, off):
+                _core.strided_copy(
+                    rec, wide, off, list(self.stride()) or [1], tmp, 0, _contiguous_strides(shape), shape, 0.0
+                )
+                _core.cast(rec, tmp, out, self._numel, True)
+            return out
         with self.device._recording() as rec:
             _core.strided_copy(
                 rec, store.buf, self._offset, list(self.stride()) or [1], out, 0, _contiguous_strides(shape), shape, 0.0
             )
         return out
+
+    @contextlib.contextmanager
+    def _wide_span(self, rec: Any, write_back: bool = False) -> Iterator[tuple[_core._Buffer, int]]:
+        """A float16 tensor's storage span as float32 (exact), from the aligned
+        element at or below its first: yields (buffer, offset of the first
+        element in it); ``write_back`` casts the span back into the storage
+        afterwards (round trips are exact, so elements outside the view keep
+        their bits)."""
+        first = self._offset // (self.device._cache.offset_align // 2) * (self.device._cache.offset_align // 2)
+        last = self._offset + sum((n - 1) * st for n, st in zip(self.shape, self.stride()))
+        count = last + 1 - first
+        span = self._store.buf.view(first * 2, count * 2)
+        wide = _core._Buffer(self.device._dev, count * 4)
+        _core.cast(rec, span, wide, count, False)
+        yield wide, self._offset - first
+        if write_back:
+            _core.cast(rec, wide, span, count, True)
 
     @overload
     def stride(self) -> tuple[int, ...]: ...
@@ -252,6 +281,9 @@ class Tensor(_TensorFields):
         """Record the copy of ``src`` (this tensor's shape and dtype) into this
         tensor's memory and bump the version counter (no autograd)."""
         shape = list(self.shape) or [1]
+        if self.dtype == _HALF:
+            self._write_half(src, shape)
+            return
         with self.device._recording() as rec:
             if self._bindable:
                 if self.dtype == np.float32:
@@ -270,6 +302,22 @@ class Tensor(_TensorFields):
                     shape,
                     0.0,
                 )
+        self._bump_version()
+
+    def _write_half(self, src: Tensor, shape: list[int]) -> None:
+        # Copies move whole 4-byte words and the strided copy works in float32,
+        # so float16 goes through float32 (exact both ways); the narrowing cast
+        # leaves the other half of a shared last word as it was.
+        wide_src = _core._Buffer(self.device._dev, self._numel * 4)
+        with self.device._recording() as rec:
+            _core.cast(rec, src._buf, wide_src, self._numel, False)
+            if self._bindable:
+                _core.cast(rec, wide_src, self._buf, self._numel, True)
+            else:
+                with self._wide_span(rec, write_back=True) as (wide, off):
+                    _core.strided_copy(
+                        rec, wide_src, 0, _contiguous_strides(shape), wide, off, list(self.stride()) or [1], shape, 0.0
+                    )
         self._bump_version()
 
     def _adopt(self, result: Tensor) -> None:
@@ -291,7 +339,10 @@ class Tensor(_TensorFields):
                 raise TypeError(f"copy_: src must have dtype {self.dtype.name}, got {_dtype_name(src.dtype)}")
             if src.shape != self.shape:
                 raise ValueError(f"copy_: src has shape {src.shape}, expected {self.shape}")
-            if self._strides is None and not (is_grad_enabled() and self.requires_grad):
+            # (float16: uploads write whole 4-byte words, so only into a whole tensor)
+            if (self._whole if self.dtype == _HALF else self._strides is None) and not (
+                is_grad_enabled() and self.requires_grad
+            ):
                 self._check_inplace("copy_", False)
                 self.device.flush()  # keep order with work recorded earlier in a batch
                 self._store.buf.upload(
@@ -359,6 +410,8 @@ class Tensor(_TensorFields):
     def clone(self) -> Tensor:
         if self.dtype == np.float32:
             return F.clone(self)
+        if self.dtype == _HALF:  # through float32: exact, and differentiable as torch's clone
+            return self.float().half()
         out = empty(self.shape, self.dtype, self.device)
         with self.device._recording() as rec:
             rec.copy(self._buf, 0, out._buf, 0, self.nbytes)
@@ -380,18 +433,20 @@ class Tensor(_TensorFields):
                     f"shape {self.shape}: pass gradient= of that shape"
                 )
             gradient = _one(self.device).reshape(self.shape)
+            if self.dtype == _HALF:
+                gradient = F.to_dtype(gradient, _HALF)
         else:
             if not isinstance(gradient, Tensor):
                 arr = np.asarray(gradient)
-                if arr.dtype != np.float32:  # refused, not cast, like every op's inputs
-                    raise TypeError(f"backward(): gradient must be float32, got {arr.dtype.name}")
+                if arr.dtype != self.dtype:  # refused, not cast, like every op's inputs
+                    raise TypeError(f"backward(): gradient must be {self.dtype.name}, got {arr.dtype.name}")
                 gradient = tensor(np.ascontiguousarray(arr), self.device)
             if gradient.device is not self.device:
                 raise ValueError(f"backward(): gradient lives on {gradient.device!r}, the tensor on {self.device!r}")
             if gradient.shape != self.shape:
                 raise ValueError(f"backward(): gradient has shape {gradient.shape}, the tensor {self.shape}")
-            if gradient.dtype != np.float32:
-                raise TypeError(f"backward(): gradient must be float32, got {gradient.dtype.name}")
+            if gradient.dtype != self.dtype:
+                raise TypeError(f"backward(): gradient must be {self.dtype.name}, got {gradient.dtype.name}")
         _run_backward(self, gradient, retain_graph)
 
     def retain_grad(self) -> None:
@@ -414,8 +469,10 @@ class Tensor(_TensorFields):
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         if self._node is not None and not requires_grad:
             raise RuntimeError("requires_grad_(False) on a non-leaf tensor; use detach()")
-        if requires_grad and self.dtype != np.float32:
-            raise TypeError(f"only float32 tensors can require gradients, got {self.dtype.name}")
+        if requires_grad and self.dtype not in _FLOAT_DTYPES:
+            raise TypeError(
+                f"only floating-point tensors (float32, float16) can require gradients, got {self.dtype.name}"
+            )
         self.requires_grad = bool(requires_grad)
         return self
 
@@ -553,6 +610,17 @@ class Tensor(_TensorFields):
 
     def ne(self, other: Operand) -> Tensor:
         return F.ne(self, other)
+
+    def to(self, dtype: DTypeLike) -> Tensor:
+        """This tensor as ``dtype`` (itself when it already is): float32 <-> float16, rounding to
+        nearest even; differentiable, the gradient cast back (``torch.Tensor.to(dtype)``)."""
+        return F.to_dtype(self, dtype)
+
+    def half(self) -> Tensor:
+        return F.to_dtype(self, np.float16)
+
+    def float(self) -> Tensor:
+        return F.to_dtype(self, np.float32)
 
     def matmul(self, other: TensorLike) -> Tensor:
         return F.matmul(self, other)
@@ -753,12 +821,12 @@ def _shape_arg(shape: ShapeLike, name: str = "shape") -> tuple[int, ...]:
 _FLOAT32 = np.dtype(np.float32)
 
 
-def _result(shape: tuple[int, ...], device: Device) -> Tensor:
-    """A new float32 tensor for an op's result, whose shape the op derived from
-    checked inputs (``empty`` without the argument checks: ops run per call)."""
+def _result(shape: tuple[int, ...], device: Device, dtype: np.dtype = _FLOAT32) -> Tensor:
+    """A new tensor for an op's result (a dtype of _DTYPES), whose shape the op
+    derived from checked inputs (``empty`` without the argument checks: ops run per call)."""
     numel = math.prod(shape)
-    buf = _core._Buffer(device._dev, numel * 4)
-    return _core._new_tensor(Tensor, buf, shape, _FLOAT32, device, numel, device._current_batch_token())
+    buf = _core._Buffer(device._dev, max(numel * dtype.itemsize, 4))
+    return _core._new_tensor(Tensor, buf, shape, dtype, device, numel, device._current_batch_token())
 
 
 def empty(
@@ -769,7 +837,7 @@ def empty(
     dims = _shape_arg(shape)
     dtype = np.dtype(dtype)
     if dtype not in _DTYPES:
-        raise TypeError(f"dtype must be float32 or int32, got {dtype.name}")
+        raise TypeError(f"dtype must be {_DTYPE_NAMES}, got {dtype.name}")
     if any(s <= 0 for s in dims):
         raise ValueError(f"shape must have all dimensions >= 1, got {dims}")
     if any(s > MAX_DIM for s in dims):
@@ -806,7 +874,7 @@ def tensor(
     dtype: Optional[DTypeLike] = None,
     requires_grad: bool = False,
 ) -> Tensor:
-    """Upload a NumPy array (float32, or int32) to the device. A Tensor is
+    """Upload a NumPy array (float32, float16, or int32) to the device. A Tensor is
     returned as it is when it already lives on ``device`` (or no device is
     given); a Tensor of another device is refused: read it back first."""
     if isinstance(data, Tensor):
@@ -823,14 +891,14 @@ def tensor(
     if not isinstance(data, np.ndarray):
         raise TypeError(f"data must be a numpy.ndarray, got {type(data).__name__}")
     if data.dtype not in _DTYPES:
-        raise TypeError(f"data must have dtype float32 or int32, got {data.dtype.name}")
+        raise TypeError(f"data must have dtype {_DTYPE_NAMES}, got {data.dtype.name}")
     if data.ndim == 0:  # a scalar: stored as one element, shaped ()
         t = tensor(data.reshape(1), device, requires_grad=requires_grad)
         t.shape = ()
         return t
     _check_array(data, "data", data.dtype)
-    if requires_grad and data.dtype != np.float32:
-        raise TypeError(f"only float32 tensors can require gradients, got {data.dtype.name}")
+    if requires_grad and data.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"only floating-point tensors (float32, float16) can require gradients, got {data.dtype.name}")
     t = empty(data.shape, data.dtype, device, requires_grad)
     t._buf.upload(data.reshape(-1).view(np.uint8))
     t._batch = None  # its contents come from the host, not from the batch

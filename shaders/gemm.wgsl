@@ -23,6 +23,12 @@
 //   TRANS_C: bool, the pass that writes C stores element (m, n) of the
 //     product at C[n * ldc + m] (the host runs an NT product C = A B^T as
 //     C^T = B A^T, NN on a transposed copy of A; see store_transposed).
+//   AB, CT, TT (aliases, not consts): the element types of A and B, of C,
+//     and of the workgroup tiles (f32, or f16 with `enable f16`); loads widen
+//     to f32, the product accumulates in f32 and C's stores narrow to CT.
+//     Split-K and stream-K partials are f32 (CT = f32 in those passes), their
+//     reduce writes CT. HALF_FMA: bool, f16 tiles (TT = f16) multiplied with
+//     f16 FMAs per K tile (multiply_tiles_half); otherwise TT = f32.
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
@@ -44,9 +50,9 @@ struct GemmParams {
   sk_workers: u32,
 }
 
-@group(0) @binding(0) var<storage, read> a: array<f32>;
-@group(0) @binding(1) var<storage, read> b: array<f32>;
-@group(0) @binding(2) var<storage, read_write> c: array<f32>;
+@group(0) @binding(0) var<storage, read> a: array<AB>;
+@group(0) @binding(1) var<storage, read> b: array<AB>;
+@group(0) @binding(2) var<storage, read_write> c: array<CT>;
 @group(0) @binding(3) var<uniform> p: GemmParams;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> preact: array<f32>;
@@ -54,9 +60,9 @@ struct GemmParams {
 @group(0) @binding(7) var<storage, read_write> row_sums: array<f32>;
 // A and B again as vec4s (A_VEC / B_VEC), C and the pre-activation (C_VEC);
 // otherwise a placeholder is bound.
-@group(0) @binding(8) var<storage, read> a4: array<vec4<f32>>;
-@group(0) @binding(9) var<storage, read> b4: array<vec4<f32>>;
-@group(0) @binding(10) var<storage, read_write> c4: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read> a4: array<vec4<AB>>;
+@group(0) @binding(9) var<storage, read> b4: array<vec4<AB>>;
+@group(0) @binding(10) var<storage, read_write> c4: array<vec4<CT>>;
 @group(0) @binding(11) var<storage, read_write> preact4: array<vec4<f32>>;
 // A matrix added to the result at C's indices (BIAS_RESIDUAL: a transformer
 // block's residual stream, x + proj(branch) in one pass).
@@ -64,7 +70,7 @@ struct GemmParams {
 // The split-K partials again as vec4s (splitk_reduce4).
 @group(0) @binding(13) var<storage, read> partials4: array<vec4<f32>>;
 // B again as pairs of floats (B_PAIR).
-@group(0) @binding(14) var<storage, read> b2: array<vec2<f32>>;
+@group(0) @binding(14) var<storage, read> b2: array<vec2<AB>>;
 
 // ROWSUM: tile_product also sums op(A) over k for the thread's rows (the bias
 // gradient comes with the weight gradient: db = dZ^T 1 next to dW = dZ^T X).
@@ -93,8 +99,8 @@ fn thread_xy(li: u32) -> vec2<u32> {
 // of hitting the same ones 16 times.
 const A_STRIDE: u32 = BM / 4u + 1u;
 const B_STRIDE: u32 = BN / 4u + 1u;
-var<workgroup> tile_a: array<vec4<f32>, BK * A_STRIDE>;  // [k][m], m packed by 4
-var<workgroup> tile_b: array<vec4<f32>, BK * B_STRIDE>;  // [k][n], n packed by 4
+var<workgroup> tile_a: array<vec4<TT>, BK * A_STRIDE>;  // [k][m], m packed by 4
+var<workgroup> tile_b: array<vec4<TT>, BK * B_STRIDE>;  // [k][n], n packed by 4
 
 // Element index of op(A)[m, k] / op(B)[k, n] in the bound operand.
 fn a_index(m: u32, k: u32) -> u32 { return p.a_off + select(m * p.lda + k, k * p.lda + m, TRANS_A); }
@@ -107,11 +113,11 @@ fn m_loadable() -> u32 { return select(p.m, (p.m + 3u) & ~3u, A_VEC); }
 fn n_loadable() -> u32 { return select(p.n, (p.n + 3u) & ~3u, B_VEC); }
 fn op_a(m: u32, k: u32) -> f32 {
   if (m >= p.m || k >= p.k) { return 0.0; }
-  return a[a_index(m, k)];
+  return f32(a[a_index(m, k)]);
 }
 fn op_b(k: u32, n: u32) -> f32 {
   if (k >= p.k || n >= p.n) { return 0.0; }
-  return b[b_index(k, n)];
+  return f32(b[b_index(k, n)]);
 }
 
 const A_SLOTS: u32 = BM * BK / 4u / THREADS;  // vec4 slots of the A tile per thread
@@ -187,12 +193,12 @@ fn first_fetch_b(n0: u32, k0: u32, s: u32, k_lo: u32) -> vec4<f32> {
 const A_UNIT: u32 = select(1u, 4u, A_VEC);  // elements per unit of the slot indices
 const B_UNIT: u32 = select(select(1u, 2u, B_PAIR), 4u, B_VEC);
 fn load_a(i: u32, d: u32) -> vec4<f32> {
-  if (A_VEC) { return a4[i]; }
-  return vec4<f32>(a[i], a[i + d], a[i + 2u * d], a[i + 3u * d]);
+  if (A_VEC) { return vec4<f32>(a4[i]); }
+  return vec4<f32>(vec4<AB>(a[i], a[i + d], a[i + 2u * d], a[i + 3u * d]));
 }
 fn load_b(i: u32, d: u32) -> vec4<f32> {
-  if (B_VEC) { return b4[i]; }
-  return vec4<f32>(b[i], b[i + d], b[i + 2u * d], b[i + 3u * d]);
+  if (B_VEC) { return vec4<f32>(b4[i]); }
+  return vec4<f32>(vec4<AB>(b[i], b[i + d], b[i + 2u * d], b[i + 3u * d]));
 }
 // B_PAIR: transposed B (stored along k) with an even leading dimension and
 // offset, BK 16 and an even number of slots per thread: two slots (k and
@@ -200,10 +206,10 @@ fn load_b(i: u32, d: u32) -> vec4<f32> {
 // quad's rows d pairs apart. The host leaves it off in ALIGNED dispatches
 // (wrong on the H100 there, docs/gemm_notes.md #108).
 fn load_b_pair(i: u32, d: u32) -> array<vec4<f32>, 2> {
-  let r0 = b2[i];
-  let r1 = b2[i + d];
-  let r2 = b2[i + 2u * d];
-  let r3 = b2[i + 3u * d];
+  let r0 = vec2<f32>(b2[i]);
+  let r1 = vec2<f32>(b2[i + d]);
+  let r2 = vec2<f32>(b2[i + 2u * d]);
+  let r3 = vec2<f32>(b2[i + 3u * d]);
   return array<vec4<f32>, 2>(vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y));
 }
 // The thread's B slots of a tile wholly inside op(B), dk elements of k past
@@ -227,9 +233,10 @@ fn store_a(s: u32, v: vec4<f32>) {
   if (A_SPREAD) {
     let i = c.x * A_STRIDE + c.y / 4u;
     let q = c.y % 4u;
-    tile_a[i][q] = v.x; tile_a[i + BM / 16u][q] = v.y; tile_a[i + BM / 8u][q] = v.z; tile_a[i + 3u * BM / 16u][q] = v.w;
+    tile_a[i][q] = TT(v.x); tile_a[i + BM / 16u][q] = TT(v.y); tile_a[i + BM / 8u][q] = TT(v.z);
+    tile_a[i + 3u * BM / 16u][q] = TT(v.w);
   } else {
-    tile_a[c.x * A_STRIDE + c.y] = v;
+    tile_a[c.x * A_STRIDE + c.y] = vec4<TT>(v);
   }
 }
 fn store_b(s: u32, v: vec4<f32>) {
@@ -237,9 +244,10 @@ fn store_b(s: u32, v: vec4<f32>) {
   if (B_SPREAD) {
     let i = c.x * B_STRIDE + c.y / 4u;
     let q = c.y % 4u;
-    tile_b[i][q] = v.x; tile_b[i + BN / 16u][q] = v.y; tile_b[i + BN / 8u][q] = v.z; tile_b[i + 3u * BN / 16u][q] = v.w;
+    tile_b[i][q] = TT(v.x); tile_b[i + BN / 16u][q] = TT(v.y); tile_b[i + BN / 8u][q] = TT(v.z);
+    tile_b[i + 3u * BN / 16u][q] = TT(v.w);
   } else {
-    tile_b[c.x * B_STRIDE + c.y] = v;
+    tile_b[c.x * B_STRIDE + c.y] = vec4<TT>(v);
   }
 }
 
@@ -251,11 +259,15 @@ fn store_tiles(tid: u32, ra: ptr<function, array<vec4<f32>, A_SLOTS>>, rb: ptr<f
 
 // acc += the workgroup tiles' product for this thread's outputs.
 fn multiply_tiles(acc: ptr<function, array<vec4<f32>, TM * VN>>, xy: vec2<u32>) {
+  if (HALF_FMA) {
+    multiply_tiles_half(acc, xy);
+    return;
+  }
   for (var kk = 0u; kk < BK; kk++) {
     var av: array<vec4<f32>, VM>;
     var bv: array<vec4<f32>, VN>;
-    for (var i = 0u; i < VM; i++) { av[i] = tile_a[kk * A_STRIDE + i * WG_Y + xy.y]; }
-    for (var j = 0u; j < VN; j++) { bv[j] = tile_b[kk * B_STRIDE + j * WG_X + xy.x]; }
+    for (var i = 0u; i < VM; i++) { av[i] = vec4<f32>(tile_a[kk * A_STRIDE + i * WG_Y + xy.y]); }
+    for (var j = 0u; j < VN; j++) { bv[j] = vec4<f32>(tile_b[kk * B_STRIDE + j * WG_X + xy.x]); }
     if (ROWSUM) { for (var i = 0u; i < VM; i++) { row_sum[i] += av[i]; } }
     for (var i = 0u; i < VM; i++) {
       for (var r = 0u; r < 4u; r++) {
@@ -265,6 +277,28 @@ fn multiply_tiles(acc: ptr<function, array<vec4<f32>, TM * VN>>, xy: vec2<u32>) 
       }
     }
   }
+}
+
+// HALF_FMA (tiles of TT = f16): the K tile's BK products summed by f16 FMAs
+// (twice the f32 rate on GPUs with packed f16), then added to the f32
+// accumulators, so f16 rounding spans BK terms only.
+fn multiply_tiles_half(acc: ptr<function, array<vec4<f32>, TM * VN>>, xy: vec2<u32>) {
+  var part: array<vec4<TT>, TM * VN>;
+  for (var kk = 0u; kk < BK; kk++) {
+    var av: array<vec4<TT>, VM>;
+    var bv: array<vec4<TT>, VN>;
+    for (var i = 0u; i < VM; i++) { av[i] = tile_a[kk * A_STRIDE + i * WG_Y + xy.y]; }
+    for (var j = 0u; j < VN; j++) { bv[j] = tile_b[kk * B_STRIDE + j * WG_X + xy.x]; }
+    if (ROWSUM) { for (var i = 0u; i < VM; i++) { row_sum[i] += vec4<f32>(av[i]); } }
+    for (var i = 0u; i < VM; i++) {
+      for (var r = 0u; r < 4u; r++) {
+        for (var j = 0u; j < VN; j++) {
+          part[(i * 4u + r) * VN + j] = fma(vec4<TT>(av[i][r]), bv[j], part[(i * 4u + r) * VN + j]);
+        }
+      }
+    }
+  }
+  for (var q = 0u; q < TM * VN; q++) { (*acc)[q] += vec4<f32>(part[q]); }
 }
 
 // A partial K step runs first (gemm, aligned dispatches with EDGE_SHIFT).
@@ -368,19 +402,19 @@ fn tile_col(xy: vec2<u32>, j: u32) -> u32 { return j * 4u * WG_X + xy.x * 4u; }
 // its epilogue never touches).
 fn epilogue(idx: u32, n: u32, v: f32) {
   if (EPILOGUE == EPILOGUE_BIAS_ACT) {
-    c[idx] = activate(v + bias[p.bias_off + n]);
+    c[idx] = CT(activate(v + bias[p.bias_off + n]));
   } else if (EPILOGUE == EPILOGUE_BIAS_ACT_TRAIN) {
     let z = v + bias[p.bias_off + n];
     preact[idx] = z;
-    c[idx] = activate(z);
+    c[idx] = CT(activate(z));
   } else if (EPILOGUE == EPILOGUE_ACT_GRAD) {
-    c[idx] = act_dx(v, preact[idx]);
+    c[idx] = CT(act_dx(v, preact[idx]));
   } else if (EPILOGUE == EPILOGUE_BIAS_RESIDUAL) {
-    c[idx] = v + bias[p.bias_off + n] + residual[idx];
+    c[idx] = CT(v + bias[p.bias_off + n] + residual[idx]);
   } else if (EPILOGUE == EPILOGUE_PLAIN || EPILOGUE == EPILOGUE_ROWSUM) {
     var s = v;
-    if (p.beta != 0.0) { s = fma(p.beta, c[idx], s); }
-    c[idx] = s;
+    if (p.beta != 0.0) { s = fma(p.beta, f32(c[idx]), s); }
+    c[idx] = CT(s);
   }
 }
 
@@ -395,18 +429,18 @@ fn activate4(z: vec4<f32>) -> vec4<f32> { return vec4<f32>(activate(z.x), activa
 fn epilogue4(idx: u32, n: u32, v: vec4<f32>) {
   let i = idx / 4u;
   if (EPILOGUE == EPILOGUE_BIAS_ACT) {
-    c4[i] = activate4(v + bias4(n));
+    c4[i] = vec4<CT>(activate4(v + bias4(n)));
   } else if (EPILOGUE == EPILOGUE_BIAS_ACT_TRAIN) {
     let z = v + bias4(n);
     preact4[i] = z;
-    c4[i] = activate4(z);
+    c4[i] = vec4<CT>(activate4(z));
   } else if (EPILOGUE == EPILOGUE_BIAS_RESIDUAL) {
     // Scalar loads: no vec4 view of the residual (one binding fewer).
-    c4[i] = v + bias4(n) + vec4<f32>(residual[idx], residual[idx + 1u], residual[idx + 2u], residual[idx + 3u]);
+    c4[i] = vec4<CT>(v + bias4(n) + vec4<f32>(residual[idx], residual[idx + 1u], residual[idx + 2u], residual[idx + 3u]));
   } else if (EPILOGUE == EPILOGUE_PLAIN || EPILOGUE == EPILOGUE_ROWSUM) {
     var s = v;
-    if (p.beta != 0.0) { s = fma(vec4<f32>(p.beta), c4[i], s); }
-    c4[i] = s;
+    if (p.beta != 0.0) { s = fma(vec4<f32>(p.beta), vec4<f32>(c4[i]), s); }
+    c4[i] = vec4<CT>(s);
   }
 }
 
@@ -581,9 +615,9 @@ fn gemm_stream_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
           let idx = slot + tile_row(xy, i, r) * BN + tile_col(xy, j);
           let v = acc[(i * 4u + r) * VN + j];
           if (C_VEC) {
-            c4[idx / 4u] = v;
+            c4[idx / 4u] = vec4<CT>(v);
           } else {
-            c[idx] = v.x; c[idx + 1u] = v.y; c[idx + 2u] = v.z; c[idx + 3u] = v.w;
+            c[idx] = CT(v.x); c[idx + 1u] = CT(v.y); c[idx + 2u] = CT(v.z); c[idx + 3u] = CT(v.w);
           }
         }
       }
@@ -628,7 +662,7 @@ fn repack(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
   if (e >= p.m * p.n) { return; }
   let row = e / p.n;
   let col = e % p.n;
-  c[p.c_off + row * p.ldc + col] = partials[p.a_off + row * p.lda + col];
+  c[p.c_off + row * p.ldc + col] = CT(partials[p.a_off + row * p.lda + col]);
 }
 
 // Transposes the m x n matrix at a_off in `partials` (leading dimension lda)
@@ -649,6 +683,6 @@ fn transpose(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
   for (var i = lid.y; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
     let col = col0 + i;  // row of C
     let row = row0 + lid.x;
-    if (row < p.m && col < p.n) { c[p.c_off + col * p.ldc + row] = tile_t[lid.x * (TRANSPOSE_TILE + 1u) + i]; }
+    if (row < p.m && col < p.n) { c[p.c_off + col * p.ldc + row] = CT(tile_t[lid.x * (TRANSPOSE_TILE + 1u) + i]); }
   }
 }

@@ -50,11 +50,11 @@ def test_gemm_beta_needs_out_and_no_alias(dev):
 
 
 def test_tensor_creation_errors(dev):
-    with pytest.raises(TypeError, match="dtype must be float32 or int32, got float16"):
-        pw.empty((2, 2), np.float16, dev)
+    with pytest.raises(TypeError, match="dtype must be float32, float16 or int32, got float64"):
+        pw.empty((2, 2), np.float64, dev)
     with pytest.raises(ValueError, match="all dimensions >= 1"):
         pw.zeros((2, 0), device=dev)
-    with pytest.raises(TypeError, match="data must have dtype float32 or int32, got complex64"):
+    with pytest.raises(TypeError, match="data must have dtype float32, float16 or int32, got complex64"):
         pw.tensor(np.zeros(3, np.complex64), dev)
     with pytest.raises(ValueError, match=r"cannot reshape a tensor of shape \(2, 3\) \(6 elements\) into \(4, 2\)"):
         pw.zeros((2, 3), device=dev).reshape(4, 2)

@@ -66,10 +66,11 @@ def main(args):
     for kind in kinds:
         if len(kinds) > 1:
             print(f"== {kind} ==", flush=True)
+        dtype = getattr(args, "dtype", "float32")
         if kind == "gemm" and getattr(args, "sweep", False):
-            results[kind] = bench_gemm_sweep(dev, args.quick, torch)
-        elif kind == "gemm" and shapes:
-            results[kind] = bench_gemm(dev, args.quick, torch, shapes)
+            results[kind] = bench_gemm_sweep(dev, args.quick, torch, dtype)
+        elif kind == "gemm" and (shapes or dtype != "float32"):
+            results[kind] = bench_gemm(dev, args.quick, torch, shapes, dtype)
         elif kind == "transfer":
             results[kind] = bench_transfer(dev, args.quick, torch, sizes)
         else:

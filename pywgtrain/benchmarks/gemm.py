@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from .. import _core, nn, optim
+from ..ops import gemm as pw_gemm
 from ..tensor import tensor, zeros
 from ..train import Trainer
 from .common import _time_cuda, fmt_bandwidth, fmt_flops, is_cpu_adapter
@@ -32,20 +33,22 @@ def _sets(nbytes, rotate_bytes=ROTATE_BYTES):
     return int(min(8, max(1, rotate_bytes // max(nbytes, 1))))
 
 
-def pywgtrain_gemm_timer(dev, m, k, n, ta, tb, rotate_bytes=ROTATE_BYTES):
-    """Operand sets for m x k x n (rotated through ``rotate_bytes``), and a
-    function ``time(reps, warmup=3)`` giving the median GPU time of one call in
-    microseconds (each call in its own timed pass), callable repeatedly on
-    the same sets."""
+def pywgtrain_gemm_timer(dev, m, k, n, ta, tb, rotate_bytes=ROTATE_BYTES, dtype=np.float32):
+    """Operand sets for m x k x n of ``dtype`` (float32 or float16; rotated
+    through ``rotate_bytes``), and a function ``time(reps, warmup=3)`` giving
+    the median GPU time of one call in microseconds (each call in its own
+    timed pass), callable repeatedly on the same sets."""
     rng = np.random.default_rng(0)
     a_shape = (k, m) if ta else (m, k)
     b_shape = (n, k) if tb else (k, n)
-    nsets = _sets(4 * (m * k + k * n + m * n), rotate_bytes)
+    dtype = np.dtype(dtype)
+    half = dtype == np.float16
+    nsets = _sets(dtype.itemsize * (m * k + k * n + m * n), rotate_bytes)
     sets = [
         (
-            tensor(rng.standard_normal(a_shape, np.float32), dev),
-            tensor(rng.standard_normal(b_shape, np.float32), dev),
-            zeros((m, n), device=dev),
+            tensor(rng.standard_normal(a_shape, np.float32).astype(dtype), dev),
+            tensor(rng.standard_normal(b_shape, np.float32).astype(dtype), dev),
+            zeros((m, n), dtype, device=dev),
         )
         for _ in range(nsets)
     ]
@@ -57,12 +60,12 @@ def pywgtrain_gemm_timer(dev, m, k, n, ta, tb, rotate_bytes=ROTATE_BYTES):
         rec = _core._Recorder(dev._dev)
         for i in range(warmup):
             a, b, c = sets[i % nsets]
-            _core.gemm(rec, a._buf, b._buf, c._buf, m, n, k, ta, tb, 1.0, 0.0)
+            _core.gemm(rec, a._buf, b._buf, c._buf, m, n, k, ta, tb, 1.0, 0.0, half)
         rec.submit()
         for i in range(reps):
             a, b, c = sets[i % nsets]
             timer.time_next_pass(rec, i)
-            _core.gemm(rec, a._buf, b._buf, c._buf, m, n, k, ta, tb, 1.0, 0.0)
+            _core.gemm(rec, a._buf, b._buf, c._buf, m, n, k, ta, tb, 1.0, 0.0, half)
         ns = timer.read(rec, reps)
         return statistics.median(ns) / 1e3
 
@@ -74,15 +77,16 @@ def time_pywgtrain_gemm(dev, m, k, n, ta, tb, reps, warmup=3, rotate_bytes=ROTAT
     return pywgtrain_gemm_timer(dev, m, k, n, ta, tb, rotate_bytes)(reps, warmup)
 
 
-def torch_gemm_timer(torch, m, k, n, ta, tb):
-    """As pywgtrain_gemm_timer, for torch.mm (cuBLAS): ``time(reps)``."""
-    nsets = _sets(4 * (m * k + k * n + m * n))
+def torch_gemm_timer(torch, m, k, n, ta, tb, half=False):
+    """As pywgtrain_gemm_timer, for torch.mm (cuBLAS; fp16 when ``half``): ``time(reps)``."""
+    dtype = torch.float16 if half else torch.float32
+    nsets = _sets((2 if half else 4) * (m * k + k * n + m * n))
     g = torch.Generator(device="cuda").manual_seed(0)
     sets = []
     for _ in range(nsets):
-        a = torch.randn((k, m) if ta else (m, k), device="cuda", generator=g)
-        b = torch.randn((n, k) if tb else (k, n), device="cuda", generator=g)
-        sets.append((a.t() if ta else a, b.t() if tb else b, torch.empty(m, n, device="cuda")))
+        a = torch.randn((k, m) if ta else (m, k), device="cuda", generator=g, dtype=dtype)
+        b = torch.randn((n, k) if tb else (k, n), device="cuda", generator=g, dtype=dtype)
+        sets.append((a.t() if ta else a, b.t() if tb else b, torch.empty(m, n, device="cuda", dtype=dtype)))
 
     def run(i):
         a, b, c = sets[i % nsets]
@@ -184,12 +188,12 @@ def sweep_shapes(cpu):
     return out
 
 
-def bench_gemm_sweep(dev, quick, torch):
+def bench_gemm_sweep(dev, quick, torch, dtype="float32"):
     """The sweep: every shape beside cuBLAS (when available), rows with the
     layer and mode they come from; `bench/sweep_heatmap.py` draws the ratios."""
     cpu = is_cpu_adapter(dev)
     shapes = sweep_shapes(cpu)
-    rows = bench_gemm(dev, quick, torch, [s[:5] for s in shapes])
+    rows = bench_gemm(dev, quick, torch, [s[:5] for s in shapes], dtype)
     for row, (_, _, _, _, _, layer, mode) in zip(rows, shapes):
         row.update(layer=list(layer), mode=mode)
     ratios = sorted(r["time_ratio"] for r in rows if "time_ratio" in r)
@@ -202,7 +206,29 @@ def bench_gemm_sweep(dev, quick, torch):
     return rows
 
 
-def bench_gemm(dev, quick, torch, shapes=None):
+def half_gemm_errors(dev, torch, m, k, n, ta, tb):
+    """Max |C - C64| / max |C64| of our float16 product and (with CUDA) torch's fp16 one, on the
+    same float16 operands; C64 is their float64 product (on the CUDA device when there is one)."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((k, m) if ta else (m, k), np.float32).astype(np.float16)
+    b = rng.standard_normal((n, k) if tb else (k, n), np.float32).astype(np.float16)
+    ours = np.asarray(pw_gemm(a, b, ta, tb, device=dev), np.float64)
+    if torch is None:
+        ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+        return float(np.max(np.abs(ours - ref)) / max(np.max(np.abs(ref)), 1e-300)), None
+    ta16, tb16 = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    op_a, op_b = (ta16.t() if ta else ta16), (tb16.t() if tb else tb16)
+    ref = torch.mm(op_a.double(), op_b.double())
+    scale = max(float(ref.abs().max()), 1e-300)
+    theirs = torch.mm(op_a, op_b).double()
+    err_ours = float((torch.from_numpy(ours).cuda() - ref).abs().max()) / scale
+    return err_ours, float((theirs - ref).abs().max()) / scale
+
+
+def bench_gemm(dev, quick, torch, shapes=None, dtype="float32"):
+    """GEMMs of ``dtype`` beside cuBLAS fp32 (TF32 off). float16 rows also time our float32 GEMM
+    and torch's fp16 one on the shape and report both float16 products' error against float64."""
+    half = np.dtype(dtype) == np.float16
     rows = []
     cpu = is_cpu_adapter(dev)
     if not cpu:
@@ -215,7 +241,7 @@ def bench_gemm(dev, quick, torch, shapes=None):
         print(f"[{idx}/{len(shapes)}] {m}x{k}x{n} {mode}: ", end="", flush=True)
         flops = 2.0 * m * n * k
         if cpu:
-            ours = pywgtrain_gemm_timer(dev, m, k, n, ta, tb, CPU_ROTATE_BYTES)
+            ours = pywgtrain_gemm_timer(dev, m, k, n, ta, tb, CPU_ROTATE_BYTES, dtype)
             # One untimed run (kernel compilation included) tells how many
             # repetitions fit in ~0.5 s (quick: 3).
             probe = ours(1, warmup=1)
@@ -227,7 +253,7 @@ def bench_gemm(dev, quick, torch, shapes=None):
             # shapes read up to 2x slow depending on what ran before
             # (docs/gemm_notes.md #36).
             warm_up(dev, torch, 0.1 if quick else 0.25)
-            ours = pywgtrain_gemm_timer(dev, m, k, n, ta, tb)
+            ours = pywgtrain_gemm_timer(dev, m, k, n, ta, tb, dtype=dtype)
             reps = 5 if quick else max(10, min(200, int(2e12 / flops * 4)))
             # Both sides in alternating rounds on the same operand sets, each
             # keeping its best round: a single reading per side let one slow
@@ -235,12 +261,19 @@ def bench_gemm(dev, quick, torch, shapes=None):
             # 1024x768x768 NT 56.8 us in a sweep, 48.3 alone, same plan).
             warmup, rounds_per_side = 3, 1 if quick else GPU_ROUNDS
         theirs = torch_gemm_timer(torch, m, k, n, ta, tb) if torch is not None else None
-        rounds, trounds = [], []
+        # float16: our float32 GEMM and torch's fp16 one on the shape too, in the same rounds
+        ours32 = pywgtrain_gemm_timer(dev, m, k, n, ta, tb, CPU_ROTATE_BYTES if cpu else ROTATE_BYTES) if half else None
+        theirs16 = torch_gemm_timer(torch, m, k, n, ta, tb, half=True) if half and torch is not None else None
+        rounds, trounds, rounds32, trounds16 = [], [], [], []
         for _ in range(rounds_per_side):
             rounds.append(ours(reps, warmup))
+            if ours32 is not None:
+                rounds32.append(ours32(reps, warmup))
             if theirs is not None:
                 trounds.append(theirs(reps))
-        del ours, theirs  # the operand sets
+            if theirs16 is not None:
+                trounds16.append(theirs16(reps))
+        del ours, theirs, ours32, theirs16  # the operand sets
         us = min(rounds)
         row = {
             "m": m,
@@ -256,12 +289,24 @@ def bench_gemm(dev, quick, torch, shapes=None):
         if torch is not None:
             tus = min(trounds)
             row.update(cublas_us=tus, cublas_tflops=flops / tus / 1e6, time_ratio=us / tus, cublas_rounds_us=trounds)
-        rows.append(row)
-        line = f"pywgtrain {us:9.1f} us {fmt_flops(flops / us)}"
+        line = f"pywgtrain {'f16 ' if half else ''}{us:9.1f} us {fmt_flops(flops / us)}"
+        if half:
+            us32 = min(rounds32)
+            err, terr = half_gemm_errors(dev, torch, m, k, n, ta, tb)
+            row.update(dtype="float16", pywgtrain_f32_us=us32, pywgtrain_f32_tflops=flops / us32 / 1e6)
+            row.update(speedup_vs_f32=us32 / us, max_rel_err=err)
+            line += f" | f32 {us32:9.1f} us {fmt_flops(flops / us32)} ({us32 / us:.2f}x)"
         if torch is not None:
-            line += (
-                f" | cuBLAS {row['cublas_us']:9.1f} us {fmt_flops(flops / tus)} | time ratio {row['time_ratio']:.2f}x"
-            )
+            line += f" | cuBLAS {'fp32 ' if half else ''}{row['cublas_us']:9.1f} us {fmt_flops(flops / tus)}"
+            line += f" ({tus / us:.2f}x)" if half else f" | time ratio {row['time_ratio']:.2f}x"
+        if half and torch is not None:
+            t16 = min(trounds16)
+            row.update(torch_fp16_us=t16, torch_fp16_tflops=flops / t16 / 1e6, torch_fp16_max_rel_err=terr)
+            row.update(speedup_vs_cublas_fp32=tus / us, torch_fp16_rounds_us=trounds16)
+            line += f" | torch fp16 {t16:9.1f} us {fmt_flops(flops / t16)}"
+        if half:
+            line += f" | max err/max|C|: ours {err:.1e}" + (f", torch fp16 {terr:.1e}" if terr is not None else "")
+        rows.append(row)
         print(line, flush=True)
     return rows
 

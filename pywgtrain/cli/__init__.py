@@ -413,6 +413,13 @@ def build_parser():
     )
     b.add_argument("--no-baseline", action="store_true", help="skip the PyTorch/cuBLAS columns (A/B experiments)")
     b.add_argument(
+        "--dtype",
+        choices=["float32", "float16"],
+        default="float32",
+        help="gemm: operand type; float16 rows also show our float32 GEMM, cuBLAS fp32 and torch fp16 on the "
+        "shape and both float16 products' error against float64 (PYWGTRAIN_GEMM_F16_FMA=1: f16 FMAs per K tile)",
+    )
+    b.add_argument(
         "--sweep",
         action="store_true",
         help="gemm: the linear-layer grid (rows 1..8192 x common layer widths x forward/dX/dW modes); "
