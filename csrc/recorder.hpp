@@ -36,10 +36,12 @@ struct Operand {
 };
 
 // The operands of one dispatch, as a braced list at the call site or a
-// vector: a view, so that recording a dispatch allocates nothing for them.
+// vector: a view, so that recording a dispatch allocates nothing for them. A
+// view of a braced list is valid for the call it is passed to (the list's
+// array lives to the end of the call's full expression), and no longer.
 class Operands {
  public:
-  Operands(std::initializer_list<Operand> list) : first_(list.begin()), count_(list.size()) {}
+  Operands(std::initializer_list<Operand> list) : Operands(list.begin(), list.size()) {}
   Operands(const std::vector<Operand>& v) : first_(v.data()), count_(v.size()) {}  // NOLINT: implicit by design
   Operands(const Operand* first, size_t count) : first_(first), count_(count) {}
   const Operand* begin() const { return first_; }
