@@ -218,7 +218,7 @@ cdef class _Storage:
     cdef public _Buffer buf
     cdef public object version
 
-    def __init__(self, _Buffer buf not None):
+    def __cinit__(self, _Buffer buf not None):
         self.buf = buf
         self.version = 0
 
@@ -236,14 +236,12 @@ cdef class _TensorFields:
     cdef object __weakref__
 
 
-def _new_tensor(type cls, _Buffer buf not None, tuple shape, object dtype, object device, object numel, object batch):
+def _new_tensor(type cls not None, _Buffer buf not None, tuple shape not None, object dtype, object device,
+                object numel, object batch):
     """A ``cls`` (Tensor) over all of ``buf``: contiguous, no autograd record.
     The caller has checked the arguments (ops derive them from checked inputs)."""
     cdef _TensorFields t = cls.__new__(cls)
-    cdef _Storage store = _Storage.__new__(_Storage)
-    store.buf = buf
-    store.version = 0
-    t._store = store
+    t._store = _Storage(buf)
     t._offset = 0
     t._strides = None
     t._whole = True

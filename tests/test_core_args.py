@@ -161,6 +161,8 @@ def value(p):
         return _core._Buffer(d, 4096)  # one per parameter: distinct buffers pass the alias checks
     if t in inst:
         return inst[t]
+    if t == "type":  # _new_tensor's class
+        return _core._TensorFields
     if t == "list":
         return [_core._Buffer(d, 4096)] if n == "grads" else [1] if "strides" in n else [2]
     if t == "tuple":

@@ -8,7 +8,7 @@ import pytest
 import pywgtrain as pw
 from pywgtrain import functions as F
 from pywgtrain.models.gpt import GPT, GPTConfig, _forward_cached, _KVCache
-from tests.helpers import assert_close, rand
+from helpers import assert_close, rand
 
 
 def _attention_reference(qkv, kc, vc, pos, h, scale):
