@@ -522,6 +522,7 @@ def test_bench_ddp_runs_one_and_two_processes(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "pywgtrain", "bench", "ddp", "--quick", "--gpus", "1,2", "--accumulate", "2"]
         + ["--no-baseline", "--json", str(out)],
+        cwd=tmp_path,  # not the checkout: `-m` would import its sources, which have no extension
         env=_module_env(),
         capture_output=True,
         text=True,

@@ -71,6 +71,7 @@ def _launch(world, spec, timeout):
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "pywgtrain.benchmarks.ddp", json.dumps(spec)],
+                cwd=tmp,  # `-m` puts the working directory first: a source checkout there would shadow PACKAGE_PARENT
                 env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
