@@ -47,7 +47,7 @@ raw=$(echo "$tmp"/raw/pywgtrain-*.whl)
 # is, checks the library's own dependencies (glibc, libgcc_s, libm; Vulkan
 # is dlopen()ed at run time) against the policy and picks the oldest
 # manylinux tag they allow. That tag follows the build machine's glibc and
-# libstdc++ (Debian 12: manylinux_2_34, for GLIBCXX_3.4.29); wheels for older
+# libstdc++ (Debian 12: manylinux_2_35); wheels for older
 # systems come from cibuildwheel's manylinux_2_28 image.
 say "auditwheel repair"
 auditwheel repair --wheel-dir "$tmp/repaired" "$raw"
@@ -62,7 +62,8 @@ auditwheel show "$whl"
 mkdir "$tmp/unpacked"
 (cd "$tmp/unpacked" && python -m zipfile -e "$whl" .)
 ext=$(echo "$tmp"/unpacked/pywgtrain/_core.*.so)
-patchelf --print-needed "$ext" | grep -qx 'libwgpu_native-release.so' \
+# (grep without -q: under pipefail, -q's early exit can kill patchelf with SIGPIPE and fail the check)
+patchelf --print-needed "$ext" | grep -x 'libwgpu_native-release.so' >/dev/null \
   || { echo "wheel.sh: $ext does not need libwgpu_native-release.so" >&2; exit 1; }
 [ "$(patchelf --print-rpath "$ext")" = '$ORIGIN' ] \
   || { echo "wheel.sh: RUNPATH of $ext is '$(patchelf --print-rpath "$ext")', not \$ORIGIN" >&2; exit 1; }
