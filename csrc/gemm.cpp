@@ -16,19 +16,22 @@ using namespace gemm_detail;
 
 namespace {
 
-void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k) {
-  if (m == 0 || n == 0 || k == 0)
-    throw ArgumentError("gemm: M, N and K must be >= 1 (got " + std::to_string(m) + ", " + std::to_string(n) + ", " +
-                        std::to_string(k) + ")");
-  check_floats(a, uint64_t(m) * k, "gemm operand A");
-  check_floats(b, uint64_t(k) * n, "gemm operand B");
-  check_floats(c, uint64_t(m) * n, "gemm output C");
-}
-
 void check_halves(const Buffer& b, uint64_t count, const char* what) {
   if (b.bytes() < count * 2)
     throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 2) + " float16 values, needs " +
                         std::to_string(count));
+}
+
+// half: float16 operands and output (else float32).
+void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+                bool half = false) {
+  if (m == 0 || n == 0 || k == 0)
+    throw ArgumentError("gemm: M, N and K must be >= 1 (got " + std::to_string(m) + ", " + std::to_string(n) + ", " +
+                        std::to_string(k) + ")");
+  const auto check = half ? check_halves : check_floats;
+  check(a, uint64_t(m) * k, "gemm operand A");
+  check(b, uint64_t(k) * n, "gemm operand B");
+  check(c, uint64_t(m) * n, "gemm output C");
 }
 
 }  // namespace
@@ -64,12 +67,7 @@ void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32
 
 void gemm_half(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
                bool ta, bool tb, float alpha, float beta) {
-  if (m == 0 || n == 0 || k == 0)
-    throw ArgumentError("gemm: M, N and K must be >= 1 (got " + std::to_string(m) + ", " + std::to_string(n) + ", " +
-                        std::to_string(k) + ")");
-  check_halves(a, uint64_t(m) * k, "gemm operand A");
-  check_halves(b, uint64_t(k) * n, "gemm operand B");
-  check_halves(c, uint64_t(m) * n, "gemm output C");
+  check_gemm(a, b, c, m, n, k, true);
   GemmProblem g = packed_problem(a, b, c, m, n, k, ta, tb, alpha, beta);
   g.elem = g.c_elem = 2;
   record_gemm(r, g, EpilogueArgs{});
