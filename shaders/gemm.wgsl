@@ -24,8 +24,9 @@
 //     product at C[n * ldc + m] (the host runs an NT product C = A B^T as
 //     C^T = B A^T, NN on a transposed copy of A; see store_transposed).
 //   AB, CT, TT (aliases, not consts): the element types of A and B, of C,
-//     and of the workgroup tiles (f32, or f16 with `enable f16`); loads widen
-//     to f32, the product accumulates in f32 and C's stores narrow to CT.
+//     and of the workgroup tiles and the registers that prefetch them (f32,
+//     or f16 with `enable f16`); loads convert AB to TT, the product
+//     accumulates in f32 and C's stores narrow to CT.
 //     Split-K and stream-K partials are f32 (CT = f32 in those passes), their
 //     reduce writes CT. HALF_FMA: bool, f16 tiles (TT = f16) multiplied with
 //     f16 FMAs per K tile (multiply_tiles_half); otherwise TT = f32.
@@ -111,13 +112,13 @@ fn b_index(k: u32, n: u32) -> u32 { return p.b_off + select(k * p.ldb + n, n * p
 // to 4; the elements past M (N) feed only outputs that are never stored.
 fn m_loadable() -> u32 { return select(p.m, (p.m + 3u) & ~3u, A_VEC); }
 fn n_loadable() -> u32 { return select(p.n, (p.n + 3u) & ~3u, B_VEC); }
-fn op_a(m: u32, k: u32) -> f32 {
+fn op_a(m: u32, k: u32) -> TT {
   if (m >= p.m || k >= p.k) { return 0.0; }
-  return f32(a[a_index(m, k)]);
+  return TT(a[a_index(m, k)]);
 }
-fn op_b(k: u32, n: u32) -> f32 {
+fn op_b(k: u32, n: u32) -> TT {
   if (k >= p.k || n >= p.n) { return 0.0; }
-  return f32(b[b_index(k, n)]);
+  return TT(b[b_index(k, n)]);
 }
 
 const A_SLOTS: u32 = BM * BK / 4u / THREADS;  // vec4 slots of the A tile per thread
@@ -169,52 +170,52 @@ fn b_slot_origin(n0: u32, k0: u32, s: u32) -> vec2<u32> {
   return vec2<u32>(k0 + c.x, n0 + select(c.y * 4u, c.y, B_SPREAD));
 }
 // Bounds-checked slot loads, for tiles at the edges of op(A) / op(B).
-fn fetch_a(m0: u32, k0: u32, s: u32) -> vec4<f32> {
+fn fetch_a(m0: u32, k0: u32, s: u32) -> vec4<TT> {
   let o = a_slot_origin(m0, k0, s);
-  return vec4<f32>(op_a(o.x, o.y), op_a(o.x + A_D, o.y), op_a(o.x + 2u * A_D, o.y), op_a(o.x + 3u * A_D, o.y));
+  return vec4<TT>(op_a(o.x, o.y), op_a(o.x + A_D, o.y), op_a(o.x + 2u * A_D, o.y), op_a(o.x + 3u * A_D, o.y));
 }
-fn fetch_b(n0: u32, k0: u32, s: u32) -> vec4<f32> {
+fn fetch_b(n0: u32, k0: u32, s: u32) -> vec4<TT> {
   let o = b_slot_origin(n0, k0, s);
-  return vec4<f32>(op_b(o.x, o.y), op_b(o.x, o.y + B_D), op_b(o.x, o.y + 2u * B_D), op_b(o.x, o.y + 3u * B_D));
+  return vec4<TT>(op_b(o.x, o.y), op_b(o.x, o.y + B_D), op_b(o.x, o.y + 2u * B_D), op_b(o.x, o.y + 3u * B_D));
 }
 // The first K step's slot loads. With K_SHIFT the first step may start
 // before the workgroup's K range at k_lo (gemm puts a partial step first):
 // elements at k < k_lo read 0 (in both operands, so ROWSUM's sums of A stay
 // exact too). A start before k = 0 wraps past p.k, where op_a / op_b read
 // nothing.
-fn first_fetch_a(m0: u32, k0: u32, s: u32, k_lo: u32) -> vec4<f32> {
-  return select(vec4<f32>(0.0), fetch_a(m0, k0, s), !K_SHIFT || a_slot_origin(m0, k0, s).y >= k_lo);
+fn first_fetch_a(m0: u32, k0: u32, s: u32, k_lo: u32) -> vec4<TT> {
+  return select(vec4<TT>(0.0), fetch_a(m0, k0, s), !K_SHIFT || a_slot_origin(m0, k0, s).y >= k_lo);
 }
-fn first_fetch_b(n0: u32, k0: u32, s: u32, k_lo: u32) -> vec4<f32> {
-  return select(vec4<f32>(0.0), fetch_b(n0, k0, s), !K_SHIFT || b_slot_origin(n0, k0, s).x >= k_lo);
+fn first_fetch_b(n0: u32, k0: u32, s: u32, k_lo: u32) -> vec4<TT> {
+  return select(vec4<TT>(0.0), fetch_b(n0, k0, s), !K_SHIFT || b_slot_origin(n0, k0, s).x >= k_lo);
 }
 // Unchecked slot loads, for tiles wholly inside: four elements `d` indices
 // apart from index i, or with A_VEC (B_VEC) the i-th vec4.
 const A_UNIT: u32 = select(1u, 4u, A_VEC);  // elements per unit of the slot indices
 const B_UNIT: u32 = select(select(1u, 2u, B_PAIR), 4u, B_VEC);
-fn load_a(i: u32, d: u32) -> vec4<f32> {
-  if (A_VEC) { return vec4<f32>(a4[i]); }
-  return vec4<f32>(vec4<AB>(a[i], a[i + d], a[i + 2u * d], a[i + 3u * d]));
+fn load_a(i: u32, d: u32) -> vec4<TT> {
+  if (A_VEC) { return vec4<TT>(a4[i]); }
+  return vec4<TT>(vec4<AB>(a[i], a[i + d], a[i + 2u * d], a[i + 3u * d]));
 }
-fn load_b(i: u32, d: u32) -> vec4<f32> {
-  if (B_VEC) { return vec4<f32>(b4[i]); }
-  return vec4<f32>(vec4<AB>(b[i], b[i + d], b[i + 2u * d], b[i + 3u * d]));
+fn load_b(i: u32, d: u32) -> vec4<TT> {
+  if (B_VEC) { return vec4<TT>(b4[i]); }
+  return vec4<TT>(vec4<AB>(b[i], b[i + d], b[i + 2u * d], b[i + 3u * d]));
 }
 // B_PAIR: transposed B (stored along k) with an even leading dimension and
 // offset, BK 16 and an even number of slots per thread: two slots (k and
 // k + 1 of one column quad) load as four 64-bit pairs, pair index i, the
 // quad's rows d pairs apart. The host leaves it off in ALIGNED dispatches
 // (wrong on the H100 there, docs/gemm_notes.md #108).
-fn load_b_pair(i: u32, d: u32) -> array<vec4<f32>, 2> {
-  let r0 = vec2<f32>(b2[i]);
-  let r1 = vec2<f32>(b2[i + d]);
-  let r2 = vec2<f32>(b2[i + 2u * d]);
-  let r3 = vec2<f32>(b2[i + 3u * d]);
-  return array<vec4<f32>, 2>(vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y));
+fn load_b_pair(i: u32, d: u32) -> array<vec4<TT>, 2> {
+  let r0 = vec2<TT>(b2[i]);
+  let r1 = vec2<TT>(b2[i + d]);
+  let r2 = vec2<TT>(b2[i + 2u * d]);
+  let r3 = vec2<TT>(b2[i + 3u * d]);
+  return array<vec4<TT>, 2>(vec4<TT>(r0.x, r1.x, r2.x, r3.x), vec4<TT>(r0.y, r1.y, r2.y, r3.y));
 }
 // The thread's B slots of a tile wholly inside op(B), dk elements of k past
 // the K step whose slot indices b_first holds (k_ref in tile_product).
-fn load_b_slots(rb: ptr<function, array<vec4<f32>, B_SLOTS>>, b_first: ptr<function, array<u32, B_SLOTS>>, dk: u32) {
+fn load_b_slots(rb: ptr<function, array<vec4<TT>, B_SLOTS>>, b_first: ptr<function, array<u32, B_SLOTS>>, dk: u32) {
   if (B_PAIR) {
     for (var q = 0u; q < B_SLOTS / 2u; q++) {
       let v = load_b_pair((*b_first)[2u * q] + dk / 2u, p.ldb / 2u);
@@ -228,31 +229,31 @@ fn load_b_slots(rb: ptr<function, array<vec4<f32>, B_SLOTS>>, b_first: ptr<funct
   }
 }
 // Spread slots land as four scalars a quarter tile (BM/16 vec4s) apart.
-fn store_a(s: u32, v: vec4<f32>) {
+fn store_a(s: u32, v: vec4<TT>) {
   let c = a_slot(s);
   if (A_SPREAD) {
     let i = c.x * A_STRIDE + c.y / 4u;
     let q = c.y % 4u;
-    tile_a[i][q] = TT(v.x); tile_a[i + BM / 16u][q] = TT(v.y); tile_a[i + BM / 8u][q] = TT(v.z);
-    tile_a[i + 3u * BM / 16u][q] = TT(v.w);
+    tile_a[i][q] = v.x; tile_a[i + BM / 16u][q] = v.y; tile_a[i + BM / 8u][q] = v.z;
+    tile_a[i + 3u * BM / 16u][q] = v.w;
   } else {
-    tile_a[c.x * A_STRIDE + c.y] = vec4<TT>(v);
+    tile_a[c.x * A_STRIDE + c.y] = v;
   }
 }
-fn store_b(s: u32, v: vec4<f32>) {
+fn store_b(s: u32, v: vec4<TT>) {
   let c = b_slot(s);
   if (B_SPREAD) {
     let i = c.x * B_STRIDE + c.y / 4u;
     let q = c.y % 4u;
-    tile_b[i][q] = TT(v.x); tile_b[i + BN / 16u][q] = TT(v.y); tile_b[i + BN / 8u][q] = TT(v.z);
-    tile_b[i + 3u * BN / 16u][q] = TT(v.w);
+    tile_b[i][q] = v.x; tile_b[i + BN / 16u][q] = v.y; tile_b[i + BN / 8u][q] = v.z;
+    tile_b[i + 3u * BN / 16u][q] = v.w;
   } else {
-    tile_b[c.x * B_STRIDE + c.y] = vec4<TT>(v);
+    tile_b[c.x * B_STRIDE + c.y] = v;
   }
 }
 
 // Stores the prefetched slots into the workgroup tiles.
-fn store_tiles(tid: u32, ra: ptr<function, array<vec4<f32>, A_SLOTS>>, rb: ptr<function, array<vec4<f32>, B_SLOTS>>) {
+fn store_tiles(tid: u32, ra: ptr<function, array<vec4<TT>, A_SLOTS>>, rb: ptr<function, array<vec4<TT>, B_SLOTS>>) {
   for (var i = 0u; i < A_SLOTS; i++) { store_a(tid + i * THREADS, (*ra)[i]); }
   for (var i = 0u; i < B_SLOTS; i++) { store_b(tid + i * THREADS, (*rb)[i]); }
 }
@@ -313,8 +314,8 @@ fn tile_product(m0: u32, n0: u32, k_lo: u32, k_begin: u32, k_end: u32, tid: u32)
   var acc: array<vec4<f32>, TM * VN>;
   // Software pipelining: the next K tile is fetched into registers while the
   // current one is multiplied out of workgroup memory.
-  var ra: array<vec4<f32>, A_SLOTS>;
-  var rb: array<vec4<f32>, B_SLOTS>;
+  var ra: array<vec4<TT>, A_SLOTS>;
+  var rb: array<vec4<TT>, B_SLOTS>;
   for (var i = 0u; i < A_SLOTS; i++) { ra[i] = first_fetch_a(m0, k_begin, tid + i * THREADS, k_lo); }
   for (var i = 0u; i < B_SLOTS; i++) { rb[i] = first_fetch_b(n0, k_begin, tid + i * THREADS, k_lo); }
   // Tiles wholly inside op(A) and op(B) (uniform across the workgroup) load
