@@ -32,10 +32,11 @@ SIZES = [8, 16, 4]
 LR = 1e-2
 CLIP = 0.05  # below the gradient norms here, so every step clips
 DROP_SEED = 100
-SCENARIOS = ["plain", "small_buckets", "unfused", "clip", "accumulate", "dropout", "trainer", "no_overlap"]
+# "gloo": every byte through the process group, not the ranks' shared memory (one host here)
+SCENARIOS = ["plain", "small_buckets", "unfused", "clip", "accumulate", "dropout", "trainer", "no_overlap", "gloo"]
 # Buckets started while backward still ran: every bucket from the second step on (the first step
 # finds the buckets), none where nothing overlaps (a captured step's hooks run after it).
-OVERLAPPED = {"plain", "small_buckets", "unfused", "clip", "accumulate", "dropout"}
+OVERLAPPED = {"plain", "small_buckets", "unfused", "clip", "accumulate", "dropout", "gloo"}
 
 
 def _batch(step):
@@ -83,6 +84,7 @@ def _run_rank(dev, scenario, rank, world):
         _model(dev, scenario, seed=rank),
         bucket_cap_mb=1e-4 if scenario == "small_buckets" else 25.0,
         overlap=scenario != "no_overlap",
+        host_reduction="gloo" if scenario == "gloo" else "shm",
     )
     opt = _optimizer(scenario, model.parameters())
     out = {"norms": []}
@@ -129,7 +131,10 @@ def _fp16_rank(dev, rank, world):
 
     loss_fn = pw.nn.CrossEntropyLoss()
     model = DistributedDataParallel(
-        pw.nn.MLP([8, 64, 4], device=dev, seed=0), bucket_cap_mb=1e-3, gradient_compression="fp16"
+        pw.nn.MLP([8, 64, 4], device=dev, seed=0),
+        bucket_cap_mb=1e-3,
+        gradient_compression="fp16",
+        host_reduction="gloo",  # compression applies to what goes through gloo
     )
     opt = pw.optim.AdamW(model.parameters(), lr=LR)  # fused: the buckets are spans of its arena
     x, y = (_shard(a, rank, world) for a in _batch(0))
@@ -551,3 +556,23 @@ def test_bench_ddp_gpu_counts_are_checked():
 
 if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
     _worker(sys.argv[2], sys.argv[3].split(","))
+
+
+def test_host_reduction_slices_cover_the_bucket_once():
+    from pywgtrain.nn._host_reduce import _cuts
+
+    for n in (1, 7, 15, 16, 17, 33, 129, 1000, 4096):
+        for parts in (1, 2, 3, 4, 8):
+            cuts = _cuts(n, parts)
+            assert len(cuts) == parts + 1 and cuts[0] == 0 and cuts[-1] == n
+            assert all(a <= b for a, b in zip(cuts, cuts[1:]))
+            assert all(c % 16 == 0 for c in cuts[1:-1] if c < n)  # 64-byte aligned slice starts
+
+
+def test_host_reduction_is_checked(dev):
+    pytest.importorskip("torch.distributed")
+    from pywgtrain.nn.parallel import DistributedDataParallel
+
+    model = pw.nn.MLP([4, 4], device=dev, seed=0)
+    with pytest.raises(ValueError, match="host_reduction must be 'shm' or 'gloo', got 'nccl'"):
+        DistributedDataParallel(model, host_reduction="nccl")  # checked before the process group

@@ -141,6 +141,7 @@ def bench_ddp(args):
         "steps": steps,
         "overlap": not args.no_overlap,
         "gradient_compression": args.compression,
+        "host_reduction": args.host_reduction,
         "bucket_cap_mb": args.bucket_cap_mb,
         "torch_cuda": None if torch is None else torch.cuda.get_device_name(0),
         "torch_gpus": 0 if torch is None else torch.cuda.device_count(),
@@ -149,7 +150,7 @@ def bench_ddp(args):
     print(
         f"adapter: {header['adapter']} ({len(gpus)} GPU adapter(s)); GPT '{config}': {cfg.n_layer} layers, "
         f"d {cfg.n_embd}, T {cfg.block_size}, {batch} sequences per micro-batch and rank; accumulation "
-        f"{accumulate} and 1; overlap {'on' if header['overlap'] else 'off'}, compression {args.compression}; "
+        f"{accumulate} and 1; overlap {'on' if header['overlap'] else 'off'}, compression {args.compression}, host reduction {args.host_reduction}; "
         f"baseline: {'PyTorch DDP over NCCL on ' + header['torch_cuda'] if torch else 'none'}",
         flush=True,
     )
@@ -162,6 +163,7 @@ def bench_ddp(args):
         "steps": steps,
         "overlap": header["overlap"],
         "compression": args.compression,
+        "host_reduction": args.host_reduction,
         "bucket_cap_mb": args.bucket_cap_mb,
         "adapter": args.adapter,
     }
@@ -225,6 +227,7 @@ def _pywgtrain_worker(spec, rank, world, local_rank):
         GPT(cfg, device=dev, seed=0),
         bucket_cap_mb=spec["bucket_cap_mb"],
         gradient_compression=spec["compression"],
+        host_reduction=spec["host_reduction"],
         overlap=spec["overlap"],
     )
     opt = optim.AdamW(_groups(model.named_parameters()), lr=3e-4, betas=(0.9, 0.95), max_grad_norm=1.0)

@@ -442,6 +442,12 @@ def build_parser():
     )
     b.add_argument("--no-overlap", action="store_true", help="ddp: reduce only after backward (no bucket overlap)")
     b.add_argument("--compression", default=None, choices=["fp16"], help="ddp: gradient compression")
+    b.add_argument(
+        "--host-reduction",
+        default="shm",
+        choices=["shm", "gloo"],
+        help="ddp: how the processes of one host average gradients (shared memory, or all through gloo)",
+    )
     b.add_argument("--bucket-cap-mb", type=non_negative_float, default=25.0, help="ddp: gradient bucket size")
     b.add_argument("--timeout", type=positive_int, default=1200, help="ddp: seconds allowed per process group")
     b.set_defaults(fn=cmd_bench)

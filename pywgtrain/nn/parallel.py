@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import autograd
 from ..tensor import Tensor
+from ._host_reduce import HostReducer
 from .modules.module import Module
 
 __all__ = ["DistributedDataParallel"]
@@ -67,9 +68,16 @@ class DistributedDataParallel(Module):
       while the rest of backward is recorded and runs. ``backward()`` returns once every bucket is
       averaged and uploaded; the first pass (which finds the buckets), passes whose gradients
       moved, and captured or replayed passes start them all when backward returns.
-    - ``gradient_compression="fp16"``: each rank's gradient, divided by the world size, is sent as
-      fp16 and summed in fp16 (torch's ``fp16_compress_hook``): half the bytes, the mean within
-      fp16's precision, still identical on every rank.
+    - ``host_reduction="shm"`` (the default): the ranks of one host (torchrun's node; one hostname)
+      average through shared memory (``/dev/shm``): each writes its bucket into a file the others
+      map, each sums one slice of it, and small collectives on a per-host process group are the
+      sync points (so a dead rank fails the others as any collective does). Across hosts, one rank
+      per host all-reduces its host's sum through gloo. ``"gloo"``: every byte through the process
+      group, as across hosts.
+    - ``gradient_compression="fp16"``: what goes through gloo (across hosts, or everything with
+      ``host_reduction="gloo"``) is each rank's (host's) gradient divided by the world size as fp16,
+      summed in fp16 (torch's ``fp16_compress_hook``): half the bytes, the mean within fp16's
+      precision, still identical on every rank.
     - :meth:`comm_stats`: seconds spent per phase (download, all_reduce, upload, blocked).
     - :meth:`no_sync`: backward passes inside accumulate gradients locally; the first
       backward outside reduces the accumulated gradients (gradient accumulation).
@@ -94,6 +102,7 @@ class DistributedDataParallel(Module):
         init_sync: bool = True,
         gradient_compression: Optional[str] = None,
         overlap: bool = True,
+        host_reduction: str = "shm",
     ) -> None:
         import torch
         import torch.distributed as dist
@@ -102,15 +111,17 @@ class DistributedDataParallel(Module):
             raise TypeError(
                 f"DistributedDataParallel: module must be a pywgtrain.nn.Module, got {type(module).__name__}"
             )
+        if not float(bucket_cap_mb) > 0:
+            raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
+        if gradient_compression not in (None, "fp16"):
+            raise ValueError(f"gradient_compression must be None or 'fp16', got {gradient_compression!r}")
+        if host_reduction not in ("shm", "gloo"):
+            raise ValueError(f"host_reduction must be 'shm' or 'gloo', got {host_reduction!r}")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
                 "DistributedDataParallel: the default process group has not been initialized; call "
                 "torch.distributed.init_process_group('gloo') first"
             )
-        if not float(bucket_cap_mb) > 0:
-            raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
-        if gradient_compression not in (None, "fp16"):
-            raise ValueError(f"gradient_compression must be None or 'fp16', got {gradient_compression!r}")
         super().__init__()
         self.module = module
         device = module.device
@@ -140,6 +151,15 @@ class DistributedDataParallel(Module):
         self._check_same_model(params)
         if init_sync:
             self._broadcast_parameters(params)
+        self._host: Optional[HostReducer] = None
+        if host_reduction == "shm" and self.world_size > 1:
+            host = self._collective(
+                "setting up the shared-memory reduction",
+                lambda: HostReducer(
+                    torch, dist, process_group, self.rank, self.world_size, sum(p._numel for p in params)
+                ),
+            )
+            self._host = host if host.active else None
         ref = weakref.ref(self)
 
         def hook(leaves: Sequence[Any]) -> None:
@@ -299,6 +319,15 @@ class DistributedDataParallel(Module):
         torch, dist = self._torch, self._dist
         t0 = time.perf_counter()
         grads = [p.grad for p in bucket.params]
+        if self._host is not None:
+            n = bucket.span._numel if bucket.span is not None else sum(g._numel for g in grads)
+            slot = self._host.slot(k, n)
+            if bucket.span is not None:
+                slot[:] = bucket.span.numpy()
+            else:
+                np.concatenate([g.numpy().reshape(-1) for g in grads], out=slot)
+            self._stats["download_s"] += time.perf_counter() - t0
+            return self._threads[1].submit(self._finish_on_host, k, n, bucket, grads)  # type: ignore[index]
         flat = (
             bucket.span.numpy() if bucket.span is not None else np.concatenate([g.numpy().reshape(-1) for g in grads])
         )
@@ -326,6 +355,21 @@ class DistributedDataParallel(Module):
             bucket.span.copy_(flat)
         else:
             _scatter(flat, grads)
+        self._stats["all_reduce_s"] += t2 - t1
+        self._stats["upload_s"] += time.perf_counter() - t2
+        self._stats["buckets"] += 1
+
+    def _finish_on_host(self, k: int, n: int, bucket: "_Bucket", grads: list) -> None:
+        assert self._host is not None
+        t1 = time.perf_counter()
+        what = f"all_reduce of gradient bucket {k} ({n} values)"
+        pieces = self._host.reduce(k, n, self._collective, what, self.gradient_compression)
+        t2 = time.perf_counter()
+        if bucket.span is not None:
+            for where, values in pieces:
+                bucket.span[where].copy_(values)
+        else:
+            _scatter(np.concatenate([values for _, values in pieces]), grads)
         self._stats["all_reduce_s"] += t2 - t1
         self._stats["upload_s"] += time.perf_counter() - t2
         self._stats["buckets"] += 1
