@@ -52,10 +52,12 @@ class HostReducer:
         hosts: dict[str, list[int]] = {}
         for r, (h, *_rest) in enumerate(everyone):
             hosts.setdefault(h, []).append(r)
-        # new_group is collective over the whole group: every rank creates every host's group.
-        groups = {h: dist.new_group(ranks, backend="gloo") for h, ranks in sorted(hosts.items())}
+        # new_group is collective over the whole group: every rank creates every host's group,
+        # with the group's timeout (a dead or hung rank must fail the others as soon as before).
+        timeout = _timeout(torch, dist, group)
+        groups = {h: dist.new_group(ranks, timeout=timeout, backend="gloo") for h, ranks in sorted(hosts.items())}
         leaders = [ranks[0] for _, ranks in sorted(hosts.items())]
-        leader_group = dist.new_group(leaders, backend="gloo") if len(leaders) > 1 else None
+        leader_group = dist.new_group(leaders, timeout=timeout, backend="gloo") if len(leaders) > 1 else None
         local = hosts[host]
         self.local_ranks = local
         self.local_index = local.index(rank)
@@ -145,6 +147,15 @@ class HostReducer:
         return [
             (slice(cuts[j], cuts[j + 1]), b[cuts[j] : cuts[j + 1]]) for j, b in enumerate(bufs) if cuts[j] < cuts[j + 1]
         ]
+
+
+def _timeout(torch: Any, dist: Any, group: Any) -> Any:
+    """The process group's timeout (None, new_group's default, where torch hides it)."""
+    try:
+        pg = group if group is not None else dist.group.WORLD
+        return pg._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _cuts(n: int, parts: int) -> list[int]:
