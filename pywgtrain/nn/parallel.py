@@ -190,7 +190,7 @@ class DistributedDataParallel(Module):
 
     def _check_same_model(self, params: list[Any]) -> None:
         shapes = repr([tuple(p.shape) for p in params]).encode()
-        mine = np.array([len(params), sum(p._numel for p in params), zlib.crc32(shapes)], np.int64)
+        mine = np.array([len(params), sum(p.numel() for p in params), zlib.crc32(shapes)], np.int64)
         torch, dist = self._torch, self._dist
         gathered = [torch.zeros(3, dtype=torch.int64) for _ in range(self.world_size)]
         self._collective(
@@ -404,12 +404,12 @@ def _host_buckets(tensors: list[Any], cap: int) -> list[list[Any]]:
     buckets: list[list[Any]] = []
     size = 0
     for t in tensors:
-        if buckets and size + t._numel <= cap:
+        if buckets and size + t.numel() <= cap:
             buckets[-1].append(t)
-            size += t._numel
+            size += t.numel()
         else:
             buckets.append([t])
-            size = t._numel
+            size = t.numel()
     return buckets
 
 
@@ -417,5 +417,5 @@ def _scatter(flat: np.ndarray, tensors: list[Tensor]) -> None:
     """Upload consecutive pieces of ``flat`` into ``tensors``."""
     offset = 0
     for t in tensors:
-        t.copy_(flat[offset : offset + t._numel].reshape(t.shape))
-        offset += t._numel
+        t.copy_(flat[offset : offset + t.numel()].reshape(t.shape))
+        offset += t.numel()
