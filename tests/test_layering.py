@@ -176,3 +176,23 @@ def test_trainer_treats_every_loss_alike():
     named |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     named |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert named & losses == set()
+
+
+def _in(name, package):
+    return name == package or name.startswith(package + ".")
+
+
+def test_modules_sit_below_optimizers_and_the_trainer():
+    """nn never imports the optimizers, models or the Trainer (a fused optimizer's gradient
+    arena registers itself with DistributedDataParallel instead); optim never imports models
+    or the Trainer."""
+    above = {"pywgtrain.nn": ("pywgtrain.optim", "pywgtrain.models", "pywgtrain.train")}
+    above["pywgtrain.optim"] = ("pywgtrain.models", "pywgtrain.train")
+    graph = _graph()
+    upward = {
+        name: sorted(t for t in targets if any(_in(t, a) for a in higher))
+        for layer, higher in above.items()
+        for name, targets in graph.items()
+        if _in(name, layer)
+    }
+    assert {n: t for n, t in upward.items() if t} == {}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -11,6 +10,7 @@ import numpy as np
 from .. import _core
 from ..autograd import no_grad
 from ..nn.modules.module import float32_values
+from ..nn.parallel import register_flat_gradients
 from ..ops import check_adamw_hyperparameters, record_grad_norm
 from ..tensor import Tensor, zeros
 from .optimizer import Optimizer, Params
@@ -23,9 +23,6 @@ class _FlatArena:
     Parameters are moved into it with ``Tensor.set_`` and their gradients go
     to it through ``Tensor.grad_home``, so a group's update is one AdamW
     dispatch and the norm one reduction, whatever the number of tensors."""
-
-    # Every arena alive, so DistributedDataParallel can reduce a run of gradients as one span.
-    live: "weakref.WeakSet[_FlatArena]" = weakref.WeakSet()
 
     def __init__(self, params, device):
         align = max(device.limits["min_storage_buffer_offset_alignment"] // 4, 1)
@@ -52,7 +49,7 @@ class _FlatArena:
         self.params = list(params)
         self.device = device
         self._spans = {}
-        _FlatArena.live.add(self)
+        register_flat_gradients(self)  # DistributedDataParallel reduces runs of them as one span
 
     def holds_grad(self, i):
         """Whether parameter i's gradient is the one this arena holds (its span is its .grad)."""
