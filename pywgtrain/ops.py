@@ -278,12 +278,38 @@ def adamw_step(
     return param
 
 
-def label_array(labels, classes=None):
+def label_array(labels, classes=None, ignore_index=None):
     """Host class labels as a contiguous int32 array, checked for an integer
-    dtype and, when ``classes`` is given, for range."""
+    dtype and int32 range and, when ``classes`` is given, for lying in
+    ``[0, classes)`` or equalling ``ignore_index``."""
     labels = np.asarray(labels)
     if labels.dtype.kind not in "iu":
         raise TypeError(f"labels must be integers, got dtype {labels.dtype.name}")
-    if classes is not None and labels.size and (labels.min() < 0 or labels.max() >= classes):
-        raise ValueError(f"labels must lie in [0, {classes}), got range [{labels.min()}, {labels.max()}]")
+    counted = labels if ignore_index is None else labels[labels != ignore_index]
+    if counted.size:
+        low, high = counted.min(), counted.max()
+        if classes is not None and (low < 0 or high >= classes):
+            also = "" if ignore_index is None else f" or equal ignore_index={ignore_index}"
+            raise ValueError(f"labels must lie in [0, {classes}){also}, got range [{low}, {high}]")
+        _check_int32(low, high, "labels")
     return np.ascontiguousarray(labels, dtype=np.int32)
+
+
+def host_batch(a, name):
+    """A host batch as the ndarray ``model(x)`` / a loss would accept: float32
+    values, or integer ids/labels (as int32); the same TypeError otherwise (no
+    silent cast from float64 or lists). ``name`` names it in the errors."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray or pywgtrain.Tensor, got {type(a).__name__}")
+    if a.dtype.kind in "iu":
+        if a.size:
+            _check_int32(a.min(), a.max(), name)
+        return np.ascontiguousarray(a, dtype=np.int32)
+    if a.dtype.newbyteorder("=") != np.float32:  # '>f4' is float32 too: converted below, values kept
+        raise TypeError(f"{name} must have dtype float32 (or hold integer ids), got {a.dtype.name}")
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _check_int32(low, high, name):
+    if low < np.iinfo(np.int32).min or high > np.iinfo(np.int32).max:
+        raise ValueError(f"{name} holds integers outside the int32 range")

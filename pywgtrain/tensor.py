@@ -81,7 +81,7 @@ class Tensor(_TensorFields):
         self.requires_grad = bool(requires_grad)
         self.grad = None
         self._node = None  # the op that produced this tensor (autograd), None for leaves
-        self._grad_home = None  # where a new .grad lives (a view of an optimizer's flat arena)
+        self._grad_home: Optional[Tensor] = None  # grad_home: where a new .grad lives
         self._batch = device._current_batch_token() if device is not None else None
         self._retains_grad = False
         self._view_of = None  # views: their base's grad_fn when they were made
@@ -95,14 +95,6 @@ class Tensor(_TensorFields):
         if self._whole:
             return self._store.buf
         return self._view_buffer()
-
-    @_buf.setter
-    def _buf(self, buf: _core._Buffer) -> None:
-        # Moves the storage (an optimizer's flat arena takes over a parameter's
-        # memory); views of this tensor follow it.
-        if not self._whole or buf.nbytes < self.nbytes:
-            raise RuntimeError("only a tensor covering its whole storage can be moved, to a buffer that holds it")
-        self._store.buf = buf
 
     @property
     def _bindable(self) -> bool:
@@ -162,6 +154,81 @@ class Tensor(_TensorFields):
 
     def is_contiguous(self) -> bool:
         return self._strides is None
+
+    def untyped_storage(self) -> _core._Storage:
+        """The memory this tensor views, shared with its views and with tensors ``set_`` to it
+        (``torch.Tensor.untyped_storage``); compare storages with ``is``."""
+        return self._store
+
+    def is_set_to(self, tensor: Tensor) -> bool:
+        """Whether both tensors view the same storage at the same offset, shape and strides
+        (``torch.Tensor.is_set_to``)."""
+        return (
+            isinstance(tensor, Tensor)
+            and self._store is tensor._store
+            and self._offset == tensor._offset
+            and self.shape == tensor.shape
+            and self.stride() == tensor.stride()
+        )
+
+    def set_(self, source: Tensor) -> Tensor:
+        """Make this tensor view ``source``'s memory (``torch.Tensor.set_(source)``): its storage,
+        offset, strides and shape, which it shares from then on, while the tensor object, its
+        ``requires_grad``, ``.grad`` and ``grad_home`` stay. Views taken of this tensor before keep
+        the old memory, as in PyTorch. An in-place change: the storage's version counter is
+        bumped (the counter belongs to the storage here, so it is ``source``'s).
+
+        Same dtype and device. As in PyTorch, a leaf that requires grad takes it only under
+        ``no_grad()``; a tensor with autograd history, a view, and (with grad mode on) a
+        ``source`` that requires grad are refused: ``set_`` is not differentiable."""
+        if not isinstance(source, Tensor):
+            raise TypeError(f"set_: source must be a pywgtrain.Tensor, got {type(source).__name__}")
+        if source.device is not self.device:
+            raise ValueError(f"set_: source lives on {source.device!r}, this tensor on {self.device!r}")
+        if source.dtype != self.dtype:
+            raise TypeError(f"set_: source has dtype {source.dtype.name}, this tensor {self.dtype.name}")
+        if self._base is not None:
+            raise RuntimeError("set_: this tensor is a view of another; set_ its base instead, or a clone()")
+        if self._node is not None:
+            raise RuntimeError("set_: this tensor has autograd history (a grad_fn); set_ a detach()ed tensor")
+        graph = is_grad_enabled()
+        self._check_inplace("set_", graph)
+        if graph and source.requires_grad:
+            raise RuntimeError(
+                "set_: source requires grad and set_ is not differentiable; wrap it in pywgtrain.no_grad() "
+                "or pass source.detach()"
+            )
+        self._store, self._offset, self._strides = source._store, source._offset, source._strides
+        self.shape, self._numel, self._whole = source.shape, source._numel, source._whole
+        self._batch = source._batch  # the memory's pending writer, if any
+        self._bump_version()
+        return self
+
+    @property
+    def grad_home(self) -> Optional[Tensor]:
+        """Where ``backward()`` writes this leaf's gradient while ``.grad`` is None, which then
+        becomes ``.grad`` (no copy): a contiguous tensor of this shape, dtype and device, such
+        as a view of an optimizer's flat gradient buffer. None (default): backward makes a new
+        tensor. A gradient that exists is accumulated into ``.grad``, wherever it lives."""
+        return self._grad_home
+
+    @grad_home.setter
+    def grad_home(self, home: Optional[Tensor]) -> None:
+        if home is not None:
+            if not isinstance(home, Tensor):
+                raise TypeError(f"grad_home must be a pywgtrain.Tensor or None, got {type(home).__name__}")
+            if self._node is not None:
+                raise RuntimeError("grad_home: only a leaf's gradient is kept (this tensor has a grad_fn)")
+            if home.device is not self.device or home.shape != self.shape or home.dtype != self.dtype:
+                raise ValueError(
+                    f"grad_home must have this tensor's shape {self.shape}, dtype {self.dtype.name} and device "
+                    f"{self.device!r}; got {home.shape}, {home.dtype.name}, {home.device!r}"
+                )
+            if not home._bindable or home.requires_grad:
+                raise ValueError(
+                    "grad_home is written by kernels: it must be contiguous at an aligned offset and not require grad"
+                )
+        self._grad_home = home
 
     @property
     def _version(self) -> int:

@@ -4,7 +4,6 @@ digits demo behind ``pywgtrain train`` is in ``pywgtrain.cli.demo``."""
 from __future__ import annotations
 
 import json
-import operator
 import os
 import warnings
 from typing import Any, Callable, Optional, Union
@@ -16,13 +15,14 @@ from .device import Device
 from .graphs import CaptureError, Graph, graph
 from .nn.modules.module import PLAIN_TYPES, modules_version
 from .serialization import read_safetensors, write_safetensors
-from .ops import label_array
+from .ops import host_batch
 from .optim import AdamW
 from .tensor import Tensor, empty, tensor
 
 
-# Per parameter and step: whether it requires grad, and its buffer (compared by identity).
-_PARAM_STATE = operator.attrgetter("requires_grad", "_buf")
+def _param_state(p):
+    """Per parameter and step: whether it requires grad, and its storage (compared by identity)."""
+    return p.requires_grad, p.untyped_storage()
 
 
 class Trainer:
@@ -82,7 +82,9 @@ class Trainer:
         self._eager_key: Optional[tuple[Any, ...]] = None
         self._walked: Any = None  # (modules_version, model and loss ids), module signature, parameters
         self._unsubmitted = 0  # steps since the last flush()
-        self._classes = None  # logits width (CrossEntropyLoss), known after the first forward
+        # (x's shape and dtype, _signature()) of the last forward and its output's shape: the input
+        # a host target is checked against before the next step with that key records anything
+        self._last_output: tuple[Any, Any] = (None, None)
 
     @property
     def graph(self) -> Optional[Graph]:
@@ -92,28 +94,30 @@ class Trainer:
     def _batch_arrays(self, x, y):
         """Host batches as contiguous arrays of the kernels' dtypes; device tensors as they are.
 
-        Host inputs are checked as ``model(x)`` / the loss function check them:
-        x (and an MSE target) must be float32 arrays (no silent cast from
-        float64), class labels integers within ``[0, classes)``, where
-        ``classes`` is the model's output width. Out-of-range labels would
-        otherwise reach the kernels unchecked (a device-side label tensor is
-        not checked: that would take a GPU round trip) and turn the loss into
-        NaN while the weights kept updating. ``classes`` is the width of the
-        logits the model produced in the first step; that step checks its
-        labels right after the forward, before anything is submitted."""
+        Host inputs are checked as ``model(x)`` / the loss function check them: x must be a
+        float32 array (no silent cast from float64) or hold integer ids, y what the loss's
+        ``check_target`` accepts (every loss module in ``pywgtrain.nn`` has it; for another loss
+        function, as x). Checks that need the model's output (the range of class labels:
+        out-of-range labels would reach the kernels unchecked and turn the loss into NaN while
+        the weights kept updating) follow in ``step`` (a device-side target is not checked:
+        that would take a GPU round trip)."""
         if isinstance(x, Tensor):
             if x.device is not self.device:
                 raise ValueError(f"x lives on {x.device!r}, the model on {self.device!r}")
         else:
-            x = _host_batch(x, "x")
+            x = host_batch(x, "x")
         if isinstance(y, Tensor):
             if y.device is not self.device:
                 raise ValueError(f"y lives on {y.device!r}, the model on {self.device!r}")
-        elif isinstance(self.loss_fn, nn.CrossEntropyLoss):
-            y = label_array(y, self._classes)
         else:
-            y = _host_batch(y, "y")
+            y = self._check_target(y, None)
         return x, y
+
+    def _check_target(self, y, output_shape):
+        """The loss function's check of a host target against the model's output shape (None:
+        unknown), the same call whatever the loss."""
+        check = getattr(self.loss_fn, "check_target", None)
+        return host_batch(y, "y") if check is None else check(y, output_shape, "y")
 
     def _signature(self):
         """What a captured step bakes in besides the batch shapes (see the class docstring), as a
@@ -126,7 +130,7 @@ class Trainer:
         _, modules, params = self._walked
         opt = self.optimizer
         groups = tuple([len(g["params"]) for g in opt.param_groups])
-        return modules, groups, tuple(map(_PARAM_STATE, params))
+        return modules, groups, tuple(map(_param_state, params))
 
     def _walk(self):
         """(the module tree's ids and plain attributes as a tuple, its parameters), model and loss."""
@@ -151,18 +155,23 @@ class Trainer:
     def step(self, x: Union[np.ndarray, Tensor], y: Union[np.ndarray, Tensor]) -> Tensor:
         """One training step on a batch; returns the (lazy) loss."""
         x, y = self._batch_arrays(x, y)
-        key = None
-        if self.capture:
-            key = (x.shape, np.dtype(x.dtype), y.shape, np.dtype(y.dtype), self._signature())
-            if self._graph is not None and self._graph["key"] == key:
-                return self._replay(x, y)
+        host_y = None if isinstance(y, Tensor) else y
+        io_key = (x.shape, np.dtype(x.dtype), self._signature())
+        key = (io_key, y.shape, np.dtype(y.dtype)) if self.capture else None
+        if self._graph is not None and self._graph["key"] == key:
+            if host_y is not None:
+                self._check_target(host_y, self._graph["output_shape"])
+            return self._replay(x, y)
+        # Against the output shape this input gave last time; after a change, once the forward ran.
+        checked = self._last_output[1] if self._last_output[0] == io_key else None
+        if host_y is not None and checked is not None:
+            self._check_target(host_y, checked)
         # Capture only after an eager step with the same key: that step creates what a step creates
         # once (optimizer moments, scratch buffers), which a captured graph would otherwise repeat.
         capture = key is not None and key == self._eager_key
-        if self._graph is not None and (key is None or self._graph["key"][-1] != key[-1]):
+        if self._graph is not None and (key is None or self._graph["key"][0][-1] != io_key[-1]):
             self._graph = None  # captured under other state; a batch of another shape alone keeps it
         user_x, user_y = isinstance(x, Tensor), isinstance(y, Tensor)
-        host_labels = None if user_y else y
         x = x if isinstance(x, Tensor) else tensor(x, self.device)
         y = y if isinstance(y, Tensor) else tensor(y, self.device)
         if capture:
@@ -173,8 +182,9 @@ class Trainer:
             g = Graph()
             try:
                 with graph(g, self.device):
-                    loss = self._forward_backward(x, y, host_labels)
-                self._graph = {"graph": g, "x": x, "y": y, "loss": loss, "key": key}
+                    loss = self._forward_backward(x, y, host_y, io_key, checked)
+                output_shape = self._last_output[1]
+                self._graph = {"graph": g, "x": x, "y": y, "loss": loss, "key": key, "output_shape": output_shape}
             except CaptureError as e:
                 # The step ran in order, as an eager one would; only the graph is lost.
                 self.capture = False
@@ -188,18 +198,18 @@ class Trainer:
                 )
         else:
             with self.device.batch():  # an error in the forward discards the whole step
-                loss = self._forward_backward(x, y, host_labels)
+                loss = self._forward_backward(x, y, host_y, io_key, checked)
         self.optimizer.step()
         self._eager_key = None if capture else key
         return self._stepped(loss.detach())
 
-    def _forward_backward(self, x, y, host_labels):
-        self.optimizer.zero_grad()
+    def _forward_backward(self, x, y, host_y, io_key, checked):
         out = self.model(x)
-        if self._classes is None and isinstance(self.loss_fn, nn.CrossEntropyLoss) and out.ndim:
-            self._classes = out.shape[-1]
-            if host_labels is not None:  # raising here discards the step's recording
-                label_array(host_labels, self._classes)
+        shape = getattr(out, "shape", None)
+        if host_y is not None and shape != checked:
+            self._check_target(host_y, shape)  # raising here discards the step's recording
+        self._last_output = (io_key, shape)
+        self.optimizer.zero_grad()  # after the checks: a refused step leaves the gradients as they were
         loss = self.loss_fn(out, y)
         loss.backward()
         return loss
@@ -368,21 +378,6 @@ def _read_checkpoint(path):
     if entries:
         raise ValueError(f"{path}: unexpected entries {sorted(entries)[:5]} (optimizer moments without a step count?)")
     return meta, model_sd, state, rng_state
-
-
-def _host_batch(a, name):
-    """A host batch as the ndarray ``model(x)`` / the loss would accept: float32
-    values, or integer ids/labels (as int32); the same TypeError otherwise (no
-    silent cast from float64 or lists)."""
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray or pywgtrain.Tensor, got {type(a).__name__}")
-    if a.dtype.kind in "iu":
-        if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
-            raise ValueError(f"{name} holds integers outside the int32 range")
-        return np.ascontiguousarray(a, dtype=np.int32)
-    if a.dtype.newbyteorder("=") != np.float32:  # '>f4' is float32 too: converted below, values kept
-        raise TypeError(f"{name} must have dtype float32 (or hold integer ids), got {a.dtype.name}")
-    return np.ascontiguousarray(a, dtype=np.float32)
 
 
 def _atomic_write(path, write):

@@ -1,9 +1,13 @@
 """The package's import graph: no circle among its modules, and the
 application code (pywgtrain.cli, pywgtrain.benchmarks) above the library.
 Every import counts, at module level, inside functions and under
-TYPE_CHECKING alike: each is a dependency of one module on another."""
+TYPE_CHECKING alike: each is a dependency of one module on another. And what
+can be read off the source of the layers above the tensor core: they write no
+other object's private fields, leave a tensor's internals to the core, and the
+Trainer names no loss class."""
 
 import ast
+import re
 from pathlib import Path
 
 import pywgtrain
@@ -105,5 +109,90 @@ def test_library_never_imports_the_application():
         name: sorted(t for t in targets if _is_app(t))
         for name, targets in graph.items()
         if not _is_app(name) and name != "pywgtrain.__main__"
+    }
+    assert {n: t for n, t in upward.items() if t} == {}
+
+
+# -- layers keep to themselves: what can be checked on the source ---------------------------
+# Modules above the tensor core (tensor.py, autograd.py, functions.py, graphs.py and the
+# compiled _core): they use tensors, devices and each other through public interfaces.
+UPPER = ("nn", "optim", "models", "cli", "benchmarks", "train.py", "data.py", "serialization.py")
+
+
+def _upper_files():
+    return sorted(p for p in ROOT.rglob("*.py") if p.relative_to(ROOT).parts[0] in UPPER)
+
+
+def test_the_upper_layers_are_read():
+    names = {p.relative_to(ROOT).as_posix() for p in _upper_files()}
+    assert {"train.py", "optim/adamw.py", "nn/modules/loss.py", "models/gpt.py"} <= names
+
+
+def _private_writes(tree):
+    """``obj._name = ...`` (also augmented and annotated) where obj is not self or cls."""
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        for target in targets if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) else []:
+            for e in ast.walk(target):
+                if (
+                    isinstance(e, ast.Attribute)
+                    and e.attr.startswith("_")
+                    and not e.attr.startswith("__")
+                    and not (isinstance(e.value, ast.Name) and e.value.id in ("self", "cls"))
+                ):
+                    yield f"{node.lineno}: {ast.unparse(e)}"
+
+
+def test_private_writes_are_found():
+    tree = ast.parse("p._buf = v\nself._x = 1\nq.grad, r._home = a, b\ns._n += 1\nt.__dict__ = {}\n")
+    assert list(_private_writes(tree)) == ["1: p._buf", "3: r._home", "4: s._n"]
+
+
+def test_upper_layers_write_no_private_field_of_another_object():
+    """An optimizer moves parameters with Tensor.set_ and routes gradients with
+    Tensor.grad_home; nothing above the core assigns another object's private field."""
+    found = {p.relative_to(ROOT).as_posix(): list(_private_writes(ast.parse(p.read_text()))) for p in _upper_files()}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_tensor_internals_stay_in_the_tensor_core():
+    """A tensor's storage and gradient home are reached through untyped_storage(), set_() and
+    grad_home outside tensor.py and autograd.py (nn/parameter.py: Parameter is a Tensor)."""
+    allowed = {"tensor.py", "autograd.py", "nn/parameter.py"}
+    users = sorted(
+        p.relative_to(ROOT).as_posix()
+        for p in ROOT.rglob("*.py")
+        if re.search(r"\._store\b|\b_grad_home\b", p.read_text())
+    )
+    assert set(users) <= allowed, users
+
+
+def test_trainer_treats_every_loss_alike():
+    """train.py names no loss class: each loss checks its own target (check_target)."""
+    losses = {n for n in dir(pywgtrain.nn) if n.endswith("Loss")} | {"_Loss", "label_array"}
+    assert {"CrossEntropyLoss", "MSELoss"} <= losses
+    tree = ast.parse((ROOT / "train.py").read_text())
+    named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    named |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    named |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert named & losses == set()
+
+
+def _in(name, package):
+    return name == package or name.startswith(package + ".")
+
+
+def test_modules_sit_below_optimizers_and_the_trainer():
+    """nn never imports the optimizers, models or the Trainer (a fused optimizer's gradient
+    arena registers itself with DistributedDataParallel instead); optim never imports models
+    or the Trainer."""
+    above = {"pywgtrain.nn": ("pywgtrain.optim", "pywgtrain.models", "pywgtrain.train")}
+    above["pywgtrain.optim"] = ("pywgtrain.models", "pywgtrain.train")
+    graph = _graph()
+    upward = {
+        name: sorted(t for t in targets if any(_in(t, a) for a in higher))
+        for layer, higher in above.items()
+        for name, targets in graph.items()
+        if _in(name, layer)
     }
     assert {n: t for n, t in upward.items() if t} == {}

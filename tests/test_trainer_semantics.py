@@ -171,3 +171,89 @@ def test_freeze_and_hyperparameter_changes_match_torch(dev):
     for k, t in names.items():
         np.testing.assert_allclose(ours_sd[k], t.detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=k)
     assert got != ours  # the dropout run differs from the eval one: both really ran
+
+
+# -- every loss alike: a loss checks its own host target (check_target) -----------------------
+class _RecordingLoss(pw.nn.Module):
+    """A loss of the user's own (no pywgtrain loss base) with a check_target of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+        self.refuse = False
+
+    def check_target(self, target, input_shape=None, name="target"):
+        self.calls.append(input_shape)
+        if self.refuse:
+            raise ValueError(f"{name} refused by the loss")
+        return np.ascontiguousarray(target, np.float32)
+
+    def forward(self, input, target):  # noqa: A002 - torch's names
+        return pw.nn.functional.mse_loss(input, target)
+
+
+def test_trainer_asks_any_loss_to_check_its_target_before_anything_changes(dev, rng):
+    pw.manual_seed(3, dev)
+    model = Net(dev)
+    loss_fn = _RecordingLoss()
+    tr = Trainer(model, pw.optim.AdamW(model.parameters(), lr=1e-2), loss_fn)
+    x, y = rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
+    tr.step(x, y)  # eager: the output shape is unknown before the forward, known after it
+    assert loss_fn.calls == [None, (8, 3)]
+    for _ in range(2):  # capture, replay: checked against the known output shape before anything runs
+        tr.step(x, y)
+    assert loss_fn.calls == [None, (8, 3)] + [None, (8, 3)] * 2
+    assert tr.graph is not None
+    loss_fn.refuse = True
+    before = {k: p.numpy() for k, p in model.named_parameters()}
+    for step_x in (x, x[:5]):  # the replay path, and an eager step of a new shape
+        with pytest.raises(ValueError, match="y refused by the loss"):
+            tr.step(step_x, y[: len(step_x)])
+    assert tr.step_count == 3
+    for k, p in model.named_parameters():
+        np.testing.assert_array_equal(p.numpy(), before[k], err_msg=k)
+        assert p.grad is not None, k  # the refused steps left the gradients too
+
+
+def test_trainer_takes_ignore_index_labels_as_the_loss_does(dev):
+    """CrossEntropyLoss checks its labels against the logits' width and its ignore_index,
+    so the Trainer takes what the loss takes, and computes what an eager loop computes."""
+    data = [(x, np.where(np.arange(8) % 3 == 0, 7, y)) for x, y in batches()]  # 7: ignored rows
+    results = []
+    for trainer in (False, True):
+        pw.manual_seed(11, dev)
+        model = Net(dev)
+        opt = pw.optim.AdamW(model.parameters(), lr=1e-2)
+        loss_fn = pw.nn.CrossEntropyLoss(ignore_index=7)
+        tr = Trainer(model, opt, loss_fn) if trainer else None
+        losses = [tr.step(x, y) if tr else eager_step(dev, model, opt, loss_fn, x, y) for x, y in data[:4]]
+        results.append(([v.item() for v in losses], model.state_dict()))
+        if tr is not None:
+            bad = data[0][1].copy()
+            bad[1] = 8
+            with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\) or equal ignore_index=7, got range"):
+                tr.step(data[0][0], bad)
+    (want, want_sd), (got, got_sd) = results
+    assert got == want and all(np.isfinite(want))
+    for k, v in want_sd.items():
+        np.testing.assert_array_equal(got_sd[k], v, err_msg=k)
+
+
+def test_every_loss_module_checks_its_target(dev, rng):
+    """Every loss class in pywgtrain.nn has check_target; the default is a host batch's check."""
+    losses = [getattr(pw.nn, n) for n in dir(pw.nn) if n.endswith("Loss")]
+    assert {c.__name__ for c in losses} >= {"CrossEntropyLoss", "NLLLoss", "MSELoss"}
+    for cls in losses:
+        assert callable(getattr(cls(), "check_target", None)), cls
+    mse = pw.nn.MSELoss()
+    with pytest.raises(TypeError, match=r"target must have dtype float32 \(or hold integer ids\), got float64"):
+        mse.check_target(rng.standard_normal(4))
+    target = rng.standard_normal(4).astype(np.float32)
+    np.testing.assert_array_equal(mse.check_target(target, (4,)), target)
+    ce = pw.nn.CrossEntropyLoss()
+    np.testing.assert_array_equal(ce.check_target(np.array([0, 2, -100], np.int64), (3, 3)), [0, 2, -100])
+    assert ce.check_target(np.array([0, 9]), None).dtype == np.int32  # width unknown: dtype only
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\) or equal ignore_index=-100, got range \[0, 3\]"):
+        ce.check_target(np.array([0, 3]), (2, 3))
+    with pytest.raises(TypeError, match="labels must be integers, got dtype float64"):
+        pw.nn.NLLLoss().check_target(np.zeros(2), (2, 3))

@@ -384,3 +384,80 @@ def test_a_released_graph_keeps_no_memory(dev):
     dev.synchronize()
     assert dev.memory_stats()["allocated_bytes"] - before <= 64 * 1024  # the loss and small scratch only
     assert loss.item() > 0
+
+
+# -- set_, is_set_to, untyped_storage, grad_home: how an optimizer moves parameters and gradients --
+def test_set_takes_the_source_memory_and_old_views_keep_theirs_as_in_torch(dev, rng):
+    """x.set_(src): x views src's memory (writes through either show in both), its shape and
+    strides become src's, its version is bumped; a view of x taken before keeps the old memory."""
+    x0, s0 = rand(rng, 33), rand(rng, 7, 9)
+    outs = []
+    for lib in (pw, torch):
+        x = pw.tensor(x0, dev) if lib is pw else torch.tensor(x0)
+        src = pw.tensor(s0, dev) if lib is pw else torch.tensor(s0)
+        old_view = x[3:10]
+        version = x._version
+        assert x.set_(src) is x
+        assert x._version > version and x.shape == tuple(src.shape) and x.is_set_to(src)
+        x[0, 0:2] = 5.0  # through x: seen by src
+        src[6].fill_(-1.0)  # through src: seen by x
+        old_view.add_(1.0)  # the old memory only
+        outs.append([t.numpy() for t in (x, src, old_view)])
+    for ours, ref in zip(*outs):
+        np.testing.assert_array_equal(ours, ref)
+    x = pw.tensor(x0, dev)
+    assert x.untyped_storage() is not pw.tensor(x0, dev).untyped_storage()
+    assert x[2:5].untyped_storage() is x.untyped_storage() and not x[2:5].is_set_to(x)
+
+
+def test_set_keeps_saved_tensors_of_a_graph_valid_and_refuses_what_torch_refuses(dev, rng):
+    w = pw.tensor(rand(rng, 5, 4), dev, requires_grad=True)
+    x = rand(rng, 3, 4)
+    loss = (pw.tensor(x, dev) @ w.T).sum()
+    home = pw.zeros((5, 4), device=dev)
+    with pytest.raises(RuntimeError, match="a leaf tensor that requires grad is used in an in-place operation"):
+        w.set_(home)
+    with pw.no_grad():
+        w.set_(home)
+    assert w.requires_grad and w.is_leaf and float(np.abs(w.numpy()).max()) == 0.0
+    loss.backward()  # the graph saved the old memory, which set_ left as it was
+    np.testing.assert_allclose(w.grad.numpy(), np.tile(x.sum(0), (5, 1)), rtol=1e-5, atol=1e-5)
+    t = pw.tensor(rand(rng, 6), dev)
+    with pytest.raises(TypeError, match="set_: source must be a pywgtrain.Tensor, got ndarray"):
+        t.set_(rand(rng, 6))
+    with pytest.raises(TypeError, match="set_: source has dtype int32, this tensor float32"):
+        t.set_(pw.tensor(np.zeros(6, np.int32), dev))
+    with pytest.raises(RuntimeError, match="set_: this tensor is a view of another"):
+        t[1:3].set_(pw.zeros(2, device=dev))
+    with pytest.raises(RuntimeError, match="set_: this tensor has autograd history"):
+        (w * 2).set_(pw.zeros((5, 4), device=dev))
+    with pytest.raises(RuntimeError, match="set_: source requires grad"):
+        t.set_(pw.zeros(6, device=dev, requires_grad=True))
+    assert t.shape == (6,) and t._version == 0  # refused before anything changed
+
+
+def test_grad_home_receives_a_new_gradient_without_a_copy(dev, rng):
+    w = pw.tensor(rand(rng, 7, 3), dev, requires_grad=True)
+    arena = pw.tensor(np.full(40, np.nan, np.float32), dev)
+    home = arena[:21].view(7, 3)  # an aligned view of a larger buffer, as an optimizer's arena hands out
+    w.grad_home = home
+    assert w.grad_home is home
+    x = rand(rng, 5, 3)
+    for step in range(2):  # a new gradient lands in home; an existing one accumulates where it is
+        (pw.tensor(x, dev) @ w.T).sum().backward()
+        assert w.grad is home
+        np.testing.assert_allclose(home.numpy(), (step + 1) * np.tile(x.sum(0), (7, 1)), rtol=1e-5, atol=1e-5)
+    assert np.isnan(arena.numpy()[21:]).all()  # nothing outside the home was written
+    for bad, exc, msg in [
+        (rand(rng, 7, 3), TypeError, "grad_home must be a pywgtrain.Tensor or None, got ndarray"),
+        (pw.zeros((3, 7), device=dev), ValueError, r"grad_home must have this tensor's shape \(7, 3\)"),
+        (pw.zeros((7, 3), device=dev).T.contiguous().T, ValueError, "must be contiguous at an aligned offset"),
+    ]:
+        with pytest.raises(exc, match=msg):
+            w.grad_home = bad
+    with pytest.raises(RuntimeError, match="only a leaf's gradient is kept"):
+        (w * 2).grad_home = pw.zeros((7, 3), device=dev)
+    w.grad_home = None
+    w.grad = None
+    (pw.tensor(x, dev) @ w.T).sum().backward()
+    assert w.grad is not home and w.grad_home is None

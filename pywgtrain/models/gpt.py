@@ -331,7 +331,7 @@ class GPT(nn.Module):
             return None
         # The graph binds the parameters' buffers: a parameter moved to another buffer (AdamW's
         # arena, a replaced Parameter) needs a new capture.
-        bufs = tuple(p._store.buf for p in self.parameters())
+        bufs = tuple(p.untyped_storage().buf for p in self.parameters())
         step = self.__dict__.get("_decode")
         if (
             step is None
@@ -458,12 +458,8 @@ class _DecodeStep:
 
 def _write_rows(src, dst, pos):
     """dst[:, pos:pos+t, :] = src ([BH, t, D] into [BH, Tmax, D])."""
-    from .. import _core
-
-    bh, t, d = src.shape
-    tmax = dst.shape[1]
-    with dst.device._recording() as rec:
-        _core.strided_copy(rec, src._buf, 0, [t * d, d, 1], dst._buf, pos * d, [tmax * d, d, 1], [bh, t, d], 0.0)
+    with no_grad():  # the cache holds values, not history
+        dst[:, pos : pos + src.shape[1]].copy_(src)
 
 
 def _attend_cached(self, x, layer, cache, pos, residual):

@@ -37,7 +37,20 @@ from ..tensor import Tensor
 from ._host_reduce import HostReducer
 from .modules.module import Module
 
-__all__ = ["DistributedDataParallel"]
+__all__ = ["DistributedDataParallel", "register_flat_gradients"]
+
+# Flat gradient buffers (a fused optimizer's arena) register here; the optimizers sit above nn,
+# so they come to DistributedDataParallel, not it to them.
+_flat_gradients: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def register_flat_gradients(flat: Any) -> None:
+    """Let DistributedDataParallel reduce a run of gradients that live in one device buffer as
+    one span of it. ``flat`` (held weakly) has ``params`` (in buffer order), ``offsets`` (each
+    one's first element in the buffer), ``size`` (the buffer's elements), ``holds_grad(i)``
+    (whether parameter i's ``.grad`` is its place in the buffer) and ``span("grad", first,
+    last)`` (a flat tensor over parameters first..last-1 and the gaps after them)."""
+    _flat_gradients.add(flat)
 
 
 class DistributedDataParallel(Module):
@@ -56,9 +69,9 @@ class DistributedDataParallel(Module):
       from a post-backward hook (``pywgtrain.autograd.register_post_backward_hook``);
       inside a ``pywgtrain.graph`` capture it runs right after the captured block and
       after every ``Graph.replay``, so ``Trainer`` steps average too.
-    - Buckets: gradients that live in a fused AdamW's flat arena are reduced as spans of it, a run
-      of neighbouring parameters per bucket (one download and one upload each); other gradients
-      are concatenated on the host. A bucket holds up to ``bucket_cap_mb`` MiB (a larger
+    - Buckets: gradients that live in a fused AdamW's flat arena (``register_flat_gradients``)
+      are reduced as spans of it, a run of neighbouring parameters per bucket (one download and
+      one upload each); other gradients are concatenated on the host. A bucket holds up to ``bucket_cap_mb`` MiB (a larger
       parameter is a bucket of its own). Each bucket is downloaded and its ``all_reduce`` started
       (asynchronously) on a transfer thread, in the same order on every rank; a finishing thread
       waits for it, averages and uploads, so several buckets are in flight at once.
@@ -210,7 +223,7 @@ class DistributedDataParallel(Module):
 
     def _check_same_model(self, params: list[Any]) -> None:
         shapes = repr([tuple(p.shape) for p in params]).encode()
-        mine = np.array([len(params), sum(p._numel for p in params), zlib.crc32(shapes)], np.int64)
+        mine = np.array([len(params), sum(p.numel() for p in params), zlib.crc32(shapes)], np.int64)
         torch, dist = self._torch, self._dist
         gathered = [torch.zeros(3, dtype=torch.int64) for _ in range(self.world_size)]
         self._collective(
@@ -390,12 +403,10 @@ class DistributedDataParallel(Module):
     def _gradient_buckets(self, params: list[Any]) -> list["_Bucket"]:
         """Arena spans for runs of gradients in a fused AdamW's arena, host-concatenated groups for
         the rest; in the same order on every rank (that of the model's parameters)."""
-        from ..optim.adamw import _FlatArena  # the optimizer sits above nn: imported when used
-
         pos = {id(p): k for k, p in enumerate(params)}
         runs: list[tuple[int, Any, list[int]]] = []  # (first position, arena, arena indices)
         in_arena: set[int] = set()
-        for arena in list(_FlatArena.live):
+        for arena in list(_flat_gradients):
             idx = [i for i, q in enumerate(arena.params) if id(q) in pos and arena.holds_grad(i)]
             run: list[int] = []
             for i in idx:
@@ -448,12 +459,12 @@ def _host_buckets(tensors: list[Any], cap: int) -> list[list[Any]]:
     buckets: list[list[Any]] = []
     size = 0
     for t in tensors:
-        if buckets and size + t._numel <= cap:
+        if buckets and size + t.numel() <= cap:
             buckets[-1].append(t)
-            size += t._numel
+            size += t.numel()
         else:
             buckets.append([t])
-            size = t._numel
+            size = t.numel()
     return buckets
 
 
@@ -461,5 +472,5 @@ def _scatter(flat: np.ndarray, tensors: list[Tensor]) -> None:
     """Upload consecutive pieces of ``flat`` into ``tensors``."""
     offset = 0
     for t in tensors:
-        t.copy_(flat[offset : offset + t._numel].reshape(t.shape))
-        offset += t._numel
+        t.copy_(flat[offset : offset + t.numel()].reshape(t.shape))
+        offset += t.numel()

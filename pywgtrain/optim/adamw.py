@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from .. import _core
+from ..autograd import no_grad
 from ..nn.modules.module import float32_values
+from ..nn.parallel import register_flat_gradients
 from ..ops import check_adamw_hyperparameters, record_grad_norm
 from ..tensor import Tensor, zeros
 from .optimizer import Optimizer, Params
@@ -19,43 +20,40 @@ class _FlatArena:
     """One device buffer each for the parameters, gradients and both moments,
     every parameter at a storage-aligned offset (gaps stay zero, and AdamW
     maps zeros to zeros), parameters of a group next to each other.
-    Parameters are moved into it as views, so a group's update is one AdamW
+    Parameters are moved into it with ``Tensor.set_`` and their gradients go
+    to it through ``Tensor.grad_home``, so a group's update is one AdamW
     dispatch and the norm one reduction, whatever the number of tensors."""
-
-    # Every arena alive, so DistributedDataParallel can reduce a run of gradients as one span.
-    live: "weakref.WeakSet[_FlatArena]" = weakref.WeakSet()
 
     def __init__(self, params, device):
         align = max(device.limits["min_storage_buffer_offset_alignment"] // 4, 1)
         self.offsets, total = [], 0
         for p in params:
             self.offsets.append(total)
-            total += -(-p._numel // align) * align
+            total += -(-p.numel() // align) * align
         self.size = total
         self.buffers = {  # zeroed: moments start at 0, and so do the gaps between parameters
             name: _core._Buffer(device._dev, total * 4, f"pywgtrain.{name}_arena", zeroed=True)
             for name in ("param", "grad", "exp_avg", "exp_avg_sq")
         }
-        with device._recording() as rec:
-            for p, off in zip(params, self.offsets):
-                view = self.buffers["param"].view(off * 4, p.nbytes)
-                rec.copy(p._buf, 0, view, 0, p.nbytes)
-                p._buf = view
-                grad_view = self.view("grad", p, off)
+        # Each parameter's place and its gradient's: holds() checks that they are still in use.
+        self.param_views = [self.view("param", p, off) for p, off in zip(params, self.offsets)]
+        self.grad_views = [self.view("grad", p, off) for p, off in zip(params, self.offsets)]
+        with no_grad():
+            for p, home, grad_home in zip(params, self.param_views, self.grad_views):
+                home.copy_(p.detach())
+                p.set_(home)
                 if p.grad is not None:
-                    rec.copy(p.grad._buf, 0, grad_view._buf, 0, p.nbytes)
-                    p.grad = grad_view
-                p._grad_home = grad_view
+                    grad_home.copy_(p.grad)
+                    p.grad = grad_home
+                p.grad_home = grad_home
         self.params = list(params)
         self.device = device
         self._spans = {}
-        _FlatArena.live.add(self)
+        register_flat_gradients(self)  # DistributedDataParallel reduces runs of them as one span
 
     def holds_grad(self, i):
         """Whether parameter i's gradient is the one this arena holds (its span is its .grad)."""
-        p = self.params[i]
-        home = p._grad_home
-        return home is not None and p.grad is home and home._buf.shares_memory(self.buffers["grad"])
+        return self.params[i].grad is self.grad_views[i]
 
     def view(self, name, p, off):
         return Tensor(self.buffers[name].view(off * 4, p.nbytes), p.shape, np.float32, p.device)
@@ -74,8 +72,8 @@ class _FlatArena:
     def holds(self, params):
         """Whether every parameter and its gradient still live in this arena."""
         return len(params) == len(self.params) and all(
-            p is q and p._buf.shares_memory(self.buffers["param"]) and p.grad is p._grad_home
-            for p, q in zip(params, self.params)
+            p is q and p.is_set_to(home) and p.grad is grad
+            for p, q, home, grad in zip(params, self.params, self.param_views, self.grad_views)
         )
 
 

@@ -2,21 +2,53 @@
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
+import numpy as np
+
 from ... import functions as F
+from ...ops import host_batch, label_array
 from ...tensor import Labels, Tensor, TensorLike
 from .module import Module
 
 
-class CrossEntropyLoss(Module):
+class _Loss(Module):
+    """The base of the loss modules (torch's ``_Loss``): ``reduction``, and ``check_target``."""
+
+    def __init__(self, reduction: str = "mean") -> None:
+        super().__init__()
+        F._check_reduction(reduction, type(self).__name__)
+        self.reduction = reduction
+
+    def check_target(
+        self, target: Any, input_shape: Optional[tuple[int, ...]] = None, name: str = "target"
+    ) -> np.ndarray:
+        """A host ``target`` as the contiguous array this loss takes, checked as its forward
+        checks it against an input of ``input_shape`` (None: not known yet, the checks that
+        need it are left out), so that a caller (``Trainer``) can refuse a bad batch before
+        any work is recorded. ``name`` names the target in the errors. By default: float32
+        values or integer ids, nothing cast silently."""
+        return host_batch(target, name)
+
+
+class CrossEntropyLoss(_Loss):
     """Softmax cross-entropy over [batch, classes] logits and int class labels."""
 
     def __init__(self, ignore_index: int = -100, reduction: str = "mean") -> None:
-        super().__init__()
-        F._check_reduction(reduction, "CrossEntropyLoss")
-        self.ignore_index, self.reduction = ignore_index, reduction
+        super().__init__(reduction)
+        self.ignore_index = ignore_index
 
     def forward(self, input: TensorLike, target: Labels) -> Tensor:  # noqa: A002 - torch's names
         return F.cross_entropy(input, target, self.ignore_index, self.reduction)
+
+    def check_target(
+        self, target: Any, input_shape: Optional[tuple[int, ...]] = None, name: str = "target"
+    ) -> np.ndarray:
+        """Integer class labels in ``[0, classes)`` (the input's last dimension) or equal to
+        ``ignore_index``: device labels out of range are not checked (that would take a GPU
+        round trip) and would turn the loss into NaN."""
+        classes = input_shape[-1] if input_shape is not None and len(input_shape) == 2 else None
+        return label_array(target, classes, self.ignore_index)
 
 
 class NLLLoss(CrossEntropyLoss):
@@ -24,11 +56,6 @@ class NLLLoss(CrossEntropyLoss):
         return F.nll_loss(input, target, self.ignore_index, self.reduction)
 
 
-class MSELoss(Module):
-    def __init__(self, reduction: str = "mean") -> None:
-        super().__init__()
-        F._check_reduction(reduction, "MSELoss")
-        self.reduction = reduction
-
+class MSELoss(_Loss):
     def forward(self, input: TensorLike, target: TensorLike) -> Tensor:  # noqa: A002 - torch's names
         return F.mse_loss(input, target, self.reduction)
