@@ -204,6 +204,30 @@ class Tensor(_TensorFields):
         self._bump_version()
         return self
 
+    def move_storage_(self, dest: Tensor) -> Tensor:
+        """Move this tensor's memory into ``dest``'s: copy the values there, then this tensor's
+        storage, and so every tensor viewing it (views taken before included), reads and writes
+        ``dest``'s memory (no PyTorch counterpart: a fused optimizer gathers the parameters into
+        one buffer this way, and a user's views of a parameter keep following it). This tensor
+        must cover its whole storage; ``dest`` must be contiguous, of its shape, dtype and
+        device, and cover its own storage. An in-place change (version bumped); under
+        ``no_grad()`` for a leaf that requires grad, as any in-place write."""
+        if not isinstance(dest, Tensor):
+            raise TypeError(f"move_storage_: dest must be a pywgtrain.Tensor, got {type(dest).__name__}")
+        if dest.device is not self.device or dest.shape != self.shape or dest.dtype != self.dtype:
+            raise ValueError(
+                f"move_storage_: dest must have this tensor's shape {self.shape}, dtype {self.dtype.name} and "
+                f"device {self.device!r}; got {dest.shape}, {dest.dtype.name}, {dest.device!r}"
+            )
+        if not self._whole or self._base is not None or not dest._whole:
+            raise RuntimeError("move_storage_: both tensors must cover their whole storage (not views)")
+        self._check_inplace("move_storage_", is_grad_enabled())
+        dest.copy_(self.detach())
+        self._store.buf = dest._store.buf
+        self._batch = dest._batch  # the copy just recorded is the memory's pending writer
+        self._bump_version()
+        return self
+
     @property
     def grad_home(self) -> Optional[Tensor]:
         """Where ``backward()`` writes this leaf's gradient while ``.grad`` is None, which then

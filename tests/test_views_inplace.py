@@ -461,3 +461,21 @@ def test_grad_home_receives_a_new_gradient_without_a_copy(dev, rng):
     w.grad = None
     (pw.tensor(x, dev) @ w.T).sum().backward()
     assert w.grad is not home and w.grad_home is None
+
+
+def test_views_of_a_parameter_follow_it_into_a_fused_optimizer(dev, rng):
+    """AdamW gathers parameters into one buffer (Tensor.move_storage_): a view a user took
+    before keeps reading the parameter, as a view of a torch parameter does across steps."""
+    lin = pw.nn.Linear(9, 5, device=dev, rng=np.random.default_rng(0))
+    row = lin.weight[2]
+    opt = pw.optim.AdamW(lin.parameters(), lr=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        lin(pw.tensor(rand(rng, 3, 9), dev)).sum().backward()
+        opt.step()
+    np.testing.assert_array_equal(row.numpy(), lin.weight.numpy()[2])
+    t = pw.tensor(rand(rng, 4), dev)
+    with pytest.raises(RuntimeError, match="move_storage_: both tensors must cover their whole storage"):
+        t[1:3].move_storage_(pw.zeros(2, device=dev))
+    with pytest.raises(ValueError, match=r"move_storage_: dest must have this tensor's shape \(4,\)"):
+        t.move_storage_(pw.zeros(5, device=dev))

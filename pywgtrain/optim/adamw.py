@@ -20,8 +20,8 @@ class _FlatArena:
     """One device buffer each for the parameters, gradients and both moments,
     every parameter at a storage-aligned offset (gaps stay zero, and AdamW
     maps zeros to zeros), parameters of a group next to each other.
-    Parameters are moved into it with ``Tensor.set_`` and their gradients go
-    to it through ``Tensor.grad_home``, so a group's update is one AdamW
+    Parameters are moved into it with ``Tensor.move_storage_`` (views of them
+    follow) and their gradients go to it through ``Tensor.grad_home``, so a group's update is one AdamW
     dispatch and the norm one reduction, whatever the number of tensors."""
 
     def __init__(self, params, device):
@@ -40,8 +40,7 @@ class _FlatArena:
         self.grad_views = [self.view("grad", p, off) for p, off in zip(params, self.offsets)]
         with no_grad():
             for p, home, grad_home in zip(params, self.param_views, self.grad_views):
-                home.copy_(p.detach())
-                p.set_(home)
+                p.move_storage_(home)
                 if p.grad is not None:
                     grad_home.copy_(p.grad)
                     p.grad = grad_home
@@ -72,7 +71,7 @@ class _FlatArena:
     def holds(self, params):
         """Whether every parameter and its gradient still live in this arena."""
         return len(params) == len(self.params) and all(
-            p is q and p.is_set_to(home) and p.grad is grad
+            p is q and p.untyped_storage().buf is home.untyped_storage().buf and p.grad is grad
             for p, q, home, grad in zip(params, self.params, self.param_views, self.grad_views)
         )
 
