@@ -178,3 +178,28 @@ def test_gpt_under_autocast_matches_torch_twin(dev, rng, attention):
         topt.step()
         assert loss.dtype == F32
         assert abs(loss.item() - tloss.item()) <= 1e-2 * abs(tloss.item()), f"step {i}: {loss.item()} vs {tloss.item()}"
+
+
+def test_trainer_autocast_replays_what_an_eager_loop_computes(dev, rng):
+    """Trainer(autocast=True): captured and replayed steps (casts included) give the eager
+    autocast loop's losses."""
+    from pywgtrain.train import Trainer
+
+    seed = int(rng.integers(1 << 30))
+    data = rng.integers(0, CFG["vocab_size"], (5, 2, 13)).astype(np.int32)
+    models = [GPT(GPTConfig(**CFG), device=dev, seed=seed) for _ in range(2)]
+    opts = [pw.optim.AdamW(m.parameters(), lr=3e-3) for m in models]
+    trainer = Trainer(models[0], opts[0], GPT.loss, autocast=True)
+    got = [trainer.step(np.ascontiguousarray(d[:, :-1]), np.ascontiguousarray(d[:, 1:])).item() for d in data]
+    assert trainer.graph is not None  # the later steps replayed
+    want = []
+    for d in data:
+        opts[1].zero_grad()
+        with pw.autocast():
+            loss = GPT.loss(models[1](np.ascontiguousarray(d[:, :-1])), np.ascontiguousarray(d[:, 1:]))
+        loss.backward()
+        opts[1].step()
+        want.append(loss.item())
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    with pytest.raises(TypeError, match="autocast must be a bool"):
+        Trainer(models[0], opts[0], GPT.loss, autocast="fp16")
