@@ -2077,28 +2077,47 @@ def _dtype_rules(fn, kind=None, native=False, skip=()):
     @functools.wraps(fn)
     def op(*args, **kwargs):
         ac = _autocast_state.dtype
-        if ac is not None and kind is not None:
-            if kind == "f32":
-                args, kwargs = _cast_operands(args, kwargs, _FLOAT32, skip)
-                return fn(*args, **kwargs)
-            args, kwargs = _cast_operands(args, kwargs, ac, skip)
-        half = wide = False
-        for _, x in _operands(args, kwargs, skip):
-            if x.dtype == _HALF:
-                half = True
-            elif x.dtype == _FLOAT32:
-                wide = True
-        if not half:
-            return fn(*args, **kwargs)
-        if native:
-            out = fn(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
-        args, kwargs = _cast_operands(args, kwargs, _FLOAT32)
-        out = fn(*args, **kwargs)
-        return out if wide else _narrow(out)
+        if (ac is None or kind is None) and not kwargs:  # the common case, checked without generators
+            for x in args:
+                t = type(x)
+                if t is Tensor:
+                    if x.dtype is _HALF:  # dtypes are NumPy's singletons (tensor() takes native order only)
+                        break
+                elif t not in _PLAIN_ARGS:
+                    break
+            else:
+                return fn(*args)
+        return _apply_rules(fn, kind, native, skip, ac, args, kwargs)
 
     return op
+
+
+_PLAIN_ARGS = frozenset((float, int, bool, str, type(None)))
+
+
+def _apply_rules(fn, kind, native, skip, ac, args, kwargs):
+    """The rules of _dtype_rules for a call with float16, NumPy, list or keyword operands, or
+    inside autocast (``ac``: its dtype)."""
+    if ac is not None and kind is not None:
+        if kind == "f32":
+            args, kwargs = _cast_operands(args, kwargs, _FLOAT32, skip)
+            return fn(*args, **kwargs)
+        args, kwargs = _cast_operands(args, kwargs, ac, skip)
+    half = wide = False
+    for _, x in _operands(args, kwargs, skip):
+        if x.dtype == _HALF:
+            half = True
+        elif x.dtype == _FLOAT32:
+            wide = True
+    if not half:
+        return fn(*args, **kwargs)
+    if native:
+        out = fn(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    args, kwargs = _cast_operands(args, kwargs, _FLOAT32)
+    out = fn(*args, **kwargs)
+    return out if wide else _narrow(out)
 
 
 # Attention has no float16 kernel: under autocast its inputs are rounded to float16, as torch's,
