@@ -68,9 +68,11 @@ def _float_tensor(x, dev, op, name, dtype=_FLOAT32):
         if x.device is not dev:
             raise ValueError(f"{op}: {name} lives on {x.device!r}, the other operand on {dev!r}")
         if x.dtype != dtype:
-            hint = " (int32 tensors hold ids and labels)" if x.dtype == np.int32 else " (cast it with .float())"
             if dtype == _HALF:
-                hint = " like input (no mixed dtypes, as torch)"
+                raise TypeError(
+                    f"{op}: {name} must be float16 like input, got {x.dtype.name} (no mixed dtypes, as torch)"
+                )
+            hint = " (int32 tensors hold ids and labels)" if x.dtype == np.int32 else " (cast it with .float())"
             raise TypeError(f"{op}: {name} must be {dtype.name}, got {x.dtype.name}{hint}")
         return x if x._whole else _dense(x)
     if isinstance(x, np.ndarray):

@@ -176,6 +176,8 @@ def test_half_matmul_with_autograd_and_batched(dev, rng):
     assert_half(pw.bmm(pw.tensor(x, dev), pw.tensor(y, dev)), t64(x) @ t64(y), magnitude=33.0)
     with pytest.raises(TypeError, match="other must be float16 like input, got float32"):
         pw.tensor(a, dev) @ pw.tensor(b.astype(np.float32), dev)
+    with pytest.raises(TypeError, match="weight must be float16 like input, got float32"):
+        pw.linear(pw.tensor(a, dev), pw.tensor(np.ascontiguousarray(b.T, np.float32), dev))
 
 
 def test_reshape_of_half_that_requires_grad(dev, rng):
