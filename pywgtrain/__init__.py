@@ -54,6 +54,7 @@ from .functions import (
     layer_norm,
     dropout,
 )
+from .autocast import autocast, is_autocast_enabled  # binds the class over the submodule's name
 from . import random
 from .random import manual_seed, get_rng_state, set_rng_state, initial_seed
 from .graphs import CaptureError, Graph, graph
@@ -121,6 +122,8 @@ __all__ = [
     "where",
     "layer_norm",
     "dropout",
+    "autocast",
+    "is_autocast_enabled",
     "Graph",
     "graph",
     "CaptureError",

@@ -12,6 +12,7 @@ random state of pywgtrain.random). The names and semantics follow PyTorch; ``doc
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 import numbers
 import sys
@@ -21,7 +22,8 @@ import numpy as np
 
 from . import _core
 from ._opcodes import BINARY, REDUCE, UNARY
-from .autograd import attach, needs_grad
+from .autocast import _state as _autocast_state
+from .autograd import attach, is_grad_enabled, needs_grad
 from ._typing import Dims, ShapeLike
 from .device import default_device
 from .random import default_generator
@@ -30,6 +32,8 @@ from .tensor import (
     Operand,
     Tensor,
     TensorLike,
+    _FLOAT32,
+    _HALF,
     _check_flag,
     _make_view,
     _register_ops,
@@ -59,17 +63,21 @@ def _is_scalar(x):
     return isinstance(x, numbers.Real) and not isinstance(x, bool) or isinstance(x, (np.floating, np.integer))
 
 
-def _float_tensor(x, dev, op, name):
+def _float_tensor(x, dev, op, name, dtype=_FLOAT32):
     if isinstance(x, Tensor):
         if x.device is not dev:
             raise ValueError(f"{op}: {name} lives on {x.device!r}, the other operand on {dev!r}")
-        if x.dtype != np.float32:
+        if x.dtype != dtype:
+            if dtype == _HALF:
+                raise TypeError(
+                    f"{op}: {name} must be float16 like input, got {x.dtype.name} (no mixed dtypes, as torch)"
+                )
             hint = " (int32 tensors hold ids and labels)" if x.dtype == np.int32 else " (cast it with .float())"
-            raise TypeError(f"{op}: {name} must be float32, got {x.dtype.name}{hint}")
+            raise TypeError(f"{op}: {name} must be {dtype.name}, got {x.dtype.name}{hint}")
         return x if x._whole else _dense(x)
     if isinstance(x, np.ndarray):
-        if x.dtype != np.float32:  # no silent casts (torch refuses mixed dtypes too)
-            raise TypeError(f"{op}: {name} must have dtype float32, got {x.dtype.name}")
+        if x.dtype != dtype:  # no silent casts (torch refuses mixed dtypes too)
+            raise TypeError(f"{op}: {name} must have dtype {dtype.name}, got {x.dtype.name}")
         return tensor(np.ascontiguousarray(x), dev)
     raise TypeError(f"{op}: {name} must be a Tensor, NumPy array or real number, got {type(x).__name__}")
 
@@ -714,10 +722,11 @@ def _new_shape(x, shape, op):
     return tuple(shape)
 
 
-def _view_op(x, shape, strides, offset, name, backward):
-    """A view of x (shared memory) recorded by autograd with ``backward``."""
+def _view_op(x, shape, strides, offset, name, backward, any_float=False):
+    """A view of x (shared memory) recorded by autograd with ``backward`` (``any_float``: one
+    that does not write regions of the gradient, for float16 too)."""
     out = _make_view(x, shape, strides, offset)
-    if x.dtype == np.float32 and needs_grad(x):
+    if (x.dtype == np.float32 or any_float) and needs_grad(x):
         attach(out, name, [x], backward)
     elif needs_grad(x):  # their backward writes float32 regions
         raise TypeError(
@@ -732,7 +741,7 @@ def _reshape_view(x, shape, name):
     def backward(g, sinks):
         sinks[0].put(g.detach().reshape(in_shape), owned=False)
 
-    return _view_op(x, shape, _strides(shape), x._offset, name, backward)
+    return _view_op(x, shape, _strides(shape), x._offset, name, backward, any_float=True)
 
 
 def reshape(x: Tensor, *shape: ShapeLike) -> Tensor:
@@ -1159,7 +1168,8 @@ def matmul(a: TensorLike, b: TensorLike) -> Tensor:
 
 
 def _matmul_half(a, b, dev):
-    """2-D float16 ``a @ b`` (float32 accumulation), without autograd."""
+    """2-D float16 ``a @ b`` (float32 accumulation); NotImplemented for other ranks, which
+    compute in float32 (``_dtype_rules``)."""
     ops = []
     for x, name in ((a, "input"), (b, "other")):
         if isinstance(x, Tensor) and x.device is not dev:
@@ -1170,15 +1180,39 @@ def _matmul_half(a, b, dev):
         ops.append(_dense(x) if isinstance(x, Tensor) else tensor(np.ascontiguousarray(x), dev))
     ta, tb = ops
     if ta.ndim != 2 or tb.ndim != 2:
-        raise TypeError(f"matmul: float16 operands must be 2-D, got shapes {ta.shape} and {tb.shape}")
-    if needs_grad(ta, tb):
-        raise TypeError("matmul: float16 operands that require grad are not supported; cast them with .float()")
-    (m, k), (kb, n) = ta.shape, tb.shape
+        return NotImplemented
+    k, kb = ta.shape[1], tb.shape[0]
     if k != kb:
         raise ValueError(f"matmul: shapes {ta.shape} and {tb.shape}: inner dimensions {k} and {kb} differ")
-    out = empty((m, n), np.float16, dev)
-    with dev._recording() as rec:
-        _core.gemm(rec, ta._buf, tb._buf, out._buf, m, n, k, False, False, 1.0, 0.0, True)
+    return _gemm_half(ta, tb, False)
+
+
+def _gemm_half(a, b, tb):
+    """``a @ op(b)`` of 2-D float16 tensors (``op``: transpose when ``tb``, as a linear layer's
+    weight) in one float16 GEMM with float32 accumulation; its backward is two more."""
+    m, k = a.shape
+    n = b.shape[0] if tb else b.shape[1]
+    dev = a.device
+    out = _result((m, n), dev, _HALF)
+    with _rec(dev) as rec:
+        _core.gemm(rec, a._buf, b._buf, out._buf, m, n, k, False, tb, 1.0, 0.0, True)
+    if needs_grad(a, b):
+        abuf, bbuf = a._buf, b._buf
+
+        def backward(g, sinks):
+            sa, sb = sinks
+            with _rec(dev) as rec:
+                if sa is not None:  # dA = dC op(B)^T
+                    dst, beta = sa.target()
+                    _core.gemm(rec, g._buf, bbuf, dst._buf, m, k, n, False, not tb, 1.0, float(beta), True)
+                if sb is not None:  # dB = A^T dC, or dC^T A for a transposed B
+                    dst, beta = sb.target()
+                    if tb:
+                        _core.gemm(rec, g._buf, abuf, dst._buf, n, k, m, True, False, 1.0, float(beta), True)
+                    else:
+                        _core.gemm(rec, abuf, g._buf, dst._buf, k, n, m, True, False, 1.0, float(beta), True)
+
+        attach(out, "matmul", [a, b], backward, keep=(a, b))
     return out
 
 
@@ -1304,16 +1338,21 @@ def mlp(
             f"{len(biases)} and {len(activations)}"
         )
     dev = _device_of(x, *weights, residual)
-    h = _float_tensor(x, dev, "linear", "input")
-    tr = None if residual is None else _float_tensor(residual, dev, "linear", "residual")
+    dtype = _HALF if getattr(x, "dtype", None) == _HALF else _FLOAT32  # the weights and biases must match x
+    h = _float_tensor(x, dev, "linear", "input", dtype)
+    # float16 layers take a residual of either float dtype (the sum is the wider, as torch's add)
+    rdtype = getattr(residual, "dtype", None)
+    if dtype != _HALF or rdtype not in _CASTS:
+        rdtype = _FLOAT32
+    tr = None if residual is None else _float_tensor(residual, dev, "linear", "residual", rdtype)
     layers: list[tuple[Tensor, int, int, Optional[Tensor], int]] = []
     params: list[Optional[Tensor]] = []
     for i, (weight, bias, activation) in enumerate(zip(weights, biases, activations)):
-        tw = _float_tensor(weight, dev, "linear", "weight" if len(weights) == 1 else f"weights[{i}]")
+        tw = _float_tensor(weight, dev, "linear", "weight" if len(weights) == 1 else f"weights[{i}]", dtype)
         tb = (
             None
             if bias is None
-            else _float_tensor(bias, dev, "linear", "bias" if len(weights) == 1 else f"biases[{i}]")
+            else _float_tensor(bias, dev, "linear", "bias" if len(weights) == 1 else f"biases[{i}]", dtype)
         )
         if tw.ndim != 2:
             raise ValueError(f"linear: weight must be 2-D [out, in], got shape {tw.shape}")
@@ -1339,6 +1378,8 @@ def mlp(
             )
         if tr.shape != shape:
             raise ValueError(f"linear: residual has shape {tr.shape}, the output has shape {shape}")
+    if dtype == _HALF:
+        return _mlp_half(h, layers, tr, rows)
     grad = needs_grad(h, *params, tr)
     inputs, preacts = [h], []  # each layer's input, and its pre-activation when backward needs it
     with _rec(dev) as rec:
@@ -1398,6 +1439,29 @@ def mlp(
         backward,
         keep=(inputs[0], *params[::2]),  # the input and the weights: what backward reads of the caller's
     )
+
+
+def _mlp_half(h, layers, tr, rows):
+    """float16 layers of :func:`mlp`: each a float16 GEMM (float32 accumulation); the bias,
+    activation and residual are separate element-wise ops, since the fused epilogues are float32
+    only (each layer's float16 result is rounded before the bias is added)."""
+    for tw, out_f, in_f, tb, act in layers:
+        y = _gemm_half(reshape(h, (rows, in_f)), tw, True)
+        if tb is not None:
+            y = add(y, tb)
+        if act:
+            y = _ACT_FN[act](y)
+        h = reshape(y, h.shape[:-1] + (out_f,))
+    return h if tr is None else add(h, tr)
+
+
+# The public activations by ACTIVATIONS code (looked up when called: the dtype-aware ones).
+_ACT_FN = {
+    1: lambda y: relu(y),
+    2: lambda y: gelu(y, "tanh"),
+    3: lambda y: gelu(y),
+    4: lambda y: silu(y),
+}
 
 
 def linear(
@@ -1935,6 +1999,146 @@ def dropout(
         n = x._numel
         _attach_launch(out, "dropout", x, lambda rec, g, dst, beta: _core.dropout(rec, g, key, dst, n, p, beta))
     return out
+
+
+# -- float16 operands and autocast -----------------------------------------------------
+# Most ops have float32 kernels only. Such an op given float16 operands casts
+# them up with recorded casts (to_dtype: autograd sees them, so their gradients
+# come back as float16), computes in float32 and casts the result back to
+# float16 when no floating operand was float32 (torch's promotion: float16 with
+# float32 gives float32; a Python scalar keeps the tensor's dtype). Inside
+# pywgtrain.autocast an op's kind (below) decides first, following torch's CUDA
+# autocast lists: "f16" ops get their float32 operands cast to float16, "f32"
+# ops their float16 operands cast to float32; the rest keep their operands.
+
+
+def _cast(x, dtype):
+    """x (a Tensor or NumPy array) as ``dtype`` when it is a float of the other width. Inside
+    autocast, the cast of a leaf that requires grad (a parameter) is made once per outermost
+    region and reused while the leaf's version is unchanged, as torch's autocast cache."""
+    if x.dtype == dtype or x.dtype not in _CASTS:
+        return x
+    if isinstance(x, np.ndarray):
+        return x.astype(dtype)
+    s = _autocast_state
+    if s.dtype is None or not s.cache_enabled or not x.requires_grad or not x.is_leaf or not is_grad_enabled():
+        return to_dtype(x, dtype)
+    hit = s.cache.get(id(x))
+    if hit is not None and hit[0] is x and hit[1] == x._version and hit[2] == dtype:
+        return hit[3]
+    out = to_dtype(x, dtype)
+    s.cache[id(x)] = (x, x._version, dtype, out)  # holding x keeps its id from being reused
+    return out
+
+
+def _operands(args, kwargs, skip):
+    """(position or keyword, value) of every Tensor / NumPy operand, also inside a list or tuple
+    argument (cat's tensors, mlp's weights); ``skip``: arguments that are no operands of the
+    op's dtype (a condition, a residual added after)."""
+    for key, x in (*enumerate(args), *kwargs.items()):
+        if key in skip:
+            continue
+        if isinstance(x, (Tensor, np.ndarray)):
+            yield key, x
+        elif type(x) in (list, tuple):
+            for y in x:
+                if isinstance(y, (Tensor, np.ndarray)):
+                    yield key, y
+
+
+def _cast_operands(args, kwargs, dtype, skip=()):
+    def one(key, x):
+        if key in skip:
+            return x
+        if isinstance(x, (Tensor, np.ndarray)):
+            return _cast(x, dtype)
+        if type(x) in (list, tuple):
+            return type(x)(_cast(y, dtype) if isinstance(y, (Tensor, np.ndarray)) else y for y in x)
+        return x
+
+    return tuple(one(i, x) for i, x in enumerate(args)), {k: one(k, v) for k, v in kwargs.items()}
+
+
+def _narrow(out):
+    """An op's float32 result(s) as float16."""
+    if isinstance(out, Tensor):
+        return to_dtype(out, _HALF) if out.dtype == _FLOAT32 else out
+    if isinstance(out, _MaxResult):
+        return _MaxResult((_narrow(out[0]), out[1]))
+    if type(out) is tuple:
+        return tuple(_narrow(o) for o in out)
+    return out
+
+
+def _dtype_rules(fn, kind=None, native=False, skip=()):
+    """``fn`` taking float16 operands as described above. ``kind``: its autocast list ("f16",
+    "f32" or None); ``native``: fn handles float16 operands itself, returning NotImplemented
+    where it has no float16 kernel (then it computes in float32); ``skip``: positions and
+    names of arguments that do not decide the dtype."""
+
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        ac = _autocast_state.dtype
+        if (ac is None or kind is None) and not kwargs:  # the common case, checked without generators
+            for x in args:
+                t = type(x)
+                if t is Tensor:
+                    if x.dtype is _HALF:  # dtypes are NumPy's singletons (tensor() takes native order only)
+                        break
+                elif t not in _PLAIN_ARGS:
+                    break
+            else:
+                return fn(*args)
+        return _apply_rules(fn, kind, native, skip, ac, args, kwargs)
+
+    return op
+
+
+_PLAIN_ARGS = frozenset((float, int, bool, str, type(None)))
+
+
+def _apply_rules(fn, kind, native, skip, ac, args, kwargs):
+    """The rules of _dtype_rules for a call with float16, NumPy, list or keyword operands, or
+    inside autocast (``ac``: its dtype)."""
+    if ac is not None and kind is not None:
+        if kind == "f32":
+            args, kwargs = _cast_operands(args, kwargs, _FLOAT32, skip)
+            return fn(*args, **kwargs)
+        args, kwargs = _cast_operands(args, kwargs, ac, skip)
+    half = wide = False
+    for _, x in _operands(args, kwargs, skip):
+        if x.dtype == _HALF:
+            half = True
+        elif x.dtype == _FLOAT32:
+            wide = True
+    if not half:
+        return fn(*args, **kwargs)
+    if native:
+        out = fn(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    args, kwargs = _cast_operands(args, kwargs, _FLOAT32)
+    out = fn(*args, **kwargs)
+    return out if wide else _narrow(out)
+
+
+# Attention has no float16 kernel: under autocast its inputs are rounded to float16, as torch's,
+# and it computes in float32 with the result rounded to float16 (torch's dtype).
+_F16_OPS = "bmm scaled_dot_product_attention causal_self_attention_qkv".split()
+_F32_OPS = "exp log rsqrt pow sum softmax log_softmax layer_norm cross_entropy nll_loss mse_loss".split()
+_SAME_OPS = """neg abs sqrt tanh sigmoid relu silu gelu square clamp clone add sub mul div maximum minimum
+gt lt ge le eq ne mean max var std cat stack embedding index_select dropout""".split()
+# (kind, native, skip) of the ops that differ from _dtype_rules' defaults
+_RULES: dict[str, tuple[Optional[str], bool, tuple]] = {
+    "matmul": ("f16", True, ()),
+    "mlp": ("f16", True, (4, "residual")),  # torch adds the residual after the linear, in the wider dtype
+    "where": (None, False, (0, "condition")),  # a mask (bool in torch)
+}
+_this = sys.modules[__name__]
+for _name in _F16_OPS + _F32_OPS + _SAME_OPS + list(_RULES):
+    _kind = "f16" if _name in _F16_OPS else "f32" if _name in _F32_OPS else None
+    _kind, _native, _skip = _RULES.get(_name, (_kind, False, ()))
+    setattr(_this, _name, _dtype_rules(getattr(_this, _name), _kind, _native, _skip))
 
 
 _register_ops(sys.modules[__name__])  # Tensor's methods call the ops through this (see tensor.py)

@@ -3,6 +3,7 @@ digits demo behind ``pywgtrain train`` is in ``pywgtrain.cli.demo``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -11,6 +12,7 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from . import nn, random
+from .autocast import autocast as mixed_precision
 from .device import Device
 from .graphs import CaptureError, Graph, graph
 from .nn.modules.module import PLAIN_TYPES, modules_version
@@ -57,6 +59,10 @@ class Trainer:
     ``Device.BATCH_SUBMIT_COMMANDS`` dispatches and on every host read);
     ``steps_per_submit``: at least every this many steps, the Trainer submits
     what is recorded (``flush()`` does it explicitly).
+
+    ``autocast=True``: the forward and the loss run inside
+    :class:`pywgtrain.autocast` (float16 products, float32 reductions and
+    losses); backward and the optimizer step stay outside, as in torch's recipe.
     """
 
     def __init__(
@@ -66,9 +72,12 @@ class Trainer:
         loss_fn: Callable[[Tensor, Any], Tensor],
         capture: bool = True,
         steps_per_submit: int = 1,
+        autocast: bool = False,
     ) -> None:
         if isinstance(steps_per_submit, bool) or not isinstance(steps_per_submit, int) or steps_per_submit < 1:
             raise ValueError(f"steps_per_submit must be an int >= 1, got {steps_per_submit!r}")
+        if not isinstance(autocast, bool):
+            raise TypeError(f"autocast must be a bool, got {type(autocast).__name__}")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         device = model.device
         if device is None:
@@ -77,6 +86,10 @@ class Trainer:
         self.step_count = 0
         self.capture = capture
         self.steps_per_submit = steps_per_submit
+        self.autocast = autocast
+        if autocast:
+            with mixed_precision(device):  # refuses an adapter without shader-f16 now, not at the first step
+                pass
         self._graph: Optional[dict[str, Any]] = None
         # batch shapes and signature of the last eager step (capture follows one)
         self._eager_key: Optional[tuple[Any, ...]] = None
@@ -204,13 +217,14 @@ class Trainer:
         return self._stepped(loss.detach())
 
     def _forward_backward(self, x, y, host_y, io_key, checked):
-        out = self.model(x)
-        shape = getattr(out, "shape", None)
-        if host_y is not None and shape != checked:
-            self._check_target(host_y, shape)  # raising here discards the step's recording
-        self._last_output = (io_key, shape)
-        self.optimizer.zero_grad()  # after the checks: a refused step leaves the gradients as they were
-        loss = self.loss_fn(out, y)
+        with mixed_precision(self.device) if self.autocast else contextlib.nullcontext():
+            out = self.model(x)
+            shape = getattr(out, "shape", None)
+            if host_y is not None and shape != checked:
+                self._check_target(host_y, shape)  # raising here discards the step's recording
+            self._last_output = (io_key, shape)
+            self.optimizer.zero_grad()  # after the checks: a refused step leaves the gradients as they were
+            loss = self.loss_fn(out, y)
         loss.backward()
         return loss
 

@@ -145,14 +145,8 @@ def test_half_and_float_are_differentiable_like_torch(dev, rng):
     assert_same_halves(th.grad.numpy(), rh.grad.numpy())
 
 
-def test_ops_refuse_float16(dev, rng):
+def test_float16_refusals(dev, rng):
     h = pw.tensor(rng.standard_normal((4, 4)).astype(np.float16), dev)
-    with pytest.raises(TypeError, match=r"must be float32, got float16 \(cast it with .float\(\)\)"):
-        h + 1.0
-    with pytest.raises(TypeError, match="float32, got float16"):
-        h.exp()
-    with pytest.raises(TypeError, match="float32, got float16"):
-        h.sum()
     with pytest.raises(TypeError, match="needs a float32 tensor, got float16"):
         h.fill_(1.0)
     with pytest.raises(TypeError, match="float64"):
@@ -272,11 +266,6 @@ def test_half_matmul_numpy_views_and_errors(dev, rng):
         ta @ pw.tensor(b.astype(np.float32), dev)
     with pytest.raises(TypeError, match="must be float32, got float16"):
         pw.tensor(b.astype(np.float32), dev) @ ta.T
-    with pytest.raises(TypeError, match="float16 operands must be 2-D"):
-        ta.reshape(3, 11, 129) @ tb
-    g = pw.tensor(a, dev, requires_grad=True)
-    with pytest.raises(TypeError, match="float16 operands that require grad"):
-        g @ tb
 
 
 @pytest.mark.slow

@@ -187,6 +187,7 @@ def cmd_gpt(args):
         steps_per_submit=args.steps_per_submit,
         max_grad_norm=args.max_grad_norm,
         log_every=args.log_every,
+        precision=args.precision,
     )
     if result["interrupted"]:
         return _report_interrupted(args, result)
@@ -300,6 +301,12 @@ def build_parser():
         default="fused",
         choices=["fused", "plain"],
         help="fused kernel (no T x T scores in memory) or batched GEMMs + softmax",
+    )
+    g.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["fp32", "fp16"],
+        help="fp16: training steps' forward and loss under pywgtrain.autocast (needs shader-f16; no loss scaling)",
     )
     g.add_argument("--eval-every", type=positive_int, default=None, help="steps between validation losses")
     g.add_argument("--eval-iters", type=positive_int, default=10, help="batches per validation loss")

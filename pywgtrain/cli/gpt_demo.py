@@ -79,8 +79,9 @@ def run_gpt(
     log_every=None,
     progress=None,
     prompt="def ",
+    precision="fp32",
 ):
-    """Train; returns a dict with ``train_losses`` [(step, loss)], ``val_losses``
+    """Train (``precision="fp16"``: training steps under ``pywgtrain.autocast``); returns a dict with ``train_losses`` [(step, loss)], ``val_losses``
     [(step, loss)], ``tokens_per_s``, ``sample``, ``interrupted``, ``step``, ``total``
     (under torchrun: rank 0's evaluations and sample; the other ranks' lists of those are empty)."""
     args = dict(locals())
@@ -135,6 +136,7 @@ def _train(
     log_every,
     progress,
     prompt,
+    precision,
     rank=None,
     world=1,
 ):
@@ -182,7 +184,7 @@ def _train(
     ]
     opt = optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), max_grad_norm=max_grad_norm)
     sched = warmup_cosine(opt, warmup, steps, min_lr_ratio=0.1)
-    trainer = Trainer(net, opt, GPT.loss, steps_per_submit=steps_per_submit)
+    trainer = Trainer(net, opt, GPT.loss, steps_per_submit=steps_per_submit, autocast=precision == "fp16")
     start = 0
     if resume:
         trainer.load(resume)  # every rank reads the file (on multi-host runs: a path all hosts see)

@@ -104,10 +104,13 @@ class CausalSelfAttention(nn.Module):
         """softmax(q k^T / sqrt(d) + causal mask) v with batched GEMMs (the reference path)."""
         h, c = self.n_head, self.n_embd
         d = c // h
+        # Under autocast qkv and y are float16, and the head views need float32 (exact both ways).
+        if qkv.dtype != np.float32:
+            qkv = qkv.float()
         heads = qkv.reshape(b, t, 3, h, d).permute(2, 0, 3, 1, 4).reshape(3, b * h, t, d)
         q, k, v = heads[0], heads[1], heads[2]
         scores = F.bmm(q, k, trans_b=True) * (1.0 / math.sqrt(d)) + self._causal_mask(t, qkv.device)
-        y = F.bmm(scores.softmax(-1), v)
+        y = F.bmm(scores.softmax(-1), v).float()
         return y.reshape(b, h, t, d).permute(0, 2, 1, 3).reshape(b, t, c)
 
 
