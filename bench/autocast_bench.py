@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 import pywgtrain as pw
+from pywgtrain.benchmarks.common import _torch_cuda
 from pywgtrain.models import GPT, GPTConfig
 
 LINEARS = [(8192, 768, 3072), (8192, 3072, 768), (16384, 1024, 4096)]  # rows, in, out
@@ -68,18 +69,6 @@ def ours_gpt(cfg, amp, reps):
     return timed(step, lambda: last[0].item(), reps)
 
 
-def torch_cuda():
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    return torch
-
-
 def torch_linear(torch, rows, k, n, amp, reps):
     x = torch.randn(rows, k, device="cuda")
     lin = torch.nn.Linear(k, n, device="cuda")
@@ -118,7 +107,7 @@ def main():
     quick = "--quick" in sys.argv
     out = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else None
     reps = 2 if quick else 10
-    torch = torch_cuda()
+    torch = _torch_cuda()
     print(f"adapter: {pw.default_device().name}; torch CUDA: {'yes' if torch else 'no'} (TF32 off)")
     rows = []
     header = f"{'case':<44} {'f32 ms':>9} {'amp ms':>9} {'speedup':>8} {'torch f32':>10} {'torch amp':>10}"
