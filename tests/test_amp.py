@@ -1,5 +1,7 @@
 """GradScaler (pywgtrain.amp) against torch.amp.GradScaler, and capturable AdamW."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -390,6 +392,15 @@ def test_trainer_with_scaler_captured_equals_eager(dev, rng, tmp_path):
     resumed.load(tmp_path / "ck.safetensors")
     assert resumed.scaler.state_dict() == sd
     assert {st["step"] for st in resumed.optimizer.state_dict()["state"].values()} == {7}
+    bad = tmp_path / "bad.safetensors"
+    meta = json.loads(pw.serialization.read_safetensors(tmp_path / "ck.safetensors")[1]["pywgtrain"])
+    tensors = pw.serialization.read_safetensors(tmp_path / "ck.safetensors")[0]
+    meta["scaler"]["backoff_factor"] = 2.0
+    with open(bad, "wb") as f:
+        pw.serialization.write_safetensors(f, tensors, {"pywgtrain": json.dumps(meta)})
+    with pytest.raises(ValueError, match="bad.safetensors: GradScaler: backoff_factor"):
+        resumed.load(bad)
+    assert resumed.scaler.state_dict() == sd  # unchanged
     other = pw.nn.MLP(SIZES, device=dev, seed=16)
     plain = Trainer(other, pw.optim.AdamW(other.parameters()), pw.nn.CrossEntropyLoss())
     plain.load(tmp_path / "ck.safetensors")  # a Trainer without a scaler ignores its state

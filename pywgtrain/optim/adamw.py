@@ -105,7 +105,8 @@ class AdamW(Optimizer):
     (parameters, moments and step counts unchanged) without a readback. The
     bias corrections are float32 on the GPU (torch's capturable form does the
     same) instead of double on the host, and a step is one more dispatch per
-    group, so this is not the default. ``state_dict()`` reads the step counts back.
+    group, so this is not the default. ``state_dict()`` reads the step counts back
+    (``state[i]["step"]`` counts the calls that reached parameter i, skipped ones included).
     """
 
     def __init__(
