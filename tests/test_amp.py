@@ -436,3 +436,59 @@ def test_scaler_step_without_gradients_and_two_steps_in_one_capture(dev, rng):
             opt.step()
             opt.step()
     assert len(g) == 0
+
+
+AWKWARD = [(1,), (7,), (33,), (129,), (5, 13)]
+
+
+def _set_grads(dev, opt, grads):
+    """Gradients equal to `grads` through a backward pass (so a fused optimizer's land in its arena)."""
+    opt.zero_grad()
+    total = None
+    for p, g in zip(opt.params, grads):
+        term = (p * pw.tensor(g, dev)).sum()
+        total = term if total is None else total + term
+    total.backward()
+    if opt._arena is not None:
+        assert opt._arena.holds(opt.params)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_capturable_adamw_kernel_matches_numpy(dev, rng, fused):
+    """adamw_prepare + adamw_device over awkward sizes against float64 AdamW, moments
+    included (assert_close rejects non-finite values: every element written)."""
+    from test_optim import numpy_adamw
+
+    params = [pw.tensor(rand(rng, *s), dev, requires_grad=True) for s in AWKWARD]
+    ref = [(p.numpy().astype(np.float64), np.zeros(p.shape), np.zeros(p.shape)) for p in params]
+    opt = pw.optim.AdamW(params, lr=3e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1, capturable=True, fused=fused)
+    for step in range(1, 6):
+        grads = [rand(rng, *s) for s in AWKWARD]
+        _set_grads(dev, opt, grads)
+        opt.step()
+        ref = [numpy_adamw(r[0], g, r[1], r[2], step, 3e-2, (0.8, 0.99), 1e-6, 0.1) for r, g in zip(ref, grads)]
+    for i, (p, (rp, rm, rv)) in enumerate(zip(params, ref)):
+        st = opt.state[i]
+        for got, want in ((p, rp), (st["exp_avg"], rm), (st["exp_avg_sq"], rv)):
+            assert_close(got.numpy(), want, rtol=1e-5, atol_scale=1e-5, magnitude=max(1.0, np.abs(want).max()))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_unscale_kernel_over_awkward_sizes(dev, rng, fused):
+    """g * (1/scale) element for element (scale 3: not a power of two), and the flag set by one
+    non-finite element anywhere, whichever tensor holds it."""
+    params = [pw.tensor(rand(rng, *s), dev, requires_grad=True) for s in AWKWARD]
+    opt = pw.optim.AdamW(params, capturable=True, fused=fused)
+    scaler = GradScaler(init_scale=3.0)
+    scaler.scale(pw.tensor(np.ones(1, np.float32), dev))  # the scale exists on the device
+    for bad in (None, 0, 3, 4):
+        grads = [rand(rng, *s) * 100 for s in AWKWARD]
+        if bad is not None:
+            grads[bad].reshape(-1)[rng.integers(grads[bad].size)] = np.nan if bad % 2 else -np.inf
+        _set_grads(dev, opt, grads)
+        scaler.unscale_(opt)
+        assert float(scaler._found[id(opt)].numpy()[0]) == (0.0 if bad is None else 1.0)
+        for p, g in zip(params, grads):
+            want = g.astype(np.float64) * np.float32(1 / 3)
+            np.testing.assert_allclose(p.grad.numpy(), want, rtol=1e-6, atol=0)
+        scaler.update(3.0)  # a new iteration, same scale
