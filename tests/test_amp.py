@@ -185,6 +185,16 @@ def test_scaler_errors_like_torch(dev, rng):
         scaler.update(float("nan"))
     with pytest.raises(ValueError, match="capturable"):
         pw.optim.AdamW(model.parameters(), capturable=False).step(found_inf=pw.zeros((1,), device=dev))
+    before = opt.state_dict()
+    with pytest.raises(ValueError, match="found_inf must be a float32 tensor of shape \\(1,\\)"):
+        opt.step(found_inf=pw.zeros((2,), device=dev))
+    opt.param_groups[0]["lr"] = -1.0
+    with pytest.raises(ValueError, match="learning rate"):
+        opt.step()
+    opt.param_groups[0]["lr"] = before["param_groups"][0]["lr"]
+    after = opt.state_dict()
+    assert after["state"][0]["step"] == before["state"][0]["step"]
+    np.testing.assert_array_equal(after["state"][0]["exp_avg"], before["state"][0]["exp_avg"])
 
 
 def test_update_with_new_scale(dev, rng):

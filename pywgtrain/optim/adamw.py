@@ -186,6 +186,15 @@ class AdamW(Optimizer):
         nonzero value skips the step on the GPU."""
         if found_inf is not None and not self.capturable:
             raise ValueError("AdamW.step(found_inf=...) needs AdamW(capturable=True)")
+        if found_inf is not None and (
+            found_inf.device is not self.device or found_inf.shape != (1,) or found_inf.dtype != np.float32
+        ):
+            raise ValueError(
+                f"AdamW.step: found_inf must be a float32 tensor of shape (1,) on {self.device!r}, "
+                f"got {found_inf.dtype} {found_inf.shape} on {found_inf.device!r}"
+            )
+        if self.capturable:
+            self._current_lrs()  # a bad lr raises here, before anything changes
         live: list[tuple[int, Any]] = [(i, p) for i, p in enumerate(self.params) if p.grad is not None]
         if not live:
             return
@@ -254,11 +263,6 @@ class AdamW(Optimizer):
     def _device_step(self, rec, live, flat, clip, found_inf):
         """The capturable step: this step's lrs fed to the GPU, then per group (or per
         tensor) the step counts advanced and the update, both skipped there on found_inf."""
-        if found_inf.device is not self.device or found_inf.shape != (1,) or found_inf.dtype != np.float32:
-            raise ValueError(
-                f"AdamW.step: found_inf must be a float32 tensor of shape (1,) on {self.device!r}, "
-                f"got {found_inf.dtype} {found_inf.shape} on {found_inf.device!r}"
-            )
         graphs.feed(rec, self._lrs, self._current_lrs)
         if flat:
             for i in range(len(self.params)):
