@@ -71,6 +71,25 @@ AdamWUniform adamw_uniform(uint32_t n, const AdamWConfig& cfg, uint64_t step);
 // [norm, coefficient] from grad_norm and scales the gradient as it is read.
 void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
            uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip);
+// Capturable AdamW (optim.wgsl): `state` holds kAdamSlotWords u32 per
+// parameter slot (step, bias corrections and this step's coefficients as float
+// bits), `hyper` each group's lr, `found_inf` a flag that skips the step.
+// adamw_prepare advances slots first_slot.. with group `group`'s lr (unless
+// skipped); adamw_device updates n parameters with slot `slot`'s coefficients.
+constexpr uint32_t kAdamSlotWords = 8;
+void adamw_prepare(Recorder& r, const Buffer& state, uint32_t first_slot, uint32_t slots, const Buffer& found_inf,
+                   const AdamWConfig& cfg, const Buffer& hyper, uint32_t group);
+void adamw_device(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
+                  uint64_t n, const AdamWConfig& cfg, const Buffer& state, uint32_t slot, const Buffer& found_inf,
+                  const Buffer* clip);
+// GradScaler (optim.wgsl): `scaler` holds [scale, growth tracker, found any].
+// g *= 1/scale over n gradients, setting found_inf[0] and scaler[2] on a
+// non-finite one; `first` resets found_inf before (the first span of an unscale_).
+void scaler_unscale(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& scaler, const Buffer& found_inf,
+                    bool first);
+// Growth/backoff (or the scale `new_scale` points to) and a cleared found flag.
+void scaler_update(Recorder& r, const Buffer& scaler, float growth_factor, float backoff_factor,
+                   uint32_t growth_interval, const float* new_scale);
 
 // Global L2 norm over several gradient vectors into out[0]; out[1] =
 // max_norm / (norm + 1e-6). `scratch` must hold grad_norm_scratch_floats().

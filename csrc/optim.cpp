@@ -14,8 +14,40 @@ const Kernel& optim_kernel(Device& dev, const char* entry) {
   static const PipelineCache::EntryBindings table = {
       {"scale_by_clip", {sh::clip, sh::grads, sh::sp}},
       {"adamw", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap}},
-      {"adamw_clipped", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap, sh::clip}}};
+      {"adamw_clipped", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap, sh::clip}},
+      {"adamw_prepare", {sh::hyper, sh::adam_state, sh::found_inf, sh::dp}},
+      {"adamw_device", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::adam_state, sh::found_inf, sh::dp}},
+      {"adamw_device_clipped",
+       {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::adam_state, sh::found_inf, sh::dp, sh::clip}},
+      {"scaler_reset_found", {sh::found_inf}},
+      {"scaler_unscale", {sh::grads, sh::scaler, sh::found_inf, sh::gp}},
+      {"scaler_update", {sh::scaler, sh::gp}}};
   return dev.pipelines().get("optim", entry, table);
+}
+
+void check_adamw_config(const AdamWConfig& cfg) {
+  if (!(cfg.lr >= 0.0f)) throw ArgumentError("AdamW: lr must be >= 0, got " + std::to_string(cfg.lr));
+  if (!(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f))
+    throw ArgumentError("AdamW: beta1 must be in [0, 1), got " + std::to_string(cfg.beta1));
+  if (!(cfg.beta2 >= 0.0f && cfg.beta2 < 1.0f))
+    throw ArgumentError("AdamW: beta2 must be in [0, 1), got " + std::to_string(cfg.beta2));
+  if (!(cfg.eps > 0.0f)) throw ArgumentError("AdamW: eps must be > 0, got " + std::to_string(cfg.eps));
+  if (!(cfg.weight_decay >= 0.0f))
+    throw ArgumentError("AdamW: weight_decay must be >= 0, got " + std::to_string(cfg.weight_decay));
+}
+
+AdamDevParams adam_device_params(const AdamWConfig& cfg, uint32_t slot, uint32_t group) {
+  AdamDevParams p;
+  p.slot = slot;
+  p.group = group;
+  p.beta1 = cfg.beta1;
+  p.beta2 = cfg.beta2;
+  p.eps = cfg.eps;
+  p.weight_decay = cfg.weight_decay;
+  // In double, from the float32 betas the kernel multiplies by.
+  p.one_minus_beta1 = float(1.0 - double(cfg.beta1));
+  p.one_minus_beta2 = float(1.0 - double(cfg.beta2));
+  return p;
 }
 
 }  // namespace
@@ -73,14 +105,7 @@ void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& no
 
 void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
            uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip) {
-  if (!(cfg.lr >= 0.0f)) throw ArgumentError("AdamW: lr must be >= 0, got " + std::to_string(cfg.lr));
-  if (!(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f))
-    throw ArgumentError("AdamW: beta1 must be in [0, 1), got " + std::to_string(cfg.beta1));
-  if (!(cfg.beta2 >= 0.0f && cfg.beta2 < 1.0f))
-    throw ArgumentError("AdamW: beta2 must be in [0, 1), got " + std::to_string(cfg.beta2));
-  if (!(cfg.eps > 0.0f)) throw ArgumentError("AdamW: eps must be > 0, got " + std::to_string(cfg.eps));
-  if (!(cfg.weight_decay >= 0.0f))
-    throw ArgumentError("AdamW: weight_decay must be >= 0, got " + std::to_string(cfg.weight_decay));
+  check_adamw_config(cfg);
   if (step < 1) throw ArgumentError("AdamW: step must be >= 1");
   for (auto* b : {&param, &grad, &exp_avg, &exp_avg_sq}) check_floats(*b, n, "AdamW operand");
   if (clip) check_floats(*clip, 2, "clip coefficient");
@@ -97,6 +122,76 @@ void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& e
     if (clip) operands.push_back({sh::clip, whole(*clip)});
     r.dispatch(k, operands, p, gx, gy);
   });
+}
+
+void adamw_prepare(Recorder& r, const Buffer& state, uint32_t first_slot, uint32_t slots, const Buffer& found_inf,
+                   const AdamWConfig& cfg, const Buffer& hyper, uint32_t group) {
+  check_adamw_config(cfg);
+  check_floats(state, kAdamSlotWords * (uint64_t(first_slot) + slots), "AdamW step state");
+  check_floats(found_inf, 1, "found_inf");
+  check_floats(hyper, uint64_t(group) + 1, "AdamW learning rates");
+  Device& dev = r.device();
+  AdamDevParams p = adam_device_params(cfg, first_slot, group);
+  p.n = slots;
+  auto [gx, gy] = grid_1d(dev, ceil_div(slots, sh::WG));
+  r.dispatch(optim_kernel(dev, "adamw_prepare"),
+             {{sh::hyper, whole(hyper)}, {sh::adam_state, whole(state)}, {sh::found_inf, whole(found_inf)}}, p, gx, gy);
+}
+
+void adamw_device(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
+                  uint64_t n, const AdamWConfig& cfg, const Buffer& state, uint32_t slot, const Buffer& found_inf,
+                  const Buffer* clip) {
+  check_adamw_config(cfg);
+  for (auto* b : {&param, &grad, &exp_avg, &exp_avg_sq}) check_floats(*b, n, "AdamW operand");
+  check_floats(state, kAdamSlotWords * (uint64_t(slot) + 1), "AdamW step state");
+  check_floats(found_inf, 1, "found_inf");
+  if (clip) check_floats(*clip, 2, "clip coefficient");
+  Device& dev = r.device();
+  const Kernel& k = optim_kernel(dev, clip ? "adamw_device_clipped" : "adamw_device");
+  AdamDevParams p = adam_device_params(cfg, slot, 0);
+  for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
+    p.n = uint32_t(count);
+    auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
+    std::vector<Operand> operands{{sh::param, floats(param, first, count)},
+                                  {sh::grad, floats(grad, first, count)},
+                                  {sh::exp_avg, floats(exp_avg, first, count)},
+                                  {sh::exp_avg_sq, floats(exp_avg_sq, first, count)},
+                                  {sh::adam_state, whole(state)},
+                                  {sh::found_inf, whole(found_inf)}};
+    if (clip) operands.push_back({sh::clip, whole(*clip)});
+    r.dispatch(k, operands, p, gx, gy);
+  });
+}
+
+void scaler_unscale(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& scaler, const Buffer& found_inf,
+                    bool first) {
+  check_floats(grad, n, "gradient");
+  check_floats(scaler, 3, "GradScaler state");
+  check_floats(found_inf, 1, "found_inf");
+  Device& dev = r.device();
+  if (first) r.dispatch(optim_kernel(dev, "scaler_reset_found"), {{sh::found_inf, whole(found_inf)}}, 1);
+  const Kernel& k = optim_kernel(dev, "scaler_unscale");
+  for_each_piece(dev, n, [&](uint64_t first_elem, uint64_t count) {
+    ScalerParams p;
+    p.n = uint32_t(count);
+    auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
+    r.dispatch(
+        k,
+        {{sh::grads, floats(grad, first_elem, count)}, {sh::scaler, whole(scaler)}, {sh::found_inf, whole(found_inf)}},
+        p, gx, gy);
+  });
+}
+
+void scaler_update(Recorder& r, const Buffer& scaler, float growth_factor, float backoff_factor,
+                   uint32_t growth_interval, const float* new_scale) {
+  check_floats(scaler, 3, "GradScaler state");
+  ScalerParams p;
+  p.growth_factor = growth_factor;
+  p.backoff_factor = backoff_factor;
+  p.growth_interval = growth_interval;
+  p.set_scale = new_scale != nullptr;
+  p.new_scale = new_scale ? *new_scale : 0.0f;
+  r.dispatch(optim_kernel(r.device(), "scaler_update"), {{sh::scaler, whole(scaler)}}, p, 1);
 }
 
 }  // namespace pwt

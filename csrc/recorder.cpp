@@ -193,6 +193,18 @@ void Recorder::copy(const Buffer& src, uint64_t so, const Buffer& dst, uint64_t 
   ++commands_;
 }
 
+void Recorder::write(const Buffer& dst, uint64_t offset, const void* data, uint64_t bytes) {
+  check_range(dst, offset, bytes, "write destination");
+  const Range src = stage(data, bytes);
+  end_pass();
+  ensure_encoder();
+  recording_step("recording a write of " + std::to_string(bytes) + " bytes", [&] {
+    wgpuCommandEncoderCopyBufferToBuffer(encoder_.get(), src.buffer, src.offset, dst.raw(), dst.offset() + offset,
+                                         bytes);
+  });
+  ++commands_;
+}
+
 void Recorder::fill_zero(const Buffer& dst, uint64_t offset, uint64_t bytes) {
   if (bytes == 0) return;
   if (graph_) throw ArgumentError("a buffer clear cannot be captured in a step graph");

@@ -148,6 +148,11 @@ class Recorder {
   // written now into recorder-owned device memory, which queue order keeps
   // intact until this recording has run. Storage-aligned.
   Range stage(const void* data, uint64_t bytes);
+  // Host data written into dst at this point of the recording (staged, then
+  // copied: in stream order, unlike a queue write). Allowed while capturing
+  // and not kept in the graph: replays bind fresh data in dst's place
+  // (graphs.py's feeds), so only dispatches may read what it writes.
+  void write(const Buffer& dst, uint64_t offset, const void* data, uint64_t bytes);
   // A uniform block of this recording (written at submit).
   Range uniform_block(const void* params, size_t bytes);
 

@@ -116,7 +116,14 @@ struct UniformTraits;  // defined for each uniform block below
 #define PWT_FIELDS_AdamParams(F)                                                                                  \
   F(n, u32, 0) F(beta1, f32, 4) F(beta2, f32, 8) F(eps, f32, 12) F(decay, f32, 16) F(step_size, f32, 20)          \
   F(bc2_sqrt, f32, 24) F(_pad, f32, 28)
+#define PWT_FIELDS_AdamDevParams(F)                                                                               \
+  F(n, u32, 0) F(slot, u32, 4) F(group, u32, 8) F(_pad, u32, 12) F(beta1, f32, 16) F(beta2, f32, 20)              \
+  F(eps, f32, 24) F(weight_decay, f32, 28) F(one_minus_beta1, f32, 32) F(one_minus_beta2, f32, 36)                \
+  F(_pad1, f32, 40) F(_pad2, f32, 44)
 #define PWT_FIELDS_ScaleParams(F) F(n, u32, 0)
+#define PWT_FIELDS_ScalerParams(F)                                                                                \
+  F(n, u32, 0) F(growth_interval, u32, 4) F(growth_factor, f32, 8) F(backoff_factor, f32, 12)                     \
+  F(new_scale, f32, 16) F(set_scale, u32, 20) F(_pad0, u32, 24) F(_pad1, u32, 28)
 #define PWT_FIELDS_CastParams(F) F(n, u32, 0)
 #define PWT_FIELDS_ReducePartialParams(F) F(n, u32, 0) F(out_off, u32, 4)
 #define PWT_FIELDS_ReduceFinalParams(F) F(count, u32, 0) F(out_off, u32, 4) F(scale, f32, 8) F(max_norm, f32, 12)
@@ -139,7 +146,7 @@ struct UniformTraits;  // defined for each uniform block below
 // (name, size in bytes) of every uniform block.
 #define PWT_UNIFORMS(U)                                                                                           \
   U(GemmParams, 64) U(GemvParams, 40) U(BmmParams, 64) U(AttnParams, 160) U(XentParams, 32) U(XentFinalParams, 8) \
-  U(DropParams, 32) U(LnParams, 48) U(EwParams, 16) U(ColParams, 16) U(AdamParams, 32) U(ScaleParams, 4) U(CastParams, 4)          \
+  U(DropParams, 32) U(LnParams, 48) U(EwParams, 16) U(ColParams, 16) U(AdamParams, 32) U(AdamDevParams, 48) U(ScaleParams, 4) U(ScalerParams, 32) U(CastParams, 4)          \
   U(ReducePartialParams, 8) U(ReduceFinalParams, 16) U(FlatParams, 16) U(NdParams, 160) U(AxisParams, 48)         \
   U(GatherParams, 48) U(EmbBwdParams, 48) U(TokenParams, 16)
 
@@ -254,7 +261,9 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
 #define PWT_SHADER_optim(READ, WRITE, UNIFORM, CONST)                                                             \
   WRITE(param, 0, "array<f32>") READ(grad, 1, "array<f32>") WRITE(exp_avg, 2, "array<f32>")                       \
   WRITE(exp_avg_sq, 3, "array<f32>") UNIFORM(ap, 4, AdamParams) READ(clip, 5, "array<f32>")                       \
-  WRITE(grads, 6, "array<f32>") UNIFORM(sp, 7, ScaleParams)                                                       \
+  WRITE(grads, 6, "array<f32>") UNIFORM(sp, 7, ScaleParams) READ(hyper, 8, "array<f32>")                          \
+  WRITE(adam_state, 9, "array<u32>") WRITE(found_inf, 10, "array<f32>") UNIFORM(dp, 11, AdamDevParams)           \
+  WRITE(scaler, 12, "array<f32>") UNIFORM(gp, 13, ScalerParams)                                                   \
   CONST(WG, 256) /* threads per workgroup, one element each */
 #define PWT_SHADER_reduce(READ, WRITE, UNIFORM, CONST)                                                            \
   READ(src, 0, "array<f32>") WRITE(dst, 1, "array<f32>") UNIFORM(pp, 2, ReducePartialParams)                      \

@@ -59,6 +59,7 @@ from . import random
 from .random import manual_seed, get_rng_state, set_rng_state, initial_seed
 from .graphs import CaptureError, Graph, graph
 from . import nn, optim
+from . import amp
 
 __version__ = "0.1.0"
 
@@ -134,6 +135,7 @@ __all__ = [
     "initial_seed",
     "nn",
     "optim",
+    "amp",
     "GpuError",
     "ValidationError",
     "OutOfMemoryError",

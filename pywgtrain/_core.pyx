@@ -332,6 +332,11 @@ cdef class _Recorder:
              uint64_t nbytes):
         self.ptr.get().copy(src.ptr.get()[0], src_offset, dst.ptr.get()[0], dst_offset, nbytes)
 
+    def write(self, _Buffer dst not None, uint64_t offset, data):
+        """Write the bytes of `data` (C-contiguous) into dst at offset, in recording order."""
+        cdef const uint8_t[::1] host = memoryview(data).cast("B")
+        self.ptr.get().write(dst.ptr.get()[0], offset, &host[0], host.shape[0])
+
     def fill_zero(self, _Buffer dst not None, uint64_t offset, uint64_t nbytes):
         self.ptr.get().fill_zero(dst.ptr.get()[0], offset, nbytes)
 
@@ -469,6 +474,38 @@ def grad_norm(_Recorder r not None, list grads not None, list counts not None, _
 
 def scale_by_clip(_Recorder r not None, _Buffer grad not None, uint64_t n, _Buffer norm_out not None):
     c.scale_by_clip(r.ptr.get()[0], _b(grad)[0], n, _b(norm_out)[0])
+
+
+ADAM_SLOT_WORDS = c.kAdamSlotWords
+
+
+def adamw_prepare(_Recorder r not None, _Buffer state not None, uint32_t first_slot, uint32_t slots,
+                  _Buffer found_inf not None, float beta1, float beta2, float eps, float weight_decay,
+                  _Buffer hyper not None, uint32_t group):
+    cdef AdamWConfig cfg = _adamw_config(0.0, beta1, beta2, eps, weight_decay)
+    c.adamw_prepare(r.ptr.get()[0], _b(state)[0], first_slot, slots, _b(found_inf)[0], cfg, _b(hyper)[0], group)
+
+
+def adamw_device(_Recorder r not None, _Buffer param not None, _Buffer grad not None, _Buffer exp_avg not None,
+                 _Buffer exp_avg_sq not None, uint64_t n, float beta1, float beta2, float eps, float weight_decay,
+                 _Buffer state not None, uint32_t slot, _Buffer found_inf not None, _Buffer clip=None):
+    cdef AdamWConfig cfg = _adamw_config(0.0, beta1, beta2, eps, weight_decay)
+    c.adamw_device(r.ptr.get()[0], _b(param)[0], _b(grad)[0], _b(exp_avg)[0], _b(exp_avg_sq)[0], n, cfg,
+                   _b(state)[0], slot, _b(found_inf)[0], _opt(clip))
+
+
+def scaler_unscale(_Recorder r not None, _Buffer grad not None, uint64_t n, _Buffer scaler not None,
+                   _Buffer found_inf not None, bint first):
+    c.scaler_unscale(r.ptr.get()[0], _b(grad)[0], n, _b(scaler)[0], _b(found_inf)[0], first)
+
+
+def scaler_update(_Recorder r not None, _Buffer scaler not None, float growth_factor, float backoff_factor,
+                  uint32_t growth_interval, new_scale=None):
+    cdef float value = 0.0
+    if new_scale is not None:
+        value = new_scale
+    c.scaler_update(r.ptr.get()[0], _b(scaler)[0], growth_factor, backoff_factor, growth_interval,
+                    &value if new_scale is not None else NULL)
 
 
 def _inject_invalid_binding(_Recorder r not None, _Buffer buf not None):

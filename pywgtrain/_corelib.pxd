@@ -128,6 +128,7 @@ cdef extern from "recorder.hpp" namespace "pwt" nogil:
         bool capturing()
         void replay(StepGraph& graph, const vector[Rebind]& rebinds, PassTimer* timer) except +raise_py_error
         Range stage(const void* data, uint64_t nbytes) except +raise_py_error
+        void write(const Buffer& dst, uint64_t offset, const void* data, uint64_t nbytes) except +raise_py_error
         Range uniform_block(const void* data, size_t nbytes) except +raise_py_error
 
 
@@ -179,6 +180,16 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                    const Buffer& scratch, const Buffer& out, float max_norm) except +raise_py_error
     uint64_t grad_norm_scratch_floats(const Device& dev, const vector[uint64_t]& counts)
     void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& norm_out) except +raise_py_error
+    const uint32_t kAdamSlotWords
+    void adamw_prepare(Recorder& r, const Buffer& state, uint32_t first_slot, uint32_t slots, const Buffer& found_inf,
+                       const AdamWConfig& cfg, const Buffer& hyper, uint32_t group) except +raise_py_error
+    void adamw_device(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg,
+                      const Buffer& exp_avg_sq, uint64_t n, const AdamWConfig& cfg, const Buffer& state,
+                      uint32_t slot, const Buffer& found_inf, const Buffer* clip) except +raise_py_error
+    void scaler_unscale(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& scaler, const Buffer& found_inf,
+                        bool first) except +raise_py_error
+    void scaler_update(Recorder& r, const Buffer& scaler, float growth_factor, float backoff_factor,
+                       uint32_t growth_interval, const float* new_scale) except +raise_py_error
     void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer* bias, const Buffer& y,
                             const Buffer& mean, const Buffer& rstd, uint32_t rows, uint32_t cols,
                             float eps) except +raise_py_error

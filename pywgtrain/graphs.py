@@ -17,13 +17,17 @@ batch::
 
 What the block computed on the host (shapes, Python branches, scalars baked
 into kernel arguments) is fixed at capture; a block that reads GPU data on the
-host mid-capture cannot be replayed and raises :class:`CaptureError`.
+host mid-capture cannot be replayed and raises :class:`CaptureError`. Values
+an operation feeds from the host on every call (a capturable ``AdamW``'s
+learning rates, through :func:`feed`) are the exception: the graph keeps how
+to compute them, and each replay uploads their current values, so a captured
+``optimizer.step()`` follows a learning-rate scheduler.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
@@ -53,6 +57,7 @@ class Graph:
         self.device: Optional[Device] = None
         self._graph = None
         self._backwards: list = []  # leaves of each captured backward pass (post-backward hooks)
+        self._feeds: dict = {}  # id(tensor) -> (tensor, values): host values each replay uploads (feed())
 
     def __len__(self) -> int:
         """The number of captured dispatches."""
@@ -109,8 +114,12 @@ class Graph:
         if self._graph is None or self.device is None:
             raise RuntimeError("Graph.replay(): nothing captured yet (capture with `with pywgtrain.graph(g): ...`)")
         dev = self.device
+        inputs = dict(inputs or {})
+        for static, values in self._feeds.values():
+            if static not in inputs:
+                inputs[static] = _fed_array(static, values)
         pairs = []
-        for static, source in (inputs or {}).items():
+        for static, source in inputs.items():
             if not isinstance(static, Tensor):
                 raise TypeError(f"Graph.replay(): inputs keys must be captured Tensors, got {type(static).__name__}")
             if not static._bindable:
@@ -155,11 +164,16 @@ def graph(g: Graph, device: Optional[Device] = None) -> Iterator[Graph]:
     dev = resolve_device(device)
     if dev._in_batch():
         raise RuntimeError("graph(): cannot capture inside a Device.batch() block")
+    feeds: dict = {}
     with dev.batch() as rec:
         dev.capture_interrupted(reset=True)
         rec.begin_capture()
-        with autograd.deferred_post_backward_hooks(dev) as backwards:
-            yield g
+        dev._local.graph_feeds = feeds
+        try:
+            with autograd.deferred_post_backward_hooks(dev) as backwards:
+                yield g
+        finally:
+            dev._local.graph_feeds = None
         captured = rec.end_capture()
         where = dev.capture_interrupted(reset=True)
     # Post-backward hooks (a host round trip) were held back during the capture; the block's
@@ -167,4 +181,34 @@ def graph(g: Graph, device: Optional[Device] = None) -> Iterator[Graph]:
     autograd.run_post_backward_hooks(dev, backwards)
     if where is not None:
         raise CaptureError(where)
-    g.device, g._graph, g._backwards = dev, captured, backwards
+    g.device, g._graph, g._backwards, g._feeds = dev, captured, backwards, feeds
+
+
+def _fed_array(t: Tensor, values: Callable[[], Any]) -> np.ndarray:
+    a = np.ascontiguousarray(values(), dtype=t.dtype)
+    if a.shape != t.shape:
+        raise ValueError(f"feed: values of shape {a.shape} for a tensor of shape {t.shape}")
+    return a
+
+
+def feed(rec: Any, t: Tensor, values: Callable[[], Any]) -> None:
+    """Write ``values()`` (an array of ``t``'s shape and dtype) into ``t`` at this
+    point of the recording ``rec`` (``t.device._recording()``'s), in stream
+    order and without a wait. Inside a :func:`graph` capture the graph keeps
+    ``values``, and every replay uploads ``values()`` again and binds it in
+    ``t``'s place, so captured dispatches may read ``t`` but must not write it.
+    One feed per tensor and capture."""
+    a = _fed_array(t, values)
+    if not t._bindable:
+        raise ValueError("feed: a strided view cannot be fed; feed a contiguous tensor")
+    rec.write(t._buf, 0, a)
+    if rec.capturing:
+        feeds = getattr(t.device._local, "graph_feeds", None)
+        if feeds is None:
+            raise RuntimeError("feed: the recording captures, but not through pywgtrain.graph()")
+        if id(t) in feeds:
+            raise RuntimeError(
+                "feed: a tensor fed twice in one capture (e.g. optimizer.step() twice) would replay "
+                "with one value for both; capture one step per graph"
+            )
+        feeds[id(t)] = (t, values)

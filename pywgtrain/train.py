@@ -14,6 +14,7 @@ import numpy as np
 from . import nn, random
 from .autocast import autocast as mixed_precision
 from .device import Device
+from .amp import GradScaler
 from .graphs import CaptureError, Graph, graph
 from .nn.modules.module import PLAIN_TYPES, modules_version
 from .serialization import read_safetensors, write_safetensors
@@ -63,6 +64,12 @@ class Trainer:
     ``autocast=True``: the forward and the loss run inside
     :class:`pywgtrain.autocast` (float16 products, float32 reductions and
     losses); backward and the optimizer step stay outside, as in torch's recipe.
+
+    ``scaler``: a :class:`pywgtrain.amp.GradScaler`; each step then runs
+    ``scaler.scale(loss).backward()`` (captured with forward and backward),
+    ``scaler.step(optimizer)`` and ``scaler.update()``, with no readback: the
+    optimizer must be ``AdamW(capturable=True)``, which skips on the GPU.
+    Checkpoints hold the scaler's state. The returned loss is unscaled.
     """
 
     def __init__(
@@ -73,11 +80,20 @@ class Trainer:
         capture: bool = True,
         steps_per_submit: int = 1,
         autocast: bool = False,
+        scaler: Optional[GradScaler] = None,
     ) -> None:
         if isinstance(steps_per_submit, bool) or not isinstance(steps_per_submit, int) or steps_per_submit < 1:
             raise ValueError(f"steps_per_submit must be an int >= 1, got {steps_per_submit!r}")
         if not isinstance(autocast, bool):
             raise TypeError(f"autocast must be a bool, got {type(autocast).__name__}")
+        if scaler is not None and not isinstance(scaler, GradScaler):
+            raise TypeError(f"Trainer: scaler must be a pywgtrain.amp.GradScaler, got {type(scaler).__name__}")
+        if scaler is not None and scaler.is_enabled() and not getattr(optimizer, "capturable", False):
+            raise ValueError(
+                "Trainer(scaler=...): the optimizer must be AdamW(capturable=True), which skips steps "
+                "with inf/NaN gradients on the GPU (otherwise each step would read the flag back)"
+            )
+        self.scaler = scaler
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         device = model.device
         if device is None:
@@ -212,9 +228,16 @@ class Trainer:
         else:
             with self.device.batch():  # an error in the forward discards the whole step
                 loss = self._forward_backward(x, y, host_y, io_key, checked)
-        self.optimizer.step()
+        self._optimizer_step()
         self._eager_key = None if capture else key
         return self._stepped(loss.detach())
+
+    def _optimizer_step(self):
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
 
     def _forward_backward(self, x, y, host_y, io_key, checked):
         with mixed_precision(self.device) if self.autocast else contextlib.nullcontext():
@@ -225,14 +248,14 @@ class Trainer:
             self._last_output = (io_key, shape)
             self.optimizer.zero_grad()  # after the checks: a refused step leaves the gradients as they were
             loss = self.loss_fn(out, y)
-        loss.backward()
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
         return loss
 
     def _replay(self, x, y):
         g = self._graph
         loss = empty((), device=self.device)  # each step's loss a tensor of its own
         g["graph"].replay({g["x"]: x, g["y"]: y, g["loss"]: loss})
-        self.optimizer.step()
+        self._optimizer_step()
         return self._stepped(loss)
 
     def _stepped(self, loss):
@@ -256,7 +279,7 @@ class Trainer:
         return self.model.module if isinstance(self.model, DistributedDataParallel) else self.model
 
     def save(self, path: Union[str, os.PathLike], extra: Any = None) -> None:
-        """Model, optimizer state, step count and the device's RNG state
+        """Model, optimizer state (and the GradScaler's), step count and the device's RNG state
         (``pywgtrain.random``: dropout masks continue as if uninterrupted) to one file, atomically: the
         data goes to a temporary file in the same directory, is flushed and
         fsynced, then renamed over ``path`` (``os.replace``) and the directory
@@ -278,6 +301,8 @@ class Trainer:
             "param_groups": osd["param_groups"],
             "steps": {str(i): st["step"] for i, st in osd["state"].items()},
         }
+        if self.scaler is not None and self.scaler.is_enabled():
+            meta["scaler"] = self.scaler.state_dict()
         if extra is not None:
             meta["extra"] = extra
         if _is_safetensors_path(path):
@@ -298,7 +323,8 @@ class Trainer:
 
     def load(self, path: Union[str, os.PathLike]) -> Any:
         """Restore what ``save`` wrote (model, optimizer state, step count,
-        RNG state), from a ``.safetensors`` or ``.npz`` checkpoint; returns the
+        RNG state, and the GradScaler's state where both the checkpoint and
+        this Trainer have one), from a ``.safetensors`` or ``.npz`` checkpoint; returns the
         caller's ``extra`` state (None if there was none). The whole checkpoint
         is checked before anything changes: entry names, shapes and dtypes of
         the weights and moments (``nn.modules.module.float32_values``), the
@@ -324,12 +350,18 @@ class Trainer:
             weights, _, _ = self._saved_model()._checked_state_dict(model_sd)
             optim_state = self.optimizer.check_state_dict({"state": state, "param_groups": meta["param_groups"]})
             rng_state = None if rng_state is None else random._state_arg(rng_state)
+            scaler = self.scaler if self.scaler is not None and self.scaler.is_enabled() else None
+            scaler_state = None
+            if scaler is not None and meta.get("scaler") is not None:
+                scaler_state = scaler.check_state_dict(meta["scaler"])
         except (TypeError, ValueError) as e:
             raise type(e)(f"{path}: {e}") from None
         # Everything is checked: apply.
         self._graph, self._eager_key = None, None  # optimizer state buffers are replaced below
         self._saved_model()._load_checked(weights)
         self.optimizer._load_checked(optim_state)
+        if scaler is not None and scaler_state is not None:
+            scaler._load_checked(scaler_state)
         self.step_count = meta["step_count"]
         if rng_state is not None:  # dropout masks continue as if uninterrupted
             random.set_rng_state(rng_state, self.device)

@@ -330,9 +330,21 @@ def bench_adamw(dev, quick, torch):
         timer.time_next_pass(rec, i)
         _core.adamw(rec, p._buf, g._buf, m._buf, v._buf, n, 1e-3, 0.9, 0.999, 1e-8, 1e-2, i + 1, None)
     us = statistics.median(timer.read(rec, reps)) / 1e3
+    # The capturable form (AdamW(capturable=True)): step counts and coefficients on the GPU
+    # (adamw_prepare, one thread) and the update reading them, in one timed pass.
+    steps = zeros((1, _core.ADAM_SLOT_WORDS), dtype=np.int32, device=dev)
+    lrs, no_inf = tensor(np.full(1, 1e-3, np.float32), dev), zeros(1, device=dev)
+    dev.flush()
+    timer = _core._PassTimer(dev._dev, reps)
+    rec = _core._Recorder(dev._dev)
+    for i in range(reps):
+        timer.time_next_pass(rec, i)
+        _core.adamw_prepare(rec, steps._buf, 0, 1, no_inf._buf, 0.9, 0.999, 1e-8, 1e-2, lrs._buf, 0)
+        _core.adamw_device(rec, p._buf, g._buf, m._buf, v._buf, n, 0.9, 0.999, 1e-8, 1e-2, steps._buf, 0, no_inf._buf)
+    cus = statistics.median(timer.read(rec, reps)) / 1e3
     # 7 float32 streams: param, grad, exp_avg, exp_avg_sq read; param and both moments written.
-    row = {"params": n, "pywgtrain_us": us, "pywgtrain_GBps": 7 * 4 * n / us / 1e3}
-    line = f"pywgtrain {us:.1f} us ({fmt_bandwidth(7 * 4 * n / us)})"
+    row = {"params": n, "pywgtrain_us": us, "pywgtrain_GBps": 7 * 4 * n / us / 1e3, "pywgtrain_capturable_us": cus}
+    line = f"pywgtrain {us:.1f} us ({fmt_bandwidth(7 * 4 * n / us)}), capturable {cus:.1f} us"
     if torch is not None:
         tp = torch.nn.Parameter(torch.randn(n, device="cuda"))
         tp.grad = torch.randn(n, device="cuda")

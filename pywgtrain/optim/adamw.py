@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .. import _core
+from .. import _core, graphs
 from ..autograd import no_grad
 from ..nn.modules.module import float32_values
 from ..nn.parallel import register_flat_gradients
@@ -91,6 +91,19 @@ class AdamW(Optimizer):
     which every parameter has a gradient is one norm reduction and one AdamW
     dispatch per group instead of one per tensor. Other steps update tensor by
     tensor. Learning-rate schedulers change ``param_groups[i]["lr"]``.
+
+    ``capturable`` (torch's name): step counts and bias corrections live in
+    device memory and advance on the GPU, and each ``step()`` writes the
+    groups' current ``lr`` into a device buffer in stream order
+    (:func:`pywgtrain.graphs.feed`), so ``step()`` can be captured in a
+    :class:`pywgtrain.Graph` with forward and backward: each replay uses the
+    current ``lr`` (betas, eps and weight_decay are fixed at capture). A
+    ``GradScaler`` that found inf/NaN gradients skips such a step on the GPU
+    (parameters, moments and step counts unchanged) without a readback. The
+    bias corrections are float32 on the GPU (torch's capturable form does the
+    same) instead of double on the host, and a step is one more dispatch per
+    group, so this is not the default. ``state_dict()`` reads the step counts back
+    (``state[i]["step"]`` counts the calls that reached parameter i, skipped ones included).
     """
 
     def __init__(
@@ -102,6 +115,7 @@ class AdamW(Optimizer):
         weight_decay: float = 1e-2,
         max_grad_norm: Optional[float] = None,
         fused: bool = True,
+        capturable: bool = False,
     ) -> None:
         check_adamw_hyperparameters(lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
@@ -115,6 +129,19 @@ class AdamW(Optimizer):
         self._arena: Any = None  # a _FlatArena when the step is fused
         if fused and all(p.device is self.device for p in self.params):
             self._arena = _FlatArena(self.params, self.device)
+        self.capturable = bool(capturable)
+        # Which step() calls touched each parameter, as a hash chain: equal chains mean equal
+        # step counts on the GPU whichever of those calls a GradScaler skipped.
+        self._touched = [0] * len(self.params)
+        self._calls = 0
+        if self.capturable:
+            if any(p.device is not self.device for p in self.params):
+                raise ValueError("AdamW(capturable=True): every parameter must live on one device")
+            # Per parameter: step, bits of 1 - beta1^step and 1 - beta2^step, then coefficients
+            # the GPU derives from them each step (optim.wgsl).
+            self._steps = zeros((len(self.params), _core.ADAM_SLOT_WORDS), dtype=np.int32, device=self.device)
+            self._lrs = zeros((len(self.param_groups),), device=self.device)
+            self._no_inf = zeros((1,), device=self.device)
 
     def _state_for(self, i):
         st = self.state[i]
@@ -138,7 +165,8 @@ class AdamW(Optimizer):
         parameter has a gradient in the arena and all step counts agree."""
         if self._arena is None or len(live) != len(self.params) or not self._arena.holds(self.params):
             return False
-        return len({self._state_for(i)["step"] for i in range(len(self.params))}) == 1
+        steps = {self._state_for(i)["step"] for i in range(len(self.params))}
+        return len(set(self._touched) if self.capturable else steps) == 1
 
     def _hyper(self, group):
         lr, (b1, b2), eps, wd = check_adamw_hyperparameters(
@@ -146,19 +174,40 @@ class AdamW(Optimizer):
         )
         return lr, b1, b2, eps, wd
 
-    def step(self) -> None:
-        """Apply one update to every parameter that has a gradient, in one submission."""
+    def _current_lrs(self):
+        return np.array([self._hyper(g)[0] for g in self.param_groups], dtype=np.float32)
+
+    def step(self, *, found_inf: Optional[Tensor] = None) -> None:
+        """Apply one update to every parameter that has a gradient, in one submission.
+        ``found_inf`` (capturable only; GradScaler passes it): a one-element tensor whose
+        nonzero value skips the step on the GPU."""
+        if found_inf is not None and not self.capturable:
+            raise ValueError("AdamW.step(found_inf=...) needs AdamW(capturable=True)")
+        if found_inf is not None and (
+            found_inf.device is not self.device or found_inf.shape != (1,) or found_inf.dtype != np.float32
+        ):
+            raise ValueError(
+                f"AdamW.step: found_inf must be a float32 tensor of shape (1,) on {self.device!r}, "
+                f"got {found_inf.dtype} {found_inf.shape} on {found_inf.device!r}"
+            )
+        if self.capturable:
+            self._current_lrs()  # a bad lr raises here, before anything changes
         live: list[tuple[int, Any]] = [(i, p) for i, p in enumerate(self.params) if p.grad is not None]
         if not live:
             return
         flat = self._flat_step(live)
+        self._calls += 1
+        for i, _ in live:
+            self._touched[i] = hash((self._touched[i], self._calls))
         with self.device._recording() as rec:
             clip = None
             if self.max_grad_norm is not None:
                 grads = [self._arena.span("grad", 0, len(self.params))] if flat else [p.grad for _, p in live]
                 self._norm = record_grad_norm(rec, self.device, grads, self.max_grad_norm)
                 clip = self._norm._buf
-            if flat:
+            if self.capturable:
+                self._device_step(rec, live, flat, clip, self._no_inf if found_inf is None else found_inf)
+            elif flat:
                 for i in range(len(self.params)):
                     self.state[i]["step"] += 1
                 step = self.state[0]["step"]
@@ -208,16 +257,66 @@ class AdamW(Optimizer):
         for _, p in live:
             p._bump_version()  # written in place: a graph that saved the old values refuses to backward
 
+    def _device_step(self, rec, live, flat, clip, found_inf):
+        """The capturable step: this step's lrs fed to the GPU, then per group (or per
+        tensor) the step counts advanced and the update, both skipped there on found_inf."""
+        graphs.feed(rec, self._lrs, self._current_lrs)
+        if flat:
+            for i in range(len(self.params)):
+                self.state[i]["step"] += 1
+            work = [
+                (
+                    gi,
+                    first,
+                    last,
+                    [self._arena.span(n, first, last) for n in ("param", "grad", "exp_avg", "exp_avg_sq")],
+                )
+                for gi, (first, last) in enumerate(self._group_ranges)
+                if first != last
+            ]
+        else:
+            work = []
+            for i, p in live:
+                st = self._state_for(i)
+                st["step"] += 1
+                work.append((self._group_of[i], i, i + 1, [p, p.grad, st["exp_avg"], st["exp_avg_sq"]]))
+        for gi, first, last, (param, grad, m, v) in work:
+            _, b1, b2, eps, wd = self._hyper(self.param_groups[gi])
+            _core.adamw_prepare(
+                rec, self._steps._buf, first, last - first, found_inf._buf, b1, b2, eps, wd, self._lrs._buf, gi
+            )
+            _core.adamw_device(
+                rec,
+                param._buf,
+                grad._buf,
+                m._buf,
+                v._buf,
+                param._numel,
+                b1,
+                b2,
+                eps,
+                wd,
+                self._steps._buf,
+                first,
+                found_inf._buf,
+                clip,
+            )
+
+    def _device_steps(self) -> list[int]:
+        """Each parameter's step count on the GPU (a readback)."""
+        return [int(s) for s in self._steps.numpy()[:, 0]]
+
     def last_grad_norm(self) -> Optional[float]:
         """Global gradient norm computed by the last clipped ``step()`` (reads 4 bytes back)."""
         return None if self._norm is None else float(self._norm.numpy()[0])
 
     def state_dict(self) -> dict[str, Any]:
         state = {}
+        steps = self._device_steps() if self.capturable else [st.get("step") for st in self.state]
         for i, st in enumerate(self.state):
             if st:
                 state[i] = {
-                    "step": st["step"],
+                    "step": steps[i],
                     "exp_avg": st["exp_avg"].numpy(),
                     "exp_avg_sq": st["exp_avg_sq"].numpy(),
                 }
@@ -330,8 +429,19 @@ class AdamW(Optimizer):
             mine.update(saved)
         self.max_grad_norm = checked["max_grad_norm"]
         self.state = [{} for _ in self.params]
+        steps = np.zeros((len(self.params), _core.ADAM_SLOT_WORDS), dtype=np.int32)
         for i, st in checked["state"].items():
             s = self._state_for(i)
             s["step"] = st["step"]
             s["exp_avg"].copy_(st["exp_avg"])
             s["exp_avg_sq"].copy_(st["exp_avg_sq"])
+            steps[i, 0] = st["step"]
+        self._touched = [hash(("loaded", int(row[0]))) for row in steps]
+        if self.capturable:
+            # The bias corrections of the loaded counts, from the float32 betas the GPU uses.
+            for gi, (first, last) in enumerate(self._group_ranges):
+                _, b1, b2, _, _ = self._hyper(self.param_groups[gi])
+                for col, beta in ((1, b1), (2, b2)):
+                    bc = 1.0 - np.float64(np.float32(beta)) ** steps[first:last, 0].astype(np.float64)
+                    steps[first:last, col] = bc.astype(np.float32).view(np.int32)
+            self._steps.copy_(steps)
