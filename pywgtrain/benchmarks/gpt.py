@@ -2,8 +2,10 @@
 backward, clip 1.0, AdamW) in pywgtrain beside the same model in PyTorch,
 fp32 with TF32 off, fused AdamW, in one process: ms/step, tokens/s, a
 per-kernel profile of ours, the same step in the README's plain loop
-(``pywgtrain_loop``: no Trainer), and the PyTorch variants (attention written
-out, scaled_dot_product_attention, torch.compile)."""
+(``pywgtrain_loop``: no Trainer), the step under autocast with a GradScaler
+(``pywgtrain_fp16``, where the adapter has shader-f16), and the PyTorch variants
+(attention written out, scaled_dot_product_attention, SDPA under torch.autocast
+float16 with its GradScaler (tensor cores: a reference), torch.compile)."""
 
 import math
 import time
@@ -11,6 +13,7 @@ import time
 import numpy as np
 
 from .. import optim
+from ..amp import GradScaler
 from ..models.gpt import GPT, GPTConfig
 from ..tensor import tensor
 from ..train import Trainer
@@ -51,15 +54,17 @@ def _batches(cfg, batch, n=4, seed=0):
     return [(d[:, :-1].copy(), d[:, 1:].copy()) for d in data]
 
 
-def time_ours(dev, cfg, batch, steps, profile=True, loop=False):
+def time_ours(dev, cfg, batch, steps, profile=True, loop=False, fp16=False):
     """ms per step through Trainer (captured, 4 steps per submission), or with
     ``loop`` through the README's plain loop: zero_grad, forward, loss,
-    backward and step inside ``dev.batch()``."""
+    backward and step inside ``dev.batch()``. ``fp16``: Trainer with autocast
+    and a GradScaler (AdamW capturable, so overflowing steps skip on the GPU)."""
     dev.synchronize()
     dev.memory_stats(reset_peak=True)
     model = GPT(cfg, device=dev, seed=0)
-    opt = optim.AdamW(_groups(model.named_parameters()), lr=3e-4, betas=(0.9, 0.95), max_grad_norm=1.0)
-    trainer = Trainer(model, opt, GPT.loss, steps_per_submit=4)
+    opt = optim.AdamW(_groups(model.named_parameters()), lr=3e-4, betas=(0.9, 0.95), max_grad_norm=1.0, capturable=fp16)
+    scaler = GradScaler() if fp16 else None
+    trainer = Trainer(model, opt, GPT.loss, steps_per_submit=4, autocast=fp16, scaler=scaler)
 
     def plain(x, y):
         with dev.batch():
@@ -138,20 +143,25 @@ def _torch_model(torch, cfg, attention):
     return Model().cuda()
 
 
-def time_torch(torch, cfg, batch, steps, attention, compile_model=False):
+def time_torch(torch, cfg, batch, steps, attention, compile_model=False, fp16=False):
+    """``fp16``: forward and loss under torch.autocast(float16) with torch.amp.GradScaler."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model = _torch_model(torch, cfg, attention)
     opt = torch.optim.AdamW(_groups(model.named_parameters()), lr=3e-4, betas=(0.9, 0.95), fused=True)
     data = [(torch.from_numpy(x).long().cuda(), torch.from_numpy(y).long().cuda()) for x, y in _batches(cfg, batch)]
     fwd = torch.compile(model) if compile_model else model
+    scaler = torch.amp.GradScaler("cuda", enabled=fp16)  # disabled: every call passes through
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(fwd(x).view(-1, cfg.vocab_size), y.view(-1))
-        loss.backward()
+        with torch.autocast("cuda", dtype=torch.float16, enabled=fp16):
+            loss = torch.nn.functional.cross_entropy(fwd(x).view(-1, cfg.vocab_size), y.view(-1))
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         return loss
 
     for i in range(3):
@@ -197,18 +207,30 @@ def bench_gpt(dev, quick, torch, compile_model=True):
             f"  pywgtrain_loop (plain loop, no Trainer): {loop['ms']:.1f} ms/step, "
             f"peak {loop['memory_mb']:,.0f} MiB allocated, {loop['reserved_mb']:,.0f} reserved"
         )
+        if "shader-f16" in dev.features:
+            half = time_ours(dev, cfg, batch, steps, profile=False, fp16=True)
+            row["pywgtrain_fp16"] = half
+            print(
+                f"  pywgtrain_fp16 (Trainer, autocast, GradScaler): {half['ms']:.1f} ms/step, "
+                f"{half['tokens_per_s']:,.0f} tok/s, peak {half['memory_mb']:,.0f} MiB allocated, "
+                f"{half['reserved_mb']:,.0f} reserved"
+            )
         if "profile" in ours:
             prof = ours["profile"]
             print(f"  GPU {prof['gpu_us'] / 1e3:.1f} ms in {prof['dispatches']} dispatches; top kernels:")
             for k in prof["kernels"][:12]:
                 print(f"    {k['us'] / 1e3:8.2f} ms  {k['count']:4d}x  {k['kernel'][:90]}")
         if torch is not None:
-            variants = [("torch_eager_attention_written_out", "plain", False), ("torch_eager_sdpa", "sdpa", False)]
+            variants = [
+                ("torch_eager_attention_written_out", "plain", False, False),
+                ("torch_eager_sdpa", "sdpa", False, False),
+                ("torch_eager_sdpa_autocast_fp16", "sdpa", False, True),  # tensor cores: a reference
+            ]
             if compile_model and not quick:
-                variants.append(("torch_compile_sdpa", "sdpa", True))
-            for key, att, comp in variants:
+                variants.append(("torch_compile_sdpa", "sdpa", True, False))
+            for key, att, comp, half in variants:
                 try:
-                    r = time_torch(torch, cfg, batch, steps, att, comp)
+                    r = time_torch(torch, cfg, batch, steps, att, comp, half)
                 except Exception as e:  # torch.compile can be unavailable (no Triton / compiler)
                     print(f"  {key}: failed ({type(e).__name__}: {str(e)[:120]})", flush=True)
                     continue

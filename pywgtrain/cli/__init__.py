@@ -306,7 +306,7 @@ def build_parser():
         "--precision",
         default="fp32",
         choices=["fp32", "fp16"],
-        help="fp16: training steps' forward and loss under pywgtrain.autocast (needs shader-f16; no loss scaling)",
+        help="fp16: forward and loss under pywgtrain.autocast, gradients through a GradScaler (needs shader-f16)",
     )
     g.add_argument("--eval-every", type=positive_int, default=None, help="steps between validation losses")
     g.add_argument("--eval-iters", type=positive_int, default=10, help="batches per validation loss")

@@ -26,6 +26,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from .. import optim
+from ..amp import GradScaler
 from ..benchmarks.common import check_output_path, rank_adapter
 from ..data import ByteTokenizer, TokenDataset, stdlib_corpus_file
 from ..device import Device
@@ -81,7 +82,7 @@ def run_gpt(
     prompt="def ",
     precision="fp32",
 ):
-    """Train (``precision="fp16"``: training steps under ``pywgtrain.autocast``); returns a dict with ``train_losses`` [(step, loss)], ``val_losses``
+    """Train (``precision="fp16"``: training steps under ``pywgtrain.autocast`` with a ``GradScaler``); returns a dict with ``train_losses`` [(step, loss)], ``val_losses``
     [(step, loss)], ``tokens_per_s``, ``sample``, ``interrupted``, ``step``, ``total``
     (under torchrun: rank 0's evaluations and sample; the other ranks' lists of those are empty)."""
     args = dict(locals())
@@ -182,9 +183,13 @@ def _train(
         {"params": [p for _, p in named if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for _, p in named if p.dim() < 2], "weight_decay": 0.0},
     ]
-    opt = optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), max_grad_norm=max_grad_norm)
+    fp16 = precision == "fp16"
+    # fp16: loss scaling without readbacks needs the optimizer to skip overflowing steps on the GPU
+    opt = optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), max_grad_norm=max_grad_norm, capturable=fp16)
     sched = warmup_cosine(opt, warmup, steps, min_lr_ratio=0.1)
-    trainer = Trainer(net, opt, GPT.loss, steps_per_submit=steps_per_submit, autocast=precision == "fp16")
+    trainer = Trainer(
+        net, opt, GPT.loss, steps_per_submit=steps_per_submit, autocast=fp16, scaler=GradScaler() if fp16 else None
+    )
     start = 0
     if resume:
         trainer.load(resume)  # every rank reads the file (on multi-host runs: a path all hosts see)
