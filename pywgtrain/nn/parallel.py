@@ -299,9 +299,12 @@ class DistributedDataParallel(Module):
         torch, dist = self._torch, self._dist
         t0 = time.perf_counter()
         grads = [p.grad for p in bucket.params]
-        flat = (
-            bucket.span.numpy() if bucket.span is not None else np.concatenate([g.numpy().reshape(-1) for g in grads])
-        )
+        if bucket.span is not None:
+            if bucket.host is None:  # one array per bucket, reused by every step (the last one's is finished)
+                bucket.host = np.empty(bucket.span.shape, np.float32)
+            flat = bucket.span.numpy(out=bucket.host)
+        else:
+            flat = np.concatenate([g.numpy().reshape(-1) for g in grads])
         t = torch.from_numpy(flat)
         if self.gradient_compression == "fp16":
             t = t.to(torch.float16).div_(self.world_size)  # averaged before the sum, as torch's fp16 hook
@@ -374,10 +377,11 @@ class _Bucket:
     """Gradients reduced together: a span of an AdamW arena (``arena`` and its indices ``items``),
     or loose parameters (``items``) whose gradients are concatenated on the host."""
 
-    __slots__ = ("arena", "items", "params", "span", "key")
+    __slots__ = ("arena", "items", "params", "span", "key", "host")
 
     def __init__(self, arena: Any, items: list[Any]) -> None:
         self.arena, self.items = arena, items
+        self.host: Optional[np.ndarray] = None  # the span's host copy, downloaded into on every step
         self.params = items if arena is None else [arena.params[i] for i in items]
         self.span = None if arena is None else arena.span("grad", items[0], items[-1] + 1)
         self.key = (id(arena), tuple(id(p) for p in self.params))
