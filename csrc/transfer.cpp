@@ -202,9 +202,9 @@ void Transfers::wait_unlocked(const std::atomic<bool>& done) {
     return done.load(std::memory_order_acquire) || dev_.lost();
   };
   if (dev_.spin(finished)) return;
-  // Then polls between sleeps of up to 1 ms: a wait past the spin is long
-  // already, and a wake-up later by at most that much costs little.
-  for (auto pause = std::chrono::microseconds(20); !finished(); pause = std::min(2 * pause, decltype(pause)(1000)))
+  // Then polls between sleeps of up to 250 us: a wake-up later by at most
+  // that much, at a few thousand cheap polls a second while it waits.
+  for (auto pause = std::chrono::microseconds(20); !finished(); pause = std::min(2 * pause, decltype(pause)(250)))
     std::this_thread::sleep_for(pause);
 }
 
