@@ -190,9 +190,9 @@ def _gemm_autotune_default(info: dict[str, Any]) -> bool:
 
 def host_memory_stats() -> dict[str, int]:
     """The process's pool of host memory for ``Tensor.numpy()`` results of
-    4 MiB and more, in bytes: ``in_use_bytes`` (blocks
-    arrays hold), ``cached_bytes`` (idle blocks kept, pages faulted in, for
-    the next download of their size class), ``limit_bytes`` (the most kept
+    4 MiB and more, in bytes: ``in_use_bytes`` (blocks arrays hold),
+    ``cached_bytes`` (idle blocks kept, pages faulted in, for the next
+    download of their size class), ``limit_bytes`` (the most kept
     idle: ``PYWGTRAIN_HOST_CACHE_MIB``, default 2048, read on first use),
     and the counts ``hits`` and ``misses`` (blocks reused, blocks mapped).
     ``Device.empty_cache()`` releases the idle ones."""

@@ -224,10 +224,10 @@ class Tensor(_TensorFields):
         """Copy to a NumPy array and return it (waits for the GPU; the GIL is
         released): a new array, or ``out`` (this shape and dtype, C-contiguous,
         writable), so that a loop reading the same tensor reuses one array.
-        New arrays of 4 MiB and more take memory from a
-        process-wide pool that gets it back when the array (and every view of
-        it) is gone: a fresh allocation's pages, faulted in and zeroed during
-        the copy, would halve the download's speed (``host_memory_stats()``)."""
+        New arrays of 4 MiB and more take memory from a process-wide pool that
+        gets it back when the array (and every view of it) is gone: a fresh
+        allocation's pages, faulted in and zeroed during the copy, would halve
+        the download's speed (``pywgtrain.host_memory_stats()``)."""
         if out is not None:
             _check_out(out, self.shape, self.dtype, "numpy")
         if self._batch is not None:
