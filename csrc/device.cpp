@@ -421,9 +421,6 @@ void Device::guarded(const std::string& what, const std::function<void()>& body)
   if (!stray.empty()) throw GpuError(what + ": earlier uncaptured wgpu error: " + stray);
 }
 
-namespace {
-// Registers a work-done callback on `queue`; the returned flag turns true
-// once every submission so far has finished.
 std::shared_ptr<std::atomic<bool>> on_work_done(WGPUQueue queue) {
   auto done = std::make_shared<std::atomic<bool>>(false);
   WGPUQueueWorkDoneCallbackInfo cb = {};
@@ -437,7 +434,6 @@ std::shared_ptr<std::atomic<bool>> on_work_done(WGPUQueue queue) {
   wgpuQueueOnSubmittedWorkDone(queue, cb);
   return done;
 }
-}  // namespace
 
 bool Device::query() {
   std::lock_guard<std::recursive_mutex> lk(mu_);

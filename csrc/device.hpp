@@ -188,4 +188,8 @@ std::string backend_name(WGPUBackendType t);
 void wait_for_callback(WGPUInstance instance, const std::atomic<bool>& done, const Device* poll = nullptr,
                        uint64_t submission = 0);
 
+// Registers a work-done callback on `queue`; the returned flag turns true
+// once every submission so far has finished.
+std::shared_ptr<std::atomic<bool>> on_work_done(WGPUQueue queue);
+
 }  // namespace pwt

@@ -65,4 +65,15 @@ MapFault take_map_fault() {
   return map_fault_loses ? MapFault::LoseDevice : MapFault::Fail;
 }
 
+namespace {
+std::atomic<uint32_t> download_delay_ms{0};
+}  // namespace
+
+void inject_download_delay(uint32_t ms) { download_delay_ms = ms; }
+
+uint32_t take_download_delay() {
+  if (download_delay_ms.load(std::memory_order_relaxed) == 0) return 0;  // the common case
+  return download_delay_ms.exchange(0);
+}
+
 }  // namespace pwt

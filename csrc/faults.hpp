@@ -22,4 +22,8 @@ inline const std::string kDriverAllocation = "<driver>";
 enum class MapFault { None, Fail, LoseDevice };
 void inject_map_failure(int64_t after, bool lose_device);  // after < 0: none
 MapFault take_map_fault();
+// The next download's wait for the GPU lasts `ms` longer (as if earlier work
+// ran that long), so that tests can show what other threads do meanwhile.
+void inject_download_delay(uint32_t ms);
+uint32_t take_download_delay();  // 0 when none is armed
 }  // namespace pwt

@@ -1,6 +1,7 @@
 #include "transfer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <system_error>
 
@@ -146,12 +147,16 @@ void Transfers::unmap(Slot& s) {
   s.map.reset();
 }
 
+void Transfers::release_ring(std::vector<Slot>& ring) {
+  for (auto& s : ring) unmap(s);
+  ring.clear();
+}
+
 void Transfers::release() {
+  std::lock_guard<std::mutex> ring(down_mu_);
   std::lock_guard<std::recursive_mutex> lk(dev_.mutex());
-  for (auto* ring : {&down_, &up_}) {
-    for (auto& s : *ring) unmap(s);
-    ring->clear();
-  }
+  release_ring(down_);
+  release_ring(up_);
 }
 
 Transfers::Slot& Transfers::slot(std::vector<Slot>& ring, size_t i, uint64_t need, bool upload) {
@@ -191,10 +196,26 @@ void Transfers::request_map(Slot& s, bool write, uint64_t bytes) {
   wgpuBufferMapAsync(s.buffer.get(), write ? WGPUMapMode_Write : WGPUMapMode_Read, 0, bytes, cb);
 }
 
-void Transfers::await_map(Slot& s, const std::string& what) {
+void Transfers::wait_unlocked(const std::atomic<bool>& done) {
+  auto finished = [&] {
+    wgpuDevicePoll(dev_.raw(), false, nullptr);
+    return done.load(std::memory_order_acquire) || dev_.lost();
+  };
+  if (dev_.spin(finished)) return;
+  // Then polls between sleeps of up to 250 us: a wake-up later by at most
+  // that much, at a few thousand cheap polls a second while it waits.
+  for (auto pause = std::chrono::microseconds(20); !finished(); pause = std::min(2 * pause, decltype(pause)(250)))
+    std::this_thread::sleep_for(pause);
+}
+
+void Transfers::await_map(Slot& s, const std::string& what, bool locked) {
   const std::shared_ptr<MapState> m = std::move(s.map);
   if (!m) throw GpuError(what + ": no map of the staging buffer was requested");
-  wait_for_callback(dev_.instance(), m->done, &dev_, s.submission);
+  if (locked) {
+    wait_for_callback(dev_.instance(), m->done, &dev_, s.submission);
+  } else {
+    wait_unlocked(m->done);
+  }
   dev_.ensure_alive(what);
   s.mapped = m->status == WGPUMapAsyncStatus_Success;
   std::string failure = s.mapped ? std::string() : m->message.empty() ? std::string("no reason given") : m->message;
@@ -263,7 +284,7 @@ void Transfers::upload(WGPUBuffer dst, uint64_t offset, const void* src, uint64_
         request_map(s, true, s.bytes);  // ready again once this copy is done
       }
     } catch (...) {
-      release();
+      release_ring(up_);  // (not the download ring: a download in flight may be using it)
       throw;
     }
   });
@@ -284,29 +305,75 @@ void Transfers::download(WGPUBuffer src, uint64_t offset, void* dst, uint64_t by
     s.submission = submit_copy(src, base + i * chunk, s.buffer.get(), 0, copy);
     request_map(s, false, copy);
   };
-  dev_.guarded(what, [&] {
-    try {
-      for (uint64_t i = 0; i < depth; ++i) issue(i);
-      for (uint64_t i = 0; i < n; ++i) {
-        Slot& s = down_[size_t(i % depth)];
-        await_map(s, what);
-        const uint64_t len = length(i);
-        const auto* p =
-            static_cast<const uint8_t*>(wgpuBufferGetConstMappedRange(s.buffer.get(), 0, round4(lead + len)));
-        if (!p) throw GpuError(what + ": the staging buffer's mapped memory is unavailable");
-        pool_.copy(out + i * chunk, p + lead, len);
-        wgpuBufferUnmap(s.buffer.get());
-        s.mapped = false;
-        if (i + depth < n) issue(i + depth);
-      }
-    } catch (...) {
-      release();
-      throw;
+  // Chunk i's mapped bytes into `out`; unmaps its slot. The wgpu calls run
+  // under the device's lock without error scopes (their errors are reported
+  // synchronously: Device::check_unscoped), the host copy outside it.
+  auto take = [&](uint64_t i) {
+    Slot& s = down_[size_t(i % depth)];
+    const uint64_t len = length(i);
+    const uint8_t* p;
+    {
+      std::lock_guard<std::recursive_mutex> lk(dev_.mutex());
+      p = static_cast<const uint8_t*>(wgpuBufferGetConstMappedRange(s.buffer.get(), 0, round4(lead + len)));
+      dev_.check_unscoped(what);
     }
-  });
+    if (!p) throw GpuError(what + ": the staging buffer's mapped memory is unavailable");
+    pool_.copy(out + i * chunk, p + lead, len);
+    std::lock_guard<std::recursive_mutex> lk(dev_.mutex());
+    wgpuBufferUnmap(s.buffer.get());
+    s.mapped = false;
+    dev_.check_unscoped(what);
+  };
+  auto delay_for_tests = [] {
+    if (const uint32_t ms = take_download_delay()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  };
+  std::lock_guard<std::mutex> ring(down_mu_);
+  try {
+    if (n <= depth) {
+      // Every chunk's copy is submitted at once, in one locked step after
+      // all work submitted before: the read is one snapshot, and the waits
+      // and host copies that follow leave the device to other threads.
+      dev_.guarded(what, [&] {
+        for (uint64_t i = 0; i < n; ++i) issue(i);
+      });
+      delay_for_tests();
+      for (uint64_t i = 0; i < n; ++i) {
+        await_map(down_[size_t(i)], what, false);
+        take(i);
+      }
+    } else {
+      // More chunks than staging buffers: a later chunk's copy is submitted
+      // once an earlier one is out, and another thread's submission or
+      // queue write in between could change the source under it. So wait
+      // for the work submitted so far without the lock (earlier work, the
+      // long wait), then hold the lock from the first copy to the last.
+      std::shared_ptr<std::atomic<bool>> drained;
+      {
+        std::lock_guard<std::recursive_mutex> lk(dev_.mutex());
+        dev_.ensure_alive(what);
+        drained = on_work_done(dev_.queue());
+      }
+      delay_for_tests();
+      wait_unlocked(*drained);
+      dev_.guarded(what, [&] {
+        for (uint64_t i = 0; i < depth; ++i) issue(i);
+        for (uint64_t i = 0; i < n; ++i) {
+          await_map(down_[size_t(i % depth)], what);
+          take(i);
+          if (i + depth < n) issue(i + depth);
+        }
+      });
+    }
+  } catch (...) {
+    std::lock_guard<std::recursive_mutex> lk(dev_.mutex());
+    release_ring(down_);
+    release_ring(up_);  // (used only under the device's lock: idle now)
+    throw;
+  }
 }
 
-std::vector<Transfers::SlotInfo> Transfers::report() const {
+std::vector<Transfers::SlotInfo> Transfers::report() {
+  std::lock_guard<std::mutex> ring(down_mu_);
   std::lock_guard<std::recursive_mutex> lk(dev_.mutex());
   std::vector<SlotInfo> out;
   for (const auto* ring : {&down_, &up_}) {

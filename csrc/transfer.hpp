@@ -83,8 +83,11 @@ class Transfers {
   // `src` may be reused: the copies are submitted, in queue order.
   void upload(WGPUBuffer dst, uint64_t offset, const void* src, uint64_t bytes);
   // `bytes` from `src` at byte `offset` into `dst`, after all submitted work.
+  // Holds the device's lock only to submit and to map and unmap, not while it
+  // waits for the GPU or copies on the host, so other threads record
+  // meanwhile; see download() for what a read then sees.
   void download(WGPUBuffer src, uint64_t offset, void* dst, uint64_t bytes);
-  // Releases every staging buffer (Device::empty_cache).
+  // Releases every staging buffer (Device::empty_cache); waits for a download in flight.
   void release();
 
   const TransferSettings& settings() const { return settings_; }
@@ -94,7 +97,7 @@ class Transfers {
     std::string direction, state;
     uint64_t bytes;
   };
-  std::vector<SlotInfo> report() const;
+  std::vector<SlotInfo> report();
 
  private:
   struct MapState;
@@ -109,15 +112,24 @@ class Transfers {
   uint64_t chunk_for(uint64_t bytes) const;     // the chunk size of a transfer of `bytes`
   static const char* map_state(const Slot& s);  // "mapped", "pending" or "unmapped"
   void unmap(Slot& s);
+  void release_ring(std::vector<Slot>& ring);  // under the device's lock
   void request_map(Slot& s, bool write, uint64_t bytes);
   // Waits for the slot's map; GpuError (DeviceLostError) if it failed.
-  void await_map(Slot& s, const std::string& what);
+  // `locked`: the caller holds the device's lock (else wait_unlocked).
+  void await_map(Slot& s, const std::string& what, bool locked = true);
+  // Waits for `done` without wgpu's blocking poll, which holds the device's
+  // fence for the whole wait: every other thread's submission (which takes
+  // it for writing) would wait as long.
+  void wait_unlocked(const std::atomic<bool>& done);
   uint64_t submit_copy(WGPUBuffer src, uint64_t src_off, WGPUBuffer dst, uint64_t dst_off, uint64_t bytes);
 
   Device& dev_;
   TransferSettings settings_;
   CopyPool pool_;
   std::vector<Slot> down_, up_;
+  // Held across a download (which holds the device's lock only in parts):
+  // one download at a time uses the ring. Taken before the device's lock.
+  std::mutex down_mu_;
 };
 
 }  // namespace pwt

@@ -5,7 +5,7 @@ Tensors record their ops for reverse-mode autograd (``loss.backward()``).
 """
 
 from ._core import DeviceLostError, GpuError, OutOfMemoryError, ValidationError
-from .device import Device, default_device, list_adapters
+from .device import Device, default_device, host_memory_stats, list_adapters
 from .tensor import Tensor, tensor, zeros, ones, full, empty
 from .autograd import no_grad, enable_grad, set_grad_enabled, is_grad_enabled
 from .ops import gemm, adamw_step, clip_grad_norm_
@@ -67,6 +67,7 @@ __all__ = [
     "Device",
     "default_device",
     "list_adapters",
+    "host_memory_stats",
     "Tensor",
     "tensor",
     "zeros",

@@ -120,7 +120,8 @@ cdef class _Device:
                 "driver_allocations": s.driver_allocations, "cache_hits": s.cache_hits}
 
     def empty_cache(self):
-        self.ptr.get().transfers().release()
+        with nogil:  # waits for a download in flight on another thread
+            self.ptr.get().transfers().release()
         return self.ptr.get().memory().empty()
 
     @property
@@ -209,6 +210,72 @@ cdef class _Buffer:
             return
         with nogil:
             self.ptr.get().download(&out[0], n, offset)
+
+
+HOST_POOL_MIN_BYTES = c.host_pool_min_bytes
+
+
+cdef class _HostBlock:
+    """Host memory from the process's download pool (csrc/host_pool.hpp),
+    exported through the buffer protocol as `nbytes` writable bytes: NumPy
+    arrays made over it keep it alive, and it goes back to the pool when
+    the last of them (and this object) is gone."""
+    cdef shared_ptr[c.HostPool] pool
+    cdef c.HostBlock block
+    cdef Py_ssize_t nbytes
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __cinit__(self, uint64_t nbytes):
+        self.pool = c.HostPool.glob()
+        with nogil:
+            self.block = self.pool.get().take(nbytes)
+        self.nbytes = nbytes
+
+    def __dealloc__(self):
+        if self.block.data != NULL:
+            self.pool.get().give(self.block)
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        self.shape[0] = self.nbytes
+        self.strides[0] = 1
+        view.buf = self.block.data
+        view.obj = self
+        view.len = self.nbytes
+        view.readonly = 0
+        view.itemsize = 1
+        view.format = b"B"
+        view.ndim = 1
+        view.shape = self.shape
+        view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer* view):
+        pass
+
+    @property
+    def mapped_bytes(self):
+        """The block's size class (what it holds in the pool's accounting)."""
+        return self.block.bytes
+
+
+def host_pool_stats():
+    cdef c.HostPoolStats s = c.HostPool.glob().get().stats()
+    return {"in_use_bytes": s.in_use, "cached_bytes": s.cached, "limit_bytes": s.limit,
+            "hits": s.hits, "misses": s.misses}
+
+
+def empty_host_pool():
+    cdef uint64_t freed
+    cdef shared_ptr[c.HostPool] pool = c.HostPool.glob()
+    with nogil:
+        freed = pool.get().release()
+    return freed
+
+
+def host_size_class(uint64_t nbytes):
+    return c.HostPool.size_class(nbytes)
 
 
 cdef class _Storage:
@@ -524,6 +591,11 @@ def _inject_map_failure(int64_t after, bint lose_device=False):
     """Test hook: after ``after`` more staging-buffer maps of host transfers, the next one fails
     (GpuError), or destroys the device first (``lose_device``: DeviceLostError); ``after`` < 0 disarms."""
     c.inject_map_failure(after, lose_device)
+
+
+def _inject_download_delay(uint32_t ms):
+    """Test hook: the next download's wait for the GPU lasts ``ms`` milliseconds longer."""
+    c.inject_download_delay(ms)
 
 
 # Tensor kernels of the autograd (csrc/tensor_ops.hpp). Ops are the numbers of

@@ -37,6 +37,28 @@ cdef extern from "transfer.hpp" namespace "pwt" nogil:
         void release()
 
 
+cdef extern from "host_pool.hpp" namespace "pwt" nogil:
+    cdef cppclass HostBlock "pwt::HostPool::Block":
+        uint8_t* data
+        uint64_t bytes
+
+    cdef cppclass HostPoolStats "pwt::HostPool::Stats":
+        uint64_t in_use, cached, limit, hits, misses
+
+    cdef cppclass HostPool:
+        @staticmethod
+        shared_ptr[HostPool] glob "global"() except +raise_py_error
+        HostBlock take(uint64_t nbytes) except +raise_py_error
+        void give(HostBlock b)
+        uint64_t release()
+        HostPoolStats stats()
+
+        @staticmethod
+        uint64_t size_class(uint64_t nbytes)
+
+    uint64_t host_pool_min_bytes "pwt::HostPool::kMinBytes"
+
+
 cdef extern from "device.hpp" namespace "pwt" nogil:
     cdef cppclass AdapterSummary:
         uint32_t index
@@ -225,6 +247,7 @@ cdef extern from "faults.hpp" namespace "pwt" nogil:
     void inject_invalid_binding(Recorder& r, const Buffer& buf) except +raise_py_error
     void inject_allocation_failures(const string& label, uint32_t after, uint32_t count)
     void inject_map_failure(int64_t after, bool lose_device)
+    void inject_download_delay(uint32_t ms)
 
 
 cdef extern from "tensor_ops.hpp" namespace "pwt" nogil:

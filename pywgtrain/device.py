@@ -188,6 +188,17 @@ def _gemm_autotune_default(info: dict[str, Any]) -> bool:
     return info.get("adapter_type") != "cpu"
 
 
+def host_memory_stats() -> dict[str, int]:
+    """The process's pool of host memory for ``Tensor.numpy()`` results of
+    4 MiB and more, in bytes: ``in_use_bytes`` (blocks arrays hold),
+    ``cached_bytes`` (idle blocks kept, pages faulted in, for the next
+    download of their size class), ``limit_bytes`` (the most kept
+    idle: ``PYWGTRAIN_HOST_CACHE_MIB``, default 2048, read on first use),
+    and the counts ``hits`` and ``misses`` (blocks reused, blocks mapped).
+    ``Device.empty_cache()`` releases the idle ones."""
+    return _core.host_pool_stats()
+
+
 def list_adapters() -> list[dict[str, Any]]:
     """Every WebGPU adapter wgpu-native sees (Vulkan, Metal, DX12), as dicts."""
     with _wayland_quiet():
@@ -420,11 +431,13 @@ class Device:
 
     def empty_cache(self) -> int:
         """Release the cached blocks no tensor uses back to the driver (as
-        ``torch.cuda.empty_cache``), and the host-transfer staging buffers;
-        blocks still waiting for recorded work to be submitted stay. Returns
-        the device-memory bytes released. An allocation the
-        driver refuses for lack of memory does this once by itself and
-        retries."""
+        ``torch.cuda.empty_cache``), the host-transfer staging buffers, and
+        the idle blocks of the process's pool of host memory for ``numpy()``
+        results (``host_memory_stats()``); blocks still waiting for recorded
+        work to be submitted stay. Returns the device-memory bytes released.
+        An allocation the driver refuses for lack of memory does this once by
+        itself and retries."""
+        _core.empty_host_pool()
         return self._dev.empty_cache()
 
     def resource_report(self) -> dict[str, int]:

@@ -311,11 +311,20 @@ class Tensor(_TensorFields):
         )
 
     # -- host transfer -------------------------------------------------------
-    def numpy(self) -> np.ndarray:
-        """Copy to a new NumPy array (waits for the GPU; the GIL is released)."""
+    def numpy(self, *, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Copy to a NumPy array and return it (waits for the GPU; the GIL is
+        released): a new array, or ``out`` (this shape and dtype, C-contiguous,
+        writable), so that a loop reading the same tensor reuses one array.
+        New arrays of 4 MiB and more take memory from a process-wide pool that
+        gets it back when the array (and every view of it) is gone: a fresh
+        allocation's pages, faulted in and zeroed during the copy, would halve
+        the download's speed (``pywgtrain.host_memory_stats()``)."""
+        if out is not None:
+            _check_out(out, self.shape, self.dtype, "numpy")
         if self._batch is not None:
             self._batch.check()  # RuntimeError when the work that was to write this tensor was discarded
-        out = np.empty(self.shape, self.dtype)
+        if out is None:
+            out = _host_array(self.shape, self.dtype)
         buf = self._buf  # a strided view records its contiguous copy here: before the flush submits it
         self.device.flush()
         buf.download(out.reshape(-1).view(np.uint8))
@@ -839,6 +848,33 @@ def _check_array(x, name, dtype=np.float32):
     if any(s > MAX_DIM for s in x.shape):
         raise ValueError(f"{name} has a dimension above {MAX_DIM} (shape {x.shape})")
     return x
+
+
+def _check_out(out, shape, dtype, what):
+    """``out=`` of a download: refused before anything is read."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{what}(): out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"{what}(): out must have dtype {np.dtype(dtype).name}, got {_dtype_name(out.dtype)}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"{what}(): out has shape {out.shape}, expected {tuple(shape)}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{what}(): out must be C-contiguous (got a strided or Fortran-ordered array)")
+    if not out.flags.writeable:
+        raise ValueError(f"{what}(): out is read-only")
+
+
+HOST_POOL_MIN_BYTES = _core.HOST_POOL_MIN_BYTES
+
+
+def _host_array(shape, dtype):
+    """A new array for a download: pooled host memory from ``HOST_POOL_MIN_BYTES`` on (already
+    faulted in when the pool reuses a block), else ``np.empty`` (malloc's heap reuses small blocks)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < HOST_POOL_MIN_BYTES:
+        return np.empty(shape, dtype)
+    return np.frombuffer(_core._HostBlock(nbytes), dtype).reshape(shape)
 
 
 def _dtype_name(dtype):

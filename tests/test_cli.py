@@ -333,13 +333,16 @@ def test_bench_gemm_one_small_shape_is_quick():
 def test_bench_transfer_small_sizes(tmp_path):
     """`bench transfer` at small sizes: a line per size, the table, GB/s in the JSON."""
     out_json = tmp_path / "t.json"
-    r = run_entry(["bench", "transfer", "--sizes", "64K,1M", "--no-baseline", "--json", str(out_json)], timeout=120)
+    r = run_entry(["bench", "transfer", "--sizes", "64K,4M", "--no-baseline", "--json", str(out_json)], timeout=120)
     assert r.returncode == 0, r.stderr
-    assert re.search(r"^\[1/2\] 64 KiB: pywgtrain up [\d.]+ [MG]B/s, down [\d.]+ [MG]B/s$", r.stdout, re.M), r.stdout
-    assert re.search(r"^\s+1 MiB\s+[\d.]+\s+[\d.]+$", r.stdout, re.M), r.stdout
+    rate = r"[\d.]+ [MG]B/s"
+    line = rf"^\[1/2\] 64 KiB: pywgtrain up {rate}, down {rate} \(out= {rate}, fresh array {rate}\)$"
+    assert re.search(line, r.stdout, re.M), r.stdout
+    assert re.search(r"^\s+4 MiB(\s+[\d.]+){4}$", r.stdout, re.M), r.stdout
     res = json.loads(out_json.read_text())["transfer"]
-    assert [row["bytes"] for row in res["rows"]] == [64 << 10, 1 << 20]
-    assert all(row["up_us"] > 0 and row["down_us"] > 0 for row in res["rows"])
+    assert [row["bytes"] for row in res["rows"]] == [64 << 10, 4 << 20]
+    keys = ("up_us", "down_us", "down_out_us", "down_fresh_us")  # numpy(): pooled at 4 MiB
+    assert all(row[k] > 0 for row in res["rows"] for k in keys)
     assert res["settings"]["chunk_bytes"] == 32 << 20
 
 

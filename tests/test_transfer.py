@@ -148,7 +148,7 @@ def test_transfers_keep_order_with_recorded_work(small, rng):
 
 
 def test_transfers_from_several_threads(small, rng):
-    """Threads sharing the rings: each transfer holds the device for all its chunks."""
+    """Threads sharing the rings: each transfer has its ring for all its chunks."""
     import threading
 
     n = (SLOTS + 2) * CHUNK // 4 + 1
@@ -280,3 +280,239 @@ def test_large_round_trip_with_default_settings(dev, rng):
     out = np.full(n, np.nan, np.float32)
     t._buf.download(out.view(np.uint8))
     np.testing.assert_array_equal(out, y)
+
+
+# -- download destinations: out= and the host pool ------------------------------------
+
+POOL_MIN = _core.HOST_POOL_MIN_BYTES
+N_OPS = 100
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float16])
+@pytest.mark.parametrize("n", [1, 7, 33, 129, (2 * SLOTS + 1) * CHUNK // 4 + 5])
+def test_numpy_into_out(small, rng, n, dtype):
+    """numpy(out=) fills the caller's poisoned array and returns it; a strided view too."""
+    # (int32 values away from float32 NaN patterns: a view's copy moves words as float32)
+    x = rng.integers(-2048, 2048, n + 1).astype(dtype) if dtype != np.float32 else _random(rng, n + 1, dtype)
+    t = pw.tensor(x, small)
+    out = np.full(n + 1, np.nan, np.float32).astype(dtype) if dtype != np.int32 else np.full(n + 1, -1, dtype)
+    assert t.numpy(out=out) is out
+    np.testing.assert_array_equal(out, x)
+    view_out = np.full(n, -1, dtype)
+    assert t[1:].numpy(out=view_out) is view_out
+    np.testing.assert_array_equal(view_out, x[1:])
+
+
+def test_numpy_out_is_checked_before_anything_is_read(small, rng):
+    t = pw.tensor(rng.standard_normal((3, 5)).astype(np.float32), small)
+    ro = np.full((3, 5), np.nan, np.float32)
+    ro.flags.writeable = False
+    cases = [
+        ([1.0] * 15, TypeError, "numpy\\(\\): out must be a numpy.ndarray, got list"),
+        (np.full((3, 5), np.nan), TypeError, "out must have dtype float32, got float64"),
+        (np.full(15, np.nan, np.float32), ValueError, r"out has shape \(15,\), expected \(3, 5\)"),
+        (np.full((5, 3), np.nan, np.float32).T, ValueError, "out must be C-contiguous"),
+        (ro, ValueError, "out is read-only"),
+    ]
+    for out, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            t.numpy(out=out)
+        if isinstance(out, np.ndarray):
+            assert np.isnan(out).all()  # untouched
+
+
+def test_large_arrays_come_from_the_host_pool(dev, rng):
+    """numpy() results of POOL_MIN bytes and more live in pooled blocks: the
+    block of a dead array serves the next download of its size class, and a
+    view keeps its block out of the pool until the view is gone."""
+    import gc
+
+    dev.empty_cache()
+    x = rng.standard_normal(POOL_MIN // 4 + 33).astype(np.float32)
+    t = pw.tensor(x, dev)
+    before = pw.host_memory_stats()
+    a = t.numpy()
+    np.testing.assert_array_equal(a, x)
+    assert a.flags.writeable and a.flags.c_contiguous and a.shape == x.shape
+    held = pw.host_memory_stats()
+    size = held["in_use_bytes"] - before["in_use_bytes"]
+    assert size >= x.nbytes and size % (2 << 20) == 0  # whole huge pages
+    assert held["misses"] == before["misses"] + 1 and held["cached_bytes"] == 0
+    address = a.ctypes.data
+    view = a[100:]
+    del a
+    gc.collect()
+    assert pw.host_memory_stats()["in_use_bytes"] == held["in_use_bytes"]  # the view holds it
+    np.testing.assert_array_equal(view, x[100:])
+    del view
+    gc.collect()
+    idle = pw.host_memory_stats()
+    assert idle["in_use_bytes"] == before["in_use_bytes"] and idle["cached_bytes"] == size
+    b = t.numpy()
+    assert b.ctypes.data == address and pw.host_memory_stats()["hits"] == idle["hits"] + 1
+    np.testing.assert_array_equal(b, x)
+    small = t[:100].numpy()  # below POOL_MIN: a NumPy array of its own
+    assert small.base is None and pw.host_memory_stats()["in_use_bytes"] == idle["in_use_bytes"] + size
+    del b
+    gc.collect()
+    dev.empty_cache()
+    assert pw.host_memory_stats()["cached_bytes"] == 0
+
+
+def test_pooled_array_outlives_its_device(rng):
+    import gc
+
+    d = _open()
+    x = rng.standard_normal(POOL_MIN // 4).astype(np.float32)
+    a = pw.tensor(x, d).numpy()
+    d.destroy()
+    del d
+    gc.collect()
+    a += 1.0  # still writable memory of our own
+    np.testing.assert_array_equal(a, x + np.float32(1.0))
+
+
+def test_pooled_downloads_from_threads_leak_nothing(dev, rng):
+    """Many pooled downloads from several threads: every value right, and
+    every block back in the pool (bounded: its size classes) once the arrays
+    are gone; the process's resident memory stays bounded too."""
+    import gc
+    import threading
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
+    sizes = [POOL_MIN // 4, POOL_MIN // 4 + 600_000]  # two size classes
+    tensors = [(pw.tensor(rng.standard_normal(n).astype(np.float32), dev)) for n in sizes]
+    wants = [t.numpy().copy() for t in tensors]
+    gc.collect()
+    start = pw.host_memory_stats()
+    start_rss = rss()
+    bad = []
+
+    def worker(seed):
+        try:
+            for k in range(4):
+                i = (seed + k) % len(tensors)
+                if not np.array_equal(tensors[i].numpy(), wants[i]):
+                    bad.append((seed, k))
+        except Exception as e:  # a thread's exception would only be printed
+            bad.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    gc.collect()
+    assert not bad
+    for _ in range(30):  # one after another: each reuses the block the last one gave back
+        tensors[0].numpy()
+    end = pw.host_memory_stats()
+    assert end["in_use_bytes"] == start["in_use_bytes"]
+    assert end["hits"] + end["misses"] - start["hits"] - start["misses"] == 38
+    assert end["cached_bytes"] <= 2 * sum(x.nbytes + (4 << 20) for x in wants)  # two threads' worth at most
+    assert rss() - start_rss < 2 * sum(x.nbytes for x in wants) + (64 << 20)
+    dev.empty_cache()
+
+
+def test_host_cache_limit(tmp_path):
+    """PYWGTRAIN_HOST_CACHE_MIB bounds the idle bytes kept: blocks past it are unmapped."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, numpy as np, pywgtrain as pw\n"
+        "t = pw.tensor(np.ones(1 << 20, np.float32))\n"
+        "arrays = [t.numpy() for _ in range(3)]\n"
+        "del arrays; gc.collect()\n"
+        "s = pw.host_memory_stats()\n"
+        "assert s['limit_bytes'] == 8 << 20 and s['cached_bytes'] == 8 << 20 and s['in_use_bytes'] == 0, s\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, PYWGTRAIN_HOST_CACHE_MIB="8")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# -- downloads leave the device to other threads while they wait --------------------
+
+
+@pytest.mark.parametrize("ring", ["whole", "chunked"])
+def test_recording_proceeds_while_a_download_waits(dev, small, rng, ring):
+    """Thread A reads a tensor whose download waits 1.5 s for the GPU; thread
+    B meanwhile records (and submits) ops on the same device and finishes
+    before A's read returns; both results are right. "whole": the read fits
+    the staging ring (every chunk submitted at once, the map waits left
+    unlocked); "chunked": more chunks than slots (the wait for earlier work
+    is left unlocked, the chunks then run locked). The wait is stretched by
+    a test hook: on lavapipe a submission blocks while earlier work runs, so
+    real GPU work would stall A's own submission rather than its wait."""
+    import threading
+
+    d = dev if ring == "whole" else small
+    n = 4099 if ring == "whole" else (2 * SLOTS + 1) * CHUNK // 4 + 3
+    x = rng.standard_normal(n).astype(np.float32)
+    t = pw.tensor(x, d)
+    acc = pw.tensor(np.zeros(33, np.float32), d)
+    d.synchronize()
+    started, read_done = threading.Event(), threading.Event()
+    result, errors = {}, []
+
+    def reader():
+        try:
+            doubled = t * 2.0  # recorded work the read must see
+            started.set()
+            result["y"] = doubled.numpy()
+            read_done.set()
+        except Exception as e:  # a thread's exception would only be printed
+            errors.append(e)
+            started.set()
+
+    _core._inject_download_delay(1500)
+    try:
+        a = threading.Thread(target=reader)
+        a.start()
+        started.wait()
+        for _ in range(N_OPS):  # past Device.BATCH_SUBMIT_COMMANDS: submits too
+            acc = acc + 1.0
+        overlapped = not read_done.is_set()
+        a.join()
+    finally:
+        _core._inject_download_delay(0)
+    assert not errors, errors
+    np.testing.assert_array_equal(result["y"], x * np.float32(2.0))
+    np.testing.assert_array_equal(acc.numpy(), np.full(33, N_OPS, np.float32))
+    assert overlapped, "the recording waited for the download"
+
+
+def test_chunked_reads_are_one_snapshot(small, rng):
+    """A read of more chunks than slots, while another thread keeps adding 1
+    to the tensor read: every element comes from the same state (x + k)."""
+    import threading
+
+    n = (4 * SLOTS + 1) * CHUNK // 4
+    x = np.zeros(n, np.float32)
+    t = pw.tensor(x, small)
+    stop, errors = threading.Event(), []
+
+    def writer():
+        try:
+            while not stop.is_set():
+                t.add_(1.0)
+                small.flush()
+        except Exception as e:  # a thread's exception would only be printed
+            errors.append(e)
+
+    w = threading.Thread(target=writer)
+    w.start()
+    try:
+        reads = [t.numpy() for _ in range(10)]
+    finally:
+        stop.set()
+        w.join()
+    assert not errors, errors
+    for r in reads:
+        assert r.min() == r.max(), (r.min(), r.max())

@@ -1,6 +1,10 @@
 """``pywgtrain bench transfer``: host <-> device copies in GB/s, up
-(``pywgtrain.tensor(ndarray)`` until the data has landed) and down
-(``Tensor.numpy()`` into a new array, as users call it), beside PyTorch with
+(``pywgtrain.tensor(ndarray)`` until the data has landed) and down three
+ways: ``Tensor.numpy()`` as users call it (a new array: from 4 MiB on, a
+pooled block, reused once the previous result is gone), ``numpy(out=a)``
+into one reused array, and ``numpy(out=np.empty(...))`` into a fresh array
+each time (pages the kernel faults in and zeroes during the copy: what
+``numpy()`` did before the pool), beside PyTorch with
 CUDA when present: ``torch.from_numpy(x).to('cuda')`` / ``.cpu()`` (pageable
 memory) and ``copy_`` between a pinned host tensor and the device
 (``non_blocking``, then synchronize). Wall-clock medians after a warm-up:
@@ -60,7 +64,8 @@ def _median_us(fn, reps, warmup=1):
 
 
 def _ours(dev, x, reps):
-    """(upload us, download us); checks the round trip once. An upload is
+    """(upload us, download us, download into a reused array us, download into
+    a fresh array us); checks the round trip once. An upload is
     timed until a read of a one-element tensor after it returns, less that
     read's own time: synchronize() alone would not wait for a small upload,
     whose queue write runs ahead of the next submission, not before."""
@@ -78,7 +83,12 @@ def _ours(dev, x, reps):
     if not np.array_equal(t.numpy(), x):
         raise RuntimeError(f"transfer benchmark: the round trip of {x.nbytes} bytes changed the data")
     down_us = _median_us(t.numpy, reps)
-    return up_us, down_us
+    reused = np.empty_like(x)
+    out_us = _median_us(lambda: t.numpy(out=reused), reps)
+    if not np.array_equal(reused, x):
+        raise RuntimeError(f"transfer benchmark: numpy(out=) of {x.nbytes} bytes changed the data")
+    fresh_us = _median_us(lambda: t.numpy(out=np.empty_like(x)), reps)
+    return up_us, down_us, out_us, fresh_us
 
 
 def _torch(torch, x, reps):
@@ -127,9 +137,19 @@ def bench_transfer(dev, quick, torch, sizes=None):
         print(f"[{i + 1}/{len(sizes)}] {fmt_size(nbytes)}: ", end="", flush=True)
         x = rng.standard_normal(nbytes // 4, dtype=np.float32)
         reps = 3 if quick or cpu else int(min(30, max(5, (4 << 30) // nbytes)))
-        up_us, down_us = _ours(dev, x, reps)
-        row = {"bytes": nbytes, "reps": reps, "up_us": up_us, "down_us": down_us}
-        line = f"pywgtrain up {fmt_bandwidth(nbytes / up_us)}, down {fmt_bandwidth(nbytes / down_us)}"
+        up_us, down_us, out_us, fresh_us = _ours(dev, x, reps)
+        row = {
+            "bytes": nbytes,
+            "reps": reps,
+            "up_us": up_us,
+            "down_us": down_us,
+            "down_out_us": out_us,
+            "down_fresh_us": fresh_us,
+        }
+        line = (
+            f"pywgtrain up {fmt_bandwidth(nbytes / up_us)}, down {fmt_bandwidth(nbytes / down_us)} "
+            f"(out= {fmt_bandwidth(nbytes / out_us)}, fresh array {fmt_bandwidth(nbytes / fresh_us)})"
+        )
         if torch is not None:
             times = _torch(torch, x, reps)
             row.update({f"{k}_us": t for k, t in zip(TORCH_COLUMNS, times)})
@@ -143,8 +163,8 @@ def bench_transfer(dev, quick, torch, sizes=None):
 
 
 def _table(rows, with_torch):
-    cols = ["up", "down"] + (list(TORCH_COLUMNS) if with_torch else [])
-    names = ["pywgtrain up", "pywgtrain down"] + (
+    cols = ["up", "down", "down_out", "down_fresh"] + (list(TORCH_COLUMNS) if with_torch else [])
+    names = ["pywgtrain up", "pywgtrain down", "down out=", "down fresh"] + (
         ["torch pageable up", "torch pageable down", "torch pinned up", "torch pinned down"] if with_torch else []
     )
     width = max(len(n) for n in names) + 2

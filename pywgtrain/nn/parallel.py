@@ -169,7 +169,7 @@ class DistributedDataParallel(Module):
             host = self._collective(
                 "setting up the shared-memory reduction",
                 lambda: HostReducer(
-                    torch, dist, process_group, self.rank, self.world_size, sum(p._numel for p in params)
+                    torch, dist, process_group, self.rank, self.world_size, sum(p.numel() for p in params)
                 ),
             )
             self._host = host if host.active else None
@@ -333,17 +333,20 @@ class DistributedDataParallel(Module):
         t0 = time.perf_counter()
         grads = [p.grad for p in bucket.params]
         if self._host is not None:
-            n = bucket.span._numel if bucket.span is not None else sum(g._numel for g in grads)
+            n = bucket.span.numel() if bucket.span is not None else sum(g.numel() for g in grads)
             slot = self._host.slot(k, n)
             if bucket.span is not None:
-                slot[:] = bucket.span.numpy()
+                bucket.span.numpy(out=slot)  # straight into the shared memory the other ranks read
             else:
                 np.concatenate([g.numpy().reshape(-1) for g in grads], out=slot)
             self._stats["download_s"] += time.perf_counter() - t0
             return self._threads[1].submit(self._finish_on_host, k, n, bucket, grads)  # type: ignore[index]
-        flat = (
-            bucket.span.numpy() if bucket.span is not None else np.concatenate([g.numpy().reshape(-1) for g in grads])
-        )
+        if bucket.span is not None:
+            if bucket.host is None:  # one array per bucket, reused by every step (the last one's is finished)
+                bucket.host = np.empty(bucket.span.shape, np.float32)
+            flat = bucket.span.numpy(out=bucket.host)
+        else:
+            flat = np.concatenate([g.numpy().reshape(-1) for g in grads])
         t = torch.from_numpy(flat)
         if self.gradient_compression == "fp16":
             t = t.to(torch.float16).div_(self.world_size)  # averaged before the sum, as torch's fp16 hook
@@ -429,10 +432,11 @@ class _Bucket:
     """Gradients reduced together: a span of an AdamW arena (``arena`` and its indices ``items``),
     or loose parameters (``items``) whose gradients are concatenated on the host."""
 
-    __slots__ = ("arena", "items", "params", "span", "key")
+    __slots__ = ("arena", "items", "params", "span", "key", "host")
 
     def __init__(self, arena: Any, items: list[Any]) -> None:
         self.arena, self.items = arena, items
+        self.host: Optional[np.ndarray] = None  # the span's host copy, downloaded into on every step
         self.params = items if arena is None else [arena.params[i] for i in items]
         self.span = None if arena is None else arena.span("grad", items[0], items[-1] + 1)
         self.key = (id(arena), tuple(id(p) for p in self.params))
