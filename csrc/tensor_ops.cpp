@@ -134,8 +134,11 @@ struct NdOperand {
   const char* what = "";
 };
 
-// The bindings of NdParams' operand slots 0..3.
-constexpr Slot kNdSlots[4] = {ew::in0, ew::in1, ew::in2, ew::res};
+// The bindings of NdParams' operand slots 0..3; copy_bits binds slots 0 and 3
+// as raw words instead.
+using NdSlots = std::array<Slot, 4>;
+constexpr NdSlots kNdSlots = {ew::in0, ew::in1, ew::in2, ew::res};
+constexpr NdSlots kNdBitSlots = {ew::in0_bits, ew::in1, ew::in2, ew::res_bits};
 static_assert(sizeof(NdParams::strides) / sizeof(NdParams::strides[0]) == kMaxDims, "NdParams holds kMaxDims strides");
 
 std::vector<uint32_t> contiguous_strides(const std::vector<uint32_t>& shape, const std::string& fn) {
@@ -156,7 +159,7 @@ std::vector<uint32_t> contiguous_strides(const std::vector<uint32_t>& shape, con
 // one binding, the space is cut into blocks: outer dimensions one coordinate
 // at a time, the first dimension whose inner span fits in runs as long as fit.
 void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::array<NdOperand, 4>& ops,
-               const std::vector<uint32_t>& shape, float beta) {
+               const std::vector<uint32_t>& shape, float beta, const NdSlots& slots = kNdSlots) {
   const size_t nd = shape.size();
   if (nd > kMaxDims)
     throw ArgumentError(fn + ": " + std::to_string(nd) + " dimensions, at most " + std::to_string(kMaxDims) +
@@ -260,7 +263,7 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
         uint64_t first = ops[i].off + c * st[p][i];
         for (size_t d = 0; d < p; ++d) first += coord[d] * st[d][i];
         const Bound b = bind_span(dev, *ops[i].buf, first, (len - 1) * st[p][i] + tail(i, split));
-        operands[bound++] = Operand(kNdSlots[i], b.range);
+        operands[bound++] = Operand(slots[i], b.range);
         prm.offs[i] = b.off;
       }
       auto [gx, gy] = grid_1d(dev, ceil_div(prm.n, ew::WG));
@@ -461,10 +464,15 @@ void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, co
 void strided_copy(Recorder& r, const Buffer& src, uint64_t src_off, const std::vector<uint32_t>& src_strides,
                   const Buffer& dst, uint64_t dst_off, const std::vector<uint32_t>& dst_strides,
                   const std::vector<uint32_t>& shape, float beta) {
-  const Kernel& k = ew_kernel(r.device(), "strided_copy", {ew::in0, ew::res, ew::np}, 0);
   std::array<NdOperand, 4> ops{};
   ops[0] = {&src, src_off, &src_strides, "src"};
   ops[3] = {&dst, dst_off, &dst_strides, "dst"};
+  if (beta == 0.0f) {  // a plain copy moves 32-bit words: int32 ids and NaN payloads arrive unchanged
+    const Kernel& k = ew_kernel(r.device(), "copy_bits", {ew::in0_bits, ew::res_bits, ew::np}, 0);
+    record_nd(r, k, "strided_copy", ops, shape, beta, kNdBitSlots);
+    return;
+  }
+  const Kernel& k = ew_kernel(r.device(), "strided_copy", {ew::in0, ew::res, ew::np}, 0);
   record_nd(r, k, "strided_copy", ops, shape, beta);
 }
 

@@ -29,6 +29,10 @@ struct NdParams {
 @group(0) @binding(3) var<storage, read_write> res: array<f32>;  // y / dx / out / g / dst
 @group(0) @binding(4) var<uniform> np: NdParams;
 @group(0) @binding(5) var<uniform> fp: FlatParams;
+// in0 and res again as raw 32-bit words (copy_bits): a copy through f32 values
+// may quiet signaling-NaN patterns, which int32 tensors hold as ordinary ids.
+@group(0) @binding(6) var<storage, read> in0_bits: array<u32>;
+@group(0) @binding(7) var<storage, read_write> res_bits: array<u32>;
 
 fn thread_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
   return (wid.y * nwg.x + wid.x) * WG + lid;  // WG: csrc/shader_contract.hpp
@@ -280,4 +284,14 @@ fn strided_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   var v = in0[idx.x];
   if (np.beta != 0.0) { v += np.beta * res[idx.w]; }
   res[idx.w] = v;
+}
+
+// dst = src, both strided, bit for bit (any 32-bit dtype)
+@compute @workgroup_size(WG)
+fn copy_bits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+  let i = thread_index(wid, nwg, lid);
+  if (i >= np.n) { return; }
+  let idx = nd_index(i);
+  res_bits[idx.w] = in0_bits[idx.x];
 }

@@ -479,3 +479,19 @@ def test_views_of_a_parameter_follow_it_into_a_fused_optimizer(dev, rng):
         t[1:3].move_storage_(pw.zeros(2, device=dev))
     with pytest.raises(ValueError, match=r"move_storage_: dest must have this tensor's shape \(4,\)"):
         t.move_storage_(pw.zeros(5, device=dev))
+
+
+def test_copies_of_32_bit_words_are_bit_exact(dev):
+    """Copies out of views move words, not float values: int32 values whose bits read as a
+    signaling NaN (e.g. -5,000,000) and float32 NaN payloads arrive unchanged, as in torch."""
+    ids = np.array([1, 0x7FAB0000, -5000000, -4194305, -8388607, 7, 0x7F800001], np.int32)
+    words = np.array([0x7FAB0000, 0xFFB3B4C0, 0x7F800001, 0x7FC00000, 0x3F800000, 0xFFFFFFFF], np.uint32)
+    for host in (ids, words.view(np.float32)):
+        t = pw.tensor(host, dev)
+        for got, want in [
+            (t[1:].numpy(), host[1:]),
+            (t[1:].contiguous().numpy(), host[1:]),
+            (t[::2].numpy(), host[::2]),
+            (pw.cat([t[1:], t[:2]]).numpy(), np.concatenate([host[1:], host[:2]])),
+        ]:
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
