@@ -3,6 +3,11 @@ cost per call when the GPU work is trivial (one row of a 384-wide model).
 Inside ``dev.batch()`` a call records into the open batch; outside it into
 the device's stream (submitted every 64 commands); nothing waits inside those
 timed loops. "then synchronize" is one call submitted and waited for on its own.
+"_core.gemm ... recorded" is the core's recording of one GEMM on the same
+tensors again and again into one recorder, submitted after the clock stops
+(no Python op layer, no allocation, no submission): what the bind-group cache
+spares shows there (``PYWGTRAIN_BIND_GROUP_CACHE=0`` turns it off for an A/B).
+CPU adapters record a 64x64x64 product, GPUs 64x768x768.
 
     python bench/eager_costs.py          # any adapter; on the GPU machine after the prelude
 """
@@ -15,6 +20,7 @@ import numpy as np
 import pywgtrain as pw
 import pywgtrain.nn.functional as F
 from pywgtrain import _core
+from pywgtrain.benchmarks.common import is_cpu_adapter
 
 
 def main():
@@ -24,6 +30,9 @@ def main():
     w = pw.tensor(np.ones((1536, 384), np.float32), dev)
     b = pw.tensor(np.ones((1536,), np.float32), dev)
     print(f"adapter: {dev.info['name']}")
+
+    def report(name, where, per_call):
+        print(f"{name + ' ' + where:52s} {min(per_call):7.2f} us per call (median {statistics.median(per_call):7.2f})")
 
     def timed(name, fn, batch, n=2000, sync=False):
         per_call = []
@@ -43,14 +52,25 @@ def main():
                     fn()
             per_call.append((time.perf_counter() - t0) * 1e6 / n)
             dev.synchronize()
-        where = "in a batch" if batch else "then synchronize" if sync else "outside a batch"
-        print(f"{name + ' ' + where:52s} {min(per_call):7.2f} us per call (median {statistics.median(per_call):7.2f})")
+        report(name, "in a batch" if batch else "then synchronize" if sync else "outside a batch", per_call)
 
     timed("_core._Buffer(1536 bytes), created and freed", lambda: _core._Buffer(dev._dev, 1536), batch=False)
     timed("pw.empty((1, 384)), created and freed", lambda: pw.empty((1, 384), np.float32, dev), batch=False)
     for batch in (True, False):
         timed("x + y", lambda: x + y, batch)
         timed("F.linear(x, w, b)", lambda: F.linear(x, w, b), batch)
+    m, nk = (64, 64) if is_cpu_adapter(dev) else (64, 768)
+    ga, gb, gc = (pw.tensor(np.ones(s, np.float32), dev) for s in ((m, nk), (nk, nk), (m, nk)))
+    per_call = []
+    for _ in range(20):  # 50 calls into one recorder, submitted after the clock stops
+        dev.synchronize()
+        rec = _core._Recorder(dev._dev)
+        t0 = time.perf_counter()
+        for _ in range(50):
+            _core.gemm(rec, ga._buf, gb._buf, gc._buf, m, nk, nk, False, False, 1.0, 0.0)
+        per_call.append((time.perf_counter() - t0) * 1e6 / 50)
+        rec.submit()
+    report(f"_core.gemm {m}x{nk}x{nk}", "recorded", per_call)
     timed("x + y", lambda: x + y, batch=False, n=500, sync=True)
     timed("F.linear(x, w, b)", lambda: F.linear(x, w, b), batch=False, n=500, sync=True)
     timed("x[:, :128]", lambda: x[:, :128], batch=True)

@@ -41,7 +41,10 @@ Buffer::Buffer(std::shared_ptr<Device> dev, uint64_t bytes, const std::string& l
 Buffer::Block::~Block() {
   if (!bytes) return;
   dev->memory().note_allocated(-int64_t(bytes));
-  if (cached) dev->memory().give(std::move(handle), bytes);
+  if (cached)
+    dev->memory().give(std::move(handle), bytes);
+  else
+    dev->bind_groups().forget(handle.get());  // released with this block
 }
 
 Buffer::Buffer(const Buffer& parent, uint64_t offset, uint64_t bytes)

@@ -149,6 +149,7 @@ uint64_t BufferCache::empty() {
     s_.cached -= bytes;
     note_reserved_locked();
   }
+  for (auto& kv : released) dev_.bind_groups().forget(kv.second.get());
   return bytes;  // `released` frees them here, outside the lock
 }
 

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "env.hpp"
 #include "pipeline_cache.hpp"
 
 namespace pwt {
@@ -268,6 +269,7 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   dev->spin_wait_us_ = spin_budget_us(dev->info_.adapter_type);
   dev->gemm_switches_ = GemmSwitches::from_env();
   const TransferSettings transfer_settings = TransferSettings::from_env();
+  const uint64_t bind_group_entries = env_count("PYWGTRAIN_BIND_GROUP_CACHE", kBindGroupCacheEntries);
 
   WGPULimits alim = WGPU_LIMITS_INIT;
   wgpuAdapterGetLimits(dev->adapter_.get(), &alim);
@@ -329,6 +331,7 @@ std::shared_ptr<Device> Device::open(const std::string& selector_in) {
   std::sort(dev->feature_names_.begin(), dev->feature_names_.end());
   dev->pipelines_ = std::make_unique<PipelineCache>(*dev);
   dev->memory_ = std::make_unique<BufferCache>(*dev);
+  dev->bind_groups_ = std::make_unique<BindGroupCache>(bind_group_entries);
   dev->transfers_ = std::make_unique<Transfers>(*dev, transfer_settings);
   return dev;
 }
@@ -337,6 +340,7 @@ Device::~Device() {
   // Release order: our own objects first (every pooled buffer included), then
   // queue, device, adapter, instance.
   releasing_.store(true);
+  bind_groups_.reset();  // they reference pipelines' layouts and every pool's buffers
   pipelines_.reset();
   memory_.reset();
   uniform_pool_.clear();
@@ -479,6 +483,7 @@ std::vector<std::pair<std::string, uint64_t>> Device::resource_report() const {
 
 void Device::destroy() {
   std::lock_guard<std::recursive_mutex> lk(mu_);
+  bind_groups_->clear();
   wgpuDeviceDestroy(device_.get());
   wgpuInstanceProcessEvents(instance_->get());
   if (!lost_.load()) {
@@ -507,7 +512,10 @@ Device::UniformChunk Device::take_uniform_chunk() {
 void Device::give_uniform_chunk(UniformChunk chunk) {
   // Safe to reuse at once: queue writes and submissions execute in queue order.
   std::lock_guard<std::recursive_mutex> lk(mu_);
-  if (uniform_pool_.size() < 64) uniform_pool_.push_back(std::move(chunk));
+  if (uniform_pool_.size() < 64)
+    uniform_pool_.push_back(std::move(chunk));
+  else
+    bind_groups_->forget(chunk.buffer.get());
 }
 
 Device::StageChunk Device::take_stage_chunk(uint64_t min_bytes) {
@@ -536,7 +544,10 @@ Device::StageChunk Device::take_stage_chunk(uint64_t min_bytes) {
 void Device::give_stage_chunk(StageChunk chunk) {
   // Same queue-order argument as for uniform chunks; the pool keeps a few.
   std::lock_guard<std::recursive_mutex> lk(mu_);
-  if (stage_pool_.size() < 8) stage_pool_.push_back(std::move(chunk));
+  if (stage_pool_.size() < 8)
+    stage_pool_.push_back(std::move(chunk));
+  else
+    bind_groups_->forget(chunk.buffer.get());
 }
 
 WGPUBuffer Device::placeholder(bool writable) {
@@ -564,6 +575,7 @@ WGPUBuffer Device::grow(BufferHandle& buf, uint64_t& have, uint64_t bytes, const
     BufferHandle fresh;
     guarded("allocating " + std::to_string(d.size) + " bytes (" + label + ")",
             [&] { fresh = BufferHandle(wgpuDeviceCreateBuffer(device_.get(), &d)); });
+    if (buf) bind_groups_->forget(buf.get());
     buf = std::move(fresh);
     have = d.size;
   }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bind_group_cache.hpp"
 #include "buffer_cache.hpp"
 #include "errors.hpp"
 #include "gemm_switches.hpp"
@@ -65,6 +66,11 @@ class Device : public std::enable_shared_from_this<Device> {
   std::recursive_mutex& mutex() { return mu_; }
   // Tensor memory: the caching allocator and its statistics (buffer_cache.hpp).
   BufferCache& memory() { return *memory_; }
+  // Bind groups shared by dispatches that bind the same memory
+  // (bind_group_cache.hpp); PYWGTRAIN_BIND_GROUP_CACHE entries, read when the
+  // device opens (0: off).
+  BindGroupCache& bind_groups() { return *bind_groups_; }
+  static constexpr uint64_t kBindGroupCacheEntries = 4096;
 
   bool lost() const { return lost_.load(); }
   std::string lost_message() const;
@@ -154,6 +160,7 @@ class Device : public std::enable_shared_from_this<Device> {
   std::vector<std::string> feature_names_;
   std::unique_ptr<PipelineCache> pipelines_;
   std::unique_ptr<BufferCache> memory_;
+  std::unique_ptr<BindGroupCache> bind_groups_;
   GemmTuning gemm_tuning_;
   GemmSwitches gemm_switches_;
   std::vector<UniformChunk> uniform_pool_;

@@ -106,6 +106,9 @@ const Kernel& PipelineCache::get(const KernelDesc& desc) {
       e.buffer.type = slot.kind == Bind::Uniform    ? WGPUBufferBindingType_Uniform
                       : slot.kind == Bind::ReadOnly ? WGPUBufferBindingType_ReadOnlyStorage
                                                     : WGPUBufferBindingType_Storage;
+      // The uniform block's offset is given per dispatch, so that dispatches
+      // on the same buffers share a bind group (bind_group_cache.hpp).
+      e.buffer.hasDynamicOffset = slot.kind == Bind::Uniform;
       entries.push_back(e);
     }
     WGPUBindGroupLayoutDescriptor bgld = {};

@@ -25,6 +25,19 @@ void Recorder::close_recording() {
 
 StepGraph::~StepGraph() {
   for (auto& b : bound_) dev_->memory().unpin(b.get());
+  for (auto& c : chunks_) dev_->bind_groups().forget(c.get());  // no recording takes these chunks again
+}
+
+BindGroupHandle Recorder::bind_group(const Kernel& k, const WGPUBindGroupEntry* entries, size_t count) {
+  if (dev_->lost()) {
+    dev_->bind_groups().clear();  // nothing can use them any more
+    dev_->ensure_alive("recording " + k.name);
+  }
+  return dev_->bind_groups().get(k.layout.get(), entries, count, [&](const WGPUBindGroupDescriptor& d) {
+    BindGroupHandle group(wgpuDeviceCreateBindGroup(dev_->raw(), &d));
+    dev_->check_unscoped("recording " + k.name);  // a refused group is not kept
+    return group;
+  });
 }
 
 void Recorder::ensure_pass() {
@@ -110,10 +123,13 @@ void Recorder::record_dispatch(const Kernel& k, Operands operands, const void* p
   // sizable part of its cost (PipelineCache refuses kernels with more).
   std::array<WGPUBindGroupEntry, kMaxBindings> entries;
   size_t count = 0;
+  uint32_t uniform_offset = 0;  // the block's dynamic offset: the group binds its chunk from 0
   for (const Slot& slot : k.bindings) {
     Range r;
     if (slot.kind == Bind::Uniform) {
       r = uniform_block(params, params_bytes);
+      uniform_offset = uint32_t(r.offset);
+      r.offset = 0;
     } else {
       const Operand* found = nullptr;
       for (const Operand& op : operands) {
@@ -144,14 +160,9 @@ void Recorder::record_dispatch(const Kernel& k, Operands operands, const void* p
   // raise is attributed to this kernel by the check right after them.
   std::lock_guard<std::recursive_mutex> lk(dev_->mutex());
   try {
-    if (dev_->lost()) dev_->ensure_alive("recording " + k.name);
-    WGPUBindGroupDescriptor d = {};
-    d.layout = k.layout.get();
-    d.entryCount = count;
-    d.entries = entries.data();
-    BindGroupHandle group(wgpuDeviceCreateBindGroup(dev_->raw(), &d));
+    BindGroupHandle group = bind_group(k, entries.data(), count);
     wgpuComputePassEncoderSetPipeline(pass_.get(), k.pipeline.get());
-    wgpuComputePassEncoderSetBindGroup(pass_.get(), 0, group.get(), 0, nullptr);
+    wgpuComputePassEncoderSetBindGroup(pass_.get(), 0, group.get(), k.uniform ? 1 : 0, &uniform_offset);
     wgpuComputePassEncoderDispatchWorkgroups(pass_.get(), gx, gy, gz);
     dev_->check_unscoped("recording " + k.name);
     if (graph_) {
@@ -259,42 +270,45 @@ void Recorder::replay(StepGraph& g, const std::vector<Rebind>& rebinds, PassTime
     if (rb.from.size != rb.to.size)
       throw ArgumentError("replay: a rebind of " + std::to_string(rb.from.size) + " bytes to a range of " +
                           std::to_string(rb.to.size) + " bytes");
+  // The rebound groups first, outside the error scopes recording_step opens
+  // (bind_group() checks each new one at once, so that a refused group is
+  // never cached), and before anything of the replay is recorded.
+  std::vector<BindGroupHandle> rebound(rebinds.empty() ? 0 : g.dispatches_.size());
+  if (!rebinds.empty()) {
+    std::lock_guard<std::recursive_mutex> lk(dev_->mutex());
+    std::vector<WGPUBindGroupEntry> entries;
+    for (size_t i = 0; i < g.dispatches_.size(); ++i) {
+      auto& d = g.dispatches_[i];
+      entries = d.entries;
+      bool changed = false;
+      for (auto& e : entries) {
+        for (auto& rb : rebinds) {
+          if (e.buffer != rb.from.buffer || e.offset + e.size <= rb.from.offset ||
+              e.offset >= rb.from.offset + rb.from.size)
+            continue;
+          if (e.offset < rb.from.offset || e.offset + e.size > rb.from.offset + rb.from.size)
+            throw ArgumentError("replay: " + d.kernel->name + " binds a range that straddles a rebound one");
+          e.buffer = rb.to.buffer;
+          e.offset = rb.to.offset + (e.offset - rb.from.offset);
+          changed = true;
+          break;
+        }
+      }
+      if (changed) rebound[i] = bind_group(*d.kernel, entries.data(), entries.size());
+    }
+  }
   ensure_pass();
   recording_step("replaying a captured step", [&] {
-    std::vector<WGPUBindGroupEntry> entries;
     for (size_t i = 0; i < g.dispatches_.size(); ++i) {
       auto& d = g.dispatches_[i];
       if (timer) {
         timer->time_next_pass(*this, uint32_t(i));
         ensure_pass();
       }
-      BindGroupHandle rebound;
-      if (!rebinds.empty()) {
-        entries = d.entries;
-        bool changed = false;
-        for (auto& e : entries) {
-          for (auto& rb : rebinds) {
-            if (e.buffer != rb.from.buffer || e.offset + e.size <= rb.from.offset ||
-                e.offset >= rb.from.offset + rb.from.size)
-              continue;
-            if (e.offset < rb.from.offset || e.offset + e.size > rb.from.offset + rb.from.size)
-              throw ArgumentError("replay: " + d.kernel->name + " binds a range that straddles a rebound one");
-            e.buffer = rb.to.buffer;
-            e.offset = rb.to.offset + (e.offset - rb.from.offset);
-            changed = true;
-            break;
-          }
-        }
-        if (changed) {
-          WGPUBindGroupDescriptor desc = {};
-          desc.layout = d.kernel->layout.get();
-          desc.entryCount = entries.size();
-          desc.entries = entries.data();
-          rebound = BindGroupHandle(wgpuDeviceCreateBindGroup(dev_->raw(), &desc));
-        }
-      }
+      const WGPUBindGroup group = !rebound.empty() && rebound[i] ? rebound[i].get() : d.group.get();
+      const uint32_t uniform_offset = uint32_t(d.offset);
       wgpuComputePassEncoderSetPipeline(pass_.get(), d.kernel->pipeline.get());
-      wgpuComputePassEncoderSetBindGroup(pass_.get(), 0, rebound ? rebound.get() : d.group.get(), 0, nullptr);
+      wgpuComputePassEncoderSetBindGroup(pass_.get(), 0, group, d.kernel->uniform ? 1 : 0, &uniform_offset);
       wgpuComputePassEncoderDispatchWorkgroups(pass_.get(), d.gx, d.gy, d.gz);
     }
   });

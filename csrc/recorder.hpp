@@ -159,6 +159,9 @@ class Recorder {
  private:
   void record_dispatch(const Kernel& k, Operands operands, const void* params, size_t params_bytes,
                        const char* params_type, uint32_t gx, uint32_t gy, uint32_t gz);
+  // The group of `k` binding `entries`, from the device's cache (created and
+  // checked on a miss). Under the device's lock; a lost device throws.
+  BindGroupHandle bind_group(const Kernel& k, const WGPUBindGroupEntry* entries, size_t count);
   void ensure_encoder();  // opens the recording (the caching allocator's ticket)
   void close_recording();
   // Runs one recording call inside error scopes; on error discards the whole

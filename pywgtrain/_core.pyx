@@ -112,12 +112,14 @@ cdef class _Device:
 
     def memory_stats(self, bint reset_peak=False):
         cdef c.MemoryStats s = self.ptr.get().memory().stats()
+        cdef c.BindGroupStats g = self.ptr.get().bind_groups().stats()
         if reset_peak:
             self.ptr.get().memory().reset_peaks()
         return {"allocated_bytes": s.allocated, "peak_allocated_bytes": s.peak_allocated,
                 "reserved_bytes": s.reserved, "peak_reserved_bytes": s.peak_reserved, "cached_bytes": s.cached,
                 "graph_bytes": s.graph,
-                "driver_allocations": s.driver_allocations, "cache_hits": s.cache_hits}
+                "driver_allocations": s.driver_allocations, "cache_hits": s.cache_hits,
+                "bind_group_hits": g.hits, "bind_group_misses": g.misses, "bind_groups_cached": g.entries}
 
     def empty_cache(self):
         with nogil:  # waits for a download in flight on another thread

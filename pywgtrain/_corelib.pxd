@@ -22,6 +22,15 @@ cdef extern from "buffer_cache.hpp" namespace "pwt" nogil:
         void reset_peaks()
 
 
+cdef extern from "bind_group_cache.hpp" namespace "pwt" nogil:
+    cdef cppclass BindGroupStats:
+        uint64_t hits, misses, entries
+
+    cdef cppclass BindGroupCache:
+        BindGroupStats stats()
+        size_t capacity()
+
+
 cdef extern from "transfer.hpp" namespace "pwt" nogil:
     cdef cppclass TransferSettings:
         uint64_t chunk_bytes, queue_write_max
@@ -106,6 +115,7 @@ cdef extern from "device.hpp" namespace "pwt" nogil:
         uint32_t spin_wait_us()
         void destroy() except +raise_py_error
         BufferCache& memory()
+        BindGroupCache& bind_groups()
         Transfers& transfers()
         vector[pair[string, uint64_t]] resource_report()
 

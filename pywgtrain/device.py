@@ -425,8 +425,12 @@ class Device:
         holds for pywgtrain) and ``peak_reserved_bytes``; ``driver_allocations``
         and ``cache_hits`` count the requests the driver served and the ones
         the cache did. A lower bound of the driver's use (its own overheads and
-        pywgtrain's fixed pools are left out). ``reset_peak``: start new
-        high-water marks at the current values."""
+        pywgtrain's fixed pools are left out). ``bind_group_hits`` and
+        ``bind_group_misses`` count the dispatches that found their bind group
+        in the device's bind-group cache and the ones that created it,
+        ``bind_groups_cached`` the groups it holds (``PYWGTRAIN_BIND_GROUP_CACHE``
+        at most). ``reset_peak``: start new high-water marks at the current
+        values."""
         return self._dev.memory_stats(reset_peak)
 
     def empty_cache(self) -> int:
