@@ -59,7 +59,7 @@ class TorchGPT(tnn.Module):
 
     def forward(self, ids):
         t = ids.shape[1]
-        x = self.transformer.wte(ids) + self.transformer.wpe(torch.arange(t))
+        x = self.transformer.wte(ids) + self.transformer.wpe(torch.arange(t, device=ids.device))
         for blk in self.transformer.h:
             x = blk(x)
         return self.lm_head(self.transformer.ln_f(x))
