@@ -36,7 +36,7 @@ class TorchBlock(tnn.Module):
         q, k, v = self.attn.c_attn(self.ln_1(x)).split(c, dim=2)
         q, k, v = (z.view(b, t, h, c // h).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(c // h)  # attention written out
-        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).reshape(b, t, c)
         x = x + self.attn.c_proj(y)
         return x + self.mlp.c_proj(torch.nn.functional.gelu(self.mlp.c_fc(self.ln_2(x))))
