@@ -18,7 +18,8 @@ def _groups(dev):
     return s["bind_group_hits"], s["bind_group_misses"], s["bind_groups_cached"]
 
 
-def test_same_kernel_on_the_same_memory_hits(dev, rng):
+def test_same_kernel_on_the_same_memory_hits(rng):
+    dev = pw.Device()  # its own: blocks cached by earlier tests would change which block comes back
     a, b = rand(rng, 7, 33), rand(rng, 7, 33)
     x, y = pw.tensor(a, dev), pw.tensor(b, dev)
     # The output block of a result let go comes back: from then on every dispatch hits.
@@ -31,7 +32,8 @@ def test_same_kernel_on_the_same_memory_hits(dev, rng):
     assert (h1 - h0, m1 - m0) == (4, 0)
 
 
-def test_uniform_blocks_change_within_one_group(dev, rng):
+def test_uniform_blocks_change_within_one_group(rng):
+    dev = pw.Device()  # its own: blocks cached by earlier tests would change which block comes back
     """Same buffers, different scalars: one group, each dispatch its own block."""
     a = rand(rng, 129)
     x = pw.tensor(a, dev)
@@ -102,7 +104,8 @@ def test_empty_cache_drops_the_groups_of_released_memory(monkeypatch, rng):
     np.testing.assert_array_equal((x + y).numpy(), b + b)
 
 
-def test_graph_replays_rebind_through_the_cache(dev, rng):
+def test_graph_replays_rebind_through_the_cache(rng):
+    dev = pw.Device()  # its own: blocks cached by earlier tests would change which block comes back
     static_x = pw.tensor(rand(rng, 9, 33), dev)
     w = pw.tensor(rand(rng, 9, 33), dev)
     g = pw.Graph()
