@@ -31,6 +31,7 @@ OPTIONAL = {
     ("_Recorder.replay", "timer"),
     ("gemm_bias_act", "preact"),
     ("adamw", "clip"),
+    ("adamw_device", "clip"),
     ("reduce_axis", "argmax"),
     ("layer_norm_forward", "weight"),
     ("layer_norm_forward", "bias"),
@@ -84,6 +85,8 @@ def parse_wrappers(source):
         owner = cls if indent else None
         if not indent:
             cls = None
+        if name in ("__dealloc__", "__getbuffer__", "__releasebuffer__"):
+            continue  # slots Python never calls with arguments of ours
         # The parameter list: from the opening parenthesis to its match.
         i, depth = m.end(), 1
         while depth:
