@@ -103,6 +103,17 @@ void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& no
   });
 }
 
+namespace {
+// The per-element operands of one piece of an AdamW update.
+std::vector<Operand> adamw_piece(const Buffer& param, const Buffer& grad, const Buffer& exp_avg,
+                                 const Buffer& exp_avg_sq, uint64_t first, uint64_t count) {
+  return {{sh::param, floats(param, first, count)},
+          {sh::grad, floats(grad, first, count)},
+          {sh::exp_avg, floats(exp_avg, first, count)},
+          {sh::exp_avg_sq, floats(exp_avg_sq, first, count)}};
+}
+}  // namespace
+
 void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
            uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip) {
   check_adamw_config(cfg);
@@ -115,10 +126,7 @@ void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& e
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
     p.n = uint32_t(count);
     auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
-    std::vector<Operand> operands{{sh::param, floats(param, first, count)},
-                                  {sh::grad, floats(grad, first, count)},
-                                  {sh::exp_avg, floats(exp_avg, first, count)},
-                                  {sh::exp_avg_sq, floats(exp_avg_sq, first, count)}};
+    std::vector<Operand> operands = adamw_piece(param, grad, exp_avg, exp_avg_sq, first, count);
     if (clip) operands.push_back({sh::clip, whole(*clip)});
     r.dispatch(k, operands, p, gx, gy);
   });
@@ -152,12 +160,9 @@ void adamw_device(Recorder& r, const Buffer& param, const Buffer& grad, const Bu
   for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
     p.n = uint32_t(count);
     auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
-    std::vector<Operand> operands{{sh::param, floats(param, first, count)},
-                                  {sh::grad, floats(grad, first, count)},
-                                  {sh::exp_avg, floats(exp_avg, first, count)},
-                                  {sh::exp_avg_sq, floats(exp_avg_sq, first, count)},
-                                  {sh::adam_state, whole(state)},
-                                  {sh::found_inf, whole(found_inf)}};
+    std::vector<Operand> operands = adamw_piece(param, grad, exp_avg, exp_avg_sq, first, count);
+    operands.push_back({sh::adam_state, whole(state)});
+    operands.push_back({sh::found_inf, whole(found_inf)});
     if (clip) operands.push_back({sh::clip, whole(*clip)});
     r.dispatch(k, operands, p, gx, gy);
   });

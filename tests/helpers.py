@@ -3,6 +3,8 @@
 import signal
 import subprocess
 
+import threading
+
 import numpy as np
 
 import pywgtrain as pw
@@ -75,3 +77,12 @@ def eager_step(dev, model, opt, loss_fn, x, y):
         loss.backward()
         opt.step()
     return loss
+
+
+def run_threads(calls, timeout=None):
+    """Run each callable on a thread of its own, all at once, and join them all."""
+    threads = [threading.Thread(target=call) for call in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)

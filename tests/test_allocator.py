@@ -14,7 +14,7 @@ import pywgtrain as pw
 from pywgtrain import _core
 from pywgtrain.train import Trainer
 
-from helpers import eager_step
+from helpers import eager_step, run_threads
 
 
 def _stats(dev):
@@ -95,11 +95,7 @@ def test_memory_read_by_another_threads_batch_waits(dev, rng):
         out["z_host"] = (z * 1.0).numpy()
         uploaded.set()
 
-    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_threads([thread_a, thread_b], timeout=60)
     np.testing.assert_allclose(out["y_host"], np.exp(a.astype(np.float64)), rtol=1e-6)
     np.testing.assert_array_equal(out["z_host"], other)
 

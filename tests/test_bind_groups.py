@@ -4,13 +4,11 @@ binds anything else gets its own; freed, reused and released memory, graphs,
 threads, the bound. conftest.py poisons reused memory with NaN, so a stale
 group binding the wrong memory shows as wrong values."""
 
-import threading
-
 import numpy as np
 
 import pywgtrain as pw
 
-from helpers import rand, switched_device
+from helpers import rand, switched_device, run_threads
 
 
 def _groups(dev):
@@ -142,11 +140,7 @@ def test_threads_share_the_cache(dev, rng):
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=d) for d in data]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads([lambda d=d: work(*d) for d in data])
     assert not errors, errors
 
 

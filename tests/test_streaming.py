@@ -6,13 +6,13 @@ recording makes the tensors it was to write raise instead of reading stale
 memory."""
 
 import queue
-import threading
 
 import numpy as np
 import pytest
 
 import pywgtrain as pw
 from pywgtrain import _core
+from helpers import run_threads
 
 
 def test_operations_share_submissions(dev, rng):
@@ -67,11 +67,7 @@ def test_a_tensor_handed_to_another_thread_reads_right(dev, rng):
     def consumer():
         out["y"] = handoff.get(timeout=30).numpy()
 
-    threads = [threading.Thread(target=producer), threading.Thread(target=consumer)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_threads([producer, consumer], timeout=60)
     np.testing.assert_allclose(out["y"], np.exp(2.0 * a.astype(np.float64)), rtol=1e-5)
 
 

@@ -1,11 +1,9 @@
 """One device shared by several Python threads (see docs/reliability.md)."""
 
-import threading
-
 import numpy as np
 
 import pywgtrain as pw
-from helpers import assert_close
+from helpers import assert_close, run_threads
 
 
 def test_eight_threads_issue_gemms_concurrently(dev):
@@ -25,11 +23,7 @@ def test_eight_threads_issue_gemms_concurrently(dev):
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads([lambda i=i: worker(i) for i in range(8)])
     assert not errors, errors
     assert len(results) == 40
     for c, c2, a, b in results.values():

@@ -10,7 +10,7 @@ import pytest
 import pywgtrain as pw
 from pywgtrain import _core
 
-from helpers import poisoned
+from helpers import poisoned, run_threads
 
 CHUNK = 4096  # bytes per staging buffer on the small-chunk device: many chunks at test sizes
 SLOTS = 3
@@ -149,7 +149,6 @@ def test_transfers_keep_order_with_recorded_work(small, rng):
 
 def test_transfers_from_several_threads(small, rng):
     """Threads sharing the rings: each transfer has its ring for all its chunks."""
-    import threading
 
     n = (SLOTS + 2) * CHUNK // 4 + 1
     data = [rng.standard_normal(n).astype(np.float32) for _ in range(4)]
@@ -164,11 +163,7 @@ def test_transfers_from_several_threads(small, rng):
         except Exception as e:  # a thread's exception would only be printed
             bad.append(e)
 
-    threads = [threading.Thread(target=worker, args=(x,)) for x in data]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    run_threads([lambda x=x: worker(x) for x in data])
     assert not bad
 
 
@@ -377,7 +372,6 @@ def test_pooled_downloads_from_threads_leak_nothing(dev, rng):
     every block back in the pool (bounded: its size classes) once the arrays
     are gone; the process's resident memory stays bounded too."""
     import gc
-    import threading
 
     def rss():
         with open("/proc/self/statm") as f:
@@ -400,11 +394,7 @@ def test_pooled_downloads_from_threads_leak_nothing(dev, rng):
         except Exception as e:  # a thread's exception would only be printed
             bad.append(e)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(2)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    run_threads([lambda s=s: worker(s) for s in range(2)])
     gc.collect()
     assert not bad
     for _ in range(30):  # one after another: each reuses the block the last one gave back

@@ -1,14 +1,12 @@
 """Views, in-place ops and saved-tensor versions with PyTorch's semantics (issue 34, items 4-6 and 9)."""
 
-import threading
-
 import numpy as np
 import pytest
 import torch
 
 import pywgtrain as pw
 
-from helpers import rand
+from helpers import rand, run_threads
 
 
 def pair(dev, arr, requires_grad=False):
@@ -287,11 +285,7 @@ def test_concurrent_backward_into_one_leaf_loses_nothing(dev):
             for _ in range(20):
                 (w * 2).sum().backward()
 
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_threads([work] * 4)
         np.testing.assert_array_equal(w.grad.numpy(), np.full(8, 160.0))
 
 
