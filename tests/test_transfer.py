@@ -423,7 +423,10 @@ def test_host_cache_limit(tmp_path):
         "print('ok')\n"
     )
     env = dict(os.environ, PYWGTRAIN_HOST_CACHE_MIB="8")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    # From tmp_path: run from the checkout, -c would import the sources, which have no extension.
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
