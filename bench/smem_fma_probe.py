@@ -42,34 +42,51 @@ def shader(
     loads="",
     frag="shared",
     iters=None,
+    half=False,
+    flush=False,
 ):
     """WGSL for one variant and its multiply-adds per thread x 2: a wg_x x
     (threads / wg_x) grid of threads, laid out as the GEMM lays out its tile
     (thread_xy, 4x4 blocks strided by the grid). `iters` blocks of BK k steps
-    (two with dbuf); by default about 2^17 multiply-adds per thread."""
+    (two with dbuf); by default about 2^17 multiply-adds per thread.
+    `half`: f16 tiles, fragments and FMAs (packed HFMA2 where the driver
+    makes them); with `flush` each BK block's f16 sums are then added to f32
+    accumulators (the GEMM's HALF_FMA), else they run in f16 throughout."""
+    t = "f16" if half else "f32"
     k_per_iter = bk * (2 if dbuf else 1)
     iters = iters or max(1, 2**17 // (tm * tn * k_per_iter))
     vm, vn = tm // 4, tn // 4
     wg_y = threads // wg_x
     bm, bn = wg_y * tm, wg_x * tn
-    a_stride, b_stride = bm // 4 + 1, bn // 4 + 1
-    head = f"""
+    wide = frag == "wide"  # f16 tiles as pairs of vec4<f16> (16 bytes): one shared load per 8 values
+    per = 8 if wide else 4
+    a_stride, b_stride = bm // per + 1, bn // per + 1
+    tile_t = "array<vec4<f16>, 2>" if wide else f"vec4<{t}>"
+
+    def tile_value(x):
+        v = f"vec4<{t}>({t}({x}))"
+        return f"array<vec4<f16>, 2>({v}, {v})" if wide else v
+
+    head = (
+        ("enable f16;\n" if half else "")
+        + f"""
 const VM: u32 = {vm}u; const VN: u32 = {vn}u; const TM: u32 = {tm}u;
 const WG_X: u32 = {wg_x}u; const WG_Y: u32 = {wg_y}u; const WARP_W: u32 = {warp_w}u;
 const A_STRIDE: u32 = {a_stride}u; const B_STRIDE: u32 = {b_stride}u; const BK: u32 = {bk}u;
 @group(0) @binding(0) var<storage, read_write> out: array<f32>;
 @group(0) @binding(1) var<storage, read> src: array<vec4<f32>>;
-var<workgroup> tile_a: array<vec4<f32>, {(2 if dbuf else 1) * bk * a_stride}>;
-var<workgroup> tile_b: array<vec4<f32>, {(2 if dbuf else 1) * bk * b_stride}>;
+var<workgroup> tile_a: array<{tile_t}, {(2 if dbuf else 1) * bk * a_stride}>;
+var<workgroup> tile_b: array<{tile_t}, {(2 if dbuf else 1) * bk * b_stride}>;
 fn thread_xy(li: u32) -> vec2<u32> {{
   if (WARP_W == WG_X) {{ return vec2<u32>(li % WG_X, li / WG_X); }}
   let lane = li % 32u; let warp = li / 32u; let warps_x = WG_X / WARP_W;
   return vec2<u32>((warp % warps_x) * WARP_W + lane % WARP_W, (warp / warps_x) * (32u / WARP_W) + lane / WARP_W);
 }}
 """
+    )
     fill = f"""
-  for (var i = li; i < {bk * a_stride}u; i += {threads}u) {{ tile_a[i] = vec4<f32>(f32(i) * 1e-6); }}
-  for (var i = li; i < {bk * b_stride}u; i += {threads}u) {{ tile_b[i] = vec4<f32>(f32(i) * 1e-6 + 1.0); }}
+  for (var i = li; i < {bk * a_stride}u; i += {threads}u) {{ tile_a[i] = {tile_value("f32(i % 64u) * 1e-3")}; }}
+  for (var i = li; i < {bk * b_stride}u; i += {threads}u) {{ tile_b[i] = {tile_value("f32(i % 64u) * 1e-3 + 1.0")}; }}
   workgroupBarrier();
   let xy = thread_xy(li);
 """
@@ -97,8 +114,8 @@ fn thread_xy(li: u32) -> vec2<u32> {{
         bar = ""
         top = f"""
     workgroupBarrier();
-    for (var i = li; i < {bk * a_stride}u; i += {threads}u) {{ tile_a[i] = vec4<f32>(f32(i + it) * 1e-6); }}
-    for (var i = li; i < {bk * b_stride}u; i += {threads}u) {{ tile_b[i] = vec4<f32>(f32(i + it) * 1e-6 + 1.0); }}
+    for (var i = li; i < {bk * a_stride}u; i += {threads}u) {{ tile_a[i] = {tile_value("f32((i + it) % 64u) * 1e-3")}; }}
+    for (var i = li; i < {bk * b_stride}u; i += {threads}u) {{ tile_b[i] = {tile_value("f32((i + it) % 64u) * 1e-3 + 1.0")}; }}
     workgroupBarrier();
 """
     else:
@@ -126,13 +143,24 @@ fn thread_xy(li: u32) -> vec2<u32> {{
   for (var i = 0u; i < TM * VN; i++) {{ s += acc[i]; }}
 """
     else:
-        decl = "".join(f"  var c{i}_{j} = vec4<f32>(0.0);\n" for i in range(tm) for j in range(vn))
+        decl = "".join(f"  var c{i}_{j} = vec4<{t}>(0.0);\n" for i in range(tm) for j in range(vn))
+        if flush:
+            decl += "".join(f"  var w{i}_{j} = vec4<f32>(0.0);\n" for i in range(tm) for j in range(vn))
+            bar += "".join(
+                f"w{i}_{j} += vec4<f32>(c{i}_{j}); c{i}_{j} = vec4<{t}>(0.0); " for i in range(tm) for j in range(vn)
+            )
         step = []
         if frag == "global":  # fragments straight from global memory (L1/L2), no workgroup tiles
             for i in range(vm):
                 step.append(f"      let a{i} = src[arow + kk * {PITCH4}u + {i}u * WG_Y + xy.y];")
             for j in range(vn):
                 step.append(f"      let b{j} = src[brow + kk * {PITCH4}u + {j}u * WG_X + xy.x];")
+        elif wide:  # eight halves per load, split into the two vec4<f16> blocks a{2i}, a{2i+1}
+            for x, n, grid, stride in (("a", vm, "WG_Y + xy.y", "A_STRIDE"), ("b", vn, "WG_X + xy.x", "B_STRIDE")):
+                for i in range(n // 2):
+                    step.append(f"      let {x}w{i} = tile_{x}[kk * {stride} + {i}u * {grid}];")
+                    step.append(f"      let {x}{2 * i} = {x}w{i}[0];")
+                    step.append(f"      let {x}{2 * i + 1} = {x}w{i}[1];")
         else:
             for i in range(vm):
                 step.append(f"      let a{i} = tile_a[kk * A_STRIDE + {i}u * WG_Y + xy.y];")
@@ -143,7 +171,7 @@ fn thread_xy(li: u32) -> vec2<u32> {{
             for r in range(4):
                 for j in range(vn):
                     c = f"c{i * 4 + r}_{j}"
-                    step.append(f"      {c} = fma(vec4<f32>(a{i}.{comp[r]}), b{j}, {c});")
+                    step.append(f"      {c} = fma(vec4<{t}>(a{i}.{comp[r]}), b{j}, {c});")
         steps = "\n".join(step)
         if shape == "flat":
             ksteps = f"""    for (var kk = 0u; kk < BK; kk++) {{
@@ -171,7 +199,7 @@ fn thread_xy(li: u32) -> vec2<u32> {{
 {ksteps}
     {bar}
   }}
-  let s = {" + ".join(f"c{i}_{j}" for i in range(tm) for j in range(vn))};
+  let s = {" + ".join(f"{'w' if flush else 'c'}{i}_{j}" if flush else f"vec4<f32>(c{i}_{j})" for i in range(tm) for j in range(vn))};
 """
     return (
         head
@@ -300,6 +328,29 @@ VARIANTS = {
     # isolating the K step's costs: a second barrier; stores without a loop
     "8x8-256-unr-bar2": variant(8, 8, 256, 16, "unrolled", barriers=2),
     "8x8-256-unr-pf-bk32": variant(8, 8, 256, 16, "unrolled", loads="prefetch", bk=32),
+    # float16: f16 tiles and FMAs ("-h"), their sums flushed into f32 accumulators per BK block ("-hf")
+    "8x8-256-bar0-h": variant(8, 8, 256, 16, barriers=0, half=True),
+    "8x8-256-unr-h": variant(8, 8, 256, 16, "unrolled", half=True),
+    "8x8-256-unr-hf": variant(8, 8, 256, 16, "unrolled", half=True, flush=True),
+    "8x8-256-unr-st-h": variant(8, 8, 256, 16, "unrolled", stores=True, half=True),
+    "8x8-256-unr-st-hf": variant(8, 8, 256, 16, "unrolled", stores=True, half=True, flush=True),
+    "8x8-256-unr-st-hf-bk32": variant(8, 8, 256, 16, "unrolled", stores=True, half=True, flush=True, bk=32),
+    "8x16-128-unr-h": variant(8, 16, 128, 8, "unrolled", half=True),
+    "8x16-128-unr-st-hf": variant(8, 16, 128, 8, "unrolled", stores=True, half=True, flush=True),
+    "16x8-128-unr-st-hf": variant(16, 8, 128, 16, "unrolled", stores=True, half=True, flush=True),
+    "16x16-64-unr-h": variant(16, 16, 64, 8, "unrolled", half=True),
+    "8x8-128-unr-st-hf": variant(8, 8, 128, 16, "unrolled", stores=True, half=True, flush=True),
+    # f16 tiles read as 128-bit words of eight halves ("-w"): half the shared loads per multiply-add
+    "8x8-256-bar0-hw": variant(8, 8, 256, 16, barriers=0, half=True, frag="wide"),
+    "8x8-256-unr-hw": variant(8, 8, 256, 16, "unrolled", half=True, frag="wide"),
+    "8x8-256-unr-st-hfw": variant(8, 8, 256, 16, "unrolled", stores=True, half=True, flush=True, frag="wide"),
+    "8x8-256-unr-st-hfw-bk32": variant(
+        8, 8, 256, 16, "unrolled", stores=True, half=True, flush=True, frag="wide", bk=32
+    ),
+    "8x16-128-unr-hw": variant(8, 16, 128, 8, "unrolled", half=True, frag="wide"),
+    "16x8-128-unr-st-hfw": variant(16, 8, 128, 16, "unrolled", stores=True, half=True, flush=True, frag="wide"),
+    "16x16-64-unr-hw": variant(16, 16, 64, 8, "unrolled", half=True, frag="wide"),
+    "8x16-128-unr-st-hfw": variant(8, 16, 128, 8, "unrolled", stores=True, half=True, flush=True, frag="wide"),
 }
 
 
@@ -307,7 +358,8 @@ def main():
     names = sys.argv[1:] or list(VARIANTS)
     adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     limits = {"max-compute-workgroup-storage-size": adapter.limits["max-compute-workgroup-storage-size"]}
-    dev = adapter.request_device_sync(required_limits=limits)
+    half = any(VARIANTS[n].get("half") for n in names)
+    dev = adapter.request_device_sync(required_limits=limits, required_features=["shader-f16"] if half else [])
     print(adapter.info["device"], adapter.info.get("driver_description", ""))
     for name in names:
         v = VARIANTS[name]
