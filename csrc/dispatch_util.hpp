@@ -65,9 +65,12 @@ inline uint64_t max_piece_floats(const Device& dev) {
   return std::min(by_binding, by_grid) / align * align;
 }
 
-// Calls fn(first, count) over consecutive pieces of [0, n).
-inline void for_each_piece(const Device& dev, uint64_t n, const std::function<void(uint64_t, uint64_t)>& fn) {
-  const uint64_t piece = max_piece_floats(dev);
+// Calls fn(first, count) over consecutive pieces of [0, n), elements of
+// `elem` bytes (4 or 2: every piece still starts at an aligned byte offset).
+inline void for_each_piece(const Device& dev, uint64_t n, const std::function<void(uint64_t, uint64_t)>& fn,
+                           uint64_t elem = 4) {
+  const uint64_t step = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / elem;
+  const uint64_t piece = max_piece_floats(dev) / step * step;
   for (uint64_t first = 0; first < n; first += piece) fn(first, std::min(piece, n - first));
 }
 

@@ -22,16 +22,27 @@ void check_halves(const Buffer& b, uint64_t count, const char* what) {
                         std::to_string(count));
 }
 
+void check_elements(const Buffer& b, uint64_t count, const char* what, bool half) {
+  (half ? check_halves : check_floats)(b, count, what);
+}
+
 // half: float16 operands and output (else float32).
 void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
                 bool half = false) {
   if (m == 0 || n == 0 || k == 0)
     throw ArgumentError("gemm: M, N and K must be >= 1 (got " + std::to_string(m) + ", " + std::to_string(n) + ", " +
                         std::to_string(k) + ")");
-  const auto check = half ? check_halves : check_floats;
-  check(a, uint64_t(m) * k, "gemm operand A");
-  check(b, uint64_t(k) * n, "gemm operand B");
-  check(c, uint64_t(m) * n, "gemm output C");
+  check_elements(a, uint64_t(m) * k, "gemm operand A", half);
+  check_elements(b, uint64_t(k) * n, "gemm operand B", half);
+  check_elements(c, uint64_t(m) * n, "gemm output C", half);
+}
+
+// The problem of a float16 (half) or float32 product with packed operands.
+GemmProblem typed_problem(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
+                          bool ta, bool tb, float alpha, float beta, bool half) {
+  GemmProblem g = packed_problem(a, b, c, m, n, k, ta, tb, alpha, beta);
+  if (half) g.elem = g.c_elem = 2;
+  return g;
 }
 
 }  // namespace
@@ -68,35 +79,42 @@ void gemm(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32
 void gemm_half(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,
                bool ta, bool tb, float alpha, float beta) {
   check_gemm(a, b, c, m, n, k, true);
-  GemmProblem g = packed_problem(a, b, c, m, n, k, ta, tb, alpha, beta);
-  g.elem = g.c_elem = 2;
-  record_gemm(r, g, EpilogueArgs{});
+  record_gemm(r, typed_problem(a, b, c, m, n, k, ta, tb, alpha, beta, true), EpilogueArgs{});
 }
 
 void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& y,
-                   const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb, Activation act) {
-  check_gemm(a, b, y, m, n, k);
-  check_floats(bias, n, "bias");
-  if (preact) check_floats(*preact, uint64_t(m) * n, "pre-activation output");
+                   const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb, Activation act,
+                   bool half) {
+  check_gemm(a, b, y, m, n, k, half);
+  check_elements(bias, n, "bias", half);
+  if (preact) check_elements(*preact, uint64_t(m) * n, "pre-activation output", half);
   EpilogueArgs e;
   e.ep = preact ? Epilogue::BiasActTrain : Epilogue::BiasAct;
   e.act = act;
   e.bias = &bias;
   e.preact = preact;
-  record_gemm(r, packed_problem(a, b, y, m, n, k, ta, tb, 1.0f, 0.0f), e);
+  e.half_bias = half;
+  record_gemm(r, typed_problem(a, b, y, m, n, k, ta, tb, 1.0f, 0.0f, half), e);
 }
 
 void gemm_bias_residual(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& residual,
-                        const Buffer& y, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb) {
-  check_gemm(a, b, y, m, n, k);
-  check_floats(bias, n, "bias");
-  check_floats(residual, uint64_t(m) * n, "residual");
+                        const Buffer& y, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb, bool half,
+                        bool half_out) {
+  if (half_out && !half) throw ArgumentError("gemm_bias_residual: a float16 output needs float16 operands");
+  check_gemm(a, b, y, m, n, k, half);
+  check_elements(y, uint64_t(m) * n, "output y", half_out);
+  check_elements(bias, n, "bias", half);
+  check_elements(residual, uint64_t(m) * n, "residual", half_out);
   check_no_alias("gemm_bias_residual", y, "the output y", {{&residual, "residual"}});
   EpilogueArgs e;
   e.ep = Epilogue::BiasResidual;
   e.bias = &bias;
   e.residual = &residual;
-  record_gemm(r, packed_problem(a, b, y, m, n, k, ta, tb, 1.0f, 0.0f), e);
+  e.half_bias = half;
+  e.half_residual = half_out;
+  GemmProblem g = typed_problem(a, b, y, m, n, k, ta, tb, 1.0f, 0.0f, half);
+  g.c_elem = half_out ? 2 : 4;  // float16 layers add a float32 residual into a float32 sum (torch's promotion)
+  record_gemm(r, g, e);
 }
 
 void linear_weight_grads(Recorder& r, const Buffer& dz, const Buffer& x, const Buffer& dw, const Buffer& db,
@@ -110,14 +128,14 @@ void linear_weight_grads(Recorder& r, const Buffer& dz, const Buffer& x, const B
 }
 
 void gemm_act_grad(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& preact, const Buffer& c, uint32_t m,
-                   uint32_t n, uint32_t k, bool ta, bool tb, Activation act) {
-  check_gemm(a, b, c, m, n, k);
-  check_floats(preact, uint64_t(m) * n, "pre-activation");
+                   uint32_t n, uint32_t k, bool ta, bool tb, Activation act, bool half) {
+  check_gemm(a, b, c, m, n, k, half);
+  check_elements(preact, uint64_t(m) * n, "pre-activation", half);
   EpilogueArgs e;
   e.ep = Epilogue::ActGrad;
   e.act = act;
   e.preact = &preact;
-  record_gemm(r, packed_problem(a, b, c, m, n, k, ta, tb, 1.0f, 0.0f), e);
+  record_gemm(r, typed_problem(a, b, c, m, n, k, ta, tb, 1.0f, 0.0f, half), e);
 }
 
 }  // namespace pwt

@@ -59,6 +59,7 @@ struct GemmSpec {
   VecLoads v;
   bool aligned = false, edge_shift = false;
   bool half_ab = false, half_c = false;  // float16 A and B; float16 C
+  bool half_bias = false, half_residual = false;
 };
 
 // Entry `entry` of gemm.wgsl specialized by `s`, binding `slots`. Found by an
@@ -78,14 +79,19 @@ const Kernel& gemm_pipeline(Device& dev, const char* entry, const GemmSpec& s, s
   int bit = 0;
   const bool half_fma = s.half_ab && sw.f16_fma;
   for (bool f : {s.ta, s.tb, s.tc, s.lean, s.v.a, s.v.b, s.v.b_pair, s.v.c, s.aligned, s.edge_shift, s.half_ab,
-                 s.half_c, half_fma})
+                 s.half_c, half_fma, s.half_bias, s.half_residual})
     rest |= uint64_t(f) << bit++;
   return dev.pipelines().get(KernelKey(entry, slots, tiles, rest), [&] {
     KernelDesc d;
     d.shader = "gemm";
     d.entry = entry;
     d.bindings = slots;
-    d.aliases = {{"AB", s.half_ab ? "f16" : "f32"}, {"CT", s.half_c ? "f16" : "f32"}, {"TT", half_fma ? "f16" : "f32"}};
+    auto type = [](bool half) { return half ? "f16" : "f32"; };
+    d.aliases = {{"AB", type(s.half_ab)},
+                 {"CT", type(s.half_c)},
+                 {"TT", type(half_fma)},
+                 {"BT", type(s.half_bias)},
+                 {"RT", type(s.half_residual)}};
     // clang-format off
     d.constants = {{"BM", u32_literal(t.bm)},
                    {"BN", u32_literal(t.bn)},
@@ -158,6 +164,8 @@ const Kernel& gemm_kernel(Device& dev, const GemmVariant& g, const VecLoads& v, 
   s.edge_shift = c.edge_shift;
   s.half_ab = g.half_ab;
   s.half_c = g.half_c;
+  s.half_bias = g.half_bias;
+  s.half_residual = g.half_residual;
   return gemm_pipeline(dev, g.stream_k ? "gemm_stream_k" : "gemm", s,
                        {sh::a, sh::b, sh::c, sh::p, sh::bias, sh::preact, sh::row_sums, sh::a4, sh::b4, sh::c4,
                         sh::preact4, sh::residual, sh::b2});
@@ -233,13 +241,16 @@ constexpr TileConfig kElementwiseTiles{64, 64, 16, 4, 4, 16};
 // tc: the entry writes C transposed (the stream-K fixup of a product with tc).
 const Kernel& elementwise_pipeline(Device& dev, const char* entry, Epilogue ep, Activation act,
                                    std::initializer_list<Slot> slots, const TileConfig& t = kElementwiseTiles,
-                                   bool tc = false, bool half_c = false) {
+                                   bool tc = false, bool half_c = false, bool half_bias = false,
+                                   bool half_residual = false) {
   GemmSpec s;
   s.t = t;
   s.tc = tc;
   s.ep = ep;
   s.act = act;
   s.half_c = half_c;
+  s.half_bias = half_bias;
+  s.half_residual = half_residual;
   return gemm_pipeline(dev, entry, s, slots);
 }
 
@@ -255,9 +266,9 @@ void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ra
   const auto preact_slot = quads ? sh::preact4 : sh::preact;
   const auto partials_slot = quads ? sh::partials4 : sh::partials;
   const char* entry = stream_k_tiles ? "stream_k_fixup" : quads ? "splitk_reduce4" : "splitk_reduce";
-  const Kernel& k =
-      elementwise_pipeline(dev, entry, e.ep, e.act, {c_slot, sh::p, partials_slot, sh::bias, preact_slot, sh::residual},
-                           stream_k_tiles ? *stream_k_tiles : kElementwiseTiles, stream_k_tiles && tc, half_c);
+  const Kernel& k = elementwise_pipeline(
+      dev, entry, e.ep, e.act, {c_slot, sh::p, partials_slot, sh::bias, preact_slot, sh::residual},
+      stream_k_tiles ? *stream_k_tiles : kElementwiseTiles, stream_k_tiles && tc, half_c, e.half_bias, e.half_residual);
   auto [gx, gy] = grid_1d(dev, ceil_div(uint64_t(q.m) * q.n, quads ? 4 * sh::EW_WG : sh::EW_WG));
   r.dispatch(k,
              {{c_slot, ranges.c},

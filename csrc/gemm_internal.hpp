@@ -111,6 +111,8 @@ struct EpilogueArgs {
   const Buffer* preact = nullptr;
   const Buffer* row_sums = nullptr;  // RowSum
   const Buffer* residual = nullptr;  // BiasResidual: at C's indices, windowed like C
+  // float16 bias and residual (gemm.wgsl BT, RT); the pre-activation has C's type.
+  bool half_bias = false, half_residual = false;
 };
 
 // ---- gemm.wgsl's pipelines and single dispatches (gemm_dispatch.cpp)
@@ -124,6 +126,7 @@ struct GemmVariant {
   bool stream_k = false;
   // float16 A and B (AB), C (CT); split-K and stream-K partials stay float32.
   bool half_ab = false, half_c = false;
+  bool half_bias = false, half_residual = false;  // the epilogue's operands (EpilogueArgs)
 };
 
 // What one tiled dispatch binds: windows of A, B and C, and the epilogue's

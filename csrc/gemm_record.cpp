@@ -43,6 +43,11 @@ RowWindow c_window(const Device& dev, const GemmProblem& g, const Region& reg) {
   return w;
 }
 
+// The residual's window for region reg: C's rows, at the residual's element size.
+Range residual_window(const Device& dev, const GemmProblem& g, const EpilogueArgs& e, const Region& reg) {
+  return row_window(dev, *e.residual, 0, reg.m0, reg.mc, g.ldc, e.half_residual ? 2 : 4).range;
+}
+
 // The ranges a reduce into region reg of g's C binds: `partials`, C's
 // window (its offset inside the window into c_inner) and the epilogue's
 // pre-activation and residual windows at C's indices.
@@ -53,8 +58,8 @@ SplitRanges split_ranges(const Device& dev, const GemmProblem& g, const Epilogue
   SplitRanges sr;
   sr.partials = partials;
   sr.c = cw.range;
-  if (has_preact(e.ep)) sr.preact = row_window(dev, *e.preact, 0, reg.m0, reg.mc, g.ldc).range;
-  if (has_residual(e.ep)) sr.residual = row_window(dev, *e.residual, 0, reg.m0, reg.mc, g.ldc).range;
+  if (has_preact(e.ep)) sr.preact = row_window(dev, *e.preact, 0, reg.m0, reg.mc, g.ldc, g.c_elem).range;
+  if (has_residual(e.ep)) sr.residual = residual_window(dev, g, e, reg);
   return sr;
 }
 
@@ -192,12 +197,14 @@ void record_region(Recorder& r, const GemmProblem& g, const Region& reg, const T
   p.bias_off = reg.n0;
   GemmRanges ranges = abc_ranges(rb, cw.range);
   if (has_bias(e.ep)) ranges.bias = whole(*e.bias);
-  if (has_preact(e.ep)) ranges.preact = row_window(dev, *e.preact, 0, reg.m0, reg.mc, g.ldc).range;
+  if (has_preact(e.ep)) ranges.preact = row_window(dev, *e.preact, 0, reg.m0, reg.mc, g.ldc, g.c_elem).range;
   if (e.ep == Epilogue::RowSum) ranges.row_sums = whole(*e.row_sums);
-  if (has_residual(e.ep)) ranges.residual = row_window(dev, *e.residual, 0, reg.m0, reg.mc, g.ldc).range;
+  if (has_residual(e.ep)) ranges.residual = residual_window(dev, g, e, reg);
   GemmVariant v = plain_variant(t, g);
   v.ep = e.ep;
   v.act = e.act;
+  v.half_bias = e.half_bias;
+  v.half_residual = e.half_residual;
   dispatch_gemm(r, v, p, ranges, uint32_t(ceil_div(reg.nc, t.bn)), uint32_t(ceil_div(reg.mc, t.bm)));
 }
 
@@ -496,6 +503,10 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
     // The K blocks add into C: float16 would round once per block. They add
     // into a float32 copy instead, narrowed into C once (C is packed here).
     if (g.tc || ldc != n) throw std::logic_error("gemm: a float16 C in K blocks must be packed");
+    if (e.ep != Epilogue::Plain)
+      throw ArgumentError("a float16 GEMM with a fused epilogue (bias, activation or its gradient) needs its K (" +
+                          std::to_string(k) + ") within one storage binding of A and B; this product splits K into " +
+                          std::to_string(ceil_div(k, kb)) + " blocks");
     Buffer wide(r.device_ptr(), uint64_t(m) * n * 4, "pywgtrain.half_product");
     if (g.beta != 0.0f) cast(r, c, wide, uint64_t(m) * n, false);
     GemmProblem w = g;
@@ -555,6 +566,7 @@ void record_planned(Recorder& r, const GemmProblem& g, EpilogueArgs e, const Gem
   d.entry = "bias_act";
   d.bindings = {ln::result, ln::ep, ln::bias, ln::zio};
   d.constants = {{"ACT", u32_literal(uint32_t(e.act))}};
+  d.aliases = {{"UT", "f32"}, {"PT", "f32"}, {"RT", "f32"}};  // float32 only: float16 epilogues never split K
   const Kernel& bk = dev.pipelines().get(d);
   const uint64_t rows_per = rows_per_piece(dev, n);
   for (uint64_t m0 = 0; m0 < m; m0 += rows_per) {

@@ -1,5 +1,6 @@
 // Backward pieces of a linear layer that are not GEMMs.
 #include <algorithm>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,45 +10,76 @@
 
 namespace pwt {
 
-void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n, Activation act) {
-  for (auto* b : {&dy, &z, &dz}) check_floats(*b, n, "activation_backward operand");
-  Device& dev = r.device();
+namespace {
+
+const char* elem_type(bool half) { return half ? "f16" : "f32"; }
+
+// A linear.wgsl pipeline with its operand types: upstream (UT), pre-activation (PT), result (RT).
+const Kernel& linear_kernel(Device& dev, const char* entry, std::vector<Slot> bindings, Activation act, bool half_up,
+                            bool half_result) {
   KernelDesc d;
   d.shader = "linear";
-  d.entry = "act_backward";
-  namespace sh = wgsl::linear;
-  d.bindings = {sh::upstream, sh::preact, sh::result, sh::ep};
+  d.entry = entry;
+  d.bindings = std::move(bindings);
   d.constants = {{"ACT", std::to_string(uint32_t(act)) + "u"}};
-  const Kernel& k = dev.pipelines().get(d);
-  for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
-    EwParams p;
-    p.n = uint32_t(count);
-    p.cols = 1;
-    auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
-    r.dispatch(k,
-               {{sh::upstream, floats(dy, first, count)},
-                {sh::preact, floats(z, first, count)},
-                {sh::result, floats(dz, first, count)}},
-               p, gx, gy);
-  });
+  d.aliases = {{"UT", elem_type(half_up)}, {"PT", elem_type(half_up)}, {"RT", elem_type(half_result)}};
+  return dev.pipelines().get(d);
 }
 
-void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols, float beta) {
-  check_floats(dz, uint64_t(rows) * cols, "bias_grad input");
-  check_floats(db, cols, "bias gradient");
+void check_elements(const Buffer& b, uint64_t count, const char* what, bool half) {
+  if (!half) return check_floats(b, count, what);
+  if (b.bytes() < count * 2)
+    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 2) + " float16 values, needs " +
+                        std::to_string(count));
+}
+
+}  // namespace
+
+void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n, Activation act,
+                         bool half) {
+  for (auto* b : {&dy, &z, &dz}) check_elements(*b, n, "activation_backward operand", half);
   Device& dev = r.device();
   namespace sh = wgsl::linear;
-  // Both passes read `upstream` and write `result`; ACT is unused (activations.wgsl needs it set).
-  static const PipelineCache::EntryBindings table = {{"bias_grad", {sh::upstream, sh::result, sh::cp}},
-                                                     {"colsum_partial", {sh::upstream, sh::result, sh::cp}}};
-  auto kernel = [&](const char* entry) -> const Kernel& {
-    return dev.pipelines().get("linear", entry, table, {{"ACT", "0u"}});
+  const Kernel& k = linear_kernel(dev, "act_backward", {sh::upstream, sh::preact, sh::result, sh::ep}, act, half, half);
+  const uint64_t el = half ? 2 : 4;
+  for_each_piece(
+      dev, n,
+      [&](uint64_t first, uint64_t count) {
+        EwParams p;
+        p.n = uint32_t(count);
+        p.cols = 1;
+        auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
+        r.dispatch(k,
+                   {{sh::upstream, elements(dy, first, count, el)},
+                    {sh::preact, elements(z, first, count, el)},
+                    {sh::result, elements(dz, first, count, el)}},
+                   p, gx, gy);
+      },
+      el);
+}
+
+void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols, float beta, bool half) {
+  check_elements(dz, uint64_t(rows) * cols, "bias_grad input", half);
+  check_elements(db, cols, "bias gradient", half);
+  Device& dev = r.device();
+  namespace sh = wgsl::linear;
+  const uint64_t el = half ? 2 : 4;
+  // Both passes read `upstream` and write `result` (ACT is unused; activations.wgsl needs it set).
+  // The partial sums between them are float32.
+  auto kernel = [&](const char* entry, bool half_up, bool half_result) -> const Kernel& {
+    return linear_kernel(dev, entry, {sh::upstream, sh::result, sh::cp}, Activation::None, half_up, half_result);
   };
   const uint32_t col_groups = uint32_t(ceil_div(cols, sh::COLS));
   const uint32_t part_col_groups = uint32_t(ceil_div(cols, sh::PART_COLS));
   // Row blocks that fit one binding and keep each lane's loop bounded
   // (kMaxColumnSumRows, dispatch_util.hpp); later blocks accumulate.
-  const uint64_t rows_per = std::min(rows_per_piece(dev, cols), kMaxColumnSumRows);
+  uint64_t rows_per = std::min(rows_per_piece(dev, cols), kMaxColumnSumRows);
+  if (half) {  // float16 blocks start at aligned bytes too: twice the float32 row step
+    const uint64_t step = 2 * align_floats(dev) / std::gcd<uint64_t>(cols, align_floats(dev));
+    rows_per = rows_per / step * step;
+    if (rows_per == 0)
+      throw ArgumentError("bias_grad: a row of " + std::to_string(cols) + " values exceeds one binding");
+  }
   for (uint64_t r0 = 0; r0 < rows; r0 += rows_per) {
     const uint64_t rc = std::min<uint64_t>(rows_per, rows - r0);
     const float b = r0 == 0 ? beta : 1.0f;
@@ -61,21 +93,22 @@ void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, u
       p.rows = uint32_t(rc);
       p.cols = cols;
       p.block_rows = uint32_t(block_rows);
-      r.dispatch(kernel("colsum_partial"), {{sh::upstream, floats(dz, r0 * cols, rc * cols)}, {sh::result, parts}}, p,
-                 part_col_groups, uint32_t(used));
+      r.dispatch(kernel("colsum_partial", half, false),
+                 {{sh::upstream, elements(dz, r0 * cols, rc * cols, el)}, {sh::result, parts}}, p, part_col_groups,
+                 uint32_t(used));
       ColParams q;
       q.rows = uint32_t(used);
       q.cols = cols;
       q.beta = b;
-      r.dispatch(kernel("bias_grad"), {{sh::upstream, parts}, {sh::result, whole(db)}}, q, col_groups);
+      r.dispatch(kernel("bias_grad", false, half), {{sh::upstream, parts}, {sh::result, whole(db)}}, q, col_groups);
       continue;
     }
     ColParams p;
     p.rows = uint32_t(rc);
     p.cols = cols;
     p.beta = b;
-    r.dispatch(kernel("bias_grad"), {{sh::upstream, floats(dz, r0 * cols, rc * cols)}, {sh::result, whole(db)}}, p,
-               col_groups);
+    r.dispatch(kernel("bias_grad", half, half),
+               {{sh::upstream, elements(dz, r0 * cols, rc * cols, el)}, {sh::result, whole(db)}}, p, col_groups);
   }
 }
 

@@ -37,15 +37,22 @@ std::vector<GemmPlan> gemm_tune_candidates(const Device& dev, uint32_t m, uint32
 void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t batch, uint32_t m,
                   uint32_t n, uint32_t k, bool trans_a, bool trans_b, float alpha, float beta);
 
+// The fused linear-layer products below take `half`: float16 A, B, bias,
+// outputs and pre-activations (accumulation and epilogue arithmetic in f32,
+// each stored value rounded once; the activation reads the rounded
+// pre-activation, as torch's activation of a float16 linear output does).
+
 // Y = act(op(A) op(B) + bias); when `preact` is given it receives op(A) op(B) + bias.
 void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& y,
-                   const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b,
-                   Activation act);
+                   const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b, Activation act,
+                   bool half = false);
 
 // Y = op(A) op(B) + bias + residual (residual M x N like Y, in another GPU
 // buffer): a linear layer and the residual connection around it in one pass.
+// half_out: Y and the residual are float16 too (else float32, also after float16 operands).
 void gemm_bias_residual(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& residual,
-                        const Buffer& y, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b);
+                        const Buffer& y, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b,
+                        bool half = false, bool half_out = false);
 
 // A linear layer's parameter gradients from dZ [rows, out] and its input
 // X [rows, in]: dW = dZ^T X and db = column sums of dZ, each + beta * itself;
@@ -55,11 +62,13 @@ void linear_weight_grads(Recorder& r, const Buffer& dz, const Buffer& x, const B
 // dZ = (op(A) op(B)) * act'(Z): a layer's input gradient carried through the
 // activation of the layer below in the GEMM's epilogue (Z: that layer's pre-activation).
 void gemm_act_grad(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& preact, const Buffer& c, uint32_t m,
-                   uint32_t n, uint32_t k, bool ta, bool tb, Activation act);
-// dZ = dY * act'(Z), elementwise over n values.
-void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n, Activation act);
-// db[cols] = column sums of dZ[rows, cols] (+ beta * db).
-void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols, float beta);
+                   uint32_t n, uint32_t k, bool ta, bool tb, Activation act, bool half = false);
+// dZ = dY * act'(Z), elementwise over n values (half: all three float16).
+void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n, Activation act,
+                         bool half = false);
+// db[cols] = column sums of dZ[rows, cols] (+ beta * db), summed in f32 (half: dZ and db float16).
+void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols, float beta,
+               bool half = false);
 
 struct AdamWConfig {
   float lr, beta1, beta2, eps, weight_decay;

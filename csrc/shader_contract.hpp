@@ -198,9 +198,9 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
 
 #define PWT_SHADER_gemm(READ, WRITE, UNIFORM, CONST)                                                              \
   READ(a, 0, "array<AB>") READ(b, 1, "array<AB>") WRITE(c, 2, "array<CT>") UNIFORM(p, 3, GemmParams)              \
-  READ(bias, 4, "array<f32>") WRITE(preact, 5, "array<f32>") READ(partials, 6, "array<f32>")                      \
+  READ(bias, 4, "array<BT>") WRITE(preact, 5, "array<CT>") READ(partials, 6, "array<f32>")                      \
   WRITE(row_sums, 7, "array<f32>") READ(a4, 8, "array<vec4<AB>>") READ(b4, 9, "array<vec4<AB>>")                  \
-  WRITE(c4, 10, "array<vec4<CT>>") WRITE(preact4, 11, "array<vec4<f32>>") READ(residual, 12, "array<f32>")       \
+  WRITE(c4, 10, "array<vec4<CT>>") WRITE(preact4, 11, "array<vec4<CT>>") READ(residual, 12, "array<RT>")       \
   READ(partials4, 13, "array<vec4<f32>>") /* splitk_reduce4: the partials as vec4s */                             \
   READ(b2, 14, "array<vec2<AB>>") /* B as pairs of elements (B_PAIR) */                                            \
   CONST(EW_WG, 256) /* threads of the elementwise entries (split-K reduce, repack), one element each */        \
@@ -251,7 +251,7 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   CONST(COLS, 16) /* columns per ln_param_grads workgroup (16 x 16 threads) */                                    \
   CONST(HAS_W, 1) CONST(HAS_B, 2) CONST(WANT_DX, 4) CONST(WANT_PARTS, 8) CONST(WANT_DW, 16) CONST(WANT_DB, 32)
 #define PWT_SHADER_linear(READ, WRITE, UNIFORM, CONST)                                                            \
-  READ(upstream, 0, "array<f32>") READ(preact, 1, "array<f32>") WRITE(result, 2, "array<f32>")                    \
+  READ(upstream, 0, "array<UT>") READ(preact, 1, "array<PT>") WRITE(result, 2, "array<RT>")                    \
   UNIFORM(ep, 3, EwParams) READ(bias, 4, "array<f32>") WRITE(zio, 5, "array<f32>") UNIFORM(cp, 6, ColParams)      \
   CONST(WG, 256)  /* threads of the elementwise entries, one element each */                                      \
   CONST(COLS, 16) /* columns per bias_grad workgroup */                                                           \

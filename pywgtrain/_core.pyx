@@ -489,16 +489,18 @@ def cross_entropy_backward(_Recorder r not None, _Buffer logits not None, _Buffe
 
 def gemm_bias_act(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer bias not None,
                   _Buffer y not None, _Buffer preact, uint32_t m, uint32_t n, uint32_t k, bint trans_a, bint trans_b,
-                  uint32_t act):
+                  uint32_t act, bint half=False):
+    """half: every operand float16 (ops.hpp)."""
     c.gemm_bias_act(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(bias)[0], _b(y)[0], _opt(preact), m, n, k,
-                    trans_a, trans_b, <Activation>act)
+                    trans_a, trans_b, <Activation>act, half)
 
 
 def gemm_bias_residual(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer bias not None,
                        _Buffer residual not None, _Buffer y not None, uint32_t m, uint32_t n, uint32_t k,
-                       bint trans_a, bint trans_b):
+                       bint trans_a, bint trans_b, bint half=False, bint half_out=False):
+    """half: a, b and bias float16; half_out: residual and y float16 too."""
     c.gemm_bias_residual(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(bias)[0], _b(residual)[0], _b(y)[0], m, n, k,
-                         trans_a, trans_b)
+                         trans_a, trans_b, half, half_out)
 
 
 def linear_weight_grads(_Recorder r not None, _Buffer dz not None, _Buffer x not None, _Buffer dw not None,
@@ -508,18 +510,20 @@ def linear_weight_grads(_Recorder r not None, _Buffer dz not None, _Buffer x not
 
 
 def gemm_act_grad(_Recorder r not None, _Buffer a not None, _Buffer b not None, _Buffer preact not None,
-                  _Buffer out not None, uint32_t m, uint32_t n, uint32_t k, bint trans_a, bint trans_b, uint32_t act):
+                  _Buffer out not None, uint32_t m, uint32_t n, uint32_t k, bint trans_a, bint trans_b, uint32_t act,
+                  bint half=False):
     c.gemm_act_grad(r.ptr.get()[0], _b(a)[0], _b(b)[0], _b(preact)[0], _b(out)[0], m, n, k, trans_a, trans_b,
-                    <Activation>act)
+                    <Activation>act, half)
 
 
 def activation_backward(_Recorder r not None, _Buffer dy not None, _Buffer z not None, _Buffer dz not None,
-                        uint64_t n, uint32_t act):
-    c.activation_backward(r.ptr.get()[0], _b(dy)[0], _b(z)[0], _b(dz)[0], n, <Activation>act)
+                        uint64_t n, uint32_t act, bint half=False):
+    c.activation_backward(r.ptr.get()[0], _b(dy)[0], _b(z)[0], _b(dz)[0], n, <Activation>act, half)
 
 
-def bias_grad(_Recorder r not None, _Buffer dz not None, _Buffer db not None, uint32_t rows, uint32_t cols, float beta):
-    c.bias_grad(r.ptr.get()[0], _b(dz)[0], _b(db)[0], rows, cols, beta)
+def bias_grad(_Recorder r not None, _Buffer dz not None, _Buffer db not None, uint32_t rows, uint32_t cols, float beta,
+              bint half=False):
+    c.bias_grad(r.ptr.get()[0], _b(dz)[0], _b(db)[0], rows, cols, beta, half)
 
 
 def adamw(_Recorder r not None, _Buffer param not None, _Buffer grad not None, _Buffer exp_avg not None,

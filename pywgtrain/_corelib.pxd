@@ -193,19 +193,19 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                                 uint32_t cols, int32_t ignore_index, bool per_row, float beta) except +raise_py_error
     void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& y,
                        const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b,
-                       Activation act) except +raise_py_error
+                       Activation act, bool half) except +raise_py_error
     void gemm_bias_residual(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& residual,
                             const Buffer& y, uint32_t m, uint32_t n, uint32_t k, bool trans_a,
-                            bool trans_b) except +raise_py_error
+                            bool trans_b, bool half, bool half_out) except +raise_py_error
     void linear_weight_grads(Recorder& r, const Buffer& dz, const Buffer& x, const Buffer& dw, const Buffer& db,
                              uint32_t rows, uint32_t out_features, uint32_t in_features,
                              float beta) except +raise_py_error
     void gemm_act_grad(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& preact, const Buffer& c, uint32_t m,
-                       uint32_t n, uint32_t k, bool ta, bool tb, Activation act) except +raise_py_error
+                       uint32_t n, uint32_t k, bool ta, bool tb, Activation act, bool half) except +raise_py_error
     void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n,
-                             Activation act) except +raise_py_error
+                             Activation act, bool half) except +raise_py_error
     void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols,
-                   float beta) except +raise_py_error
+                   float beta, bool half) except +raise_py_error
     void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
                uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip) except +raise_py_error
     void grad_norm(Recorder& r, const vector[const Buffer*]& grads, const vector[uint64_t]& counts,

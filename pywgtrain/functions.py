@@ -1283,40 +1283,50 @@ def _activation_code(activation, op):
         ) from None
 
 
-def _record_linear(rec, x, w, b, r, act, y, preact, rows, out_f, in_f):
-    """y = act(x @ w.T + b) (+ r), the pre-activation kept in ``preact`` when given."""
+def _record_linear(rec, x, w, b, r, act, y, preact, rows, out_f, in_f, half):
+    """y = act(x @ w.T + b) (+ r), the pre-activation kept in ``preact`` when given. ``half``:
+    float16 x, w, b, preact (y and r float16 or float32); b is then never None."""
     if r is not None and b is not None:
-        _core.gemm_bias_residual(rec, x._buf, w._buf, b._buf, r._buf, y._buf, rows, out_f, in_f, False, True)
+        _core.gemm_bias_residual(
+            rec, x._buf, w._buf, b._buf, r._buf, y._buf, rows, out_f, in_f, False, True, half, y.dtype == _HALF
+        )
     elif r is not None:  # no bias: the GEMM accumulates onto a copy of the residual
         _core.unary(rec, UNARY["copy"], r._buf, y._buf, y._numel, 0.0, 0.0, 0.0)
         _core.gemm(rec, x._buf, w._buf, y._buf, rows, out_f, in_f, False, True, 1.0, 1.0)
     elif b is not None:
         pbuf = None if preact is None else preact._buf
-        _core.gemm_bias_act(rec, x._buf, w._buf, b._buf, y._buf, pbuf, rows, out_f, in_f, False, True, act)
+        _core.gemm_bias_act(rec, x._buf, w._buf, b._buf, y._buf, pbuf, rows, out_f, in_f, False, True, act, half)
     elif act:
         z = preact if preact is not None else empty(y.shape, np.float32, y.device)
         _core.gemm(rec, x._buf, w._buf, z._buf, rows, out_f, in_f, False, True, 1.0, 0.0)
         _core.unary(rec, UNARY[_ACT_UNARY[act]], z._buf, y._buf, y._numel, 0.0, 0.0, 0.0)
     else:
-        _core.gemm(rec, x._buf, w._buf, y._buf, rows, out_f, in_f, False, True, 1.0, 0.0)
+        _core.gemm(rec, x._buf, w._buf, y._buf, rows, out_f, in_f, False, True, 1.0, 0.0, half)
 
 
-def _record_weight_grads(rec, dz, x, sw, sb, rows, out_f, in_f):
-    """The weight and bias gradients of a linear layer from its pre-activation gradient dz and input x."""
-    if sw is not None and sb is not None:
+def _record_weight_grads(rec, dz, x, sw, sb, rows, out_f, in_f, half):
+    """The weight and bias gradients of a linear layer from its pre-activation gradient dz and
+    input x (``half``: all float16; the bias gradient then comes from its own column-sum pass)."""
+    if sw is not None and sb is not None and not half:
         dw, bw = sw.target()
         db, bb = sb.target()
         if bw == bb:
             _core.linear_weight_grads(rec, dz._buf, x._buf, dw._buf, db._buf, rows, out_f, in_f, bw)
             return
-        _core.gemm(rec, dz._buf, x._buf, dw._buf, out_f, in_f, rows, True, False, 1.0, bw)
-        _core.bias_grad(rec, dz._buf, db._buf, rows, out_f, bb)
-    elif sw is not None:
+    if sw is not None:
         dw, bw = sw.target()
-        _core.gemm(rec, dz._buf, x._buf, dw._buf, out_f, in_f, rows, True, False, 1.0, bw)
-    elif sb is not None:
+        _core.gemm(rec, dz._buf, x._buf, dw._buf, out_f, in_f, rows, True, False, 1.0, bw, half)
+    if sb is not None:
         db, bb = sb.target()
-        _core.bias_grad(rec, dz._buf, db._buf, rows, out_f, bb)
+        _core.bias_grad(rec, dz._buf, db._buf, rows, out_f, bb, half)
+
+
+def _half_zeros(n, dev):
+    """float16 zeros by recorded kernels (a buffer clear cannot be captured in a step graph)."""
+    z = empty((n,), _HALF, dev)
+    with _rec(dev) as rec:
+        _core.cast(rec, full((n,), 0.0, dev)._buf, z._buf, n, True)
+    return z
 
 
 def mlp(
@@ -1378,16 +1388,19 @@ def mlp(
             )
         if tr.shape != shape:
             raise ValueError(f"linear: residual has shape {tr.shape}, the output has shape {shape}")
-    if dtype == _HALF:
-        return _mlp_half(h, layers, tr, rows)
+    half = dtype == _HALF
+    if half:  # the float16 epilogues always add a bias: zeros where a layer has none
+        layers = [(tw, o, i, _half_zeros(o, dev) if tb is None else tb, act) for tw, o, i, tb, act in layers]
+    # float16 layers with a float32 residual give float32 (torch's promotion of the add)
+    out_dtype = dtype if tr is None else tr.dtype
     grad = needs_grad(h, *params, tr)
     inputs, preacts = [h], []  # each layer's input, and its pre-activation when backward needs it
     with _rec(dev) as rec:
         for i, (tw, out_f, in_f, tb, act) in enumerate(layers):
-            y = empty(h.shape[:-1] + (out_f,), np.float32, dev)
-            preact = empty(y.shape, np.float32, dev) if grad and act else None
             last = i == len(layers) - 1
-            _record_linear(rec, h, tw, tb, tr if last else None, act, y, preact, rows, out_f, in_f)
+            y = empty(h.shape[:-1] + (out_f,), out_dtype if last else dtype, dev)
+            preact = empty(y.shape, dtype, dev) if grad and act else None
+            _record_linear(rec, h, tw, tb, tr if last else None, act, y, preact, rows, out_f, in_f, half)
             preacts.append(preact)
             if not last:
                 inputs.append(y)
@@ -1401,16 +1414,19 @@ def mlp(
             sr.put(g, owned=False)
         with _rec(dev) as rec:
             dz = g
+            if g.dtype != dtype:  # float16 layers under a float32 sum: their output's gradient is float16
+                dz = empty(g.shape, dtype, dev)
+                _core.cast(rec, g._buf, dz._buf, g._numel, True)
             act = layers[-1][4]
             if act:
-                dz = empty(g.shape, np.float32, dev)
-                _core.activation_backward(rec, g._buf, preacts[-1]._buf, dz._buf, dz._numel, act)
+                dz, dy = empty(g.shape, dtype, dev), dz
+                _core.activation_backward(rec, dy._buf, preacts[-1]._buf, dz._buf, dz._numel, act, half)
             for i in range(len(layers) - 1, -1, -1):
                 tw, out_f, in_f, _, _ = layers[i]
-                _record_weight_grads(rec, dz, inputs[i], sinks[1 + 2 * i], sinks[2 + 2 * i], rows, out_f, in_f)
+                _record_weight_grads(rec, dz, inputs[i], sinks[1 + 2 * i], sinks[2 + 2 * i], rows, out_f, in_f, half)
                 if i > 0:
                     below_act = layers[i - 1][4]
-                    dh = empty(inputs[i].shape, np.float32, dev)
+                    dh = empty(inputs[i].shape, dtype, dev)
                     if below_act:  # the layer below's pre-activation gradient, straight out of the GEMM
                         _core.gemm_act_grad(
                             rec,
@@ -1424,13 +1440,14 @@ def mlp(
                             False,
                             False,
                             below_act,
+                            half,
                         )
                     else:
-                        _core.gemm(rec, dz._buf, tw._buf, dh._buf, rows, in_f, out_f, False, False, 1.0, 0.0)
+                        _core.gemm(rec, dz._buf, tw._buf, dh._buf, rows, in_f, out_f, False, False, 1.0, 0.0, half)
                     dz = dh
                 elif sx is not None:
                     dx, bx = sx.target()
-                    _core.gemm(rec, dz._buf, tw._buf, dx._buf, rows, in_f, out_f, False, False, 1.0, bx)
+                    _core.gemm(rec, dz._buf, tw._buf, dx._buf, rows, in_f, out_f, False, False, 1.0, bx, half)
 
     return attach(
         h,
@@ -1439,29 +1456,6 @@ def mlp(
         backward,
         keep=(inputs[0], *params[::2]),  # the input and the weights: what backward reads of the caller's
     )
-
-
-def _mlp_half(h, layers, tr, rows):
-    """float16 layers of :func:`mlp`: each a float16 GEMM (float32 accumulation); the bias,
-    activation and residual are separate element-wise ops, since the fused epilogues are float32
-    only (each layer's float16 result is rounded before the bias is added)."""
-    for tw, out_f, in_f, tb, act in layers:
-        y = _gemm_half(reshape(h, (rows, in_f)), tw, True)
-        if tb is not None:
-            y = add(y, tb)
-        if act:
-            y = _ACT_FN[act](y)
-        h = reshape(y, h.shape[:-1] + (out_f,))
-    return h if tr is None else add(h, tr)
-
-
-# The public activations by ACTIVATIONS code (looked up when called: the dtype-aware ones).
-_ACT_FN = {
-    1: lambda y: relu(y),
-    2: lambda y: gelu(y, "tanh"),
-    3: lambda y: gelu(y),
-    4: lambda y: silu(y),
-}
 
 
 def linear(

@@ -30,6 +30,9 @@
 //     Split-K and stream-K partials are f32 (CT = f32 in those passes), their
 //     reduce writes CT. HALF_FMA: bool, f16 tiles (TT = f16) multiplied with
 //     f16 FMAs per K tile (multiply_tiles_half); otherwise TT = f32.
+//   BT, RT (aliases): the element types of the epilogue's bias and residual;
+//     the pre-activation is stored and read as CT. The epilogue computes in
+//     f32 and rounds once when it stores.
 // Each thread owns TM x TN outputs spread in 4x4 blocks strided by the
 // workgroup, so shared-memory reads are consecutive vec4s across threads.
 // Edge tiles: loads outside op(A)/op(B) read 0, stores outside C are skipped.
@@ -55,8 +58,8 @@ struct GemmParams {
 @group(0) @binding(1) var<storage, read> b: array<AB>;
 @group(0) @binding(2) var<storage, read_write> c: array<CT>;
 @group(0) @binding(3) var<uniform> p: GemmParams;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-@group(0) @binding(5) var<storage, read_write> preact: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<BT>;
+@group(0) @binding(5) var<storage, read_write> preact: array<CT>;
 @group(0) @binding(6) var<storage, read> partials: array<f32>;
 @group(0) @binding(7) var<storage, read_write> row_sums: array<f32>;
 // A and B again as vec4s (A_VEC / B_VEC), C and the pre-activation (C_VEC);
@@ -64,10 +67,10 @@ struct GemmParams {
 @group(0) @binding(8) var<storage, read> a4: array<vec4<AB>>;
 @group(0) @binding(9) var<storage, read> b4: array<vec4<AB>>;
 @group(0) @binding(10) var<storage, read_write> c4: array<vec4<CT>>;
-@group(0) @binding(11) var<storage, read_write> preact4: array<vec4<f32>>;
+@group(0) @binding(11) var<storage, read_write> preact4: array<vec4<CT>>;
 // A matrix added to the result at C's indices (BIAS_RESIDUAL: a transformer
 // block's residual stream, x + proj(branch) in one pass).
-@group(0) @binding(12) var<storage, read> residual: array<f32>;
+@group(0) @binding(12) var<storage, read> residual: array<RT>;
 // The split-K partials again as vec4s (splitk_reduce4).
 @group(0) @binding(13) var<storage, read> partials4: array<vec4<f32>>;
 // B again as pairs of floats (B_PAIR).
@@ -403,15 +406,16 @@ fn tile_col(xy: vec2<u32>, j: u32) -> u32 { return j * 4u * WG_X + xy.x * 4u; }
 // its epilogue never touches).
 fn epilogue(idx: u32, n: u32, v: f32) {
   if (EPILOGUE == EPILOGUE_BIAS_ACT) {
-    c[idx] = CT(activate(v + bias[p.bias_off + n]));
+    c[idx] = CT(activate(f32(CT(v + f32(bias[p.bias_off + n])))));  // as BIAS_ACT_TRAIN: act of the stored z
   } else if (EPILOGUE == EPILOGUE_BIAS_ACT_TRAIN) {
-    let z = v + bias[p.bias_off + n];
+    // A float16 pre-activation is what backward sees: the output is computed from it, rounded.
+    let z = CT(v + f32(bias[p.bias_off + n]));
     preact[idx] = z;
-    c[idx] = CT(activate(z));
+    c[idx] = CT(activate(f32(z)));
   } else if (EPILOGUE == EPILOGUE_ACT_GRAD) {
-    c[idx] = CT(act_dx(v, preact[idx]));
+    c[idx] = CT(act_dx(v, f32(preact[idx])));
   } else if (EPILOGUE == EPILOGUE_BIAS_RESIDUAL) {
-    c[idx] = CT(v + bias[p.bias_off + n] + residual[idx]);
+    c[idx] = CT(v + f32(bias[p.bias_off + n]) + f32(residual[idx]));
   } else if (EPILOGUE == EPILOGUE_PLAIN || EPILOGUE == EPILOGUE_ROWSUM) {
     var s = v;
     if (p.beta != 0.0) { s = fma(p.beta, f32(c[idx]), s); }
@@ -424,20 +428,21 @@ fn epilogue(idx: u32, n: u32, v: f32) {
 // ACT_GRAD never takes C_VEC (the host's choice: its vec4 reads were slower).
 fn bias4(n: u32) -> vec4<f32> {
   let o = p.bias_off + n;
-  return vec4<f32>(bias[o], bias[o + 1u], bias[o + 2u], bias[o + 3u]);
+  return vec4<f32>(f32(bias[o]), f32(bias[o + 1u]), f32(bias[o + 2u]), f32(bias[o + 3u]));
 }
 fn activate4(z: vec4<f32>) -> vec4<f32> { return vec4<f32>(activate(z.x), activate(z.y), activate(z.z), activate(z.w)); }
 fn epilogue4(idx: u32, n: u32, v: vec4<f32>) {
   let i = idx / 4u;
   if (EPILOGUE == EPILOGUE_BIAS_ACT) {
-    c4[i] = vec4<CT>(activate4(v + bias4(n)));
+    c4[i] = vec4<CT>(activate4(vec4<f32>(vec4<CT>(v + bias4(n)))));
   } else if (EPILOGUE == EPILOGUE_BIAS_ACT_TRAIN) {
-    let z = v + bias4(n);
+    let z = vec4<CT>(v + bias4(n));
     preact4[i] = z;
-    c4[i] = vec4<CT>(activate4(z));
+    c4[i] = vec4<CT>(activate4(vec4<f32>(z)));
   } else if (EPILOGUE == EPILOGUE_BIAS_RESIDUAL) {
     // Scalar loads: no vec4 view of the residual (one binding fewer).
-    c4[i] = vec4<CT>(v + bias4(n) + vec4<f32>(residual[idx], residual[idx + 1u], residual[idx + 2u], residual[idx + 3u]));
+    let r = vec4<f32>(f32(residual[idx]), f32(residual[idx + 1u]), f32(residual[idx + 2u]), f32(residual[idx + 3u]));
+    c4[i] = vec4<CT>(v + bias4(n) + r);
   } else if (EPILOGUE == EPILOGUE_PLAIN || EPILOGUE == EPILOGUE_ROWSUM) {
     var s = v;
     if (p.beta != 0.0) { s = fma(vec4<f32>(p.beta), vec4<f32>(c4[i]), s); }

@@ -1,13 +1,15 @@
 // Linear-layer pieces around the GEMMs: activation backward, bias gradient,
 // and the unfused bias + activation used when a GEMM had to be split along K.
+// UT, PT, RT (aliases, f32 or f16): the element types of upstream, preact and
+// result; the arithmetic is f32, each stored value rounded once.
 //!include activations
 
 struct EwParams { n: u32, cols: u32, bias_off: u32, _pad: u32, }
 struct ColParams { rows: u32, cols: u32, beta: f32, block_rows: u32, }
 
-@group(0) @binding(0) var<storage, read> upstream: array<f32>;   // dY, or Z for bias_act
-@group(0) @binding(1) var<storage, read> preact: array<f32>;     // Z
-@group(0) @binding(2) var<storage, read_write> result: array<f32>;
+@group(0) @binding(0) var<storage, read> upstream: array<UT>;   // dY, or Z for bias_act
+@group(0) @binding(1) var<storage, read> preact: array<PT>;     // Z
+@group(0) @binding(2) var<storage, read_write> result: array<RT>;
 @group(0) @binding(3) var<uniform> ep: EwParams;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 @group(0) @binding(5) var<storage, read_write> zio: array<f32>;  // Z, biased in place
@@ -22,7 +24,7 @@ fn linear_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
 fn act_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
   let i = linear_index(wid, nwg, lid);
-  if (i < ep.n) { result[i] = act_dx(upstream[i], preact[i]); }
+  if (i < ep.n) { result[i] = RT(act_dx(f32(upstream[i]), f32(preact[i]))); }
 }
 
 // Z += bias (per column); Y = act(Z).
@@ -33,7 +35,7 @@ fn bias_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
   if (i < ep.n) {
     let z = zio[i] + bias[ep.bias_off + i % ep.cols];
     zio[i] = z;
-    result[i] = activate(z);
+    result[i] = RT(activate(z));
   }
 }
 
@@ -54,25 +56,25 @@ fn bias_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
     for (; i + 7u * LANES < cp.rows; i += 8u * LANES) {
       let c = cp.cols * LANES;
       let e = i * cp.cols + j;
-      let v0 = upstream[e];
-      let v1 = upstream[e + c];
-      let v2 = upstream[e + 2u * c];
-      let v3 = upstream[e + 3u * c];
-      let v4 = upstream[e + 4u * c];
-      let v5 = upstream[e + 5u * c];
-      let v6 = upstream[e + 6u * c];
-      let v7 = upstream[e + 7u * c];
+      let v0 = f32(upstream[e]);
+      let v1 = f32(upstream[e + c]);
+      let v2 = f32(upstream[e + 2u * c]);
+      let v3 = f32(upstream[e + 3u * c]);
+      let v4 = f32(upstream[e + 4u * c]);
+      let v5 = f32(upstream[e + 5u * c]);
+      let v6 = f32(upstream[e + 6u * c]);
+      let v7 = f32(upstream[e + 7u * c]);
       s += ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7));
     }
-    for (; i < cp.rows; i += LANES) { s += upstream[i * cp.cols + j]; }
+    for (; i < cp.rows; i += LANES) { s += f32(upstream[i * cp.cols + j]); }
   }
   colsum[lid.y * COLS + lid.x] = s;
   workgroupBarrier();
   if (lid.y == 0u && j < cp.cols) {
     var t = 0.0;
     for (var l = 0u; l < LANES; l++) { t += colsum[l * COLS + lid.x]; }
-    if (cp.beta != 0.0) { t += cp.beta * result[j]; }
-    result[j] = t;
+    if (cp.beta != 0.0) { t += cp.beta * f32(result[j]); }
+    result[j] = RT(t);
   }
 }
 
@@ -95,15 +97,15 @@ fn colsum_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let c = cp.cols * PART_LANES;
     for (; i + 3u * PART_LANES < end; i += 4u * PART_LANES) {
       let e = i * cp.cols + j;
-      s += (upstream[e] + upstream[e + c]) + (upstream[e + 2u * c] + upstream[e + 3u * c]);
+      s += (f32(upstream[e]) + f32(upstream[e + c])) + (f32(upstream[e + 2u * c]) + f32(upstream[e + 3u * c]));
     }
-    for (; i < end; i += PART_LANES) { s += upstream[i * cp.cols + j]; }
+    for (; i < end; i += PART_LANES) { s += f32(upstream[i * cp.cols + j]); }
   }
   partsum[lid.y * PART_COLS + lid.x] = s;
   workgroupBarrier();
   if (lid.y == 0u && j < cp.cols) {
     var t = 0.0;
     for (var l = 0u; l < PART_LANES; l++) { t += partsum[l * PART_COLS + lid.x]; }
-    result[wid.y * cp.cols + j] = t;
+    result[wid.y * cp.cols + j] = RT(t);
   }
 }

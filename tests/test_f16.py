@@ -1,4 +1,7 @@
-"""float16 tensors: storage, views, casts (cast.wgsl) and their autograd."""
+"""float16 tensors: storage, views, casts (cast.wgsl) and their autograd; float16 GEMMs and
+linear layers (fused epilogues)."""
+
+import math
 
 import numpy as np
 import pytest
@@ -6,6 +9,7 @@ import torch
 
 import pywgtrain as pw
 from helpers import switched_device
+from pywgtrain import _core
 
 SIZES = (1, 7, 33, 129, 4099)
 
@@ -281,3 +285,190 @@ def test_half_gemm_past_one_binding(dev, rng):
             rows = a[:, r0 : r0 + 8192].T if ta else a[r0 : r0 + 8192]
             ref, bound, _ = gemm_reference(rows, b, False, False)
             assert_half_gemm(got[r0 : r0 + 8192], ref, bound)
+
+
+# -- float16 linear layers: the GEMM's fused epilogues on float16 (bias, activation, residual) ----
+ACTS = {"relu": (1, lambda z: np.maximum(z, 0.0)), "gelu": (3, None)}
+
+
+def gelu64(z):
+    return 0.5 * z * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0)))
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-12))
+
+
+def assert_within(got, ref, limit, what):
+    got = np.asarray(got, np.float64)
+    assert np.all(np.isfinite(got)), f"{what}: non-finite values (unwritten or poisoned elements)"
+    excess = np.abs(got - ref) - limit
+    assert np.all(excess <= 0), f"{what}: max excess {excess.max()} at {np.unravel_index(np.argmax(excess), ref.shape)}"
+
+
+def nan_half(dev, shape):
+    return pw.tensor(np.full(shape, np.nan, np.float16), dev)
+
+
+@pytest.mark.parametrize("switch", [{}, {"PYWGTRAIN_GEMM_SPLITS": "3"}, {"PYWGTRAIN_GEMM_STREAM_K": "4"}])
+def test_half_fused_epilogues_against_float64(monkeypatch, rng, switch):
+    """gemm_bias_act (with and without the pre-activation), gemm_bias_residual (float16 or float32
+    residual and output), gemm_act_grad, activation_backward and bias_grad on float16, outputs
+    poisoned: the pre-activation is z = f16(x w^T + b) within the GEMM's bound plus one rounding,
+    the output is act(z) of the stored z rounded once."""
+    dev = switched_device(monkeypatch, **switch)
+    for m, n, k in [(1, 33, 7), (7, 33, 129), (129, 65, 33), (70, 130, 300)]:
+        x, w, b = half_operand(rng, m, k), half_operand(rng, n, k), half_operand(rng, 1, n)[0]
+        acc, bound, _ = gemm_reference(x, w, False, True)
+        ref_z = acc + b.astype(np.float64)
+        tx, tw, tb = (pw.tensor(a, dev) for a in (x, w, b))
+        for name, (code, fn) in ACTS.items():
+            fn = fn or gelu64
+            y, z = nan_half(dev, (m, n)), nan_half(dev, (m, n))
+            y_eval = nan_half(dev, (m, n))
+            with dev.batch() as rec:
+                _core.gemm_bias_act(rec, tx._buf, tw._buf, tb._buf, y._buf, z._buf, m, n, k, False, True, code, True)
+                _core.gemm_bias_act(rec, tx._buf, tw._buf, tb._buf, y_eval._buf, None, m, n, k, False, True, code, True)
+            got_z = z.numpy().astype(np.float64)
+            assert_within(got_z, ref_z, 2.0**-11 * np.abs(ref_z) + bound + 2.0**-24, f"{name} pre-activation")
+            ref_y = fn(got_z)
+            # (+ the f32 activation's own error: activations.wgsl's GELU loses bits to cancellation for z << 0)
+            f32_err = 2.0**-20 * (1.0 + np.abs(got_z))
+            assert_within(y.numpy(), ref_y, 2.0**-11 * np.abs(ref_y) + f32_err + 2.0**-24, f"{name} output")
+            np.testing.assert_array_equal(y_eval.numpy(), y.numpy())  # eval and training agree bit for bit
+            # backward: dZ = (dY W) * act'(Z) for the layer below, and act' alone
+            dy, w_up = half_operand(rng, m, k), half_operand(rng, k, n)  # the gradient from the layer above
+            dz, dz2 = nan_half(dev, (m, n)), nan_half(dev, (m, n))
+            g = half_operand(rng, m, n)
+            with dev.batch() as rec:
+                _core.gemm_act_grad(
+                    rec,
+                    pw.tensor(dy, dev)._buf,
+                    pw.tensor(w_up, dev)._buf,
+                    z._buf,
+                    dz._buf,
+                    m,
+                    n,
+                    k,
+                    False,
+                    False,
+                    code,
+                    True,
+                )
+                _core.activation_backward(rec, pw.tensor(g, dev)._buf, z._buf, dz2._buf, m * n, code, True)
+            prod, pbound, _ = gemm_reference(dy, w_up, False, False)
+            slope = (got_z > 0).astype(np.float64) if name == "relu" else None
+            if slope is None:  # d/dz gelu
+                slope = 0.5 * (1.0 + np.vectorize(math.erf)(got_z / math.sqrt(2.0))) + got_z * np.exp(
+                    -0.5 * got_z**2
+                ) / math.sqrt(2.0 * math.pi)
+            ref_dz = prod * slope
+            lim = 2.0**-11 * np.abs(ref_dz) + (pbound + 2.0**-20 * np.abs(prod)) * np.abs(slope) * 2
+            lim += np.abs(prod) * f32_err + 2.0**-24
+            assert_within(dz.numpy(), ref_dz, lim, f"{name} act grad")
+            ref_dz2 = g.astype(np.float64) * slope
+            lim2 = 2.0**-10 * np.abs(ref_dz2) + np.abs(g) * f32_err + 2.0**-24
+            assert_within(dz2.numpy(), ref_dz2, lim2, f"{name} act backward")
+        for out_dtype in (np.float32, np.float16):
+            r = rng.standard_normal((m, n)).astype(out_dtype)
+            out = pw.tensor(np.full((m, n), np.nan, out_dtype), dev)
+            with dev.batch() as rec:
+                _core.gemm_bias_residual(
+                    rec,
+                    tx._buf,
+                    tw._buf,
+                    tb._buf,
+                    pw.tensor(r, dev)._buf,
+                    out._buf,
+                    m,
+                    n,
+                    k,
+                    False,
+                    True,
+                    True,
+                    out_dtype == np.float16,
+                )
+            got = out.numpy()
+            assert got.dtype == out_dtype
+            ref = ref_z + r.astype(np.float64)
+            rnd = 2.0**-11 if out_dtype == np.float16 else 2.0**-23
+            assert_within(got, ref, rnd * np.abs(ref) + bound + 2.0**-24, f"bias + residual -> {out_dtype.__name__}")
+        # the bias gradient: column sums of a float16 dZ in float32, + beta * db
+        dzs = half_operand(rng, 3 * m + 1, n)
+        db0 = half_operand(rng, 1, n)[0]
+        db = pw.tensor(db0, dev)
+        with dev.batch() as rec:
+            _core.bias_grad(rec, pw.tensor(dzs, dev)._buf, db._buf, 3 * m + 1, n, 1.0, True)
+        ref_db = dzs.astype(np.float64).sum(0) + db0
+        assert_within(db.numpy(), ref_db, 2.0**-11 * np.abs(ref_db) + 2.0**-20 * np.abs(dzs).sum(0) + 2.0**-24, "db")
+
+
+def torch_half_mlp(x, layers, residual, acts):
+    """torch float32 ops with torch's float16 roundings between them: each linear output and each
+    activation output is float16; a float32 residual is added to the float16 output in float32."""
+    h = x
+    for (w, b), act in zip(layers, acts):
+        h = h @ w.T + (b if b is not None else 0.0)
+        h = h.half().float()
+        if act:
+            h = {"gelu": torch.nn.functional.gelu, "relu": torch.relu}[act](h).half().float()
+    if residual is not None:
+        h = h + residual
+        if residual.dtype == torch.float16:
+            h = h.half().float()
+    return h
+
+
+@pytest.mark.parametrize("rows,d,hidden", [(1, 8, 16), (7, 33, 129), (64, 64, 256)])
+@pytest.mark.parametrize("residual", [None, np.float32, np.float16])
+def test_half_mlp_matches_torch(dev, rng, rows, d, hidden, residual):
+    """F.mlp on float16 layers (GELU between them, a bias-less second layer, a residual of
+    either dtype): fused epilogues forward and backward, against torch's float16 semantics."""
+    x = half_operand(rng, rows, d)
+    w1 = (half_operand(rng, hidden, d) * d**-0.5).astype(np.float16)
+    b1 = half_operand(rng, 1, hidden)[0]
+    w2 = (half_operand(rng, d, hidden) * hidden**-0.5).astype(np.float16)
+    r = None if residual is None else rng.standard_normal((rows, d)).astype(residual)
+    ours = [pw.tensor(a, dev, requires_grad=True) for a in (x, w1, b1, w2)]
+    tr = None if r is None else pw.tensor(r, dev, requires_grad=True)
+    out = pw.functions.mlp(ours[0], [ours[1], ours[3]], [ours[2], None], ["gelu", None], tr)
+    assert out.dtype == (np.float16 if residual is None else residual)
+    theirs = [torch.tensor(a.astype(np.float32), requires_grad=True) for a in (x, w1, b1, w2)]
+    qr = None if r is None else torch.tensor(r, requires_grad=True)
+    want = torch_half_mlp(theirs[0], [(theirs[1], theirs[2]), (theirs[3], None)], qr, ["gelu", None])
+    assert rel(out.numpy(), want.detach().numpy()) < 2e-3
+    g = rng.standard_normal((rows, d)).astype(np.float32)
+    out.backward(pw.tensor(g.astype(out.dtype), dev))
+    want.backward(torch.tensor(g.astype(out.dtype).astype(np.float32)))
+    for p, q in zip(ours + ([tr] if tr is not None else []), theirs + ([qr] if qr is not None else [])):
+        assert p.grad.dtype == p.dtype
+        assert rel(p.grad.numpy(), q.grad.numpy()) < 5e-3
+
+
+def test_half_linear_with_a_last_activation_and_under_autocast(dev, rng):
+    """linear(..., activation) on float16 (activation_backward on float16), and nn.Linear under
+    autocast: float16 out, float32 parameter gradients."""
+    x, w, b = (
+        half_operand(rng, 9, 20),
+        (half_operand(rng, 12, 20) * 0.2).astype(np.float16),
+        half_operand(rng, 1, 12)[0],
+    )
+    ours = [pw.tensor(a, dev, requires_grad=True) for a in (x, w, b)]
+    out = pw.functions.linear(*ours, activation="relu")
+    theirs = [torch.tensor(a.astype(np.float32), requires_grad=True) for a in (x, w, b)]
+    want = torch_half_mlp(theirs[0], [(theirs[1], theirs[2])], None, ["relu"])
+    assert out.dtype == np.float16 and rel(out.numpy(), want.detach().numpy()) < 2e-3
+    g = rng.standard_normal((9, 12)).astype(np.float16)
+    out.backward(pw.tensor(g, dev))
+    want.backward(torch.tensor(g.astype(np.float32)))
+    for p, q in zip(ours, theirs):
+        assert rel(p.grad.numpy(), q.grad.numpy()) < 5e-3
+    lin = pw.nn.Linear(20, 12, device=dev)
+    xf = rng.standard_normal((9, 20)).astype(np.float32)
+    with pw.autocast():
+        y = lin(pw.tensor(xf, dev))
+    assert y.dtype == np.float16
+    y.float().sum().backward()
+    assert lin.weight.grad.dtype == np.float32 and lin.bias.grad.dtype == np.float32
+    np.testing.assert_allclose(lin.bias.grad.numpy(), np.full(12, 9.0), rtol=0, atol=0)
