@@ -1504,8 +1504,8 @@ def _labels(target, rows, cols, ignore_index, dev, op):
     return labels
 
 
-def _class_input(input, op):  # noqa: A002 - torch's name
-    x = _check_float(input, op)
+def _class_input(input, op, dtype=_FLOAT32):  # noqa: A002 - torch's name
+    x = _float_tensor(input, _device_of(input), op, "input", dtype)
     if x.ndim != 2:
         raise ValueError(f"{op}: input must be [batch, classes], got shape {x.shape}")
     return x
@@ -1553,7 +1553,9 @@ def cross_entropy(
     One fused kernel pass forward (keeping a log-sum-exp per row, not the
     softmax) and one backward (the softmax recomputed from the logits)."""
     _check_reduction(reduction, "cross_entropy")
-    x = _class_input(input, "cross_entropy")
+    # float16 logits are read as they are, the loss is float32 (autocast: _RULES)
+    half = getattr(input, "dtype", None) == _HALF
+    x = _class_input(input, "cross_entropy", _HALF if half else _FLOAT32)
     rows, cols = x.shape
     dev = x.device
     labels = _labels(target, rows, cols, ignore_index, dev, "cross_entropy")
@@ -1573,6 +1575,7 @@ def cross_entropy(
             cols,
             int(ignore_index),
             reduction == "mean",
+            half,
         )
     result = per_row if reduction == "none" else out
     if needs_grad(x):
@@ -1580,7 +1583,7 @@ def cross_entropy(
         each, ignore = reduction == "none", int(ignore_index)
 
         def launch(rec, g, dst, beta):
-            _core.cross_entropy_backward(rec, xbuf, lbuf, lsebuf, g, obuf, dst, rows, cols, ignore, each, beta)
+            _core.cross_entropy_backward(rec, xbuf, lbuf, lsebuf, g, obuf, dst, rows, cols, ignore, each, beta, half)
 
         _attach_launch(result, "cross_entropy", x, launch, keep=(x, labels))
     return result
@@ -2096,6 +2099,8 @@ def _apply_rules(fn, kind, native, skip, ac, args, kwargs):
     inside autocast (``ac``: its dtype)."""
     if ac is not None and kind is not None:
         if kind == "f32":
+            if native:  # reads float16 operands itself, computing in float32: no float32 copies saved
+                return fn(*args, **kwargs)
             args, kwargs = _cast_operands(args, kwargs, _FLOAT32, skip)
             return fn(*args, **kwargs)
         args, kwargs = _cast_operands(args, kwargs, ac, skip)
@@ -2107,7 +2112,7 @@ def _apply_rules(fn, kind, native, skip, ac, args, kwargs):
             wide = True
     if not half:
         return fn(*args, **kwargs)
-    if native:
+    if native and kind != "f32":  # outside autocast, float16 in gives float16 out (torch): cast below
         out = fn(*args, **kwargs)
         if out is not NotImplemented:
             return out
@@ -2127,6 +2132,7 @@ _RULES: dict[str, tuple[Optional[str], bool, tuple]] = {
     "matmul": ("f16", True, ()),
     "mlp": ("f16", True, (4, "residual")),  # torch adds the residual after the linear, in the wider dtype
     "where": (None, False, (0, "condition")),  # a mask (bool in torch)
+    "cross_entropy": ("f32", True, ()),  # autocast: float16 logits read as they are, no float32 copy saved
 }
 _this = sys.modules[__name__]
 for _name in _F16_OPS + _F32_OPS + _SAME_OPS + list(_RULES):

@@ -472,3 +472,46 @@ def test_half_linear_with_a_last_activation_and_under_autocast(dev, rng):
     y.float().sum().backward()
     assert lin.weight.grad.dtype == np.float32 and lin.bias.grad.dtype == np.float32
     np.testing.assert_allclose(lin.bias.grad.numpy(), np.full(12, 9.0), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 7), (33, 129), (7, 4099), (300, 3)])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_half_cross_entropy_against_float64(dev, rng, rows, cols, reduction):
+    """Under autocast, float16 logits go into the fused cross-entropy as they are (float32
+    arithmetic, float32 loss) and their gradient comes back float16."""
+    x = (rng.standard_normal((rows, cols)) * 3).astype(np.float16)
+    labels = rng.integers(0, cols, rows).astype(np.int32)
+    labels[rng.random(rows) < 0.2] = -100
+    xt = pw.tensor(x, dev, requires_grad=True)
+    with pw.autocast():
+        loss = pw.functions.cross_entropy(xt, pw.tensor(labels, dev), reduction=reduction)
+    assert loss.dtype == np.float32
+    x64 = x.astype(np.float64)
+    lse = np.log(np.exp(x64 - x64.max(1, keepdims=True)).sum(1)) + x64.max(1)
+    keep = labels != -100
+    per_row = np.where(keep, lse - x64[np.arange(rows), np.where(keep, labels, 0)], 0.0)
+    want = {"none": per_row, "sum": per_row.sum(), "mean": per_row.sum() / keep.sum() if keep.any() else np.nan}
+    ref = np.asarray(want[reduction])
+    if reduction == "mean" and not keep.any():
+        assert np.isnan(loss.item())
+        return
+    np.testing.assert_allclose(loss.numpy(), ref, rtol=2e-6, atol=2e-6 * max(1.0, np.abs(ref).max()))
+    g = rng.standard_normal(rows).astype(np.float32) if reduction == "none" else np.float32(1.5)
+    loss.backward(pw.tensor(np.asarray(g, np.float32), dev))
+    assert xt.grad.dtype == np.float16
+    p = np.exp(x64 - lse[:, None])
+    onehot = np.zeros_like(p)
+    onehot[np.arange(rows)[keep], labels[keep]] = 1.0
+    scale = np.asarray(g, np.float64) * (1.0 / keep.sum() if reduction == "mean" else 1.0)
+    ref_g = (p - onehot) * (scale[:, None] if reduction == "none" else scale) * keep[:, None]
+    got_g = xt.grad.numpy().astype(np.float64)
+    assert np.all(np.isfinite(got_g))
+    assert np.all(np.abs(got_g - ref_g) <= 2.0**-11 * np.abs(ref_g) + 1e-6 * np.abs(scale).max() + 2.0**-24)
+
+
+def test_half_cross_entropy_outside_autocast_gives_float16_like_torch(dev, rng):
+    x = rng.standard_normal((9, 17)).astype(np.float16)
+    labels = rng.integers(0, 17, 9)
+    loss = pw.functions.cross_entropy(pw.tensor(x, dev), labels)
+    want = torch.nn.functional.cross_entropy(torch.tensor(x.astype(np.float32)), torch.tensor(labels)).half()
+    assert loss.dtype == np.float16 and abs(float(loss.item()) - float(want)) <= 1e-3 * abs(float(want))
