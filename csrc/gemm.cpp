@@ -12,19 +12,16 @@ void check_floats(const Buffer& b, uint64_t count, const char* what) {
                         std::to_string(count));
 }
 
-using namespace gemm_detail;
-
-namespace {
-
-void check_halves(const Buffer& b, uint64_t count, const char* what) {
+void check_elements(const Buffer& b, uint64_t count, const char* what, bool half) {
+  if (!half) return check_floats(b, count, what);
   if (b.bytes() < count * 2)
     throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 2) + " float16 values, needs " +
                         std::to_string(count));
 }
 
-void check_elements(const Buffer& b, uint64_t count, const char* what, bool half) {
-  (half ? check_halves : check_floats)(b, count, what);
-}
+using namespace gemm_detail;
+
+namespace {
 
 // half: float16 operands and output (else float32).
 void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, uint32_t n, uint32_t k,

@@ -26,13 +26,6 @@ const Kernel& linear_kernel(Device& dev, const char* entry, std::vector<Slot> bi
   return dev.pipelines().get(d);
 }
 
-void check_elements(const Buffer& b, uint64_t count, const char* what, bool half) {
-  if (!half) return check_floats(b, count, what);
-  if (b.bytes() < count * 2)
-    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 2) + " float16 values, needs " +
-                        std::to_string(count));
-}
-
 }  // namespace
 
 void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n, Activation act,
