@@ -11,7 +11,8 @@ CPU adapters record a 64x64x64 product, GPUs 64x768x768; on CPU adapters the
 linear layer is 384 -> 64 (GPUs: 384 -> 1536) and the loops are shorter, since
 there the device's own work runs on the same cores. "pw.gemm" is one call of
 bench/gemm_stream.py's loop (64 x 768 x 768 on GPUs), "(nothing recorded) then
-synchronize" a synchronize alone. ``--json PATH`` also writes the rows.
+synchronize" a synchronize alone, "_core.binary, submit, wait" the core's part of
+"x + y then synchronize". ``--json PATH`` also writes the rows.
 
     python bench/eager_costs.py [--json PATH]   # any adapter; on the GPU machine after the prelude
 """
@@ -26,6 +27,7 @@ import numpy as np
 import pywgtrain as pw
 import pywgtrain.nn.functional as F
 from pywgtrain import _core
+from pywgtrain._opcodes import BINARY
 from pywgtrain.benchmarks.common import is_cpu_adapter
 
 
@@ -88,6 +90,14 @@ def main():
         rec.submit()
     report(f"_core.gemm {m}x{nk}x{nk}", "recorded", per_call)
     timed("(nothing recorded)", lambda: None, batch=False, n=500, sync=True)
+    xb, yb, zb, rec = x._buf, y._buf, _core._Buffer(dev._dev, 384 * 4), _core._Recorder(dev._dev)
+
+    def core_add_sync():  # what "x + y then synchronize" costs without the Python layers
+        _core.binary(rec, BINARY["add"], xb, yb, zb, [1, 384], [384, 1], [384, 1], 0.0)
+        rec.submit()
+        dev._dev.wait(0)
+
+    timed("_core.binary, submit, wait (no Python layers)", core_add_sync, batch=False, n=500)
     timed("x + y", lambda: x + y, batch=False, n=500, sync=True)
     timed("F.linear(x, w, b)", lambda: F.linear(x, w, b), batch=False, n=500, sync=True)
     timed("x[:, :128]", lambda: x[:, :128], batch=True)

@@ -853,7 +853,8 @@ cdef class _Stream:
     def submit(self):
         cdef BatchToken token
         cdef Recorder* rec = self.rec.ptr.get()
-        with self.lock:
+        self.lock.acquire()  # also when nothing is pending: another thread's submit may be under way
+        try:
             if not rec.pending():
                 return
             token, self.token = self.token, BatchToken()
@@ -864,6 +865,8 @@ cdef class _Stream:
             except BaseException as e:
                 _mark_lost(token, f"submitting it failed: {type(e).__name__}: {e}")
                 raise
+        finally:
+            self.lock.release()
 
     def lose(self, str why not None):
         """The open recording was discarded by the core (caller holds the lock)."""
@@ -927,17 +930,19 @@ cdef class _Recording:
 
 
 # Set by pywgtrain.functions when it loads (register_fast_paths): the Tensor
-# class, float32's dtype, the autograd record of a binary op, and autocast's
-# per-thread state.
+# class, float32's dtype, the autograd record of a binary op, autocast's and
+# autograd's per-thread states.
 cdef object _Tensor = None
 cdef object _F32 = None
 cdef object _binary_grad = None
 cdef object _autocast = None
+cdef object _grad_mode = None
 
 
-def register_fast_paths(type tensor not None, f32, binary_grad, autocast_state):
-    global _Tensor, _F32, _binary_grad, _autocast
-    _Tensor, _F32, _binary_grad, _autocast = tensor, f32, binary_grad, autocast_state
+def register_fast_paths(type tensor not None, f32, binary_grad, autocast_state, grad_mode):
+    """``grad_mode``: autograd's per-thread state (``enabled``, default True)."""
+    global _Tensor, _F32, _binary_grad, _autocast, _grad_mode
+    _Tensor, _F32, _binary_grad, _autocast, _grad_mode = tensor, f32, binary_grad, autocast_state, grad_mode
 
 
 cdef _TensorFields _result_of(dev, batch, tuple shape, uint64_t numel):
@@ -969,7 +974,7 @@ def binary_fast(uint32_t op, a, b):
     cdef uint32_t ea, eb
     cdef uint64_t numel = 1, sta = 1, stb = 1
     cdef vector[uint32_t] sh, sa, sb
-    if _Tensor is None or type(a) is not _Tensor or type(b) is not _Tensor:
+    if _Tensor is None or not isinstance(a, _Tensor) or not isinstance(b, _Tensor):
         return None
     ta, tb = <_TensorFields>a, <_TensorFields>b
     if ta.dtype is not _F32 or tb.dtype is not _F32 or ta.device is not tb.device:
@@ -1035,20 +1040,21 @@ def gemm_fast(uint32_t kind, a, b, bias, bint trans_a, bint trans_b):
     cdef _Recording r
     cdef _Recorder rec
     cdef uint64_t m, n, k, rows
-    if _Tensor is None or type(a) is not _Tensor or type(b) is not _Tensor:
+    if _Tensor is None or not isinstance(a, _Tensor) or not isinstance(b, _Tensor):
         return None
     ta, tb = <_TensorFields>a, <_TensorFields>b
     if bias is not None:
-        if type(bias) is not _Tensor:
+        if not isinstance(bias, _Tensor):
             return None
         tbias = <_TensorFields>bias
         if tbias.dtype is not _F32 or tbias.device is not ta.device or not tbias._whole:
             return None
     if ta.dtype is not _F32 or tb.dtype is not _F32 or ta.device is not tb.device or not ta._whole or not tb._whole:
         return None
-    if kind != _GEMM_PLAIN and (_autocast.dtype is not None or ta.requires_grad or tb.requires_grad
-                               or (tbias is not None and tbias.requires_grad)):
-        return None
+    if kind != _GEMM_PLAIN and (_autocast.dtype is not None or (
+            (ta.requires_grad or tb.requires_grad or (tbias is not None and tbias.requires_grad))
+            and getattr(_grad_mode, "enabled", True))):
+        return None  # autocast's casts, or an autograd record: the Python path
     shape_a, shape_b = <tuple>ta.shape, <tuple>tb.shape
     if len(shape_b) != 2 or not (len(shape_a) == 2 or (kind == _GEMM_LINEAR and len(shape_a) >= 1)):
         return None

@@ -23,6 +23,7 @@ import numpy as np
 from . import _core
 from ._opcodes import BINARY, REDUCE, UNARY
 from .autocast import _state as _autocast_state
+from .autograd import _state as _grad_state
 from .autograd import attach, is_grad_enabled, needs_grad
 from ._typing import Dims, ShapeLike
 from .device import default_device
@@ -2163,4 +2164,4 @@ for _name in _F16_OPS + _F32_OPS + _SAME_OPS + list(_RULES):
 
 
 _register_ops(sys.modules[__name__])  # Tensor's methods call the ops through this (see tensor.py)
-_core.register_fast_paths(Tensor, _FLOAT32, _binary_grad, _autocast_state)
+_core.register_fast_paths(Tensor, _FLOAT32, _binary_grad, _autocast_state, _grad_state)

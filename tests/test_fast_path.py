@@ -274,9 +274,23 @@ def test_products_under_autocast_and_no_grad(dev, rng):
         y = pw.nn.functional.linear(x, w.detach())
     assert y.dtype == np.float16  # autocast's rule, from the Python path
     with pw.no_grad():
+        assert _core.gemm_fast(_core.GEMM_LINEAR, x, w, None, False, True) is not None  # no record to make
         z = pw.nn.functional.linear(x, w)
     assert not z.requires_grad
+    assert _core.gemm_fast(_core.GEMM_LINEAR, x, w, None, False, True) is None
     out = pw.nn.functional.linear(x, w)
     assert out.requires_grad
     out.sum().backward()
     np.testing.assert_allclose(w.grad.numpy(), np.broadcast_to(x.numpy().sum(0), (4, 16)), rtol=1e-4, atol=1e-4)
+
+
+def test_parameters_take_the_fast_path(dev, rng):
+    p = pw.nn.Parameter(rand(rng, 4, 16), dev)
+    x = pw.tensor(rand(rng, 4, 16), dev)
+    z = p * x  # a subclass of Tensor, requiring grad
+    assert z.requires_grad and z.grad_fn is not None
+    z.sum().backward()
+    np.testing.assert_allclose(p.grad.numpy(), x.numpy(), rtol=1e-6)
+    with pw.no_grad():
+        y = pw.nn.functional.linear(x, p)
+    np.testing.assert_allclose(y.numpy(), x.numpy().astype(np.float64) @ p.numpy().T, rtol=1e-4, atol=1e-4)
