@@ -3,7 +3,8 @@ tensors (streamed, no batch) then ``dev.synchronize()``, against ten
 ``torch.mm`` then ``torch.cuda.synchronize()`` (TF32 off) in the same
 process; wall clock per call, median of REPS rounds, both sides alternating.
 Shapes M x N x K: M in {64, 256}, (N, K) in {(768, 768), (3072, 768),
-(768, 3072)}, modes NN, NT, TN (op(A) is M x K, op(B) is K x N).
+(768, 3072)}, modes NN, NT, TN (op(A) is M x K, op(B) is K x N). CPU adapters
+(lavapipe) run every size divided by 8 and 5 rounds: a check that it runs.
 
     python bench/gemm_stream.py [LABEL]      # on the GPU machine after the prelude
 """
@@ -15,7 +16,7 @@ import time
 import numpy as np
 
 import pywgtrain as pw
-from pywgtrain.benchmarks.common import _torch_cuda
+from pywgtrain.benchmarks.common import _torch_cuda, is_cpu_adapter
 from pywgtrain.benchmarks.gemm import warm_up
 
 REPS = 60 if len(sys.argv) < 3 else int(sys.argv[2])
@@ -27,10 +28,13 @@ def main():
     dev = pw.default_device()
     torch = _torch_cuda()
     rng = np.random.default_rng(0)
-    warm_up(dev, torch)
+    cpu = is_cpu_adapter(dev)
+    reps, div = (min(REPS, 5), 8) if cpu else (REPS, 1)
+    if not cpu:
+        warm_up(dev, torch)
     ratios = []
-    for m in (64, 256):
-        for n, k in ((768, 768), (3072, 768), (768, 3072)):
+    for m in (64 // div, 256 // div):
+        for n, k in ((768 // div, 768 // div), (3072 // div, 768 // div), (768 // div, 3072 // div)):
             for mode in ("NN", "NT", "TN"):
                 ta, tb = mode[0] == "T", mode[1] == "T"
                 a_np = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
@@ -56,7 +60,7 @@ def main():
                 for _ in range(5):
                     for fn in sides.values():
                         fn()
-                for _ in range(REPS):
+                for _ in range(reps):
                     for name, fn in sides.items():
                         t0 = time.perf_counter()
                         fn()

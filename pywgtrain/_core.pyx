@@ -309,6 +309,11 @@ def _new_tensor(type cls not None, _Buffer buf not None, tuple shape not None, o
                 object numel, object batch):
     """A ``cls`` (Tensor) over all of ``buf``: contiguous, no autograd record.
     The caller has checked the arguments (ops derive them from checked inputs)."""
+    return _make_tensor(cls, buf, shape, dtype, device, numel, batch)
+
+
+cdef _TensorFields _make_tensor(type cls, _Buffer buf, tuple shape, object dtype, object device, object numel,
+                                object batch):
     cdef _TensorFields t = cls.__new__(cls)
     t._store = _Storage(buf)
     t._offset = 0
@@ -790,4 +795,302 @@ def shader_constants():
     out = {}
     for k in c.contract_constants():
         out.setdefault(_s(k.shader), {})[_s(k.name)] = k.value
+    return out
+
+
+# ---- where one operation records (device.py's Device._recording()) and the
+# common case of the element-wise ops, kept here because an op called on its
+# own pays these per call ----
+
+from threading import RLock as _RLock
+
+cdef class BatchToken:
+    """Marks the work a ``Device.batch()`` block recorded and has not yet
+    submitted. Tensors created inside the block keep the token current at
+    their creation (``Device._current_batch_token()``); when the block is
+    discarded by an exception the token's ``discarded`` flag is set, and
+    reading such a tensor raises instead of returning memory nothing wrote.
+    A read inside the block submits what is recorded so far: the token is
+    then retired (its work will run) and later tensors get a fresh one."""
+    cdef public bint discarded
+    cdef public object reason
+
+    def __cinit__(self, reason=None):
+        """``reason``: born discarded (work dropped outside a batch, e.g. a failed group of replayed steps)."""
+        self.discarded = reason is not None
+        self.reason = reason
+
+    def check(self):
+        """Raise RuntimeError if the batch this token belongs to was discarded."""
+        if self.discarded:
+            raise RuntimeError(self.reason)
+
+    def __repr__(self):
+        return f"<BatchToken {'discarded' if self.discarded else 'live'}>"
+
+
+cdef _mark_lost(BatchToken token, str why):
+    token.reason = f"the work that was to write this tensor never ran: {why}"
+    token.discarded = True
+
+
+cdef class _Stream:
+    """Streaming submission: operations recorded outside a ``Device.batch()``,
+    by any thread, go into one open recording per device, which is submitted
+    once it holds ``Device.BATCH_SUBMIT_COMMANDS`` commands and whenever the
+    device is flushed (a host read or write, ``synchronize()``, ``query()``, a
+    batch starting): the GPU runs while Python
+    records, and no operation pays a submission of its own (a CUDA stream's
+    behaviour). One per device, not per thread, so that a tensor handed to
+    another thread is flushed by that thread's read; ``lock`` serializes
+    recording into it. If a command fails to record, the core discards the
+    whole recording: the tensors its work was to write then raise on read."""
+    cdef readonly _Recorder rec
+    cdef public BatchToken token  # tensors created while this recording is open
+    cdef readonly object lock
+    cdef readonly Py_ssize_t submits
+
+    def __cinit__(self, _Device device not None):
+        self.rec = _Recorder(device)
+        self.token = BatchToken()
+        self.lock = _RLock()
+        self.submits = 0
+
+    def submit(self):
+        cdef BatchToken token
+        cdef Recorder* rec = self.rec.ptr.get()
+        self.lock.acquire()  # also when nothing is pending: another thread's submit may be under way
+        try:
+            if not rec.pending():
+                return
+            token, self.token = self.token, BatchToken()
+            self.submits += 1
+            try:
+                with nogil:
+                    rec.submit()
+            except BaseException as e:
+                _mark_lost(token, f"submitting it failed: {type(e).__name__}: {e}")
+                raise
+        finally:
+            self.lock.release()
+
+    def lose(self, str why not None):
+        """The open recording was discarded by the core (caller holds the lock)."""
+        token, self.token = self.token, BatchToken()
+        _mark_lost(token, f"a later operation failed to record ({why}), and the core discards its whole recording")
+
+
+cdef class _Recording:
+    """Device._recording()'s context manager: the thread's open batch
+    recorder, else the device's stream under its lock (submitted once it
+    holds ``Device.BATCH_SUBMIT_COMMANDS`` commands). The fast paths below
+    use its ``_enter``/``_exit`` without the ``with`` statement."""
+    cdef object _dev  # the pywgtrain.Device
+    cdef _Stream _stream
+    cdef _Recorder _batch  # the thread's batch recorder while inside one
+    cdef size_t _submits, _pending
+
+    def __cinit__(self, dev):
+        self._dev = dev
+
+    def __enter__(self):
+        return self._enter(getattr(self._dev._local, "recorder", None))
+
+    def __exit__(self, exc_type, exc, tb):
+        self._exit(exc)
+
+    cdef _Recorder _enter(self, batch):
+        """``batch``: the thread's batch recorder of this device, or None."""
+        cdef _Stream stream
+        if batch is not None:
+            self._batch = batch
+            return self._batch
+        stream = self._dev._stream
+        stream.lock.acquire()
+        self._stream = stream
+        self._submits, self._pending = stream.submits, stream.rec.ptr.get().pending()
+        return stream.rec
+
+    cdef _exit(self, exc):
+        """``exc``: the exception leaving the block, or None."""
+        cdef _Stream stream = self._stream
+        cdef _Recorder batch = self._batch
+        self._stream = None
+        self._batch = None
+        if stream is not None:
+            try:
+                if exc is not None:
+                    if self._pending and stream.submits == self._submits and not stream.rec.ptr.get().pending():
+                        # The core discards a recording whose command failed (Recorder::recording_step),
+                        # earlier operations' work with it.
+                        stream.lose(f"{type(exc).__name__}: {exc}")
+                elif stream.rec.ptr.get().pending() >= <size_t>self._dev.BATCH_SUBMIT_COMMANDS:
+                    stream.submit()
+            finally:
+                stream.lock.release()
+            return
+        # In a batch, an exception discards the whole block's unsubmitted work (Device.batch).
+        if (exc is None and batch.ptr.get().pending() >= <size_t>self._dev.BATCH_SUBMIT_COMMANDS
+                and not batch.ptr.get().capturing()):
+            self._dev._submit_batch_part(batch)  # the GPU starts while the rest is recorded
+
+
+# Set by pywgtrain.functions when it loads (register_fast_paths): the Tensor
+# class, float32's dtype, the autograd record of a binary op, autocast's and
+# autograd's per-thread states.
+cdef object _Tensor = None
+cdef object _F32 = None
+cdef object _binary_grad = None
+cdef object _autocast = None
+cdef object _grad_mode = None
+
+
+def register_fast_paths(type tensor not None, f32, binary_grad, autocast_state, grad_mode):
+    """``grad_mode``: autograd's per-thread state (``enabled``, default True)."""
+    global _Tensor, _F32, _binary_grad, _autocast, _grad_mode
+    _Tensor, _F32, _binary_grad, _autocast, _grad_mode = tensor, f32, binary_grad, autocast_state, grad_mode
+
+
+cdef _TensorFields _result_of(dev, batch, tuple shape, uint64_t numel):
+    """A new float32 result of ``numel`` (> 0) elements, with the token of where it is recorded
+    (``batch``: the thread's batch recorder or None; Device._current_batch_token())."""
+    token = dev._stream.token if batch is None else getattr(dev._local, "batch_token", None)
+    return _make_tensor(_Tensor, _Buffer(<_Device>dev._dev, numel * 4), shape, _F32, dev, numel, token)
+
+
+cdef inline Buffer* _tbuf(_TensorFields t):
+    return (<_Storage>t._store).buf.ptr.get()
+
+
+cdef enum:
+    _MAX_DIMS = 6  # tensor_ops.hpp kMaxDims
+
+
+def binary_fast(uint32_t op, a, b):
+    """``op`` (a BinaryOp) of two float32 tensors of one device that kernels
+    bind as they are (``_whole``), nonempty, of equal or broadcastable shapes
+    of at most six dimensions: checks, broadcast strides, the result, the
+    recording; the autograd record through functions' hook. None for any
+    other call: the ops' Python path (functions._binary) handles it, with its
+    errors."""
+    cdef _TensorFields ta, tb, out
+    cdef _Recording r
+    cdef _Recorder rec
+    cdef Py_ssize_t na, nb, n, i
+    cdef uint32_t ea, eb
+    cdef uint64_t numel = 1, sta = 1, stb = 1
+    cdef vector[uint32_t] sh, sa, sb
+    if _Tensor is None or not isinstance(a, _Tensor) or not isinstance(b, _Tensor):
+        return None
+    ta, tb = <_TensorFields>a, <_TensorFields>b
+    if ta.dtype is not _F32 or tb.dtype is not _F32 or ta.device is not tb.device:
+        return None
+    if not ta._whole or not tb._whole:
+        return None
+    shape_a, shape_b = <tuple>ta.shape, <tuple>tb.shape
+    na, nb = len(shape_a), len(shape_b)
+    n = na if na > nb else nb
+    if n > _MAX_DIMS:
+        return None
+    if n == 0:  # two 0-d tensors: the kernels take one dimension
+        sh.push_back(1)
+        sa.push_back(1)
+        sb.push_back(1)
+    else:
+        sh.resize(n)
+        sa.resize(n)
+        sb.resize(n)
+        for i in range(n - 1, -1, -1):  # right-aligned, strides of each operand's own (padded) layout
+            ea = <uint32_t>shape_a[i - n + na] if i >= n - na else 1
+            eb = <uint32_t>shape_b[i - n + nb] if i >= n - nb else 1
+            if ea == 0 or eb == 0 or (ea != eb and ea != 1 and eb != 1):
+                return None  # empty, or not broadcastable: the Python path decides
+            sh[i] = ea if ea > eb else eb
+            sa[i] = 0 if ea == 1 and sh[i] != 1 else <uint32_t>sta
+            sb[i] = 0 if eb == 1 and sh[i] != 1 else <uint32_t>stb
+            sta *= ea
+            stb *= eb
+            numel *= sh[i]
+    shape = shape_a if shape_a == shape_b else tuple([sh[i] for i in range(n)])
+    dev = ta.device
+    batch = getattr(dev._local, "recorder", None)
+    out = _result_of(dev, batch, shape, numel)
+    r = _Recording(dev)
+    rec = r._enter(batch)
+    try:
+        c.binary(rec.ptr.get()[0], <c.BinaryOp>op, _tbuf(ta)[0], _tbuf(tb)[0], _tbuf(out)[0], sh, sa, sb, 0.0)
+    except BaseException as e:
+        r._exit(e)
+        raise
+    r._exit(None)
+    if ta.requires_grad or tb.requires_grad:
+        return _binary_grad(op, a, b, out, list(sh), list(sa), list(sb))
+    return out
+
+
+cdef enum:
+    _GEMM_PLAIN = 0  # pw.gemm(a, b, trans_a, trans_b): the result's version bumped, as ops.gemm's
+    _GEMM_MATMUL = 1  # a @ b of 2-D tensors
+    _GEMM_LINEAR = 2  # F.linear(a, b, bias): a is [..., k], b the [n, k] weight
+
+GEMM_PLAIN, GEMM_MATMUL, GEMM_LINEAR = _GEMM_PLAIN, _GEMM_MATMUL, _GEMM_LINEAR
+
+
+def gemm_fast(uint32_t kind, a, b, bias, bint trans_a, bint trans_b):
+    """The plain case of a matrix product ``kind`` (GEMM_*): float32 tensors
+    of one device that kernels bind as they are, nonempty, matching inner
+    dimensions, a bias of shape (n,); for matmul and linear also no operand
+    requiring grad and autocast off. Checks, the result, the recording; None
+    for any other call, which the op's Python path handles, with its errors."""
+    cdef _TensorFields ta, tb, tbias = None, out
+    cdef _Recording r
+    cdef _Recorder rec
+    cdef uint64_t m, n, k, rows
+    if _Tensor is None or not isinstance(a, _Tensor) or not isinstance(b, _Tensor):
+        return None
+    ta, tb = <_TensorFields>a, <_TensorFields>b
+    if bias is not None:
+        if not isinstance(bias, _Tensor):
+            return None
+        tbias = <_TensorFields>bias
+        if tbias.dtype is not _F32 or tbias.device is not ta.device or not tbias._whole:
+            return None
+    if ta.dtype is not _F32 or tb.dtype is not _F32 or ta.device is not tb.device or not ta._whole or not tb._whole:
+        return None
+    if kind != _GEMM_PLAIN and (_autocast.dtype is not None or (
+            (ta.requires_grad or tb.requires_grad or (tbias is not None and tbias.requires_grad))
+            and getattr(_grad_mode, "enabled", True))):
+        return None  # autocast's casts, or an autograd record: the Python path
+    shape_a, shape_b = <tuple>ta.shape, <tuple>tb.shape
+    if len(shape_b) != 2 or not (len(shape_a) == 2 or (kind == _GEMM_LINEAR and len(shape_a) >= 1)):
+        return None
+    if kind == _GEMM_LINEAR:
+        k = shape_a[len(shape_a) - 1]
+        m = <uint64_t>ta._numel // k if k else 0
+        trans_a = False
+    else:
+        m, k = (shape_a[1], shape_a[0]) if trans_a else (shape_a[0], shape_a[1])
+    n, rows = (shape_b[0], shape_b[1]) if trans_b else (shape_b[1], shape_b[0])
+    if rows != k or m == 0 or n == 0 or k == 0 or m > 0xFFFFFFFF or n > 0xFFFFFFFF or k > 0xFFFFFFFF:
+        return None
+    if tbias is not None and tbias.shape != (n,):
+        return None
+    shape = shape_a[:len(shape_a) - 1] + (n,) if kind == _GEMM_LINEAR else (m, n)
+    dev = ta.device
+    batch = getattr(dev._local, "recorder", None)
+    out = _result_of(dev, batch, shape, m * n)
+    r = _Recording(dev)
+    rec = r._enter(batch)
+    try:
+        if tbias is not None:
+            c.gemm_bias_act(rec.ptr.get()[0], _tbuf(ta)[0], _tbuf(tb)[0], _tbuf(tbias)[0], _tbuf(out)[0], NULL,
+                            m, n, k, trans_a, trans_b, <Activation>0)
+        else:
+            c.gemm(rec.ptr.get()[0], _tbuf(ta)[0], _tbuf(tb)[0], _tbuf(out)[0], m, n, k, trans_a, trans_b, 1.0, 0.0)
+    except BaseException as e:
+        r._exit(e)
+        raise
+    r._exit(None)
+    if kind == _GEMM_PLAIN:
+        (<_Storage>out._store).version += 1
     return out

@@ -11,6 +11,6 @@ def _table(stem: str, prefix: str) -> dict[str, int]:
     return {name[len(prefix) :].lower(): value for name, value in consts.items() if name.startswith(prefix)}
 
 
-UNARY = _table("elementwise", "U_")
-BINARY = _table("elementwise", "B_")
-REDUCE = _table("axis", "R_")
+UNARY: dict[str, int] = _table("elementwise", "U_")
+BINARY: dict[str, int] = _table("elementwise", "B_")
+REDUCE: dict[str, int] = _table("axis", "R_")

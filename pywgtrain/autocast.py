@@ -38,7 +38,7 @@ class _State(threading.local):
         self.cache: dict[int, tuple[Any, int, bool, Any]] = {}
 
 
-_state = _State()
+_state: _State = _State()
 
 
 def is_autocast_enabled() -> bool:

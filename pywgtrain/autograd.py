@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from . import _core
 
-_state = threading.local()
+_state: threading.local = threading.local()
 
 
 def is_grad_enabled() -> bool:

@@ -18,115 +18,12 @@ _ordinal_lock = threading.Lock()
 _next_ordinal = 0
 
 
-class _Recording:
-    """Device._recording()'s context manager (a class: an operation called on
-    its own pays its cost on every call, a generator's is several times it)."""
-
-    __slots__ = ("_dev", "_stream", "_batch", "_submits", "_pending")
-
-    def __init__(self, dev: "Device") -> None:
-        self._dev = dev
-        self._stream: Optional[_Stream] = None
-        self._batch: Any = None  # the thread's batch recorder while inside one
-
-    def __enter__(self) -> _core._Recorder:
-        dev = self._dev
-        rec = getattr(dev._local, "recorder", None)
-        if rec is not None:
-            self._batch = rec
-            return rec
-        stream = dev._stream
-        stream.lock.acquire()
-        self._stream = stream
-        self._submits, self._pending = stream.submits, stream.rec.pending
-        return stream.rec
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            try:
-                if exc_type is not None:
-                    if self._pending and stream.submits == self._submits and not stream.rec.pending:
-                        # The core discards a recording whose command failed (Recorder::recording_step),
-                        # earlier operations' work with it.
-                        stream.lose(f"{type(exc).__name__}: {exc}")
-                elif stream.rec.pending >= Device.BATCH_SUBMIT_COMMANDS:
-                    stream.submit()
-            finally:
-                stream.lock.release()
-            return
-        # In a batch, an exception discards the whole block's unsubmitted work (Device.batch).
-        if exc_type is None and self._batch.pending >= Device.BATCH_SUBMIT_COMMANDS and not self._batch.capturing:
-            self._dev._submit_batch_part(self._batch)  # the GPU starts while the rest is recorded
-        self._batch = None
-
-
-class _Stream:
-    """Streaming submission: operations recorded outside a ``Device.batch()``,
-    by any thread, go into one open recording per device, which is submitted
-    once it holds ``Device.BATCH_SUBMIT_COMMANDS`` commands and whenever the
-    device is flushed (a host read or write, ``synchronize()``, ``query()``, a
-    batch starting): the GPU runs while Python
-    records, and no operation pays a submission of its own (a CUDA stream's
-    behaviour). One per device, not per thread, so that a tensor handed to
-    another thread is flushed by that thread's read; ``lock`` serializes
-    recording into it. If a command fails to record, the core discards the
-    whole recording: the tensors its work was to write then raise on read."""
-
-    __slots__ = ("rec", "token", "lock", "submits")
-
-    def __init__(self, dev: "Device") -> None:
-        self.rec = _core._Recorder(dev._dev)
-        self.token = BatchToken()  # tensors created while this recording is open
-        self.lock = threading.RLock()
-        self.submits = 0
-
-    def submit(self) -> None:
-        with self.lock:
-            if not self.rec.pending:
-                return
-            token, self.token = self.token, BatchToken()
-            self.submits += 1
-            try:
-                self.rec.submit()
-            except BaseException as e:
-                self._mark_lost(token, f"submitting it failed: {type(e).__name__}: {e}")
-                raise
-
-    def lose(self, why: str) -> None:
-        """The open recording was discarded by the core (caller holds the lock)."""
-        token, self.token = self.token, BatchToken()
-        self._mark_lost(token, f"a later operation failed to record ({why}), and the core discards its whole recording")
-
-    @staticmethod
-    def _mark_lost(token: "BatchToken", why: str) -> None:
-        token.reason = f"the work that was to write this tensor never ran: {why}"
-        token.discarded = True
-
-
-class BatchToken:
-    """Marks the work a ``Device.batch()`` block recorded and has not yet
-    submitted. Tensors created inside the block keep the token current at
-    their creation (``Device._current_batch_token()``); when the block is
-    discarded by an exception the token's ``discarded`` flag is set, and
-    reading such a tensor raises instead of returning memory nothing wrote.
-    A read inside the block submits what is recorded so far: the token is
-    then retired (its work will run) and later tensors get a fresh one."""
-
-    __slots__ = ("discarded", "reason")
-
-    def __init__(self, reason: Optional[str] = None) -> None:
-        """``reason``: born discarded (work dropped outside a batch, e.g. a failed group of replayed steps)."""
-        self.discarded = reason is not None
-        self.reason = reason
-
-    def check(self) -> None:
-        """Raise RuntimeError if the batch this token belongs to was discarded."""
-        if self.discarded:
-            raise RuntimeError(self.reason)
-
-    def __repr__(self):
-        return f"<BatchToken {'discarded' if self.discarded else 'live'}>"
+# Where an operation records (Device._recording()), the device's stream and
+# the tokens of unsubmitted work live in the core (_core.pyx): every op pays
+# them per call.
+_Recording = _core._Recording
+_Stream = _core._Stream
+BatchToken = _core.BatchToken
 
 
 class DeviceCache:
@@ -230,7 +127,7 @@ class Device:
         with _wayland_quiet():
             self._dev = _core._Device("" if adapter is None else str(adapter))
         self._local = threading.local()
-        self._stream = _Stream(self)
+        self._stream = _Stream(self._dev)
         self._cache = DeviceCache(self._dev.limits["min_storage_buffer_offset_alignment"])
         self._dev.configure_gemm_tuning(_gemm_autotune_default(self._dev.info), cache_dir())
         with _ordinal_lock:
@@ -367,9 +264,10 @@ class Device:
             return self._stream.token
         return getattr(self._local, "batch_token", None)
 
-    def _recording(self) -> "_Recording":
-        """Where one operation records: this thread's open batch, else the
-        device's stream (``_Stream``)."""
+    def _recording(self) -> Any:
+        """Where one operation records (a ``_Recording`` context manager giving
+        the ``_core._Recorder``): this thread's open batch, else the device's
+        stream (``_Stream``)."""
         return _Recording(self)
 
     def _in_batch(self) -> bool:

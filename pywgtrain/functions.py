@@ -23,6 +23,7 @@ import numpy as np
 from . import _core
 from ._opcodes import BINARY, REDUCE, UNARY
 from .autocast import _state as _autocast_state
+from .autograd import _state as _grad_state
 from .autograd import attach, is_grad_enabled, needs_grad
 from ._typing import Dims, ShapeLike
 from .device import default_device
@@ -352,6 +353,9 @@ _NO_GRAD_BINARY = ("gt", "lt", "ge", "le", "eq", "ne")
 
 def _binary(name, a, b):
     if type(a) is Tensor and type(b) is Tensor:  # the common case: no scalar operand to look for
+        out = _core.binary_fast(BINARY[name], a, b)  # float32, bindable, one device (None: any other call)
+        if out is not None:
+            return out
         dev = a.device
         return _binary_tensors(name, _float_tensor(a, dev, name, "input"), _float_tensor(b, dev, name, "other"), dev)
     dev = _device_of(a, b)
@@ -398,9 +402,20 @@ def _binary_tensors(name, ta, tb, dev):
     code = BINARY[name]
     with _rec(dev) as rec:
         _core.binary(rec, code, ta._buf, tb._buf, out._buf, kshape, sa, sb, 0.0)
+    return _binary_grad(code, ta, tb, out, kshape, sa, sb)
+
+
+_BINARY_NAMES = {code: name for name, code in BINARY.items()}
+
+
+def _binary_grad(code, ta, tb, out, kshape, sa, sb):
+    """``out``, the recorded binary op ``code`` of ta and tb, with its autograd record when it needs one
+    (also the hook of the Cython fast path, _core.binary_fast)."""
+    name = _BINARY_NAMES[code]
     if name in _NO_GRAD_BINARY or not needs_grad(ta, tb):
         return out
     abuf, bbuf = ta._buf, tb._buf
+    shape, dev = out.shape, out.device
 
     def backward(g, sinks):
         for which, sink in enumerate(sinks):
@@ -1143,6 +1158,9 @@ def index_select(x: Tensor, dim: int, index: Labels) -> Tensor:
 def matmul(a: TensorLike, b: TensorLike) -> Tensor:
     """``a @ b`` like torch.matmul: 2-D, 1-D (vector), and batched N-D operands
     whose batch dimensions broadcast."""
+    out = _core.gemm_fast(_core.GEMM_MATMUL, a, b, None, False, False)  # the plain 2-D case (None: any other)
+    if out is not None:
+        return out
     dev = _device_of(a, b)
     if getattr(a, "dtype", None) == np.float16:
         return _matmul_half(a, b, dev)
@@ -1471,6 +1489,10 @@ def linear(
     activation): ``x @ weight.T + bias + residual``, the add of a residual
     connection done by the GEMM's epilogue. A chain of layers whose backward
     fuses each activation's derivative into the next GEMM: :func:`mlp`."""
+    if activation is None and residual is None:
+        out = _core.gemm_fast(_core.GEMM_LINEAR, x, weight, bias, False, True)  # the plain case (None: any other)
+        if out is not None:
+            return out
     return mlp(x, [weight], [bias], [activation], residual)
 
 
@@ -2142,3 +2164,4 @@ for _name in _F16_OPS + _F32_OPS + _SAME_OPS + list(_RULES):
 
 
 _register_ops(sys.modules[__name__])  # Tensor's methods call the ops through this (see tensor.py)
+_core.register_fast_paths(Tensor, _FLOAT32, _binary_grad, _autocast_state, _grad_state)

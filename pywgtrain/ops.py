@@ -74,6 +74,11 @@ def gemm(
     ``out`` is float16 too; products accumulate in float32). ``beta != 0`` needs
     ``out``. Returns ``out`` if given, a NumPy array if ``a`` and ``b`` are NumPy
     arrays, else a Tensor."""
+    plain = type(alpha) is float and type(beta) is float and alpha == 1.0 and beta == 0.0
+    if plain and out is None and device is None and type(trans_a) is bool and type(trans_b) is bool:
+        tc = _core.gemm_fast(_core.GEMM_PLAIN, a, b, None, trans_a, trans_b)  # device tensors: one call (None: others)
+        if tc is not None:
+            return tc
     # `type(x) is` first: this runs on every call, and a GEMV's whole call is ~50 us.
     if type(trans_a) is not bool:
         trans_a = _check_flag("gemm", "trans_a", trans_a)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union, over
 import numpy as np
 
 from . import _core
+from ._opcodes import BINARY
 from ._typing import Dims, DTypeLike, ShapeLike
 from .autograd import Node, is_grad_enabled
 from .autograd import backward as _run_backward
@@ -30,6 +31,7 @@ def _register_ops(module: ModuleType) -> None:
     F = module
 
 
+_ADD, _SUB, _MUL, _DIV = BINARY["add"], BINARY["sub"], BINARY["mul"], BINARY["div"]
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32))
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))  # those autograd differentiates
 _HALF = np.dtype(np.float16)
@@ -723,7 +725,8 @@ class Tensor(_TensorFields):
         return F.to_dtype(self, np.float32)
 
     def matmul(self, other: TensorLike) -> Tensor:
-        return F.matmul(self, other)
+        out = _core.gemm_fast(_core.GEMM_MATMUL, self, other, None, False, False)  # as the operators below
+        return F.matmul(self, other) if out is None else out
 
     def sum(self, dim: Dims = None, keepdim: bool = False) -> Tensor:
         return F.sum(self, dim, keepdim)
@@ -750,12 +753,26 @@ class Tensor(_TensorFields):
     def log_softmax(self, dim: int = -1) -> Tensor:
         return F.log_softmax(self, dim)
 
+    # The operators try the common case (float32 tensors of one device, bound as they are) in one
+    # Cython call first; F's ops take every other call.
+    def __add__(self, other: Operand) -> Tensor:
+        out = _core.binary_fast(_ADD, self, other)
+        return F.add(self, other) if out is None else out
+
+    def __sub__(self, other: Operand) -> Tensor:
+        out = _core.binary_fast(_SUB, self, other)
+        return F.sub(self, other) if out is None else out
+
+    def __mul__(self, other: Operand) -> Tensor:
+        out = _core.binary_fast(_MUL, self, other)
+        return F.mul(self, other) if out is None else out
+
+    def __truediv__(self, other: Operand) -> Tensor:
+        out = _core.binary_fast(_DIV, self, other)
+        return F.div(self, other) if out is None else out
+
     __neg__ = neg
     __abs__ = abs
-    __add__ = add
-    __sub__ = sub
-    __mul__ = mul
-    __truediv__ = div
     __pow__ = pow
     __matmul__ = matmul
 

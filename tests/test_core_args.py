@@ -156,6 +156,7 @@ rec.begin_capture()
 graph = rec.end_capture()
 timer = _core._PassTimer(d, 4)
 inst = {"_Device": d, "_Recorder": rec, "_StepGraph": graph, "_PassTimer": timer}
+owners = {"_Stream": _core._Stream(d)}  # classes whose methods take typed parameters, though none takes one of them
 
 
 def value(p):
@@ -190,7 +191,7 @@ def target(case):
     if name == "__cinit__":
         return getattr(_core, owner)
     if owner:
-        return getattr({"_Buffer": _core._Buffer(d, 4096), **inst}[owner], name)
+        return getattr({"_Buffer": _core._Buffer(d, 4096), **inst, **owners}[owner], name)
     return getattr(_core, name)
 
 
