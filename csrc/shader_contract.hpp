@@ -271,9 +271,9 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   CONST(WG, 256)   /* threads per workgroup */                                                                    \
   CONST(ITEMS, 16) /* elements per thread in the partial pass */
 #define PWT_SHADER_elementwise(READ, WRITE, UNIFORM, CONST)                                                       \
-  READ(in0, 0, "array<f32>") READ(in1, 1, "array<f32>") READ(in2, 2, "array<f32>") WRITE(res, 3, "array<f32>")    \
+  READ(in0, 0, "array<T0>") READ(in1, 1, "array<T1>") READ(in2, 2, "array<T2>") WRITE(res, 3, "array<TR>")        \
   UNIFORM(np, 4, NdParams) UNIFORM(fp, 5, FlatParams) READ(in0_bits, 6, "array<u32>")                             \
-  WRITE(res_bits, 7, "array<u32>")                                                                                \
+  WRITE(res_bits, 7, "array<u32>") WRITE(res_words, 8, "array<atomic<u32>>")                                      \
   CONST(WG, 256) /* threads per workgroup, one element each */ PWT_UNARY_OPS(CONST) PWT_BINARY_OPS(CONST)
 #define PWT_SHADER_axis(READ, WRITE, UNIFORM, CONST)                                                              \
   READ(src, 0, "array<f32>") READ(src2, 1, "array<f32>") READ(idx_in, 2, "array<i32>") WRITE(res, 3, "array<f32>") \
