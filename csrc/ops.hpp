@@ -161,7 +161,9 @@ void rng_take(Recorder& r, const Buffer& state, const Buffer& key);
 // y[i] = x[i] * mask(key, i) / (1 - p) (+ beta * y[i]), i < n, p in [0, 1): element i is kept when
 // Philox-4x32-10 word i % 4 of counter (i / 4, key counter), key (seed) is >= round(p * 2^32).
 // The backward is the same call on dy -> dx with the same key.
-void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p, float beta);
+// half: x and y hold float16 (the same mask as for float32).
+void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p, float beta,
+             bool half = false);
 // round(p * 2^32) (at most 2^32 - 1): elements whose random word is below it are dropped.
 uint32_t dropout_threshold(double p);
 

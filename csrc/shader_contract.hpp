@@ -235,7 +235,7 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   WRITE(fin_out, 12, "array<f32>") UNIFORM(fp, 13, XentFinalParams) WRITE(fin_scale, 14, "array<f32>")           \
   CONST(WG, 256) /* threads per workgroup: along a row, or a row each (the *_short entries) */
 #define PWT_SHADER_dropout(READ, WRITE, UNIFORM, CONST)                                                           \
-  READ(src, 0, "array<f32>") READ(key, 1, "array<u32>") WRITE(dst, 2, "array<f32>") UNIFORM(dp, 3, DropParams)    \
+  READ(src, 0, "array<ET>") READ(key, 1, "array<u32>") WRITE(dst, 2, "array<ET>") UNIFORM(dp, 3, DropParams)      \
   WRITE(state, 4, "array<u32>") WRITE(key_out, 5, "array<u32>")                                                   \
   CONST(WG, 256) /* threads per dropout workgroup, 4 elements (one Philox block) each */
 #define PWT_SHADER_cast(READ, WRITE, UNIFORM, CONST)                                                              \

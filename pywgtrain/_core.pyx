@@ -751,8 +751,8 @@ def rng_take(_Recorder r not None, _Buffer state not None, _Buffer key not None)
 
 
 def dropout(_Recorder r not None, _Buffer x not None, _Buffer key not None, _Buffer y not None, uint64_t n, double p,
-            float beta):
-    c.dropout(r.ptr.get()[0], _b(x)[0], _b(key)[0], _b(y)[0], n, p, beta)
+            float beta, bint half=False):
+    c.dropout(r.ptr.get()[0], _b(x)[0], _b(key)[0], _b(y)[0], n, p, beta, half)
 
 
 def dropout_threshold(double p):

@@ -231,7 +231,7 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                              float beta_bias) except +raise_py_error
     void rng_take(Recorder& r, const Buffer& state, const Buffer& key) except +raise_py_error
     void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p,
-                 float beta) except +raise_py_error
+                 float beta, bint half) except +raise_py_error
     uint32_t dropout_threshold(double p) except +raise_py_error
     void cast(Recorder& r, const Buffer& src, const Buffer& dst, uint64_t n, bint to_half) except +raise_py_error
 

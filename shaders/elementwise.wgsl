@@ -10,6 +10,7 @@
 // f32 whatever they are: loads widen (exact), stores round once (store_res).
 // RES_HALF: bool, TR is f16.
 //!include activations
+//!include half
 
 // Flat kernels: n elements of this piece, the op's scalars, accumulation.
 struct FlatParams { n: u32, a: f32, b: f32, beta: f32, }
@@ -46,16 +47,8 @@ fn ld1(i: u32) -> f32 { return f32(in1[i]); }
 fn ld2(i: u32) -> f32 { return f32(in2[i]); }
 fn ldr(i: u32) -> f32 { return f32(res[i]); }
 
-// res[i] = v rounded once to TR. WGSL leaves the f32 -> f16 conversion of a
-// value past f16's range indeterminate: those go to +-inf explicitly (values
-// from 65520 up round to inf, as torch and NumPy round); NaN stays NaN.
-fn store_res(i: u32, v: f32) {
-  if (RES_HALF && abs(v) >= 65520.0 && !is_nan(v)) {
-    res[i] = TR(select(bitcast<f32>(0xff800000u), bitcast<f32>(0x7f800000u), v > 0.0));
-    return;
-  }
-  res[i] = TR(v);
-}
+// res[i] = v rounded once to TR (half.wgsl: past f16's range to +-inf).
+fn store_res(i: u32, v: f32) { res[i] = TR(half_range(v, RES_HALF)); }
 
 fn thread_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
   return (wid.y * nwg.x + wid.x) * WG + lid;  // WG: csrc/shader_contract.hpp
