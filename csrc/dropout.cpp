@@ -17,13 +17,9 @@ namespace sh = wgsl::dropout;
 const Kernel& drop_kernel(Device& dev, const char* entry, bool half = false) {
   static const PipelineCache::EntryBindings table = {{"rng_take", {sh::state, sh::key_out}},
                                                      {"dropout", {sh::src, sh::key, sh::dst, sh::dp}}};
-  KernelDesc d;
-  d.shader = "dropout";
-  d.entry = entry;
-  d.bindings = table.at(entry);
-  d.constants = {{"HALF", half ? "true" : "false"}};
-  d.aliases = {{"ET", half ? "f16" : "f32"}};  // (the file declares src and dst for every entry)
-  return dev.pipelines().get(d);
+  // (the file declares src and dst for every entry: the alias is emitted for each)
+  return dev.pipelines().get("dropout", entry, table, {{"HALF", half ? "true" : "false"}},
+                             {{"ET", half ? "f16" : "f32"}});
 }
 
 void check_words(const Buffer& b, const char* what) {

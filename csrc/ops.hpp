@@ -101,16 +101,17 @@ void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& no
 
 // Fused softmax cross-entropy (cross_entropy.cpp). Forward: per-row log-sum-exp,
 // loss (0 where label == ignore_index) and counted flag; out = the sum or mean
-// over counted rows, scale = the gradient scale (1 / count for the mean, else 1).
+// over counted rows, scale = the gradient scale (1 / count for the mean, else 1). half: float16 logits
+// (and dlogits in the backward), read as f32; the loss and the row buffers stay f32.
 void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
                            const Buffer& row_loss, const Buffer& row_valid, const Buffer& out, const Buffer& scale,
-                           uint32_t rows, uint32_t cols, int32_t ignore_index, bool mean);
+                           uint32_t rows, uint32_t cols, int32_t ignore_index, bool mean, bool half = false);
 // dlogits = (softmax - onehot) * upstream * scale (+ beta * dlogits), recomputed from the
 // logits and the forward's log-sum-exp; `per_row`: upstream holds one value per row
 // (reduction 'none') and `scale` is not read; `scale` is the forward's.
 void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
                             const Buffer& upstream, const Buffer& scale, const Buffer& dlogits, uint32_t rows,
-                            uint32_t cols, int32_t ignore_index, bool per_row, float beta);
+                            uint32_t cols, int32_t ignore_index, bool per_row, float beta, bool half = false);
 
 // Fused causal self-attention (attention.cpp, attention.wgsl). An operand view:
 // element (b, h, t, d) of a [B, H, T, D] operand lies at element

@@ -187,10 +187,11 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
     void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
                                const Buffer& row_loss, const Buffer& row_valid, const Buffer& out,
                                const Buffer& scale, uint32_t rows, uint32_t cols, int32_t ignore_index,
-                               bool mean) except +raise_py_error
+                               bool mean, bool half) except +raise_py_error
     void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
                                 const Buffer& upstream, const Buffer& scale, const Buffer& dlogits, uint32_t rows,
-                                uint32_t cols, int32_t ignore_index, bool per_row, float beta) except +raise_py_error
+                                uint32_t cols, int32_t ignore_index, bool per_row, float beta,
+                                bool half) except +raise_py_error
     void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& y,
                        const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool trans_a, bool trans_b,
                        Activation act) except +raise_py_error

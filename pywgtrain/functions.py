@@ -1592,8 +1592,8 @@ def _labels(target, rows, cols, ignore_index, dev, op):
     return labels
 
 
-def _class_input(input, op):  # noqa: A002 - torch's name
-    x = _check_float(input, op)
+def _class_input(input, op, dtype=_FLOAT32):  # noqa: A002 - torch's name
+    x = _float_tensor(input, _device_of(input), op, "input", dtype)
     if x.ndim != 2:
         raise ValueError(f"{op}: input must be [batch, classes], got shape {x.shape}")
     return x
@@ -1639,9 +1639,12 @@ def cross_entropy(
     """Softmax cross-entropy of logits [N, C] against int class indices [N]
     (torch.nn.functional.cross_entropy); the mean skips ``ignore_index`` rows.
     One fused kernel pass forward (keeping a log-sum-exp per row, not the
-    softmax) and one backward (the softmax recomputed from the logits)."""
+    softmax) and one backward (the softmax recomputed from the logits).
+    float16 logits are read as they are (float32 math, float16 gradient); the
+    loss is float32 under autocast (torch's float32 list), else float16."""
     _check_reduction(reduction, "cross_entropy")
-    x = _class_input(input, "cross_entropy")
+    x = _class_input(input, "cross_entropy", _elem_dtype(input))
+    half = x.dtype is _HALF
     rows, cols = x.shape
     dev = x.device
     labels = _labels(target, rows, cols, ignore_index, dev, "cross_entropy")
@@ -1661,6 +1664,7 @@ def cross_entropy(
             cols,
             int(ignore_index),
             reduction == "mean",
+            half,
         )
     result = per_row if reduction == "none" else out
     if needs_grad(x):
@@ -1668,9 +1672,11 @@ def cross_entropy(
         each, ignore = reduction == "none", int(ignore_index)
 
         def launch(rec, g, dst, beta):
-            _core.cross_entropy_backward(rec, xbuf, lbuf, lsebuf, g, obuf, dst, rows, cols, ignore, each, beta)
+            _core.cross_entropy_backward(rec, xbuf, lbuf, lsebuf, g, obuf, dst, rows, cols, ignore, each, beta, half)
 
         _attach_launch(result, "cross_entropy", x, launch, keep=(x, labels))
+    if half and _autocast_state.dtype is None:  # float16 logits outside autocast: a float16 loss, as torch
+        result = to_dtype(result, _HALF)
     return result
 
 
@@ -2231,7 +2237,8 @@ def _narrow(out):
 def _dtype_rules(fn, kind=None, native=False, skip=()):
     """``fn`` taking float16 operands as described above. ``kind``: its autocast list ("f16",
     "f32" or None); ``native``: fn handles float16 operands itself, returning NotImplemented
-    where it has no float16 kernel (then it computes in float32); ``skip``: positions and
+    where it has no float16 kernel (then it computes in float32); "f32": also inside autocast,
+    where it reads float16 operands and computes float32 (an "f32" op); ``skip``: positions and
     names of arguments that do not decide the dtype."""
 
     @functools.wraps(fn)
@@ -2260,6 +2267,8 @@ def _apply_rules(fn, kind, native, skip, ac, args, kwargs):
     inside autocast (``ac``: its dtype)."""
     if ac is not None and kind is not None:
         if kind == "f32":
+            if native == "f32":  # reads float16 operands itself, computing (and returning) float32
+                return fn(*args, **kwargs)
             args, kwargs = _cast_operands(args, kwargs, _FLOAT32, skip)
             return fn(*args, **kwargs)
         args, kwargs = _cast_operands(args, kwargs, ac, skip)
@@ -2288,10 +2297,11 @@ _F32_OPS = "exp log rsqrt pow sum softmax log_softmax layer_norm cross_entropy n
 _SAME_OPS = """neg abs sqrt tanh sigmoid relu silu gelu square clamp clone add sub mul div maximum minimum
 gt lt ge le eq ne mean max var std cat stack embedding index_select dropout""".split()
 # (kind, native, skip) of the ops that differ from _dtype_rules' defaults
-_RULES: dict[str, tuple[Optional[str], bool, tuple]] = {
+_RULES: dict[str, tuple[Optional[str], Union[bool, str], tuple]] = {
     "matmul": ("f16", True, ()),
     "causal_self_attention_qkv": ("f16", True, ()),
     "scaled_dot_product_attention": ("f16", True, ()),
+    "cross_entropy": ("f32", "f32", ()),  # float16 logits read as they are; a float32 loss under autocast
     "mlp": ("f16", True, (4, "residual")),  # torch adds the residual after the linear, in the wider dtype
     "where": (None, True, (0, "condition")),  # a mask (bool in torch)
 }

@@ -4,13 +4,16 @@
 // Rows whose label is IGNORE contribute 0 and do not count in the mean; other
 // labels outside [0, cols) give a NaN loss (never an out-of-bounds read).
 // Logits past one storage binding run in row blocks (row0 / x_off).
+// LT (an alias emitted per kernel): the element type of the logits and their
+// gradient, f32 or f16 (HALF: bool, LT is f16); the math is f32 either way.
+//!include half
 
 struct XentParams {
   rows: u32, cols: u32, row0: u32, x_off: u32,  // block: rows row0..row0+rows, logits from x_off in the binding
   ignore_index: i32, per_row: u32, beta: f32, _pad: u32,
 }
 
-@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(0) var<storage, read> logits: array<LT>;
 @group(0) @binding(1) var<storage, read> labels: array<i32>;
 @group(0) @binding(2) var<storage, read_write> row_lse: array<f32>;    // forward: log-sum-exp per row
 @group(0) @binding(3) var<storage, read_write> row_loss: array<f32>;   // forward: loss per row (0 if ignored)
@@ -19,7 +22,7 @@ struct XentParams {
 @group(0) @binding(6) var<storage, read> lse_in: array<f32>;           // backward: row_lse
 @group(0) @binding(7) var<storage, read> upstream: array<f32>;         // backward: d(loss) (1 value, or per row)
 @group(0) @binding(8) var<storage, read> scale_in: array<f32>;         // backward: the forward's gradient scale
-@group(0) @binding(9) var<storage, read_write> dlogits: array<f32>;
+@group(0) @binding(9) var<storage, read_write> dlogits: array<LT>;
 // finalize
 struct XentFinalParams { rows: u32, mean: u32, }
 @group(0) @binding(10) var<storage, read> fin_loss: array<f32>;
@@ -59,7 +62,7 @@ fn finish_row(r: u32, base: u32, mx: f32, se: f32) {
     row_loss[row] = bitcast<f32>(0x7fc00000u);
     row_valid[row] = 1.0;
   } else {
-    row_loss[row] = lse - logits[base + u32(label)];
+    row_loss[row] = lse - f32(logits[base + u32(label)]);
     row_valid[row] = 1.0;
   }
 }
@@ -72,10 +75,10 @@ fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   let valid = r < xp.rows;  // uniform per workgroup
   let base = xp.x_off + r * xp.cols;
   var mx = -3.4028235e38;
-  if (valid) { for (var j = lid; j < xp.cols; j += WG) { mx = max(mx, logits[base + j]); } }
+  if (valid) { for (var j = lid; j < xp.cols; j += WG) { mx = max(mx, f32(logits[base + j])); } }
   mx = wg_reduce(lid, mx, true);
   var se = 0.0;
-  if (valid) { for (var j = lid; j < xp.cols; j += WG) { se += exp(logits[base + j] - mx); } }
+  if (valid) { for (var j = lid; j < xp.cols; j += WG) { se += exp(f32(logits[base + j]) - mx); } }
   se = wg_reduce(lid, se, false);
   if (!valid || lid != 0u) { return; }
   finish_row(r, base, mx, se);
@@ -90,9 +93,9 @@ fn xent_forward_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
   if (r >= xp.rows) { return; }
   let base = xp.x_off + r * xp.cols;
   var mx = -3.4028235e38;
-  for (var j = 0u; j < xp.cols; j++) { mx = max(mx, logits[base + j]); }
+  for (var j = 0u; j < xp.cols; j++) { mx = max(mx, f32(logits[base + j])); }
   var se = 0.0;
-  for (var j = 0u; j < xp.cols; j++) { se += exp(logits[base + j] - mx); }
+  for (var j = 0u; j < xp.cols; j++) { se += exp(f32(logits[base + j]) - mx); }
   finish_row(r, base, mx, se);
 }
 
@@ -131,10 +134,10 @@ fn backward_row(r: u32, first: u32, stride: u32) {
   }
   let lse = lse_in[row];
   for (var j = first; j < xp.cols; j += stride) {
-    let p = exp(logits[base + j] - lse);
+    let p = exp(f32(logits[base + j]) - lse);
     var v = g * (p - select(0.0, 1.0, i32(j) == label));
-    if (xp.beta != 0.0) { v += xp.beta * dlogits[base + j]; }
-    dlogits[base + j] = v;
+    if (xp.beta != 0.0) { v += xp.beta * f32(dlogits[base + j]); }
+    dlogits[base + j] = LT(half_range(v, HALF));
   }
 }
 

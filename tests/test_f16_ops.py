@@ -430,3 +430,29 @@ def test_dropout_half_same_mask_as_float32(dev, rng, n):
         np.testing.assert_array_equal(y16, y32.astype(np.float16))
     assert g16.dtype == np.float16
     np.testing.assert_array_equal(g16, g32.astype(np.float16))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_cross_entropy_reads_half_logits(dev, rng, n):
+    """float16 logits go into the fused kernel as they are: the loss equals the float32 loss of
+    the same values (float32 under autocast, as torch's float32 list; float16 outside), and the
+    float16 gradient is the float32 one rounded once."""
+    x = half(rng, 5, n) * np.float16(4)
+    labels = rng.integers(0, n, 5).astype(np.int32)
+    labels[1] = -100  # ignored
+    t32 = pw.tensor(x.astype(np.float32), dev, requires_grad=True)
+    ref = pw.cross_entropy(t32, labels)
+    ref.backward()
+    t16 = pw.tensor(x, dev, requires_grad=True)
+    with pw.autocast():
+        loss = pw.cross_entropy(t16, labels)
+    assert loss.dtype == np.float32
+    np.testing.assert_array_equal(loss.numpy(), ref.numpy())
+    loss.backward()
+    assert t16.grad.dtype == np.float16
+    np.testing.assert_array_equal(t16.grad.numpy(), t32.grad.numpy().astype(np.float16))
+    out = pw.cross_entropy(pw.tensor(x, dev), labels, reduction="none")
+    assert out.dtype == np.float16
+    np.testing.assert_array_equal(
+        out.numpy(), pw.cross_entropy(t32.detach(), labels, reduction="none").numpy().astype(np.float16)
+    )
