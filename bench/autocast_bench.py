@@ -1,6 +1,6 @@
 """float32 vs pywgtrain.autocast (float16) wall times per forward + backward: a linear layer
 with bias and GELU (float32: one fused GEMM epilogue; autocast: the float16 GEMM, then the bias
-add and GELU as separate element-wise ops through float32), and a GPT training step (forward,
+add and GELU as separate float16 element-wise ops), and a GPT training step (forward,
 loss, backward, AdamW), beside torch on CUDA in float32 (TF32 off) and under
 torch.autocast(dtype=torch.float16) when PyTorch with CUDA is importable.
 Usage: python bench/autocast_bench.py [--quick] [--json FILE]"""

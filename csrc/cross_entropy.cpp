@@ -10,7 +10,7 @@ namespace {
 
 namespace sh = wgsl::cross_entropy;
 
-// half: float16 logits and logit gradients (the shader's LT).
+// half: the logits and their gradient hold float16 (the alias LT).
 const Kernel& xent_kernel(Device& dev, const char* entry, bool half) {
   static const PipelineCache::EntryBindings table = {
       {"xent_forward", {sh::logits, sh::labels, sh::row_lse, sh::row_loss, sh::row_valid, sh::xp}},
@@ -18,12 +18,8 @@ const Kernel& xent_kernel(Device& dev, const char* entry, bool half) {
       {"xent_finalize", {sh::fin_loss, sh::fin_valid, sh::fin_out, sh::fp, sh::fin_scale}},
       {"xent_backward", {sh::logits, sh::labels, sh::xp, sh::lse_in, sh::upstream, sh::scale_in, sh::dlogits}},
       {"xent_backward_short", {sh::logits, sh::labels, sh::xp, sh::lse_in, sh::upstream, sh::scale_in, sh::dlogits}}};
-  KernelDesc d;
-  d.shader = "cross_entropy";
-  d.entry = entry;
-  d.bindings = table.at(entry);
-  d.aliases = {{"LT", half ? "f16" : "f32"}};
-  return dev.pipelines().get(d);
+  return dev.pipelines().get("cross_entropy", entry, table, {{"HALF", half ? "true" : "false"}},
+                             {{"LT", half ? "f16" : "f32"}});
 }
 
 // Each thread loops over cols / 256 classes two or three times per row; lavapipe cuts
@@ -35,25 +31,30 @@ uint64_t row_groups(const Device& dev, uint32_t rc, uint32_t cols) {
   return cols <= short_row_cols(dev) ? ceil_div(rc, sh::WG) : rc;
 }
 
+void check_logits(const Buffer& b, uint64_t count, uint64_t size, const char* what) {
+  if (b.bytes() < count * size)
+    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / size) +
+                        (size == 2 ? " float16" : " float32") + " values, needs " + std::to_string(count));
+}
+
 void check_rows(const Device& dev, uint32_t rows, uint32_t cols, const Buffer& logits, const Buffer& labels,
-                uint64_t elem) {
+                uint64_t size) {
   if (rows == 0 || cols == 0) throw ArgumentError("cross_entropy: logits must have rows >= 1 and classes >= 1");
   if (cols > kMaxClasses)
     throw ArgumentError("cross_entropy: " + std::to_string(cols) + " classes, more than the " +
                         std::to_string(kMaxClasses) + " one workgroup per row handles");
-  if (logits.bytes() < uint64_t(rows) * cols * elem)
-    throw ArgumentError("cross_entropy: logits hold fewer than " + std::to_string(uint64_t(rows) * cols) + " values");
+  check_logits(logits, uint64_t(rows) * cols, size, "cross_entropy logits");
   if (labels.bytes() < uint64_t(rows) * 4) throw ArgumentError("cross_entropy: labels hold fewer than rows entries");
   if (uint64_t(rows) * 4 > dev.limits().max_storage_binding)
     throw ArgumentError("cross_entropy: " + std::to_string(rows) + " rows exceed one storage binding of labels");
 }
 
-// Calls fn(row0, row count, first bound element (aligned), offset of row0 inside it) per block of bindable
-// rows of `elem`-byte logits.
+// Calls fn(row0, row count, first bound element (aligned), offset of row0 inside it) per block of bindable rows
+// (elements of `size` bytes; the element count per binding is the float32 one either way).
 template <typename Fn>
-void for_each_row_block(const Device& dev, uint32_t rows, uint32_t cols, uint64_t elem, Fn fn) {
-  const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / elem;
-  const uint64_t cap = dev.limits().max_storage_binding / elem - 1;  // (a ragged float16 end rounds up a word)
+void for_each_row_block(const Device& dev, uint32_t rows, uint32_t cols, uint64_t size, Fn fn) {
+  const uint64_t align = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / size;
+  const uint64_t cap = dev.limits().max_storage_binding / 4;
   if (cols + align > cap)
     throw ArgumentError("cross_entropy: a row of " + std::to_string(cols) + " logits exceeds one storage binding");
   const uint64_t per = std::min<uint64_t>((cap - align) / cols, uint64_t(dev.limits().max_workgroups_per_dim) * 65535);
@@ -81,17 +82,17 @@ void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labe
                            const Buffer& row_loss, const Buffer& row_valid, const Buffer& out, const Buffer& scale,
                            uint32_t rows, uint32_t cols, int32_t ignore_index, bool mean, bool half) {
   Device& dev = r.device();
-  const uint64_t el = half ? 2 : 4;
-  check_rows(dev, rows, cols, logits, labels, el);
+  const uint64_t size = half ? 2 : 4;
+  check_rows(dev, rows, cols, logits, labels, size);
   for (auto* b : {&row_lse, &row_loss, &row_valid}) check_floats(*b, rows, "cross_entropy row buffer");
   check_floats(out, 1, "cross_entropy output");
   check_floats(scale, 1, "cross_entropy gradient scale");
   const Kernel& fk = xent_kernel(dev, cols <= short_row_cols(dev) ? "xent_forward_short" : "xent_forward", half);
-  for_each_row_block(dev, rows, cols, el, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
+  for_each_row_block(dev, rows, cols, size, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
     XentParams p = block_params(r0, rc, cols, inner, ignore_index);
     auto [gx, gy] = grid_1d(dev, row_groups(dev, rc, cols));
     r.dispatch(fk,
-               {{sh::logits, elements(logits, start, inner + uint64_t(rc) * cols, el)},
+               {{sh::logits, elements(logits, start, inner + uint64_t(rc) * cols, size)},
                 {sh::labels, whole(labels)},
                 {sh::row_lse, whole(row_lse)},
                 {sh::row_loss, whole(row_loss)},
@@ -113,27 +114,26 @@ void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& lab
                             const Buffer& upstream, const Buffer& scale, const Buffer& dlogits, uint32_t rows,
                             uint32_t cols, int32_t ignore_index, bool per_row, float beta, bool half) {
   Device& dev = r.device();
-  const uint64_t el = half ? 2 : 4;
-  check_rows(dev, rows, cols, logits, labels, el);
-  if (dlogits.bytes() < uint64_t(rows) * cols * el)
-    throw ArgumentError("cross_entropy: dlogits hold fewer than " + std::to_string(uint64_t(rows) * cols) + " values");
+  const uint64_t size = half ? 2 : 4;
+  check_rows(dev, rows, cols, logits, labels, size);
+  check_logits(dlogits, uint64_t(rows) * cols, size, "cross_entropy dlogits");
   check_floats(row_lse, rows, "cross_entropy log-sum-exp");
   check_floats(upstream, per_row ? rows : 1, "cross_entropy upstream gradient");
   check_floats(scale, 1, "cross_entropy scale");
   const Kernel& bk = xent_kernel(dev, cols <= short_row_cols(dev) ? "xent_backward_short" : "xent_backward", half);
-  for_each_row_block(dev, rows, cols, el, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
+  for_each_row_block(dev, rows, cols, size, [&](uint32_t r0, uint32_t rc, uint64_t start, uint32_t inner) {
     XentParams p = block_params(r0, rc, cols, inner, ignore_index);
     p.per_row = per_row ? 1u : 0u;
     p.beta = beta;
     auto [gx, gy] = grid_1d(dev, row_groups(dev, rc, cols));
     const uint64_t count = inner + uint64_t(rc) * cols;
     r.dispatch(bk,
-               {{sh::logits, elements(logits, start, count, el)},
+               {{sh::logits, elements(logits, start, count, size)},
                 {sh::labels, whole(labels)},
                 {sh::lse_in, whole(row_lse)},
                 {sh::upstream, whole(upstream)},
                 {sh::scale_in, whole(scale)},
-                {sh::dlogits, elements(dlogits, start, count, el)}},
+                {sh::dlogits, elements(dlogits, start, count, size)}},
                p, gx, gy);
   });
 }

@@ -104,12 +104,12 @@ struct Bound {
   uint32_t off;
 };
 
-// Elements [first, first + count) of b, bound from the aligned element at or
+// Elements [first, first + count) of b (`size` bytes each), bound from the aligned element at or
 // below `first` (binding offsets must be aligned; kernels add `off`).
-inline Bound bind_span(const Device& dev, const Buffer& b, uint64_t first, uint64_t count) {
-  const uint64_t al = align_floats(dev);
+inline Bound bind_span(const Device& dev, const Buffer& b, uint64_t first, uint64_t count, uint64_t size = 4) {
+  const uint64_t al = align_floats(dev) * 4 / size;
   const uint64_t base = first / al * al;
-  return {floats(b, base, first - base + count), uint32_t(first - base)};
+  return {elements(b, base, first - base + count, size), uint32_t(first - base)};
 }
 
 // Rows per piece of a [rows, cols] matrix such that a piece fits one binding

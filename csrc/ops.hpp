@@ -110,8 +110,8 @@ void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& no
 
 // Fused softmax cross-entropy (cross_entropy.cpp). Forward: per-row log-sum-exp,
 // loss (0 where label == ignore_index) and counted flag; out = the sum or mean
-// over counted rows, scale = the gradient scale (1 / count for the mean, else 1).
-// half: float16 logits and dlogits (the arithmetic, the loss and the row buffers are float32).
+// over counted rows, scale = the gradient scale (1 / count for the mean, else 1). half: float16 logits
+// (and dlogits in the backward), read as f32; the loss and the row buffers stay f32.
 void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
                            const Buffer& row_loss, const Buffer& row_valid, const Buffer& out, const Buffer& scale,
                            uint32_t rows, uint32_t cols, int32_t ignore_index, bool mean, bool half = false);
@@ -171,7 +171,9 @@ void rng_take(Recorder& r, const Buffer& state, const Buffer& key);
 // y[i] = x[i] * mask(key, i) / (1 - p) (+ beta * y[i]), i < n, p in [0, 1): element i is kept when
 // Philox-4x32-10 word i % 4 of counter (i / 4, key counter), key (seed) is >= round(p * 2^32).
 // The backward is the same call on dy -> dx with the same key.
-void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p, float beta);
+// half: x and y hold float16 (the same mask as for float32).
+void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p, float beta,
+             bool half = false);
 // round(p * 2^32) (at most 2^32 - 1): elements whose random word is below it are dropped.
 uint32_t dropout_threshold(double p);
 

@@ -16,7 +16,8 @@ std::string KernelDesc::key() const {
 }
 
 const Kernel& PipelineCache::get(const std::string& shader, const std::string& entry, const EntryBindings& table,
-                                 std::vector<std::pair<std::string, std::string>> constants) {
+                                 std::vector<std::pair<std::string, std::string>> constants,
+                                 std::vector<std::pair<std::string, std::string>> aliases) {
   const auto it = table.find(entry);
   if (it == table.end()) throw std::logic_error("no bindings listed for " + shader + ":" + entry);
   KernelDesc d;
@@ -24,6 +25,7 @@ const Kernel& PipelineCache::get(const std::string& shader, const std::string& e
   d.entry = entry;
   d.bindings = it->second;
   d.constants = std::move(constants);
+  d.aliases = std::move(aliases);
   return get(d);
 }
 

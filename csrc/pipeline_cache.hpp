@@ -86,7 +86,8 @@ class PipelineCache {
   // point in the family's table (unknown entries are a programming error).
   using EntryBindings = std::map<std::string, std::vector<Slot>>;
   const Kernel& get(const std::string& shader, const std::string& entry, const EntryBindings& table,
-                    std::vector<std::pair<std::string, std::string>> constants = {});
+                    std::vector<std::pair<std::string, std::string>> constants = {},
+                    std::vector<std::pair<std::string, std::string>> aliases = {});
   size_t size() const { return kernels_.size(); }
 
  private:

@@ -235,7 +235,7 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   WRITE(fin_out, 12, "array<f32>") UNIFORM(fp, 13, XentFinalParams) WRITE(fin_scale, 14, "array<f32>")           \
   CONST(WG, 256) /* threads per workgroup: along a row, or a row each (the *_short entries) */
 #define PWT_SHADER_dropout(READ, WRITE, UNIFORM, CONST)                                                           \
-  READ(src, 0, "array<f32>") READ(key, 1, "array<u32>") WRITE(dst, 2, "array<f32>") UNIFORM(dp, 3, DropParams)    \
+  READ(src, 0, "array<ET>") READ(key, 1, "array<u32>") WRITE(dst, 2, "array<ET>") UNIFORM(dp, 3, DropParams)      \
   WRITE(state, 4, "array<u32>") WRITE(key_out, 5, "array<u32>")                                                   \
   CONST(WG, 256) /* threads per dropout workgroup, 4 elements (one Philox block) each */
 #define PWT_SHADER_cast(READ, WRITE, UNIFORM, CONST)                                                              \
@@ -271,9 +271,9 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   CONST(WG, 256)   /* threads per workgroup */                                                                    \
   CONST(ITEMS, 16) /* elements per thread in the partial pass */
 #define PWT_SHADER_elementwise(READ, WRITE, UNIFORM, CONST)                                                       \
-  READ(in0, 0, "array<f32>") READ(in1, 1, "array<f32>") READ(in2, 2, "array<f32>") WRITE(res, 3, "array<f32>")    \
+  READ(in0, 0, "array<T0>") READ(in1, 1, "array<T1>") READ(in2, 2, "array<T2>") WRITE(res, 3, "array<TR>")        \
   UNIFORM(np, 4, NdParams) UNIFORM(fp, 5, FlatParams) READ(in0_bits, 6, "array<u32>")                             \
-  WRITE(res_bits, 7, "array<u32>")                                                                                \
+  WRITE(res_bits, 7, "array<u32>") WRITE(res_words, 8, "array<atomic<u32>>")                                      \
   CONST(WG, 256) /* threads per workgroup, one element each */ PWT_UNARY_OPS(CONST) PWT_BINARY_OPS(CONST)
 #define PWT_SHADER_axis(READ, WRITE, UNIFORM, CONST)                                                              \
   READ(src, 0, "array<f32>") READ(src2, 1, "array<f32>") READ(idx_in, 2, "array<i32>") WRITE(res, 3, "array<f32>") \

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "dispatch_util.hpp"
@@ -58,11 +59,34 @@ void check_nonzero(uint64_t v, const std::string& what) {
   if (v == 0) throw ArgumentError(what + " must be >= 1");
 }
 
-// One element-wise kernel over n elements of the buffers bound to `operands`.
-void record_flat(Recorder& r, const Kernel& k, std::initializer_list<std::pair<Slot, const Buffer*>> operands,
-                 uint64_t n, float a, float b, float beta) {
+void check_half_mask(HalfMask half, const char* fn) {
+  if (half > kHalfAll)
+    throw ArgumentError(std::string(fn) + ": half must be a mask of operand slots 0..3 (0 to " +
+                        std::to_string(kHalfAll) + "), got " + std::to_string(half));
+}
+
+// Bytes per element of operand slot `slot` (0..3: in0, in1, in2, res) under a HalfMask.
+uint64_t elem_size(HalfMask half, uint32_t slot) { return (half >> slot & 1u) ? 2 : 4; }
+
+// Element counts and sizes of an operand (`what` names it in the error).
+void check_elems(const Buffer& b, uint64_t count, uint64_t size, const char* what) {
+  if (size == 4) return check_floats(b, count, what);
+  if (b.bytes() < count * size)
+    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / size) + " float16 values, needs " +
+                        std::to_string(count));
+}
+
+// One element-wise kernel over n elements of the buffers bound to `operands`
+// (operand slot 0..3 and its buffer; `half`: which slots hold float16).
+void record_flat(Recorder& r, const Kernel& k,
+                 std::initializer_list<std::tuple<Slot, uint32_t, const Buffer*>> operands, uint64_t n, float a,
+                 float b, float beta, HalfMask half) {
   Device& dev = r.device();
-  for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
+  // Pieces start where 2-byte and 4-byte offsets are both aligned.
+  const uint64_t step = 2 * align_floats(dev);
+  const uint64_t piece = max_piece_floats(dev) / step * step;
+  for (uint64_t first = 0; first < n; first += piece) {
+    const uint64_t count = std::min(piece, n - first);
     FlatParams p;
     p.n = uint32_t(count);
     p.a = a;
@@ -70,10 +94,11 @@ void record_flat(Recorder& r, const Kernel& k, std::initializer_list<std::pair<S
     p.beta = beta;
     std::array<Operand, 4> bound;  // no allocation per call
     size_t i = 0;
-    for (auto& [slot, buf] : operands) bound.at(i++) = Operand(slot, floats(*buf, first, count));
+    for (auto& [slot, at, buf] : operands)
+      bound.at(i++) = Operand(slot, elements(*buf, first, count, elem_size(half, at)));
     auto [gx, gy] = grid_1d(dev, ceil_div(count, ew::WG));
     r.dispatch(k, Operands(bound.data(), i), p, gx, gy);
-  });
+  }
 }
 
 // ACT of activations.wgsl for the ops that reuse its math (GELU has forms of
@@ -89,17 +114,22 @@ uint32_t act_for(UnaryOp op) {
   }
 }
 
-// elementwise.wgsl kernel: every constant the file reads is emitted (unused ones as 0).
+// elementwise.wgsl kernel: every constant the file reads is emitted (unused ones as 0), and the
+// element types of in0, in1, in2 and res as the aliases T0, T1, T2, TR (f16 where `half` says).
 const Kernel& ew_kernel(Device& dev, const char* entry, std::initializer_list<Slot> bindings, uint32_t op,
-                        uint32_t act = 0, uint32_t which = 0) {
-  const KernelKey key(entry, bindings, op, uint64_t(act) | uint64_t(which) << 32);
+                        HalfMask half, uint32_t act = 0, uint32_t which = 0) {
+  const KernelKey key(entry, bindings, op | uint64_t(half) << 32, uint64_t(act) | uint64_t(which) << 32);
   return dev.pipelines().get(key, [&] {
     KernelDesc d;
     d.shader = "elementwise";
     d.entry = entry;
     d.bindings = bindings;
-    d.constants = {
-        {"OP", std::to_string(op) + "u"}, {"ACT", std::to_string(act) + "u"}, {"WHICH", std::to_string(which) + "u"}};
+    d.constants = {{"OP", std::to_string(op) + "u"},
+                   {"ACT", std::to_string(act) + "u"},
+                   {"WHICH", std::to_string(which) + "u"},
+                   {"RES_HALF", (half & kHalfRes) ? "true" : "false"}};
+    static const char* const names[] = {"T0", "T1", "T2", "TR"};
+    for (uint32_t slot = 0; slot < 4; ++slot) d.aliases.emplace_back(names[slot], (half >> slot & 1u) ? "f16" : "f32");
     return d;
   });
 }
@@ -135,10 +165,11 @@ struct NdOperand {
 };
 
 // The bindings of NdParams' operand slots 0..3; copy_bits binds slots 0 and 3
-// as raw words instead.
+// as raw words instead, copy_half_bits the words of 2-byte elements.
 using NdSlots = std::array<Slot, 4>;
 constexpr NdSlots kNdSlots = {ew::in0, ew::in1, ew::in2, ew::res};
 constexpr NdSlots kNdBitSlots = {ew::in0_bits, ew::in1, ew::in2, ew::res_bits};
+constexpr NdSlots kNdHalfBitSlots = {ew::in0_bits, ew::in1, ew::in2, ew::res_words};
 static_assert(sizeof(NdParams::strides) / sizeof(NdParams::strides[0]) == kMaxDims, "NdParams holds kMaxDims strides");
 
 std::vector<uint32_t> contiguous_strides(const std::vector<uint32_t>& shape, const std::string& fn) {
@@ -159,14 +190,15 @@ std::vector<uint32_t> contiguous_strides(const std::vector<uint32_t>& shape, con
 // one binding, the space is cut into blocks: outer dimensions one coordinate
 // at a time, the first dimension whose inner span fits in runs as long as fit.
 void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::array<NdOperand, 4>& ops,
-               const std::vector<uint32_t>& shape, float beta, const NdSlots& slots = kNdSlots) {
+               const std::vector<uint32_t>& shape, float beta, HalfMask half, const NdSlots& slots = kNdSlots) {
   const size_t nd = shape.size();
   if (nd > kMaxDims)
     throw ArgumentError(fn + ": " + std::to_string(nd) + " dimensions, at most " + std::to_string(kMaxDims) +
                         " supported");
   for (size_t d = 0; d < nd; ++d)
     if (shape[d] == 0) throw ArgumentError(fn + ": shape has a zero dimension (dimension " + std::to_string(d) + ")");
-  for (const auto& op : ops) {
+  for (uint32_t i = 0; i < 4; ++i) {
+    const NdOperand& op = ops[i];
     if (!op.buf) continue;
     if (op.strides->size() != nd)
       throw ArgumentError(fn + ": " + op.what + " has " + std::to_string(op.strides->size()) + " strides for a " +
@@ -177,8 +209,8 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
       if (step > (uint64_t(1) << 52)) throw ArgumentError(fn + ": " + op.what + " strides reach past any buffer");
       last += step;
     }
-    if (op.buf->bytes() < (last + 1) * 4)  // the message is built only on failure: this runs per op
-      check_floats(*op.buf, last + 1, (fn + " " + op.what).c_str());
+    if (op.buf->bytes() < (last + 1) * elem_size(half, i))  // the message is built only on failure: this runs per op
+      check_elems(*op.buf, last + 1, elem_size(half, i), (fn + " " + op.what).c_str());
   }
   for (size_t i = 0; i < 3; ++i)
     if (ops[i].buf) check_no_alias(fn, *ops[3].buf, ops[3].what, {{ops[i].buf, ops[i].what}});
@@ -262,7 +294,8 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
         if (!ops[i].buf) continue;
         uint64_t first = ops[i].off + c * st[p][i];
         for (size_t d = 0; d < p; ++d) first += coord[d] * st[d][i];
-        const Bound b = bind_span(dev, *ops[i].buf, first, (len - 1) * st[p][i] + tail(i, split));
+        const Bound b =
+            bind_span(dev, *ops[i].buf, first, (len - 1) * st[p][i] + tail(i, split), elem_size(half, uint32_t(i)));
         operands[bound++] = Operand(slots[i], b.range);
         prm.offs[i] = b.off;
       }
@@ -388,92 +421,110 @@ GatherParams gather_block(uint64_t ids, uint32_t dim, uint32_t vocab, uint64_t v
 
 // ---- element-wise ----
 
-void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n, float a, float b, float beta) {
+void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n, float a, float b, float beta,
+           HalfMask half) {
   if (uint32_t(op) >= kUnaryOps) throw ArgumentError("unary: unknown op " + std::to_string(uint32_t(op)));
   check_nonzero(n, "unary: n");
-  check_floats(x, n, "unary input x");
-  check_floats(y, n, "unary output y");
+  check_half_mask(half, "unary");
+  half &= kHalf0 | kHalfRes;
+  check_elems(x, n, elem_size(half, 0), "unary input x");
+  check_elems(y, n, elem_size(half, 3), "unary output y");
   check_no_alias("unary", y, "y", {{&x, "x"}});
-  const Kernel& k = ew_kernel(r.device(), "unary", {ew::in0, ew::res, ew::fp}, uint32_t(op), act_for(op));
-  record_flat(r, k, {{ew::in0, &x}, {ew::res, &y}}, n, a, b, beta);
+  const Kernel& k = ew_kernel(r.device(), "unary", {ew::in0, ew::res, ew::fp}, uint32_t(op), half, act_for(op));
+  record_flat(r, k, {{ew::in0, 0, &x}, {ew::res, 3, &y}}, n, a, b, beta, half);
 }
 
 void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, const Buffer& dy, const Buffer& dx,
-                    uint64_t n, float a, float b, float beta) {
+                    uint64_t n, float a, float b, float beta, HalfMask half) {
   if (uint32_t(op) >= kUnaryOps) throw ArgumentError("unary_backward: unknown op " + std::to_string(uint32_t(op)));
   check_nonzero(n, "unary_backward: n");
-  check_floats(x, n, "unary_backward input x");
-  check_floats(y, n, "unary_backward forward output y");
-  check_floats(dy, n, "unary_backward dy");
-  check_floats(dx, n, "unary_backward dx");
+  check_half_mask(half, "unary_backward");
+  check_elems(x, n, elem_size(half, 0), "unary_backward input x");
+  check_elems(y, n, elem_size(half, 1), "unary_backward forward output y");
+  check_elems(dy, n, elem_size(half, 2), "unary_backward dy");
+  check_elems(dx, n, elem_size(half, 3), "unary_backward dx");
   check_no_alias("unary_backward", dx, "dx", {{&x, "x"}, {&y, "y"}, {&dy, "dy"}});
-  const Kernel& k =
-      ew_kernel(r.device(), "unary_backward", {ew::in0, ew::in1, ew::in2, ew::res, ew::fp}, uint32_t(op), act_for(op));
-  record_flat(r, k, {{ew::in0, &x}, {ew::in1, &y}, {ew::in2, &dy}, {ew::res, &dx}}, n, a, b, beta);
+  const Kernel& k = ew_kernel(r.device(), "unary_backward", {ew::in0, ew::in1, ew::in2, ew::res, ew::fp}, uint32_t(op),
+                              half, act_for(op));
+  record_flat(r, k, {{ew::in0, 0, &x}, {ew::in1, 1, &y}, {ew::in2, 2, &dy}, {ew::res, 3, &dx}}, n, a, b, beta, half);
 }
 
-void fill(Recorder& r, const Buffer& out, uint64_t n, float value) {
+void fill(Recorder& r, const Buffer& out, uint64_t n, float value, bool half) {
   check_nonzero(n, "fill: n");
-  check_floats(out, n, "fill output");
-  const Kernel& k = ew_kernel(r.device(), "fill", {ew::res, ew::fp}, 0);
-  record_flat(r, k, {{ew::res, &out}}, n, value, 0.0f, 0.0f);
+  const HalfMask mask = half ? kHalfRes : 0;
+  check_elems(out, n, elem_size(mask, 3), "fill output");
+  const Kernel& k = ew_kernel(r.device(), "fill", {ew::res, ew::fp}, 0, mask);
+  record_flat(r, k, {{ew::res, 3, &out}}, n, value, 0.0f, 0.0f, mask);
 }
 
 void binary(Recorder& r, BinaryOp op, const Buffer& a, const Buffer& b, const Buffer& out,
             const std::vector<uint32_t>& shape, const std::vector<uint32_t>& a_strides,
-            const std::vector<uint32_t>& b_strides, float beta) {
+            const std::vector<uint32_t>& b_strides, float beta, HalfMask half) {
   if (uint32_t(op) >= kBinaryOps) throw ArgumentError("binary: unknown op " + std::to_string(uint32_t(op)));
+  check_half_mask(half, "binary");
+  half &= ~kHalf2;  // no third input
   const auto out_strides = contiguous_strides(shape, "binary");
-  const Kernel& k = ew_kernel(r.device(), "binary", {ew::in0, ew::in1, ew::res, ew::np}, uint32_t(op));
+  const Kernel& k = ew_kernel(r.device(), "binary", {ew::in0, ew::in1, ew::res, ew::np}, uint32_t(op), half);
   std::array<NdOperand, 4> ops{};
   ops[0] = {&a, 0, &a_strides, "operand a"};
   ops[1] = {&b, 0, &b_strides, "operand b"};
   ops[3] = {&out, 0, &out_strides, "output"};
-  record_nd(r, k, "binary", ops, shape, beta);
+  record_nd(r, k, "binary", ops, shape, beta, half);
 }
 
 void binary_backward(Recorder& r, BinaryOp op, uint32_t which, const Buffer& a, const Buffer& b, const Buffer& dy,
                      const Buffer& g, const std::vector<uint32_t>& shape, const std::vector<uint32_t>& a_strides,
-                     const std::vector<uint32_t>& b_strides, float beta) {
+                     const std::vector<uint32_t>& b_strides, float beta, HalfMask half) {
   if (uint32_t(op) >= kBinaryOps) throw ArgumentError("binary_backward: unknown op " + std::to_string(uint32_t(op)));
   if (which > 1) throw ArgumentError("binary_backward: which must be 0 (a) or 1 (b), got " + std::to_string(which));
+  check_half_mask(half, "binary_backward");
   const auto out_strides = contiguous_strides(shape, "binary_backward");
-  const Kernel& k =
-      ew_kernel(r.device(), "binary_backward", {ew::in0, ew::in1, ew::in2, ew::res, ew::np}, uint32_t(op), 0, which);
+  const Kernel& k = ew_kernel(r.device(), "binary_backward", {ew::in0, ew::in1, ew::in2, ew::res, ew::np}, uint32_t(op),
+                              half, 0, which);
   std::array<NdOperand, 4> ops{};
   ops[0] = {&a, 0, &a_strides, "operand a"};
   ops[1] = {&b, 0, &b_strides, "operand b"};
   ops[2] = {&dy, 0, &out_strides, "dy"};
   ops[3] = {&g, 0, &out_strides, "gradient g"};
-  record_nd(r, k, "binary_backward", ops, shape, beta);
+  record_nd(r, k, "binary_backward", ops, shape, beta, half);
 }
 
 void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, const Buffer& out,
            const std::vector<uint32_t>& shape, const std::vector<uint32_t>& c_strides,
-           const std::vector<uint32_t>& a_strides, const std::vector<uint32_t>& b_strides, float beta) {
+           const std::vector<uint32_t>& a_strides, const std::vector<uint32_t>& b_strides, float beta, HalfMask half) {
+  check_half_mask(half, "where");
   const auto out_strides = contiguous_strides(shape, "where");
-  const Kernel& k = ew_kernel(r.device(), "where_select", {ew::in0, ew::in1, ew::in2, ew::res, ew::np}, 0);
+  const Kernel& k = ew_kernel(r.device(), "where_select", {ew::in0, ew::in1, ew::in2, ew::res, ew::np}, 0, half);
   std::array<NdOperand, 4> ops{};
   ops[0] = {&a, 0, &a_strides, "operand a"};
   ops[1] = {&b, 0, &b_strides, "operand b"};
   ops[2] = {&cond, 0, &c_strides, "cond"};
   ops[3] = {&out, 0, &out_strides, "output"};
-  record_nd(r, k, "where", ops, shape, beta);
+  record_nd(r, k, "where", ops, shape, beta, half);
 }
 
 void strided_copy(Recorder& r, const Buffer& src, uint64_t src_off, const std::vector<uint32_t>& src_strides,
                   const Buffer& dst, uint64_t dst_off, const std::vector<uint32_t>& dst_strides,
-                  const std::vector<uint32_t>& shape, float beta) {
+                  const std::vector<uint32_t>& shape, float beta, HalfMask half) {
+  check_half_mask(half, "strided_copy");
+  half &= kHalf0 | kHalfRes;
   std::array<NdOperand, 4> ops{};
   ops[0] = {&src, src_off, &src_strides, "src"};
   ops[3] = {&dst, dst_off, &dst_strides, "dst"};
-  if (beta == 0.0f) {  // a plain copy moves 32-bit words: int32 ids and NaN payloads arrive unchanged
-    const Kernel& k = ew_kernel(r.device(), "copy_bits", {ew::in0_bits, ew::res_bits, ew::np}, 0);
-    record_nd(r, k, "strided_copy", ops, shape, beta, kNdBitSlots);
+  // A plain copy between equal element types moves raw bits: int32 ids and NaN payloads arrive
+  // unchanged. 2-byte elements go through their words (a word may hold halves of two threads).
+  if (beta == 0.0f && half == 0) {
+    const Kernel& k = ew_kernel(r.device(), "copy_bits", {ew::in0_bits, ew::res_bits, ew::np}, 0, 0);
+    record_nd(r, k, "strided_copy", ops, shape, beta, half, kNdBitSlots);
     return;
   }
-  const Kernel& k = ew_kernel(r.device(), "strided_copy", {ew::in0, ew::res, ew::np}, 0);
-  record_nd(r, k, "strided_copy", ops, shape, beta);
+  if (beta == 0.0f && half == (kHalf0 | kHalfRes)) {
+    const Kernel& k = ew_kernel(r.device(), "copy_half_bits", {ew::in0_bits, ew::res_words, ew::np}, 0, 0);
+    record_nd(r, k, "strided_copy", ops, shape, beta, half, kNdHalfBitSlots);
+    return;
+  }
+  const Kernel& k = ew_kernel(r.device(), "strided_copy", {ew::in0, ew::res, ew::np}, 0, half);
+  record_nd(r, k, "strided_copy", ops, shape, beta, half);
 }
 
 // ---- along an axis ----

@@ -613,45 +613,48 @@ def _inject_download_delay(uint32_t ms):
 
 # Tensor kernels of the autograd (csrc/tensor_ops.hpp). Ops are the numbers of
 # pywgtrain._opcodes; shapes and strides are lists of ints (strides in elements).
+# ``half``: which operands hold float16, a mask of operand slots (tensor_ops.hpp HalfMask).
 
 def unary(_Recorder r not None, uint32_t op, _Buffer x not None, _Buffer y not None, uint64_t n, float a, float b,
-          float beta):
-    c.unary(r.ptr.get()[0], <c.UnaryOp>op, _b(x)[0], _b(y)[0], n, a, b, beta)
+          float beta, uint32_t half=0):
+    c.unary(r.ptr.get()[0], <c.UnaryOp>op, _b(x)[0], _b(y)[0], n, a, b, beta, half)
 
 
 def unary_backward(_Recorder r not None, uint32_t op, _Buffer x not None, _Buffer y not None, _Buffer dy not None,
-                   _Buffer dx not None, uint64_t n, float a, float b, float beta):
-    c.unary_backward(r.ptr.get()[0], <c.UnaryOp>op, _b(x)[0], _b(y)[0], _b(dy)[0], _b(dx)[0], n, a, b, beta)
+                   _Buffer dx not None, uint64_t n, float a, float b, float beta, uint32_t half=0):
+    c.unary_backward(r.ptr.get()[0], <c.UnaryOp>op, _b(x)[0], _b(y)[0], _b(dy)[0], _b(dx)[0], n, a, b, beta, half)
 
 
 def binary(_Recorder r not None, uint32_t op, _Buffer a not None, _Buffer b not None, _Buffer out not None,
-           list shape not None, list a_strides not None, list b_strides not None, float beta):
+           list shape not None, list a_strides not None, list b_strides not None, float beta, uint32_t half=0):
     cdef vector[uint32_t] sh = shape, sa = a_strides, sb = b_strides
-    c.binary(r.ptr.get()[0], <c.BinaryOp>op, _b(a)[0], _b(b)[0], _b(out)[0], sh, sa, sb, beta)
+    c.binary(r.ptr.get()[0], <c.BinaryOp>op, _b(a)[0], _b(b)[0], _b(out)[0], sh, sa, sb, beta, half)
 
 
 def binary_backward(_Recorder r not None, uint32_t op, uint32_t which, _Buffer a not None, _Buffer b not None,
                     _Buffer dy not None, _Buffer g not None, list shape not None, list a_strides not None,
-                    list b_strides not None, float beta):
+                    list b_strides not None, float beta, uint32_t half=0):
     cdef vector[uint32_t] sh = shape, sa = a_strides, sb = b_strides
     c.binary_backward(r.ptr.get()[0], <c.BinaryOp>op, which, _b(a)[0], _b(b)[0], _b(dy)[0], _b(g)[0], sh, sa, sb,
-                      beta)
+                      beta, half)
 
 
 def where(_Recorder r not None, _Buffer cond not None, _Buffer a not None, _Buffer b not None, _Buffer out not None,
-          list shape not None, list c_strides not None, list a_strides not None, list b_strides not None, float beta):
+          list shape not None, list c_strides not None, list a_strides not None, list b_strides not None, float beta,
+          uint32_t half=0):
     cdef vector[uint32_t] sh = shape, sc = c_strides, sa = a_strides, sb = b_strides
-    c.where(r.ptr.get()[0], _b(cond)[0], _b(a)[0], _b(b)[0], _b(out)[0], sh, sc, sa, sb, beta)
+    c.where(r.ptr.get()[0], _b(cond)[0], _b(a)[0], _b(b)[0], _b(out)[0], sh, sc, sa, sb, beta, half)
 
 
 def strided_copy(_Recorder r not None, _Buffer src not None, uint64_t src_off, list src_strides not None,
-                 _Buffer dst not None, uint64_t dst_off, list dst_strides not None, list shape not None, float beta):
+                 _Buffer dst not None, uint64_t dst_off, list dst_strides not None, list shape not None, float beta,
+                 uint32_t half=0):
     cdef vector[uint32_t] ss = src_strides, ds = dst_strides, sh = shape
-    c.strided_copy(r.ptr.get()[0], _b(src)[0], src_off, ss, _b(dst)[0], dst_off, ds, sh, beta)
+    c.strided_copy(r.ptr.get()[0], _b(src)[0], src_off, ss, _b(dst)[0], dst_off, ds, sh, beta, half)
 
 
-def fill(_Recorder r not None, _Buffer out not None, uint64_t n, float value):
-    c.fill(r.ptr.get()[0], _b(out)[0], n, value)
+def fill(_Recorder r not None, _Buffer out not None, uint64_t n, float value, bint half=False):
+    c.fill(r.ptr.get()[0], _b(out)[0], n, value, half)
 
 
 def reduce_axis(_Recorder r not None, uint32_t op, _Buffer x not None, _Buffer out not None, _Buffer argmax,
@@ -759,8 +762,8 @@ def rng_take(_Recorder r not None, _Buffer state not None, _Buffer key not None)
 
 
 def dropout(_Recorder r not None, _Buffer x not None, _Buffer key not None, _Buffer y not None, uint64_t n, double p,
-            float beta):
-    c.dropout(r.ptr.get()[0], _b(x)[0], _b(key)[0], _b(y)[0], n, p, beta)
+            float beta, bint half=False):
+    c.dropout(r.ptr.get()[0], _b(x)[0], _b(key)[0], _b(y)[0], n, p, beta, half)
 
 
 def dropout_threshold(double p):

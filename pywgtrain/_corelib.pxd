@@ -232,7 +232,7 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                              float beta_bias) except +raise_py_error
     void rng_take(Recorder& r, const Buffer& state, const Buffer& key) except +raise_py_error
     void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p,
-                 float beta) except +raise_py_error
+                 float beta, bint half) except +raise_py_error
     uint32_t dropout_threshold(double p) except +raise_py_error
     void cast(Recorder& r, const Buffer& src, const Buffer& dst, uint64_t n, bint to_half) except +raise_py_error
 
@@ -270,22 +270,22 @@ cdef extern from "tensor_ops.hpp" namespace "pwt" nogil:
         pass
 
     void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n, float a, float b,
-               float beta) except +raise_py_error
+               float beta, uint32_t half) except +raise_py_error
     void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, const Buffer& dy, const Buffer& dx,
-                        uint64_t n, float a, float b, float beta) except +raise_py_error
+                        uint64_t n, float a, float b, float beta, uint32_t half) except +raise_py_error
     void binary(Recorder& r, BinaryOp op, const Buffer& a, const Buffer& b, const Buffer& out,
                 const vector[uint32_t]& shape, const vector[uint32_t]& a_strides, const vector[uint32_t]& b_strides,
-                float beta) except +raise_py_error
+                float beta, uint32_t half) except +raise_py_error
     void binary_backward(Recorder& r, BinaryOp op, uint32_t which, const Buffer& a, const Buffer& b, const Buffer& dy,
                          const Buffer& g, const vector[uint32_t]& shape, const vector[uint32_t]& a_strides,
-                         const vector[uint32_t]& b_strides, float beta) except +raise_py_error
+                         const vector[uint32_t]& b_strides, float beta, uint32_t half) except +raise_py_error
     void where(Recorder& r, const Buffer& cond, const Buffer& a, const Buffer& b, const Buffer& out,
                const vector[uint32_t]& shape, const vector[uint32_t]& c_strides, const vector[uint32_t]& a_strides,
-               const vector[uint32_t]& b_strides, float beta) except +raise_py_error
+               const vector[uint32_t]& b_strides, float beta, uint32_t half) except +raise_py_error
     void strided_copy(Recorder& r, const Buffer& src, uint64_t src_off, const vector[uint32_t]& src_strides,
                       const Buffer& dst, uint64_t dst_off, const vector[uint32_t]& dst_strides,
-                      const vector[uint32_t]& shape, float beta) except +raise_py_error
-    void fill(Recorder& r, const Buffer& out, uint64_t n, float value) except +raise_py_error
+                      const vector[uint32_t]& shape, float beta, uint32_t half) except +raise_py_error
+    void fill(Recorder& r, const Buffer& out, uint64_t n, float value, bint half) except +raise_py_error
     void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, const Buffer* argmax, uint32_t outer,
                      uint32_t len, uint32_t inner, float scale, float beta) except +raise_py_error
     void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buffer& dx, uint32_t outer,

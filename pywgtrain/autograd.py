@@ -79,8 +79,10 @@ class Node:
 
     def __init__(self, name, inputs, backward_fn, keep=()):
         self.name = name
-        self.inputs = tuple(inputs)
-        self.edges = tuple(None if t is None else t._node for t in self.inputs)
+        self.edges = tuple(None if t is None else t._node for t in inputs)
+        # Leaves are held (their .grad is written); other inputs only weakly: a node must not keep
+        # alive an activation its backward does not read (what it reads, its closure holds).
+        self.inputs = tuple(t if e is None else _Input(t) for t, e in zip(inputs, self.edges))
         self.backward_fn = backward_fn
         self.versions = tuple((t._store, t._store.version) for t in keep if t is not None)
         self.released = False
@@ -129,6 +131,28 @@ def attach(out, name, inputs, backward_fn, keep=()):
         out.requires_grad = True
         out._node = Node(name, [t if t is not None and t.requires_grad else None for t in inputs], backward_fn, keep)
     return out
+
+
+class _Input:
+    """A non-leaf input of a node: what its gradient slot needs (shape, dtype, device) and a
+    weak reference to the tensor, for ``retain_grad`` while it lives."""
+
+    __slots__ = ("ref", "shape", "dtype", "device")
+    _retains_grad = False
+    _node = None
+
+    def __init__(self, t):
+        self.ref, self.shape, self.dtype, self.device = weakref.ref(t), t.shape, t.dtype, t.device
+
+    def tensor(self):
+        """The tensor while it lives, else this record (which retains no gradient)."""
+        t = self.ref()
+        return self if t is None else t
+
+    def new_empty(self, size):
+        from .tensor import empty  # (tensor.py imports this module)
+
+        return empty(size, self.dtype, self.device)
 
 
 class _Slot:
@@ -249,17 +273,8 @@ def _empty_like(t):
 def _copy_into(src, dst, beta):
     n = src._numel
     with dst.device._recording() as rec:
-        if src.dtype.itemsize == 2:  # float16: add in float32 and round once, as torch's half add
-            wide = _core._Buffer(dst.device._dev, n * 4)
-            _core.cast(rec, src._buf, wide, n, False)
-            if beta:
-                acc = _core._Buffer(dst.device._dev, n * 4)
-                _core.cast(rec, dst._buf, acc, n, False)
-                _core.unary(rec, 0, wide, acc, n, 0.0, 0.0, float(beta))
-                wide = acc
-            _core.cast(rec, wide, dst._buf, n, True)
-            return
-        _core.unary(rec, 0, src._buf, dst._buf, n, 0.0, 0.0, float(beta))
+        # float16 (mask 9: source and destination): the kernel adds in float32 and rounds once, as torch's half add
+        _core.unary(rec, 0, src._buf, dst._buf, n, 0.0, 0.0, float(beta), 9 if src.dtype.itemsize == 2 else 0)
 
 
 def _copy(src):
@@ -311,7 +326,7 @@ def backward(root, gradient, retain_graph=None):
         key = id(t) if e is None else id(e)
         s = slots.get(key)
         if s is None:
-            s = slots[key] = _Slot(t, e is None)
+            s = slots[key] = _Slot(t.tensor() if type(t) is _Input else t, e is None)
         return s
 
     root_slot = slot_of(root, root._node)

@@ -117,7 +117,33 @@ def _rec(dev):
 # -- raw kernels used by forward and backward passes (no autograd) ----------------
 def _unary_into(code, x, out, a=0.0, b=0.0, beta=0.0):
     with _rec(out.device) as rec:
-        _core.unary(rec, code, x._buf, out._buf, out._numel, float(a), float(b), float(beta))
+        _core.unary(
+            rec, code, x._buf, out._buf, out._numel, float(a), float(b), float(beta), _half_mask(x, None, None, out)
+        )
+
+
+# Operand slots of the element-wise kernels (in0, in1, in2, res; tensor_ops.hpp HalfMask): the
+# bit of each operand that holds float16. Slots left 0 (unused) read as float32.
+_HALF_ALL = 15
+
+
+def _half_mask(x0, x1, x2, res):
+    return builtins.sum(1 << i for i, t in enumerate((x0, x1, x2, res)) if t is not None and t.dtype is _HALF)
+
+
+def _elem_dtype(*xs):
+    """The dtype of an element-wise op's float tensor operands: float16 when every one is, else
+    float32; None where float16 and float32 mix (torch promotes to float32: the caller returns
+    NotImplemented and _dtype_rules casts). Python scalars take the tensors' dtype."""
+    dt = None
+    for x in xs:
+        d = getattr(x, "dtype", None)
+        if d is None or (d != _HALF and d != _FLOAT32):
+            continue
+        if dt is not None and d != dt:
+            return None
+        dt = d
+    return _HALF if dt == _HALF else _FLOAT32
 
 
 def _expand_into(src, src_shape, out, beta=0.0):
@@ -133,7 +159,7 @@ def _expand_into(src, src_shape, out, beta=0.0):
 
 def _zero(t):
     with _rec(t.device) as rec:
-        _core.fill(rec, t._buf, t._numel, 0.0)
+        _core.fill(rec, t._buf, t._numel, 0.0, t.dtype is _HALF)
 
 
 def _reduce_raw(x, shape, axis, op="sum", scale=1.0, out=None, beta=0.0, argmax=None):
@@ -160,7 +186,8 @@ def _reduce_raw(x, shape, axis, op="sum", scale=1.0, out=None, beta=0.0, argmax=
 
 
 def _sum_to_sink(g, sink, owned):
-    """Reduce g over the dimensions broadcasting added to the sink's tensor, into the sink."""
+    """Reduce g over the dimensions broadcasting added to the sink's tensor, into the sink
+    (a float16 g is summed in float32, as torch's half sums, and rounded once)."""
     target = tuple(sink.shape)
     if g.shape == target:
         sink.put(g, owned=owned)
@@ -169,6 +196,12 @@ def _sum_to_sink(g, sink, owned):
         if all(a == b for a, b in zip(_squeeze_shape(g.shape), _squeeze_shape(target))):
             sink.put(g.detach().reshape(target), owned=owned)
             return
+    if g.dtype is _HALF:
+        wide = _widened(g)
+        part = _Collect(target, g.device)
+        _sum_to_sink(wide, part, owned=True)
+        sink.put(_narrowed(part.value), owned=True)
+        return
     cur, shape = g, list(g.shape)
     lead = len(shape) - len(target)
     # Leading dimensions first (one pass over the merged leading block), then
@@ -195,6 +228,20 @@ def _squeeze_shape(s):
     return tuple(d for d in s if d != 1)
 
 
+class _Collect:
+    """A sink that keeps what it is given: the float32 sums of a float16 gradient, rounded after."""
+
+    def __init__(self, shape, dev):
+        self.shape, self.dev, self.value = shape, dev, None
+
+    def target(self):
+        self.value = empty(self.shape, np.float32, self.dev)
+        return self.value, 0.0
+
+    def put(self, g, owned=True):
+        self.value = g
+
+
 def _attach_launch(out, name, x, launch, keep=()):
     """Attach to ``out`` a backward that is one recorded kernel launch writing
     ``x``'s gradient: ``launch(rec, g, dst, beta)`` with the upstream gradient's
@@ -216,16 +263,17 @@ _UNARY_LINEAR = frozenset(("copy", "neg", "add_scalar", "rsub_scalar", "mul_scal
 # -- element-wise ----------------------------------------------------------------
 def _unary(name, x, a=0.0, b=0.0):
     code = UNARY[name]
-    x = _check_float(x, name)
-    out = _result(x.shape, x.device)
+    x = _float_tensor(x, _device_of(x), name, "input", _elem_dtype(x))  # float32 or float16
+    out = _result(x.shape, x.device, x.dtype)
     _unary_into(code, x, out, a, b)
     if needs_grad(x):
         xb, yb, n, fa, fb = x._buf, out._buf, x._numel, float(a), float(b)
+        half = _HALF_ALL if x.dtype is _HALF else 0  # x, y, dy and dx share x's dtype
         _attach_launch(
             out,
             name,
             x,
-            lambda rec, g, dst, beta: _core.unary_backward(rec, code, xb, yb, g, dst, n, fa, fb, beta),
+            lambda rec, g, dst, beta: _core.unary_backward(rec, code, xb, yb, g, dst, n, fa, fb, beta, half),
             keep=() if name in _UNARY_LINEAR else (x, out),
         )
     return out
@@ -238,7 +286,7 @@ def _elementwise(name: str) -> Callable[[TensorLike], Tensor]:
         return _unary(name, x)
 
     op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"Element-wise ``{name}`` of a float32 tensor (``torch.{name}``); differentiable."
+    op.__doc__ = f"Element-wise ``{name}`` of a float32 or float16 tensor (``torch.{name}``); differentiable."
     return op
 
 
@@ -356,11 +404,20 @@ def _binary(name, a, b):
         out = _core.binary_fast(BINARY[name], a, b)  # float32, bindable, one device (None: any other call)
         if out is not None:
             return out
+        ha, hb = a.dtype is _HALF, b.dtype is _HALF
+        if ha is not hb:  # float16 with float32: computed in float32 (_dtype_rules)
+            return NotImplemented
+        dt = _HALF if ha else _FLOAT32
         dev = a.device
-        return _binary_tensors(name, _float_tensor(a, dev, name, "input"), _float_tensor(b, dev, name, "other"), dev)
+        return _binary_tensors(
+            name, _float_tensor(a, dev, name, "input", dt), _float_tensor(b, dev, name, "other", dt), dev
+        )
+    dt = _elem_dtype(a, b)
+    if dt is None:
+        return NotImplemented
     dev = _device_of(a, b)
     if _is_scalar(b) and isinstance(a, Tensor) and name in ("add", "sub", "mul", "div", "pow"):
-        _float_tensor(a, dev, name, "input")
+        _float_tensor(a, dev, name, "input", dt)
         s = float(b)
         if name == "add":
             return _scalar_op("add_scalar", a, s)
@@ -369,10 +426,10 @@ def _binary(name, a, b):
         if name == "mul":
             return _scalar_op("mul_scalar", a, s)
         if name == "div":
-            return _scalar_op("mul_scalar", a, 1.0 / s) if s != 0.0 else _binary("div", a, full((1,), 0.0, dev))
+            return _scalar_op("mul_scalar", a, 1.0 / s) if s != 0.0 else _binary("div", a, _scalar_tensor(0.0, dev, dt))
         return _scalar_op("pow_scalar", a, s)
     if _is_scalar(a) and isinstance(b, Tensor) and name in ("add", "sub", "mul", "div"):
-        _float_tensor(b, dev, name, "other")
+        _float_tensor(b, dev, name, "other", dt)
         s = float(a)
         if name == "add":
             return _scalar_op("add_scalar", b, s)
@@ -381,13 +438,20 @@ def _binary(name, a, b):
         if name == "sub":
             return _scalar_op("rsub_scalar", b, s)
         return _scalar_op("rdiv_scalar", b, s)
-    ta = full((1,), float(a), dev).reshape(()) if _is_scalar(a) else _float_tensor(a, dev, name, "input")
-    tb = full((1,), float(b), dev).reshape(()) if _is_scalar(b) else _float_tensor(b, dev, name, "other")
+    ta = _scalar_tensor(a, dev, dt) if _is_scalar(a) else _float_tensor(a, dev, name, "input", dt)
+    tb = _scalar_tensor(b, dev, dt) if _is_scalar(b) else _float_tensor(b, dev, name, "other", dt)
     return _binary_tensors(name, ta, tb, dev)
 
 
+def _scalar_tensor(v, dev, dtype):
+    """A Python scalar operand as a 0-d tensor of the other operand's dtype."""
+    t = full((1,), float(v), dev).reshape(())
+    return t if dtype is _FLOAT32 else to_dtype(t, dtype)
+
+
 def _binary_tensors(name, ta, tb, dev):
-    """The binary op on two float32 tensors of ``dev`` that kernels can bind as they are."""
+    """The binary op on two tensors of ``dev`` of one dtype (float32 or float16) that kernels can
+    bind as they are."""
     if ta.shape == tb.shape:  # the common case: no broadcasting to work out
         shape = ta.shape
         _check_dims(shape, name)
@@ -398,10 +462,11 @@ def _binary_tensors(name, ta, tb, dev):
         _check_dims(shape, name)
         kshape = _kshape(shape)
         sa, sb = _bstrides(ta.shape, kshape), _bstrides(tb.shape, kshape)
-    out = _result(shape, dev)
+    out = _result(shape, dev, ta.dtype)
     code = BINARY[name]
+    half = _HALF_ALL if ta.dtype is _HALF else 0
     with _rec(dev) as rec:
-        _core.binary(rec, code, ta._buf, tb._buf, out._buf, kshape, sa, sb, 0.0)
+        _core.binary(rec, code, ta._buf, tb._buf, out._buf, kshape, sa, sb, 0.0, half)
     return _binary_grad(code, ta, tb, out, kshape, sa, sb)
 
 
@@ -414,8 +479,10 @@ def _binary_grad(code, ta, tb, out, kshape, sa, sb):
     name = _BINARY_NAMES[code]
     if name in _NO_GRAD_BINARY or not needs_grad(ta, tb):
         return out
-    abuf, bbuf = ta._buf, tb._buf
-    shape, dev = out.shape, out.device
+    # (add and sub read neither operand: their backward must not keep them alive)
+    abuf, bbuf = (None, None) if name in ("add", "sub") else (ta._buf, tb._buf)
+    shape, dev, dtype = out.shape, out.device, ta.dtype
+    half = _HALF_ALL if dtype is _HALF else 0
 
     def backward(g, sinks):
         for which, sink in enumerate(sinks):
@@ -428,12 +495,14 @@ def _binary_grad(code, ta, tb, out, kshape, sa, sb):
             if full_shape:
                 dst, beta = sink.target()
             else:
-                dst, beta = empty(shape, np.float32, dev), 0.0
+                dst, beta = empty(shape, dtype, dev), 0.0
             with _rec(dev) as rec:
                 if name == "sub":
-                    _core.unary(rec, UNARY["neg"], g._buf, dst._buf, g._numel, 0.0, 0.0, float(beta))
+                    _core.unary(rec, UNARY["neg"], g._buf, dst._buf, g._numel, 0.0, 0.0, float(beta), half)
                 else:
-                    _core.binary_backward(rec, code, which, abuf, bbuf, g._buf, dst._buf, kshape, sa, sb, float(beta))
+                    _core.binary_backward(
+                        rec, code, which, abuf, bbuf, g._buf, dst._buf, kshape, sa, sb, float(beta), half
+                    )
             if not full_shape:
                 _sum_to_sink(dst, sink, owned=True)
 
@@ -486,17 +555,29 @@ ne = _elementwise2("ne")
 
 def where(condition: Operand, input: Operand, other: Operand) -> Tensor:  # noqa: A002 - torch's names
     """``input`` where ``condition`` is nonzero, else ``other`` (broadcast)."""
+    dt = _elem_dtype(input, other)
+    if dt is None:  # float16 with float32: computed in float32 (_dtype_rules)
+        return NotImplemented
     dev = _device_of(condition, input, other)
-    tc = _float_tensor(condition, dev, "where", "condition")
-    ta = full((1,), float(input), dev).reshape(()) if _is_scalar(input) else _float_tensor(input, dev, "where", "input")
-    tb = full((1,), float(other), dev).reshape(()) if _is_scalar(other) else _float_tensor(other, dev, "where", "other")
+    tc = _float_tensor(condition, dev, "where", "condition", _elem_dtype(condition))
+    # (a scalar stays a float32 tensor: the kernel rounds it once into a float16 result)
+    ta = (
+        full((1,), float(input), dev).reshape(())
+        if _is_scalar(input)
+        else _float_tensor(input, dev, "where", "input", dt)
+    )
+    tb = (
+        full((1,), float(other), dev).reshape(())
+        if _is_scalar(other)
+        else _float_tensor(other, dev, "where", "other", dt)
+    )
     shape = _broadcast(_broadcast(tc.shape, ta.shape, "where"), tb.shape, "where")
     _check_dims(shape, "where")
     kshape = _kshape(shape)
     sc, sa, sb = (_bstrides(t.shape, kshape) for t in (tc, ta, tb))
-    out = empty(shape, np.float32, dev)
+    out = empty(shape, dt, dev)
     with _rec(dev) as rec:
-        _core.where(rec, tc._buf, ta._buf, tb._buf, out._buf, kshape, sc, sa, sb, 0.0)
+        _core.where(rec, tc._buf, ta._buf, tb._buf, out._buf, kshape, sc, sa, sb, 0.0, _half_mask(ta, tb, tc, out))
     if not needs_grad(ta, tb):
         return out
     cbuf = tc._buf
@@ -507,12 +588,13 @@ def where(condition: Operand, input: Operand, other: Operand) -> Tensor:  # noqa
             if sink is None:
                 continue
             full_shape = sink.shape == shape
-            dst, beta = sink.target() if full_shape else (empty(shape, np.float32, dev), 0.0)
+            dst, beta = sink.target() if full_shape else (empty(shape, g.dtype, dev), 0.0)
             pick, rest = (g, zero) if which == 0 else (zero, g)
             ps = [0] * len(kshape) if pick is zero else list(_strides(kshape))
             rs = [0] * len(kshape) if rest is zero else list(_strides(kshape))
+            m = _half_mask(pick, rest, tc, dst)
             with _rec(dev) as rec:
-                _core.where(rec, cbuf, pick._buf, rest._buf, dst._buf, kshape, sc, ps, rs, float(beta))
+                _core.where(rec, cbuf, pick._buf, rest._buf, dst._buf, kshape, sc, ps, rs, float(beta), m)
             if not full_shape:
                 _sum_to_sink(dst, sink, owned=True)
 
@@ -1573,11 +1655,12 @@ def cross_entropy(
     """Softmax cross-entropy of logits [N, C] against int class indices [N]
     (torch.nn.functional.cross_entropy); the mean skips ``ignore_index`` rows.
     One fused kernel pass forward (keeping a log-sum-exp per row, not the
-    softmax) and one backward (the softmax recomputed from the logits)."""
+    softmax) and one backward (the softmax recomputed from the logits).
+    float16 logits are read as they are (float32 math, float16 gradient); the
+    loss is float32 under autocast (torch's float32 list), else float16."""
     _check_reduction(reduction, "cross_entropy")
-    # float16 logits are read as they are, the loss is float32 (autocast: _RULES)
-    half = getattr(input, "dtype", None) == _HALF
-    x = _class_input(input, "cross_entropy", _HALF if half else _FLOAT32)
+    x = _class_input(input, "cross_entropy", _elem_dtype(input))
+    half = x.dtype is _HALF
     rows, cols = x.shape
     dev = x.device
     labels = _labels(target, rows, cols, ignore_index, dev, "cross_entropy")
@@ -1608,6 +1691,8 @@ def cross_entropy(
             _core.cross_entropy_backward(rec, xbuf, lbuf, lsebuf, g, obuf, dst, rows, cols, ignore, each, beta, half)
 
         _attach_launch(result, "cross_entropy", x, launch, keep=(x, labels))
+    if half and _autocast_state.dtype is None:  # float16 logits outside autocast: a float16 loss, as torch
+        result = to_dtype(result, _HALF)
     return result
 
 
@@ -1692,7 +1777,9 @@ def scaled_dot_product_attention(
     style, attention.wgsl): the T x T scores are never stored; the forward keeps one
     log-sum-exp per row, the backward recomputes the probabilities from it (dK/dV per
     key block, dQ per query block: deterministic). Only the causal form without a mask
-    or dropout is implemented; q, k and v must have equal shapes, D <= 128."""
+    or dropout is implemented; q, k and v must have equal shapes, D <= 128. float16
+    operands give a float16 result: the kernels run on float32 copies made for the call
+    (forward and again in backward), so that what backward keeps is float16."""
     op = "scaled_dot_product_attention"
     if attn_mask is not None:
         raise ValueError(f"{op}: attn_mask is not supported (only is_causal=True without a mask)")
@@ -1700,10 +1787,13 @@ def scaled_dot_product_attention(
         raise ValueError(f"{op}: dropout_p must be 0 (dropout is not supported), got {dropout_p!r}")
     if is_causal is not True:
         raise ValueError(f"{op}: only is_causal=True is supported, got is_causal={is_causal!r}")
+    dt = _elem_dtype(query, key, value)
+    if dt is None:  # float16 with float32: computed in float32 (_dtype_rules)
+        return NotImplemented
     dev = _device_of(query, key, value)
-    q = _float_tensor(query, dev, op, "query")
-    k = _float_tensor(key, dev, op, "key")
-    v = _float_tensor(value, dev, op, "value")
+    q = _float_tensor(query, dev, op, "query", dt)
+    k = _float_tensor(key, dev, op, "key", dt)
+    v = _float_tensor(value, dev, op, "value", dt)
     if q.ndim != 4:
         raise ValueError(f"{op}: query must be 4-D [batch, heads, seq, head_dim], got shape {q.shape}")
     for name, x in (("key", k), ("value", v)):
@@ -1715,17 +1805,49 @@ def scaled_dot_product_attention(
     _attn_head_dim(d, op)
     sc = _attn_scale(scale, d, op)
     view = (0, h * t * d, t * d, d)
+    half = dt is _HALF
+    qw, kw, vw = (_widened(x) for x in (q, k, v))
     out = empty(q.shape, np.float32, dev)
     lse = empty((b * h * t,), np.float32, dev)
     with _rec(dev) as rec:
-        _core.attention_forward(rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d, sc)
+        _core.attention_forward(
+            rec, qw._buf, view, kw._buf, view, vw._buf, view, out._buf, view, lse._buf, b, h, t, d, sc
+        )
+    del qw, kw, vw
+    if half:
+        out = _narrowed(out)
     if not needs_grad(q, k, v):
         return out
     bufs = (q._buf, k._buf, v._buf)
-    obuf, lbuf = out._buf, lse._buf
+    obuf, lbuf, n = out._buf, lse._buf, out._numel
     distinct = q is not k and q is not v and k is not v
 
     def backward(g, sinks):
+        if half:  # float32 copies for the kernels, float16 gradients to the sinks
+            grads = [(empty(q.shape, np.float32, dev), view) for _ in range(3)]
+            wide = [_widened_buf(x, n, dev) for x in (*bufs, obuf)]
+            _attn_backward_into(
+                dev,
+                wide[0],
+                view,
+                wide[1],
+                view,
+                wide[2],
+                view,
+                wide[3],
+                view,
+                _widened(g),
+                view,
+                lbuf,
+                (b, h, t, d),
+                sc,
+                grads,
+                0.0,
+            )
+            for sink, (gt, _) in zip(sinks, grads):
+                if sink is not None:
+                    sink.put(_narrowed(gt), owned=True)
+            return
         if distinct:
             targets = [s.target() if s is not None else (empty(q.shape, np.float32, dev), 0.0) for s in sinks]
             beta = builtins.max(bt for _, bt in targets)
@@ -1754,9 +1876,11 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
     D = C / n_head -> [B, T, C], heads side by side (what the output projection
     takes). The kernels read and write the strided layout directly: no split,
     permute or concatenation copies forward or backward (the gradient lands in one
-    [B, T, 3C] tensor)."""
+    [B, T, 3C] tensor). A float16 ``qkv`` gives a float16 result: the kernels run on
+    float32 copies made for the call (forward and again in backward), so that what
+    backward keeps is float16, as torch's half attention keeps."""
     op = "causal_self_attention_qkv"
-    x = _check_float(qkv, op)
+    x = _float_tensor(qkv, _device_of(qkv), op, "qkv", _elem_dtype(qkv))
     if isinstance(n_head, bool) or not isinstance(n_head, numbers.Integral) or n_head < 1:
         raise TypeError(f"{op}: n_head must be a positive int, got {n_head!r}")
     if x.ndim != 3 or x.shape[2] % 3 != 0:
@@ -1774,26 +1898,33 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
     qv, kv, vv = ((i * c, t * c3, d, c3) for i in range(3))
     ov = (0, t * c, d, c)
     dev = x.device
+    half = x.dtype is _HALF
+    xw = _widened(x)
     out = empty((b, t, c), np.float32, dev)
     lse = empty((b * h * t,), np.float32, dev)
     with _rec(dev) as rec:
-        _core.attention_forward(rec, x._buf, qv, x._buf, kv, x._buf, vv, out._buf, ov, lse._buf, b, h, t, d, sc)
+        _core.attention_forward(rec, xw._buf, qv, xw._buf, kv, xw._buf, vv, out._buf, ov, lse._buf, b, h, t, d, sc)
+    if half:
+        out = _narrowed(out)
     if needs_grad(x):
-        xbuf, obuf, lbuf = x._buf, out._buf, lse._buf
+        xbuf, obuf, lbuf = x._buf, out._buf, lse._buf  # (buffers: the node must not hold out itself)
+        nx, no = x._numel, out._numel
+        del xw
 
         def backward(g, sinks):
-            dst, beta = sinks[0].target()
+            xb, ob = (_widened_buf(xbuf, nx, dev), _widened_buf(obuf, no, dev)) if half else (xbuf, obuf)
+            dst, beta = (empty(x_shape, np.float32, dev), 0.0) if half else sinks[0].target()
             _attn_backward_into(
                 dev,
-                xbuf,
+                xb,
                 qv,
-                xbuf,
+                xb,
                 kv,
-                xbuf,
+                xb,
                 vv,
-                obuf,
+                ob,
                 ov,
-                g,
+                _widened(g),
                 ov,
                 lbuf,
                 (b, h, t, d),
@@ -1801,9 +1932,35 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
                 ((dst, qv), (dst, kv), (dst, vv)),
                 beta,
             )
+            if half:
+                sinks[0].put(_narrowed(dst), owned=True)
 
+        x_shape = x.shape
         attach(out, op, [x], backward, keep=(x, out))
     return out
+
+
+def _narrowed(x):
+    """A float32 tensor rounded to float16 (a new tensor, no autograd)."""
+    out = _result(x.shape, x.device, _HALF)
+    _unary_into(UNARY["copy"], x, out)
+    return out
+
+
+def _widened_buf(buf, n, dev):
+    """The float32 copy (exact) of a buffer of n float16 values."""
+    wide = _core._Buffer(dev._dev, n * 4)
+    with _rec(dev) as rec:
+        _core.unary(rec, UNARY["copy"], buf, wide, n, 0.0, 0.0, 0.0, 1)  # (mask 1: the source is float16)
+    return wide
+
+
+def _widened(x):
+    """A float16 tensor's float32 copy (exact), for a kernel that computes in float32 only; x itself
+    when it is float32."""
+    if x.dtype is not _HALF:
+        return x
+    return Tensor(_widened_buf(x._buf, x._numel, x.device), x.shape, np.float32, x.device)
 
 
 # -- decoding with a key/value cache (inference only: no autograd) ---------------------------------
@@ -1995,11 +2152,12 @@ def dropout(
         raise ValueError(
             "dropout: inplace=True is not supported (kernels cannot read and write one buffer); use the returned tensor"
         )
-    x = _check_float(input, "dropout")
+    x = _float_tensor(input, _device_of(input), "dropout", "input", _elem_dtype(input))  # float32 or float16
     if not training or p == 0.0:
         return x
     dev = x.device
-    out = empty(x.shape, np.float32, dev)
+    half = x.dtype is _HALF
+    out = empty(x.shape, x.dtype, dev)
     if p == 1.0:
         _zero(out)
 
@@ -2013,19 +2171,22 @@ def dropout(
     key = _core._Buffer(dev._dev, 16, "pywgtrain.rng_key")
     with _rec(dev) as rec:
         _core.rng_take(rec, state, key)
-        _core.dropout(rec, x._buf, key, out._buf, x._numel, p, 0.0)
+        _core.dropout(rec, x._buf, key, out._buf, x._numel, p, 0.0, half)
     if needs_grad(x):
         n = x._numel
-        _attach_launch(out, "dropout", x, lambda rec, g, dst, beta: _core.dropout(rec, g, key, dst, n, p, beta))
+        _attach_launch(out, "dropout", x, lambda rec, g, dst, beta: _core.dropout(rec, g, key, dst, n, p, beta, half))
     return out
 
 
 # -- float16 operands and autocast -----------------------------------------------------
-# Most ops have float32 kernels only. Such an op given float16 operands casts
-# them up with recorded casts (to_dtype: autograd sees them, so their gradients
-# come back as float16), computes in float32 and casts the result back to
-# float16 when no floating operand was float32 (torch's promotion: float16 with
-# float32 gives float32; a Python scalar keeps the tensor's dtype). Inside
+# The element-wise ops (_HALF_NATIVE), 2-D products and causal_self_attention_qkv
+# take float16 operands as they are (``native``: float16 results, float16 kept for
+# backward). The other ops have float32 kernels only: given float16 operands, they
+# cast them up with recorded casts (to_dtype: autograd sees them, so their gradients
+# come back as float16), compute in float32 and cast the result back to float16
+# when no floating operand was float32 (torch's promotion: float16 with float32
+# gives float32, also for the native ops, which return NotImplemented for mixed
+# operands; a Python scalar keeps the tensor's dtype). Inside
 # pywgtrain.autocast an op's kind (below) decides first, following torch's CUDA
 # autocast lists: "f16" ops get their float32 operands cast to float16, "f32"
 # ops their float16 operands cast to float32; the rest keep their operands.
@@ -2092,7 +2253,8 @@ def _narrow(out):
 def _dtype_rules(fn, kind=None, native=False, skip=()):
     """``fn`` taking float16 operands as described above. ``kind``: its autocast list ("f16",
     "f32" or None); ``native``: fn handles float16 operands itself, returning NotImplemented
-    where it has no float16 kernel (then it computes in float32); ``skip``: positions and
+    where it has no float16 kernel (then it computes in float32); "f32": also inside autocast,
+    where it reads float16 operands and computes float32 (an "f32" op); ``skip``: positions and
     names of arguments that do not decide the dtype."""
 
     @functools.wraps(fn)
@@ -2121,7 +2283,7 @@ def _apply_rules(fn, kind, native, skip, ac, args, kwargs):
     inside autocast (``ac``: its dtype)."""
     if ac is not None and kind is not None:
         if kind == "f32":
-            if native:  # reads float16 operands itself, computing in float32: no float32 copies saved
+            if native == "f32":  # reads float16 operands itself, computing (and returning) float32
                 return fn(*args, **kwargs)
             args, kwargs = _cast_operands(args, kwargs, _FLOAT32, skip)
             return fn(*args, **kwargs)
@@ -2134,7 +2296,7 @@ def _apply_rules(fn, kind, native, skip, ac, args, kwargs):
             wide = True
     if not half:
         return fn(*args, **kwargs)
-    if native and kind != "f32":  # outside autocast, float16 in gives float16 out (torch): cast below
+    if native:
         out = fn(*args, **kwargs)
         if out is not NotImplemented:
             return out
@@ -2144,22 +2306,30 @@ def _apply_rules(fn, kind, native, skip, ac, args, kwargs):
 
 
 # Attention has no float16 kernel: under autocast its inputs are rounded to float16, as torch's,
-# and it computes in float32 with the result rounded to float16 (torch's dtype).
+# it computes on float32 copies made for the call and keeps float16 for backward; bmm computes
+# in float32 with the result rounded to float16 (torch's dtype).
 _F16_OPS = "bmm scaled_dot_product_attention causal_self_attention_qkv".split()
 _F32_OPS = "exp log rsqrt pow sum softmax log_softmax layer_norm cross_entropy nll_loss mse_loss".split()
 _SAME_OPS = """neg abs sqrt tanh sigmoid relu silu gelu square clamp clone add sub mul div maximum minimum
 gt lt ge le eq ne mean max var std cat stack embedding index_select dropout""".split()
 # (kind, native, skip) of the ops that differ from _dtype_rules' defaults
-_RULES: dict[str, tuple[Optional[str], bool, tuple]] = {
+_RULES: dict[str, tuple[Optional[str], Union[bool, str], tuple]] = {
     "matmul": ("f16", True, ()),
+    "causal_self_attention_qkv": ("f16", True, ()),
+    "scaled_dot_product_attention": ("f16", True, ()),
+    "cross_entropy": ("f32", "f32", ()),  # float16 logits read as they are; a float32 loss under autocast
     "mlp": ("f16", True, (4, "residual")),  # torch adds the residual after the linear, in the wider dtype
-    "where": (None, False, (0, "condition")),  # a mask (bool in torch)
-    "cross_entropy": ("f32", True, ()),  # autocast: float16 logits read as they are, no float32 copy saved
+    "where": (None, True, (0, "condition")),  # a mask (bool in torch)
 }
+# Element-wise ops with float16 kernels (elementwise.wgsl): float16 operands stay float16.
+_HALF_NATIVE = frozenset(
+    """neg abs exp log sqrt rsqrt tanh sigmoid relu silu gelu square clamp clone add sub mul div
+maximum minimum pow gt lt ge le eq ne dropout""".split()
+)
 _this = sys.modules[__name__]
 for _name in _F16_OPS + _F32_OPS + _SAME_OPS + list(_RULES):
     _kind = "f16" if _name in _F16_OPS else "f32" if _name in _F32_OPS else None
-    _kind, _native, _skip = _RULES.get(_name, (_kind, False, ()))
+    _kind, _native, _skip = _RULES.get(_name, (_kind, _name in _HALF_NATIVE, ()))
     setattr(_this, _name, _dtype_rules(getattr(_this, _name), _kind, _native, _skip))
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union, overload
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, overload
 
 import numpy as np
 
@@ -111,36 +110,26 @@ class Tensor(_TensorFields):
             return store.buf.view(self._offset * self.dtype.itemsize, self.nbytes)
         out = _core._Buffer(self.device._dev, self.nbytes)
         shape = list(self.shape) or [1]
-        if self.dtype == _HALF:  # the strided copy moves 4-byte words: gather in float32, exactly
-            tmp = _core._Buffer(self.device._dev, self._numel * 4)
-            with self.device._recording() as rec, self._wide_span(rec) as (wide, off):
-                _core.strided_copy(
-                    rec, wide, off, list(self.stride()) or [1], tmp, 0, _contiguous_strides(shape), shape, 0.0
-                )
-                _core.cast(rec, tmp, out, self._numel, True)
-            return out
         with self.device._recording() as rec:
             _core.strided_copy(
-                rec, store.buf, self._offset, list(self.stride()) or [1], out, 0, _contiguous_strides(shape), shape, 0.0
+                rec,
+                store.buf,
+                self._offset,
+                list(self.stride()) or [1],
+                out,
+                0,
+                _contiguous_strides(shape),
+                shape,
+                0.0,
+                self._half_copy,
             )
         return out
 
-    @contextlib.contextmanager
-    def _wide_span(self, rec: Any, write_back: bool = False) -> Iterator[tuple[_core._Buffer, int]]:
-        """A float16 tensor's storage span as float32 (exact), from the aligned
-        element at or below its first: yields (buffer, offset of the first
-        element in it); ``write_back`` casts the span back into the storage
-        afterwards (round trips are exact, so elements outside the view keep
-        their bits)."""
-        first = self._offset // (self.device._cache.offset_align // 2) * (self.device._cache.offset_align // 2)
-        last = self._offset + sum((n - 1) * st for n, st in zip(self.shape, self.stride()))
-        count = last + 1 - first
-        span = self._store.buf.view(first * 2, count * 2)
-        wide = _core._Buffer(self.device._dev, count * 4)
-        _core.cast(rec, span, wide, count, False)
-        yield wide, self._offset - first
-        if write_back:
-            _core.cast(rec, wide, span, count, True)
+    @property
+    def _half_copy(self) -> int:
+        """The strided copy's element-type mask for a copy of this tensor's dtype (2-byte
+        elements move as raw 16-bit patterns; tensor_ops.hpp HalfMask: src and dst)."""
+        return 9 if self.dtype == _HALF else 0
 
     @overload
     def stride(self) -> tuple[int, ...]: ...
@@ -383,11 +372,8 @@ class Tensor(_TensorFields):
         """Record the copy of ``src`` (this tensor's shape and dtype) into this
         tensor's memory and bump the version counter (no autograd)."""
         shape = list(self.shape) or [1]
-        if self.dtype == _HALF:
-            self._write_half(src, shape)
-            return
         with self.device._recording() as rec:
-            if self._bindable:
+            if self._bindable and self.dtype != _HALF:  # (2-byte sizes: no whole-word buffer copy)
                 if self.dtype == np.float32:
                     _core.unary(rec, 0, src._buf, self._buf, self._numel, 0.0, 0.0, 0.0)
                 else:
@@ -403,23 +389,8 @@ class Tensor(_TensorFields):
                     list(self.stride()) or [1],
                     shape,
                     0.0,
+                    self._half_copy,
                 )
-        self._bump_version()
-
-    def _write_half(self, src: Tensor, shape: list[int]) -> None:
-        # Copies move whole 4-byte words and the strided copy works in float32,
-        # so float16 goes through float32 (exact both ways); the narrowing cast
-        # leaves the other half of a shared last word as it was.
-        wide_src = _core._Buffer(self.device._dev, self._numel * 4)
-        with self.device._recording() as rec:
-            _core.cast(rec, src._buf, wide_src, self._numel, False)
-            if self._bindable:
-                _core.cast(rec, wide_src, self._buf, self._numel, True)
-            else:
-                with self._wide_span(rec, write_back=True) as (wide, off):
-                    _core.strided_copy(
-                        rec, wide_src, 0, _contiguous_strides(shape), wide, off, list(self.stride()) or [1], shape, 0.0
-                    )
         self._bump_version()
 
     def _adopt(self, result: Tensor) -> None:
@@ -510,10 +481,8 @@ class Tensor(_TensorFields):
             view.copy_(np.broadcast_to(np.asarray(value, self.dtype), view.shape))
 
     def clone(self) -> Tensor:
-        if self.dtype == np.float32:
+        if self.dtype == np.float32 or self.dtype == _HALF:
             return F.clone(self)
-        if self.dtype == _HALF:  # through float32: exact, and differentiable as torch's clone
-            return self.float().half()
         out = empty(self.shape, self.dtype, self.device)
         with self.device._recording() as rec:
             rec.copy(self._buf, 0, out._buf, 0, self.nbytes)

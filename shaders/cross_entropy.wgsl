@@ -4,8 +4,9 @@
 // Rows whose label is IGNORE contribute 0 and do not count in the mean; other
 // labels outside [0, cols) give a NaN loss (never an out-of-bounds read).
 // Logits past one storage binding run in row blocks (row0 / x_off).
-// LT (alias, f32 or f16): the element type of the logits and their gradient;
-// the arithmetic is f32.
+// LT (an alias emitted per kernel): the element type of the logits and their
+// gradient, f32 or f16 (HALF: bool, LT is f16); the math is f32 either way.
+//!include half
 
 struct XentParams {
   rows: u32, cols: u32, row0: u32, x_off: u32,  // block: rows row0..row0+rows, logits from x_off in the binding
@@ -136,7 +137,7 @@ fn backward_row(r: u32, first: u32, stride: u32) {
     let p = exp(f32(logits[base + j]) - lse);
     var v = g * (p - select(0.0, 1.0, i32(j) == label));
     if (xp.beta != 0.0) { v += xp.beta * f32(dlogits[base + j]); }
-    dlogits[base + j] = LT(v);
+    dlogits[base + j] = LT(half_range(v, HALF));
   }
 }
 

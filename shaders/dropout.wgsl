@@ -9,6 +9,9 @@
 // Philox-4x32-10(counter = (e / 4 as 64 bits, counter_lo, counter_hi), key = (seed_lo, seed_hi))
 // is >= threshold = round(p * 2^32); kept elements are scaled by 1 / (1 - p). The backward
 // recomputes the same mask from the same key buffer (nothing stored per element).
+// ET (an alias emitted per kernel): the element type of src and dst, f32 or f16 (HALF: bool,
+// ET is f16): the same mask for either, the math in f32, rounded once on the store.
+//!include half
 
 struct DropParams {
   n: u32,          // elements of this piece
@@ -21,9 +24,9 @@ struct DropParams {
   _pad1: u32,
 }
 
-@group(0) @binding(0) var<storage, read> src: array<f32>;
+@group(0) @binding(0) var<storage, read> src: array<ET>;
 @group(0) @binding(1) var<storage, read> key: array<u32>;
-@group(0) @binding(2) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<storage, read_write> dst: array<ET>;
 @group(0) @binding(3) var<uniform> dp: DropParams;
 @group(0) @binding(4) var<storage, read_write> state: array<u32>;
 @group(0) @binding(5) var<storage, read_write> key_out: array<u32>;
@@ -89,8 +92,8 @@ fn dropout(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     if (local < lead || local - lead >= dp.n) { continue; }
     let i = local - lead;
     let m = select(0.0, dp.scale, bits[w] >= dp.threshold);
-    var v = src[i] * m;  // NaN and inf propagate through dropped elements, as torch's x * mask
-    if (dp.beta != 0.0) { v += dp.beta * dst[i]; }
-    dst[i] = v;
+    var v = f32(src[i]) * m;  // NaN and inf propagate through dropped elements, as torch's x * mask
+    if (dp.beta != 0.0) { v += dp.beta * f32(dst[i]); }
+    dst[i] = ET(half_range(v, HALF));
   }
 }

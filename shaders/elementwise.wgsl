@@ -5,7 +5,12 @@
 // gradient) are pipeline constants: every op is its own pipeline.
 // One thread per element, 256 per workgroup; the grid is 2-D past 65535
 // workgroups (linearized y * nx + x).
+// T0, T1, T2, TR (aliases emitted per kernel, csrc/tensor_ops.cpp): the element
+// types of in0, in1, in2 and res, f32 or f16 (with `enable f16`). The math is
+// f32 whatever they are: loads widen (exact), stores round once (store_res).
+// RES_HALF: bool, TR is f16.
 //!include activations
+//!include half
 
 // Flat kernels: n elements of this piece, the op's scalars, accumulation.
 struct FlatParams { n: u32, a: f32, b: f32, beta: f32, }
@@ -23,16 +28,27 @@ struct NdParams {
   strides: array<vec4<u32>, 6>,
 }
 
-@group(0) @binding(0) var<storage, read> in0: array<f32>;        // x / a / src
-@group(0) @binding(1) var<storage, read> in1: array<f32>;        // y (forward output) / b
-@group(0) @binding(2) var<storage, read> in2: array<f32>;        // dy / cond
-@group(0) @binding(3) var<storage, read_write> res: array<f32>;  // y / dx / out / g / dst
+@group(0) @binding(0) var<storage, read> in0: array<T0>;        // x / a / src
+@group(0) @binding(1) var<storage, read> in1: array<T1>;        // y (forward output) / b
+@group(0) @binding(2) var<storage, read> in2: array<T2>;        // dy / cond
+@group(0) @binding(3) var<storage, read_write> res: array<TR>;  // y / dx / out / g / dst
 @group(0) @binding(4) var<uniform> np: NdParams;
 @group(0) @binding(5) var<uniform> fp: FlatParams;
 // in0 and res again as raw 32-bit words (copy_bits): a copy through f32 values
 // may quiet signaling-NaN patterns, which int32 tensors hold as ordinary ids.
 @group(0) @binding(6) var<storage, read> in0_bits: array<u32>;
 @group(0) @binding(7) var<storage, read_write> res_bits: array<u32>;
+// res as the words holding 2-byte elements (copy_half_bits): two threads may
+// write the two halves of one word, so each changes only its half, atomically.
+@group(0) @binding(8) var<storage, read_write> res_words: array<atomic<u32>>;
+
+fn ld0(i: u32) -> f32 { return f32(in0[i]); }
+fn ld1(i: u32) -> f32 { return f32(in1[i]); }
+fn ld2(i: u32) -> f32 { return f32(in2[i]); }
+fn ldr(i: u32) -> f32 { return f32(res[i]); }
+
+// res[i] = v rounded once to TR (half.wgsl: past f16's range to +-inf).
+fn store_res(i: u32, v: f32) { res[i] = TR(half_range(v, RES_HALF)); }
 
 fn thread_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
   return (wid.y * nwg.x + wid.x) * WG + lid;  // WG: csrc/shader_contract.hpp
@@ -157,9 +173,9 @@ fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
          @builtin(local_invocation_index) lid: u32) {
   let i = thread_index(wid, nwg, lid);
   if (i >= fp.n) { return; }
-  var v = unary_f(in0[i]);
-  if (fp.beta != 0.0) { v += fp.beta * res[i]; }
-  res[i] = v;
+  var v = unary_f(ld0(i));
+  if (fp.beta != 0.0) { v += fp.beta * ldr(i); }
+  store_res(i, v);
 }
 
 // dx = dy * f'(x) (+ beta * dx)
@@ -168,9 +184,9 @@ fn unary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
                   @builtin(local_invocation_index) lid: u32) {
   let i = thread_index(wid, nwg, lid);
   if (i >= fp.n) { return; }
-  var v = unary_dx(in0[i], in1[i], in2[i]);
-  if (fp.beta != 0.0) { v += fp.beta * res[i]; }
-  res[i] = v;
+  var v = unary_dx(ld0(i), ld1(i), ld2(i));
+  if (fp.beta != 0.0) { v += fp.beta * ldr(i); }
+  store_res(i, v);
 }
 
 // out = a (the value in fp.a)
@@ -178,7 +194,7 @@ fn unary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 fn fill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
   let i = thread_index(wid, nwg, lid);
-  if (i < fp.n) { res[i] = fp.a; }
+  if (i < fp.n) { store_res(i, fp.a); }
 }
 
 // Element offsets of the four operands for element i of the block.
@@ -243,9 +259,9 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
   let i = thread_index(wid, nwg, lid);
   if (i >= np.n) { return; }
   let idx = nd_index(i);
-  var v = binary_f(in0[idx.x], in1[idx.y]);
-  if (np.beta != 0.0) { v += np.beta * res[idx.w]; }
-  res[idx.w] = v;
+  var v = binary_f(ld0(idx.x), ld1(idx.y));
+  if (np.beta != 0.0) { v += np.beta * ldr(idx.w); }
+  store_res(idx.w, v);
 }
 
 // g = dy * d op / d operand (+ beta * g)
@@ -255,11 +271,11 @@ fn binary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
   let i = thread_index(wid, nwg, lid);
   if (i >= np.n) { return; }
   let idx = nd_index(i);
-  let f = binary_grad(in0[idx.x], in1[idx.y]);
-  var v = in2[idx.z] * f;
+  let f = binary_grad(ld0(idx.x), ld1(idx.y));
+  var v = ld2(idx.z) * f;
   if ((OP == B_MAXIMUM || OP == B_MINIMUM) && f == 0.0) { v = 0.0; }  // torch's masked_fill: 0 also for dy = inf / NaN
-  if (np.beta != 0.0) { v += np.beta * res[idx.w]; }
-  res[idx.w] = v;
+  if (np.beta != 0.0) { v += np.beta * ldr(idx.w); }
+  store_res(idx.w, v);
 }
 
 // out = cond != 0 ? a : b (+ beta * out)
@@ -269,21 +285,21 @@ fn where_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   let i = thread_index(wid, nwg, lid);
   if (i >= np.n) { return; }
   let idx = nd_index(i);
-  var v = select(in1[idx.y], in0[idx.x], in2[idx.z] != 0.0);
-  if (np.beta != 0.0) { v += np.beta * res[idx.w]; }
-  res[idx.w] = v;
+  var v = select(ld1(idx.y), ld0(idx.x), ld2(idx.z) != 0.0);
+  if (np.beta != 0.0) { v += np.beta * ldr(idx.w); }
+  store_res(idx.w, v);
 }
 
-// dst = src (+ beta * dst), both strided
+// dst = src (+ beta * dst), both strided (also a cast where T0 and TR differ)
 @compute @workgroup_size(WG)
 fn strided_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
   let i = thread_index(wid, nwg, lid);
   if (i >= np.n) { return; }
   let idx = nd_index(i);
-  var v = in0[idx.x];
-  if (np.beta != 0.0) { v += np.beta * res[idx.w]; }
-  res[idx.w] = v;
+  var v = ld0(idx.x);
+  if (np.beta != 0.0) { v += np.beta * ldr(idx.w); }
+  store_res(idx.w, v);
 }
 
 // dst = src, both strided, bit for bit (any 32-bit dtype)
@@ -294,4 +310,18 @@ fn copy_bits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
   if (i >= np.n) { return; }
   let idx = nd_index(i);
   res_bits[idx.w] = in0_bits[idx.x];
+}
+
+// dst = src, both strided, bit for bit, 2-byte elements (float16): element e
+// is half e & 1 of word e / 2 (little-endian, as NumPy stores them).
+@compute @workgroup_size(WG)
+fn copy_half_bits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+  let i = thread_index(wid, nwg, lid);
+  if (i >= np.n) { return; }
+  let idx = nd_index(i);
+  let h = (in0_bits[idx.x >> 1u] >> (16u * (idx.x & 1u))) & 0xffffu;
+  let shift = 16u * (idx.w & 1u);
+  atomicAnd(&res_words[idx.w >> 1u], ~(0xffffu << shift));
+  atomicOr(&res_words[idx.w >> 1u], h << shift);
 }

@@ -198,3 +198,261 @@ def test_half_sum_past_one_binding(dev, rng):
     assert_half(tx.sum(), x.astype(np.float64).sum(), float(np.abs(x.astype(np.float64)).sum()))
     y = (tx * 2.0).numpy()
     np.testing.assert_array_equal(y, x * np.float16(2))
+
+
+# -- the float16 element-wise kernels themselves (elementwise.wgsl with f16 operands) -----------
+NAN16 = np.uint16(0x7E55)  # poison: a NaN bit pattern that no kernel produces
+
+
+def poisoned_half(dev, n):
+    return pw.tensor(np.full(n, NAN16, np.uint16).view(np.float16), dev)
+
+
+def bits(x):
+    return np.asarray(x.numpy() if isinstance(x, pw.Tensor) else x).view(np.uint16)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_unary_kernel_half_stores_its_elements_only(dev, rng, n):
+    """An odd count's last element shares a 4-byte word with the next one: the kernel writes its
+    own 2 bytes and leaves the neighbour's bits (also NaN payloads) as they were."""
+    x = half(rng, n)
+    out = poisoned_half(dev, n + 1)
+    with dev._recording() as rec:
+        pw._core.unary(rec, pw._opcodes.UNARY["tanh"], pw.tensor(x, dev)._buf, out._buf, n, 0.0, 0.0, 0.0, 9)
+    got = out.numpy()
+    assert bits(got[n:]) == NAN16
+    assert_half(got[:n], np.tanh(x.astype(np.float64)))
+    # accumulation (beta 1): the sum in float32, rounded once
+    acc = pw.tensor(x, dev)
+    with dev._recording() as rec:
+        pw._core.unary(rec, pw._opcodes.UNARY["mul_scalar"], pw.tensor(x, dev)._buf, acc._buf, n, 3.0, 0.0, 1.0, 9)
+    np.testing.assert_array_equal(acc.numpy(), (x.astype(np.float32) * 4).astype(np.float16))
+
+
+def test_half_rounding_overflow_and_subnormals(dev):
+    """Stores round to nearest even once (as NumPy's float32 -> float16), overflow to +-inf,
+    keep subnormals and NaN."""
+    x = np.array(
+        [
+            1.0,
+            1.0 + 2.0**-11,
+            1.0 + 3 * 2.0**-11,
+            65504.0,
+            65519.0,
+            65520.0,
+            -7e4,
+            2.0**-24,
+            3 * 2.0**-26,
+            2.0**-26,
+            np.nan,
+            -0.0,
+        ],
+        np.float32,
+    )
+    out = poisoned_half(dev, x.size)
+    with dev._recording() as rec:
+        pw._core.unary(rec, pw._opcodes.UNARY["copy"], pw.tensor(x, dev)._buf, out._buf, x.size, 0.0, 0.0, 0.0, 8)
+    with np.errstate(over="ignore"):
+        ref = x.astype(np.float16)
+    np.testing.assert_array_equal(bits(out)[:-2], bits(ref)[:-2])
+    assert np.isnan(out.numpy()[-2]) and bits(out)[-1] == 0x8000
+
+
+def test_fill_half(dev):
+    out = poisoned_half(dev, 8)
+    with dev._recording() as rec:
+        pw._core.fill(rec, out._buf, 7, 0.1, True)
+    np.testing.assert_array_equal(out.numpy()[:7], np.full(7, 0.1, np.float16))
+    assert bits(out)[7] == NAN16
+
+
+@pytest.mark.parametrize("shape", [(3,), (7, 33), (3, 5, 129)])
+def test_strided_half_views_copy_raw_bits(dev, rng, shape):
+    """Strided float16 views (odd offsets, odd sizes, transposes) read and write through the
+    16-bit copy: every bit pattern (signaling NaN payloads too) arrives unchanged and the
+    elements around a written view keep theirs."""
+    raw = rng.integers(0, 2**16, shape, dtype=np.uint16)
+    raw.reshape(-1)[: min(3, raw.size)] = [0x7C01, 0xFD55, 0x7E00][: min(3, raw.size)]  # NaNs, signaling first
+    x = raw.view(np.float16)
+    tx = pw.tensor(x, dev)
+    views = [
+        (tx[..., 1:], x[..., 1:]),
+        (tx[..., ::2], x[..., ::2]),
+        (tx.T if tx.ndim == 2 else tx, x.T if x.ndim == 2 else x),
+    ]
+    if tx.ndim == 3:
+        views.append((tx.permute(2, 0, 1)[1:, :, 1:], x.transpose(2, 0, 1)[1:, :, 1:]))
+    for view, ref in views:
+        if view.numel() == 0:
+            continue
+        np.testing.assert_array_equal(bits(view.contiguous()), bits(np.ascontiguousarray(ref)))
+    # writes: x[..., 1::2] = y keeps every other element's bits
+    if shape[-1] > 1:
+        dst = pw.tensor(x, dev)
+        y = rng.integers(0, 2**16, x[..., 1::2].shape, dtype=np.uint16).view(np.float16)
+        dst[..., 1::2] = pw.tensor(y, dev)
+        expect = raw.copy()
+        expect[..., 1::2] = y.view(np.uint16)
+        np.testing.assert_array_equal(bits(dst), expect)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_where_half(dev, rng, n):
+    a, b = half(rng, 3, n), half(rng, n)
+    cond = (rng.random((3, 1)) > 0.5).astype(np.float32)
+    got = pw.where(pw.tensor(cond, dev), pw.tensor(a, dev), pw.tensor(b, dev))
+    assert_half(got, np.where(cond != 0, a, b).astype(np.float64))
+    got = pw.where(pw.tensor(cond.astype(np.float16), dev), pw.tensor(a, dev), 0.1)  # a scalar: float16 result
+    assert_half(got, torch.where(torch.from_numpy(cond != 0), torch.from_numpy(a), 0.1).double())
+    got = pw.where(pw.tensor(cond, dev), pw.tensor(a, dev), pw.tensor(b.astype(np.float32), dev))
+    assert got.dtype == np.float32  # float16 with float32: float32, as torch
+    ta, tb = pw.tensor(a, dev, requires_grad=True), pw.tensor(b, dev, requires_grad=True)
+    g = half(rng, 3, n)
+    pw.where(pw.tensor(cond, dev), ta, tb).backward(pw.tensor(g, dev))
+    assert ta.grad.dtype == tb.grad.dtype == np.float16
+    np.testing.assert_array_equal(ta.grad.numpy(), np.where(cond != 0, g, 0).astype(np.float16))
+    assert_half(tb.grad, np.where(cond != 0, 0, g.astype(np.float64)).sum(0), float(np.abs(g).sum()))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "maximum", "minimum", "pow"])
+def test_binary_half_gradients_match_torch_half(dev, rng, name, n):
+    """Gradients of float16 operands (one broadcast) against torch CPU's float16 autograd: float16
+    gradients, within a few float16 roundings (torch rounds at other points)."""
+    a, b = half(rng, 3, n, positive=name == "pow"), half(rng, n)
+    if name == "div":
+        b = np.where(np.abs(b) < 0.25, np.float16(0.5), b)
+    g = half(rng, 3, n)
+    ta, tb = pw.tensor(a, dev, requires_grad=True), pw.tensor(b, dev, requires_grad=True)
+    out = getattr(pw, name)(ta, tb)
+    assert out.dtype == np.float16
+    out.backward(pw.tensor(g, dev))
+    ra, rb = torch.from_numpy(a).requires_grad_(), torch.from_numpy(b).requires_grad_()
+    getattr(torch, name)(ra, rb).backward(torch.from_numpy(g))
+    for got, ref in ((ta, ra), (tb, rb)):
+        assert got.grad.dtype == np.float16 and ref.grad.dtype == torch.float16
+        r = ref.grad.double().numpy()
+        np.testing.assert_allclose(got.grad.numpy().astype(np.float64), r, rtol=4e-3, atol=4e-3 * np.abs(r).max())
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_half_gradients_match_torch_half(dev, rng, name):
+    x, g = half(rng, 7, 33, positive=name in POSITIVE), half(rng, 7, 33)
+    tx = pw.tensor(x, dev, requires_grad=True)
+    out = getattr(pw, name)(tx)
+    assert out.dtype == np.float16
+    out.backward(pw.tensor(g, dev))
+    rx = torch.from_numpy(x).requires_grad_()
+    UNARY[name](rx).backward(torch.from_numpy(g))
+    assert tx.grad.dtype == np.float16
+    r = rx.grad.double().numpy()
+    np.testing.assert_allclose(tx.grad.numpy().astype(np.float64), r, rtol=4e-3, atol=4e-3 * np.abs(r).max())
+
+
+def test_half_kernels_refuse_bad_masks_and_sizes(dev):
+    x = pw.tensor(np.zeros(7, np.float16), dev)
+    with dev._recording() as rec:
+        with pytest.raises(ValueError, match="half must be a mask"):
+            pw._core.unary(rec, 0, x._buf, pw.empty((7,), np.float16, dev)._buf, 7, 0.0, 0.0, 0.0, 16)
+        with pytest.raises(ValueError, match="unary output y holds 7 float16 values, needs 9"):
+            pw._core.unary(rec, 0, pw.tensor(np.zeros(9, np.float16), dev)._buf, x._buf, 9, 0.0, 0.0, 0.0, 9)
+
+
+def test_autocast_gpt_step_keeps_no_float32_copies(dev):
+    """What a GPT forward under autocast leaves for backward: float16 activations (torch's
+    autocast keeps), no float32 copies of them, so well under the float32 forward's."""
+    from pywgtrain.models import GPT, GPTConfig
+
+    cfg = GPTConfig(vocab_size=64, block_size=64, n_layer=2, n_head=4, n_embd=64)
+    ids = np.random.default_rng(0).integers(0, 64, (8, 65)).astype(np.int32)
+    kept = {}
+    for amp in (False, True):
+        model = GPT(cfg, device=dev, seed=0)
+        x, y = pw.tensor(ids[:, :-1].copy(), dev), pw.tensor(ids[:, 1:].copy(), dev)
+        dev.synchronize()
+        before = dev.memory_stats()["allocated_bytes"]
+        with pw.autocast(enabled=amp):
+            loss = GPT.loss(model(x), y)
+        kept[amp] = dev.memory_stats()["allocated_bytes"] - before
+        loss.backward()
+        del model, loss
+    assert kept[True] < 0.7 * kept[False], kept
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_attention_half_keeps_half(dev, rng, fused):
+    """float16 attention: a float16 result and float16 gradients against torch's float64 SDPA
+    (float32 math inside on copies made for the call; what backward keeps is float16)."""
+    b, h, t, d = 2, 3, 33, 16
+    if fused:
+        x = half(rng, b, t, 3 * h * d)
+        tx = pw.tensor(x, dev, requires_grad=True)
+        out = pw.functions.causal_self_attention_qkv(tx, h)
+        rx = t64(x).requires_grad_()
+        heads = [z.view(b, t, h, d).transpose(1, 2) for z in rx.split(h * d, 2)]
+        ref = TF.scaled_dot_product_attention(*heads, is_causal=True).transpose(1, 2).reshape(b, t, h * d)
+        pairs = [(tx, rx)]
+    else:
+        arrays = [half(rng, b, h, t, d) for _ in range(3)]
+        ts = [pw.tensor(a, dev, requires_grad=True) for a in arrays]
+        out = pw.nn.functional.scaled_dot_product_attention(*ts)
+        rs = [t64(a).requires_grad_() for a in arrays]
+        ref = TF.scaled_dot_product_attention(*rs, is_causal=True)
+        pairs = list(zip(ts, rs))
+    assert_half(out, ref.detach(), magnitude=float(ref.detach().abs().max()))
+    g = half(rng, *out.shape)
+    out.backward(pw.tensor(g, dev))
+    ref.backward(t64(g))
+    for got, r in pairs:
+        assert got.grad.dtype == np.float16
+        rg = r.grad.numpy()
+        np.testing.assert_allclose(got.grad.numpy().astype(np.float64), rg, rtol=4e-3, atol=4e-3 * np.abs(rg).max())
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_dropout_half_same_mask_as_float32(dev, rng, n):
+    """float16 dropout draws the float32 mask of the same seed, scales in float32 and rounds
+    once; its gradient is float16 with the same mask."""
+    x = half(rng, 3, n)
+    x[0, 0] = np.float16(60000.0)  # kept: 60000 * 2 overflows to inf on the rounding, as torch
+    results = {}
+    for dtype in (np.float32, np.float16):
+        pw.manual_seed(77, dev)
+        t = pw.tensor(x.astype(dtype), dev, requires_grad=True)
+        y = pw.dropout(t, 0.5)
+        assert y.dtype == dtype
+        y.backward(pw.tensor(np.ones(x.shape, dtype), dev))
+        results[dtype] = (y.numpy(), t.grad.numpy())
+    (y32, g32), (y16, g16) = results[np.float32], results[np.float16]
+    np.testing.assert_array_equal(y32 != 0, y16 != 0)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(y16, y32.astype(np.float16))
+    assert g16.dtype == np.float16
+    np.testing.assert_array_equal(g16, g32.astype(np.float16))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_cross_entropy_reads_half_logits(dev, rng, n):
+    """float16 logits go into the fused kernel as they are: the loss equals the float32 loss of
+    the same values (float32 under autocast, as torch's float32 list; float16 outside), and the
+    float16 gradient is the float32 one rounded once."""
+    x = half(rng, 5, n) * np.float16(4)
+    labels = rng.integers(0, n, 5).astype(np.int32)
+    labels[1] = -100  # ignored
+    t32 = pw.tensor(x.astype(np.float32), dev, requires_grad=True)
+    ref = pw.cross_entropy(t32, labels)
+    ref.backward()
+    t16 = pw.tensor(x, dev, requires_grad=True)
+    with pw.autocast():
+        loss = pw.cross_entropy(t16, labels)
+    assert loss.dtype == np.float32
+    np.testing.assert_array_equal(loss.numpy(), ref.numpy())
+    loss.backward()
+    assert t16.grad.dtype == np.float16
+    np.testing.assert_array_equal(t16.grad.numpy(), t32.grad.numpy().astype(np.float16))
+    out = pw.cross_entropy(pw.tensor(x, dev), labels, reduction="none")
+    assert out.dtype == np.float16
+    np.testing.assert_array_equal(
+        out.numpy(), pw.cross_entropy(t32.detach(), labels, reduction="none").numpy().astype(np.float16)
+    )
