@@ -1021,7 +1021,7 @@ def binary_fast(uint32_t op, a, b):
     r = _Recording(dev)
     rec = r._enter(batch)
     try:
-        c.binary(rec.ptr.get()[0], <c.BinaryOp>op, _tbuf(ta)[0], _tbuf(tb)[0], _tbuf(out)[0], sh, sa, sb, 0.0)
+        c.binary(rec.ptr.get()[0], <c.BinaryOp>op, _tbuf(ta)[0], _tbuf(tb)[0], _tbuf(out)[0], sh, sa, sb, 0.0, 0)
     except BaseException as e:
         r._exit(e)
         raise
@@ -1087,7 +1087,7 @@ def gemm_fast(uint32_t kind, a, b, bias, bint trans_a, bint trans_b):
     try:
         if tbias is not None:
             c.gemm_bias_act(rec.ptr.get()[0], _tbuf(ta)[0], _tbuf(tb)[0], _tbuf(tbias)[0], _tbuf(out)[0], NULL,
-                            m, n, k, trans_a, trans_b, <Activation>0)
+                            m, n, k, trans_a, trans_b, <Activation>0, False)
         else:
             c.gemm(rec.ptr.get()[0], _tbuf(ta)[0], _tbuf(tb)[0], _tbuf(out)[0], m, n, k, trans_a, trans_b, 1.0, 0.0)
     except BaseException as e:
