@@ -39,8 +39,8 @@ void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c
 
 // The fused linear-layer products below take `half`: float16 A, B, bias,
 // outputs and pre-activations (accumulation and epilogue arithmetic in f32,
-// each stored value rounded once; the activation reads the rounded
-// pre-activation, as torch's activation of a float16 linear output does).
+// each stored value rounded once: the activation reads the f32
+// pre-activation, where torch's reads the float16-rounded linear output).
 
 // Y = act(op(A) op(B) + bias); when `preact` is given it receives op(A) op(B) + bias.
 void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& bias, const Buffer& y,

@@ -406,12 +406,13 @@ fn tile_col(xy: vec2<u32>, j: u32) -> u32 { return j * 4u * WG_X + xy.x * 4u; }
 // its epilogue never touches).
 fn epilogue(idx: u32, n: u32, v: f32) {
   if (EPILOGUE == EPILOGUE_BIAS_ACT) {
-    c[idx] = CT(activate(f32(CT(v + f32(bias[p.bias_off + n])))));  // as BIAS_ACT_TRAIN: act of the stored z
+    c[idx] = CT(activate(v + f32(bias[p.bias_off + n])));
   } else if (EPILOGUE == EPILOGUE_BIAS_ACT_TRAIN) {
-    // A float16 pre-activation is what backward sees: the output is computed from it, rounded.
-    let z = CT(v + f32(bias[p.bias_off + n]));
-    preact[idx] = z;
-    c[idx] = CT(activate(f32(z)));
+    // The activation reads z in f32; a float16 pre-activation is rounded once as it is stored
+    // (rounding it first would be folded away by some drivers: NVIDIA's elides f32(f16(z))).
+    let z = v + f32(bias[p.bias_off + n]);
+    preact[idx] = CT(z);
+    c[idx] = CT(activate(z));
   } else if (EPILOGUE == EPILOGUE_ACT_GRAD) {
     c[idx] = CT(act_dx(v, f32(preact[idx])));
   } else if (EPILOGUE == EPILOGUE_BIAS_RESIDUAL) {
@@ -434,11 +435,11 @@ fn activate4(z: vec4<f32>) -> vec4<f32> { return vec4<f32>(activate(z.x), activa
 fn epilogue4(idx: u32, n: u32, v: vec4<f32>) {
   let i = idx / 4u;
   if (EPILOGUE == EPILOGUE_BIAS_ACT) {
-    c4[i] = vec4<CT>(activate4(vec4<f32>(vec4<CT>(v + bias4(n)))));
+    c4[i] = vec4<CT>(activate4(v + bias4(n)));
   } else if (EPILOGUE == EPILOGUE_BIAS_ACT_TRAIN) {
-    let z = vec4<CT>(v + bias4(n));
-    preact4[i] = z;
-    c4[i] = vec4<CT>(activate4(vec4<f32>(z)));
+    let z = v + bias4(n);
+    preact4[i] = vec4<CT>(z);
+    c4[i] = vec4<CT>(activate4(z));
   } else if (EPILOGUE == EPILOGUE_BIAS_RESIDUAL) {
     // Scalar loads: no vec4 view of the residual (one binding fewer).
     let r = vec4<f32>(f32(residual[idx]), f32(residual[idx + 1u]), f32(residual[idx + 2u]), f32(residual[idx + 3u]));
