@@ -137,12 +137,13 @@ class _Input:
     """A non-leaf input of a node: what its gradient slot needs (shape, dtype, device) and a
     weak reference to the tensor, for ``retain_grad`` while it lives."""
 
-    __slots__ = ("ref", "shape", "dtype", "device")
+    __slots__ = ("ref", "cls", "shape", "dtype", "device")
     _retains_grad = False
     _node = None
 
     def __init__(self, t):
-        self.ref, self.shape, self.dtype, self.device = weakref.ref(t), t.shape, t.dtype, t.device
+        self.ref, self.cls = weakref.ref(t), type(t)
+        self.shape, self.dtype, self.device = t.shape, t.dtype, t.device
 
     def tensor(self):
         """The tensor while it lives, else this record (which retains no gradient)."""
@@ -150,9 +151,12 @@ class _Input:
         return self if t is None else t
 
     def new_empty(self, size):
-        from .tensor import empty  # (tensor.py imports this module)
-
-        return empty(size, self.dtype, self.device)
+        """An uninitialized tensor of the input's class, dtype and device (built here: tensor.py
+        imports this module, not the other way round)."""
+        count = 1
+        for d in size:
+            count *= d
+        return self.cls(_core._Buffer(self.device._dev, count * self.dtype.itemsize), size, self.dtype, self.device)
 
 
 class _Slot:
