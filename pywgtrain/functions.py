@@ -43,6 +43,7 @@ from .tensor import (
     empty,
     full,
     tensor,
+    zeros,
 )
 
 MAX_DIMS = 6  # kernels index up to this many dimensions (tensor_ops.hpp kMaxDims)
@@ -1421,14 +1422,6 @@ def _record_weight_grads(rec, dz, x, sw, sb, rows, out_f, in_f, half):
         _core.bias_grad(rec, dz._buf, db._buf, rows, out_f, bb, half)
 
 
-def _half_zeros(n, dev):
-    """float16 zeros by recorded kernels (a buffer clear cannot be captured in a step graph)."""
-    z = empty((n,), _HALF, dev)
-    with _rec(dev) as rec:
-        _core.cast(rec, full((n,), 0.0, dev)._buf, z._buf, n, True)
-    return z
-
-
 def mlp(
     x: TensorLike,
     weights: Sequence[Tensor],
@@ -1490,7 +1483,7 @@ def mlp(
             raise ValueError(f"linear: residual has shape {tr.shape}, the output has shape {shape}")
     half = dtype == _HALF
     if half:  # the float16 epilogues always add a bias: zeros where a layer has none
-        layers = [(tw, o, i, _half_zeros(o, dev) if tb is None else tb, act) for tw, o, i, tb, act in layers]
+        layers = [(tw, o, i, zeros((o,), _HALF, dev) if tb is None else tb, act) for tw, o, i, tb, act in layers]
     # float16 layers with a float32 residual give float32 (torch's promotion of the add)
     out_dtype = dtype if tr is None else tr.dtype
     grad = needs_grad(h, *params, tr)

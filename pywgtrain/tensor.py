@@ -459,8 +459,11 @@ class Tensor(_TensorFields):
             return self.fill_(0.0)
         self._check_inplace("zero_", False)
         if self._whole:
+            # A recorded fill, not a buffer clear, so captured step graphs can hold it; int32 zeros
+            # are float32 zeros' bits.
+            half = self.dtype == _HALF
             with self.device._recording() as rec:
-                rec.fill_zero(self._buf, 0, (self.nbytes + 3) // 4 * 4)
+                _core.fill(rec, self._buf, self._numel, 0.0, half)
             self._bump_version()
         else:
             self._write(zeros(self.shape, self.dtype, self.device))

@@ -163,3 +163,24 @@ def test_profile_times_every_captured_kernel(dev, rng):
     assert prof["gpu_us"] > 0 and prof["sum_of_dispatches_us"] > 0
     assert sorted(k["kernel"] for k in prof["kernels"]) == sorted(set(names))
     assert sum(k["count"] for k in prof["kernels"]) == len(names)
+
+
+def test_zero_of_every_dtype_is_captured_and_replayed(dev, rng):
+    """zero_() records a fill kernel for float32, float16 (odd sizes too) and int32, so a captured
+    graph holds it and each replay zeroes again."""
+    ts = [
+        pw.tensor(rand(rng, 7), dev),
+        pw.tensor(rand(rng, 33).astype(np.float16), dev),
+        pw.tensor(rng.integers(1, 100, 9).astype(np.int32), dev),
+    ]
+    g = pw.Graph()
+    with pw.graph(g, dev):
+        for t in ts:
+            t.zero_()
+    for _ in range(2):
+        for t in ts:
+            t.copy_(np.full(t.shape, 5, t.dtype))
+        g.replay()
+        for t in ts:
+            got = t.numpy()
+            assert got.dtype == t.dtype and np.all(got == 0) and not np.signbit(got.astype(np.float64)).any()
