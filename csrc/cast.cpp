@@ -10,20 +10,13 @@ namespace {
 
 namespace sh = wgsl::cast;
 
-void check_elements(const Buffer& b, uint64_t n, uint64_t size, const char* what) {
-  if (b.bytes() < n * size)
-    throw ArgumentError(std::string("cast: ") + what + " holds " + std::to_string(b.bytes()) + " bytes, needs " +
-                        std::to_string(n * size) + " (" + std::to_string(n) + " elements of " + std::to_string(size) +
-                        " bytes)");
-}
-
 }  // namespace
 
 void cast(Recorder& r, const Buffer& src, const Buffer& dst, uint64_t n, bool to_half) {
   if (n == 0) throw ArgumentError("cast: n must be >= 1");
   const uint64_t src_size = to_half ? 4 : 2, dst_size = to_half ? 2 : 4;
-  check_elements(src, n, src_size, "src");
-  check_elements(dst, n, dst_size, "dst");
+  check_elements(src, n, src_size, "cast src");
+  check_elements(dst, n, dst_size, "cast dst");
   check_no_alias("cast", dst, "dst", {{&src, "src"}});
   Device& dev = r.device();
   static const PipelineCache::EntryBindings table = {{"f32_to_f16", {sh::src, sh::dst, sh::cp}},

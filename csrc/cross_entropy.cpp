@@ -31,19 +31,13 @@ uint64_t row_groups(const Device& dev, uint32_t rc, uint32_t cols) {
   return cols <= short_row_cols(dev) ? ceil_div(rc, sh::WG) : rc;
 }
 
-void check_logits(const Buffer& b, uint64_t count, uint64_t size, const char* what) {
-  if (b.bytes() < count * size)
-    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / size) +
-                        (size == 2 ? " float16" : " float32") + " values, needs " + std::to_string(count));
-}
-
 void check_rows(const Device& dev, uint32_t rows, uint32_t cols, const Buffer& logits, const Buffer& labels,
                 uint64_t size) {
   if (rows == 0 || cols == 0) throw ArgumentError("cross_entropy: logits must have rows >= 1 and classes >= 1");
   if (cols > kMaxClasses)
     throw ArgumentError("cross_entropy: " + std::to_string(cols) + " classes, more than the " +
                         std::to_string(kMaxClasses) + " one workgroup per row handles");
-  check_logits(logits, uint64_t(rows) * cols, size, "cross_entropy logits");
+  check_elements(logits, uint64_t(rows) * cols, size, "cross_entropy logits");
   if (labels.bytes() < uint64_t(rows) * 4) throw ArgumentError("cross_entropy: labels hold fewer than rows entries");
   if (uint64_t(rows) * 4 > dev.limits().max_storage_binding)
     throw ArgumentError("cross_entropy: " + std::to_string(rows) + " rows exceed one storage binding of labels");
@@ -116,7 +110,7 @@ void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& lab
   Device& dev = r.device();
   const uint64_t size = half ? 2 : 4;
   check_rows(dev, rows, cols, logits, labels, size);
-  check_logits(dlogits, uint64_t(rows) * cols, size, "cross_entropy dlogits");
+  check_elements(dlogits, uint64_t(rows) * cols, size, "cross_entropy dlogits");
   check_floats(row_lse, rows, "cross_entropy log-sum-exp");
   check_floats(upstream, per_row ? rows : 1, "cross_entropy upstream gradient");
   check_floats(scale, 1, "cross_entropy scale");

@@ -123,8 +123,9 @@ inline uint64_t rows_per_piece(const Device& dev, uint64_t cols) {
 }
 
 void check_floats(const Buffer& b, uint64_t count, const char* what);
-// check_floats, or for float16 (half) elements of 2 bytes.
-void check_elements(const Buffer& b, uint64_t count, const char* what, bool half);
+// check_floats for elements of `size` bytes: 4 (float32) or 2 (float16).
+void check_elements(const Buffer& b, uint64_t count, uint64_t size, const char* what);
+inline uint64_t elem_bytes(bool half) { return half ? 2 : 4; }
 void check_ints(const Buffer& b, uint64_t count, const char* what);
 
 constexpr uint64_t kReduceGroup = wgsl::reduce::WG * wgsl::reduce::ITEMS;  // elements per partial_sum workgroup

@@ -12,10 +12,10 @@ void check_floats(const Buffer& b, uint64_t count, const char* what) {
                         std::to_string(count));
 }
 
-void check_elements(const Buffer& b, uint64_t count, const char* what, bool half) {
-  if (!half) return check_floats(b, count, what);
-  if (b.bytes() < count * 2)
-    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / 2) + " float16 values, needs " +
+void check_elements(const Buffer& b, uint64_t count, uint64_t size, const char* what) {
+  if (size == 4) return check_floats(b, count, what);
+  if (b.bytes() < count * size)
+    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / size) + " float16 values, needs " +
                         std::to_string(count));
 }
 
@@ -29,9 +29,9 @@ void check_gemm(const Buffer& a, const Buffer& b, const Buffer& c, uint32_t m, u
   if (m == 0 || n == 0 || k == 0)
     throw ArgumentError("gemm: M, N and K must be >= 1 (got " + std::to_string(m) + ", " + std::to_string(n) + ", " +
                         std::to_string(k) + ")");
-  check_elements(a, uint64_t(m) * k, "gemm operand A", half);
-  check_elements(b, uint64_t(k) * n, "gemm operand B", half);
-  check_elements(c, uint64_t(m) * n, "gemm output C", half);
+  check_elements(a, uint64_t(m) * k, elem_bytes(half), "gemm operand A");
+  check_elements(b, uint64_t(k) * n, elem_bytes(half), "gemm operand B");
+  check_elements(c, uint64_t(m) * n, elem_bytes(half), "gemm output C");
 }
 
 // The problem of a float16 (half) or float32 product with packed operands.
@@ -83,8 +83,8 @@ void gemm_bias_act(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& 
                    const Buffer* preact, uint32_t m, uint32_t n, uint32_t k, bool ta, bool tb, Activation act,
                    bool half) {
   check_gemm(a, b, y, m, n, k, half);
-  check_elements(bias, n, "bias", half);
-  if (preact) check_elements(*preact, uint64_t(m) * n, "pre-activation output", half);
+  check_elements(bias, n, elem_bytes(half), "bias");
+  if (preact) check_elements(*preact, uint64_t(m) * n, elem_bytes(half), "pre-activation output");
   EpilogueArgs e;
   e.ep = preact ? Epilogue::BiasActTrain : Epilogue::BiasAct;
   e.act = act;
@@ -99,9 +99,9 @@ void gemm_bias_residual(Recorder& r, const Buffer& a, const Buffer& b, const Buf
                         bool half_out) {
   if (half_out && !half) throw ArgumentError("gemm_bias_residual: a float16 output needs float16 operands");
   check_gemm(a, b, y, m, n, k, half);
-  check_elements(y, uint64_t(m) * n, "output y", half_out);
-  check_elements(bias, n, "bias", half);
-  check_elements(residual, uint64_t(m) * n, "residual", half_out);
+  check_elements(y, uint64_t(m) * n, elem_bytes(half_out), "output y");
+  check_elements(bias, n, elem_bytes(half), "bias");
+  check_elements(residual, uint64_t(m) * n, elem_bytes(half_out), "residual");
   check_no_alias("gemm_bias_residual", y, "the output y", {{&residual, "residual"}});
   EpilogueArgs e;
   e.ep = Epilogue::BiasResidual;
@@ -127,7 +127,7 @@ void linear_weight_grads(Recorder& r, const Buffer& dz, const Buffer& x, const B
 void gemm_act_grad(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& preact, const Buffer& c, uint32_t m,
                    uint32_t n, uint32_t k, bool ta, bool tb, Activation act, bool half) {
   check_gemm(a, b, c, m, n, k, half);
-  check_elements(preact, uint64_t(m) * n, "pre-activation", half);
+  check_elements(preact, uint64_t(m) * n, elem_bytes(half), "pre-activation");
   EpilogueArgs e;
   e.ep = Epilogue::ActGrad;
   e.act = act;

@@ -30,7 +30,7 @@ const Kernel& linear_kernel(Device& dev, const char* entry, std::vector<Slot> bi
 
 void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const Buffer& dz, uint64_t n, Activation act,
                          bool half) {
-  for (auto* b : {&dy, &z, &dz}) check_elements(*b, n, "activation_backward operand", half);
+  for (auto* b : {&dy, &z, &dz}) check_elements(*b, n, elem_bytes(half), "activation_backward operand");
   Device& dev = r.device();
   namespace sh = wgsl::linear;
   const Kernel& k = linear_kernel(dev, "act_backward", {sh::upstream, sh::preact, sh::result, sh::ep}, act, half, half);
@@ -52,8 +52,8 @@ void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const B
 }
 
 void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols, float beta, bool half) {
-  check_elements(dz, uint64_t(rows) * cols, "bias_grad input", half);
-  check_elements(db, cols, "bias gradient", half);
+  check_elements(dz, uint64_t(rows) * cols, elem_bytes(half), "bias_grad input");
+  check_elements(db, cols, elem_bytes(half), "bias gradient");
   Device& dev = r.device();
   namespace sh = wgsl::linear;
   const uint64_t el = half ? 2 : 4;

@@ -68,14 +68,6 @@ void check_half_mask(HalfMask half, const char* fn) {
 // Bytes per element of operand slot `slot` (0..3: in0, in1, in2, res) under a HalfMask.
 uint64_t elem_size(HalfMask half, uint32_t slot) { return (half >> slot & 1u) ? 2 : 4; }
 
-// Element counts and sizes of an operand (`what` names it in the error).
-void check_elems(const Buffer& b, uint64_t count, uint64_t size, const char* what) {
-  if (size == 4) return check_floats(b, count, what);
-  if (b.bytes() < count * size)
-    throw ArgumentError(std::string(what) + " holds " + std::to_string(b.bytes() / size) + " float16 values, needs " +
-                        std::to_string(count));
-}
-
 // One element-wise kernel over n elements of the buffers bound to `operands`
 // (operand slot 0..3 and its buffer; `half`: which slots hold float16).
 void record_flat(Recorder& r, const Kernel& k,
@@ -210,7 +202,7 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
       last += step;
     }
     if (op.buf->bytes() < (last + 1) * elem_size(half, i))  // the message is built only on failure: this runs per op
-      check_elems(*op.buf, last + 1, elem_size(half, i), (fn + " " + op.what).c_str());
+      check_elements(*op.buf, last + 1, elem_size(half, i), (fn + " " + op.what).c_str());
   }
   for (size_t i = 0; i < 3; ++i)
     if (ops[i].buf) check_no_alias(fn, *ops[3].buf, ops[3].what, {{ops[i].buf, ops[i].what}});
@@ -427,8 +419,8 @@ void unary(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, uint64_t n
   check_nonzero(n, "unary: n");
   check_half_mask(half, "unary");
   half &= kHalf0 | kHalfRes;
-  check_elems(x, n, elem_size(half, 0), "unary input x");
-  check_elems(y, n, elem_size(half, 3), "unary output y");
+  check_elements(x, n, elem_size(half, 0), "unary input x");
+  check_elements(y, n, elem_size(half, 3), "unary output y");
   check_no_alias("unary", y, "y", {{&x, "x"}});
   const Kernel& k = ew_kernel(r.device(), "unary", {ew::in0, ew::res, ew::fp}, uint32_t(op), half, act_for(op));
   record_flat(r, k, {{ew::in0, 0, &x}, {ew::res, 3, &y}}, n, a, b, beta, half);
@@ -439,10 +431,10 @@ void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, c
   if (uint32_t(op) >= kUnaryOps) throw ArgumentError("unary_backward: unknown op " + std::to_string(uint32_t(op)));
   check_nonzero(n, "unary_backward: n");
   check_half_mask(half, "unary_backward");
-  check_elems(x, n, elem_size(half, 0), "unary_backward input x");
-  check_elems(y, n, elem_size(half, 1), "unary_backward forward output y");
-  check_elems(dy, n, elem_size(half, 2), "unary_backward dy");
-  check_elems(dx, n, elem_size(half, 3), "unary_backward dx");
+  check_elements(x, n, elem_size(half, 0), "unary_backward input x");
+  check_elements(y, n, elem_size(half, 1), "unary_backward forward output y");
+  check_elements(dy, n, elem_size(half, 2), "unary_backward dy");
+  check_elements(dx, n, elem_size(half, 3), "unary_backward dx");
   check_no_alias("unary_backward", dx, "dx", {{&x, "x"}, {&y, "y"}, {&dy, "dy"}});
   const Kernel& k = ew_kernel(r.device(), "unary_backward", {ew::in0, ew::in1, ew::in2, ew::res, ew::fp}, uint32_t(op),
                               half, act_for(op));
@@ -452,7 +444,7 @@ void unary_backward(Recorder& r, UnaryOp op, const Buffer& x, const Buffer& y, c
 void fill(Recorder& r, const Buffer& out, uint64_t n, float value, bool half) {
   check_nonzero(n, "fill: n");
   const HalfMask mask = half ? kHalfRes : 0;
-  check_elems(out, n, elem_size(mask, 3), "fill output");
+  check_elements(out, n, elem_size(mask, 3), "fill output");
   const Kernel& k = ew_kernel(r.device(), "fill", {ew::res, ew::fp}, 0, mask);
   record_flat(r, k, {{ew::res, 3, &out}}, n, value, 0.0f, 0.0f, mask);
 }
