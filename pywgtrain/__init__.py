@@ -60,10 +60,12 @@ from .random import manual_seed, get_rng_state, set_rng_state, initial_seed
 from .graphs import CaptureError, Graph, graph
 from . import nn, optim
 from . import amp
+from ._checked import CheckedState
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckedState",
     "Device",
     "default_device",
     "list_adapters",

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Optional, Union
 import numpy as np
 
 from . import _core
+from ._checked import CheckedState
 from .device import Device, resolve_device
 from .tensor import Tensor, tensor
 
@@ -230,22 +231,28 @@ class GradScaler:
             "_growth_tracker": self._get_growth_tracker(),
         }
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore a ``state_dict()``, checked first (a bad one raises with the scaler unchanged)."""
+    def load_state_dict(self, state_dict: Union[Mapping[str, Any], CheckedState]) -> None:
+        """Restore a ``state_dict()``, checked first (a bad one raises with the scaler unchanged);
+        a ``CheckedState`` from this scaler's ``check_state_dict`` is applied as it is."""
         if not self._enabled:
             return
         if isinstance(state_dict, Mapping) and len(state_dict) == 0:
             raise RuntimeError(
                 "The source state dict is empty, possibly because it was saved from a scaler that was not enabled."
             )
-        self._load_checked(self.check_state_dict(state_dict))
+        checked = state_dict if isinstance(state_dict, CheckedState) else self.check_state_dict(state_dict)
+        scale, self._growth_factor, self._backoff_factor, self._growth_interval, tracker = checked.value_for(self)
+        self._init_scale, self._init_growth_tracker = scale, tracker
+        if self._state is not None:  # written in place: captured graphs bind this buffer
+            self._state.copy_(np.array([scale, tracker, 0.0, 0.0], dtype=np.float32))
 
     _KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
-    def check_state_dict(self, state_dict: Mapping[str, Any]) -> tuple:
+    def check_state_dict(self, state_dict: Mapping[str, Any]) -> CheckedState:
         """Validate a ``state_dict()`` without changing anything: torch's five keys,
         a finite scale > 0, growth_factor > 1, backoff_factor in (0, 1), ints
-        growth_interval >= 1 and 0 <= _growth_tracker < growth_interval."""
+        growth_interval >= 1 and 0 <= _growth_tracker < growth_interval. Returns a
+        ``CheckedState`` that this scaler's ``load_state_dict`` applies."""
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"GradScaler state must be a mapping, got {type(state_dict).__name__}")
         if set(state_dict) != set(self._KEYS):
@@ -254,11 +261,4 @@ class GradScaler:
         self._check_factors(scale, gf, bf, gi, tracker)
         if tracker >= gi:
             raise ValueError(f"GradScaler state: _growth_tracker {tracker} must be < growth_interval {gi}")
-        return float(scale), float(gf), float(bf), int(gi), int(tracker)
-
-    def _load_checked(self, checked: tuple) -> None:
-        """Apply what ``check_state_dict`` returned."""
-        scale, self._growth_factor, self._backoff_factor, self._growth_interval, tracker = checked
-        self._init_scale, self._init_growth_tracker = scale, tracker
-        if self._state is not None:  # written in place: captured graphs bind this buffer
-            self._state.copy_(np.array([scale, tracker, 0.0, 0.0], dtype=np.float32))
+        return CheckedState(self, (float(scale), float(gf), float(bf), int(gi), int(tracker)))

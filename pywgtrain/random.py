@@ -20,7 +20,7 @@ from __future__ import annotations
 import numbers
 import threading
 import weakref
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -45,7 +45,9 @@ def _seed_arg(seed):
     return seed & ((1 << 64) - 1)
 
 
-def _state_arg(state):
+def check_rng_state(state: Any) -> np.ndarray:
+    """An RNG state (``get_rng_state``'s uint32[4], any integer array of those values) checked
+    and converted for ``set_rng_state``; a bad one raises ValueError."""
     arr = np.asarray(state)
     if arr.shape != (4,) or arr.dtype.kind not in "iu":
         raise ValueError(
@@ -93,7 +95,7 @@ class Generator:
 
     def set_state(self, state: np.ndarray) -> Generator:
         """Restore a state from ``get_state()``: the following draws repeat bit for bit."""
-        words = _state_arg(state)
+        words = check_rng_state(state)
         self._initial = int(words[0]) | (int(words[1]) << 32)
         self._write(words.copy())
         return self

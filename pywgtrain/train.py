@@ -327,29 +327,23 @@ class Trainer:
         this Trainer have one), from a ``.safetensors`` or ``.npz`` checkpoint; returns the
         caller's ``extra`` state (None if there was none). The whole checkpoint
         is checked before anything changes: entry names, shapes and dtypes of
-        the weights and moments (``nn.modules.module.float32_values``), the
+        the weights and moments (``Module.check_state_dict``), the
         optimizer's groups and hyperparameters (``AdamW.check_state_dict``),
         the step counts and the RNG state; a bad one raises ValueError or
         TypeError naming the file and the entry, with model, optimizer and
         step count as they were."""
         path = os.fspath(path)
         meta, model_sd, state, rng_state = _read_checkpoint(path)
-        own = {k: p.shape for k, p in self._saved_model()._named_parameter_slots().items()}  # no GPU read for shapes
-        missing, unexpected = sorted(set(own) - set(model_sd)), sorted(set(model_sd) - set(own))
-        if missing or unexpected:
-            raise ValueError(
-                f"{path}: the checkpoint is of another model: missing keys {missing[:5]}, unexpected "
-                f"keys {unexpected[:5]}"
-            )
-        for k, shape in own.items():
-            if np.shape(model_sd[k]) != shape:
-                raise ValueError(
-                    f"{path}: the checkpoint is of another model: {k} has shape {np.shape(model_sd[k])}, this model {shape}"
-                )
+        model = self._saved_model()
         try:
-            weights, _, _ = self._saved_model()._checked_state_dict(model_sd)
+            weights = model.check_state_dict(model_sd, strict=False)
+            if weights.missing or weights.unexpected:
+                raise ValueError(
+                    f"the checkpoint is of another model: missing keys {weights.missing[:5]}, unexpected "
+                    f"keys {weights.unexpected[:5]}"
+                )
             optim_state = self.optimizer.check_state_dict({"state": state, "param_groups": meta["param_groups"]})
-            rng_state = None if rng_state is None else random._state_arg(rng_state)
+            rng_state = None if rng_state is None else random.check_rng_state(rng_state)
             scaler = self.scaler if self.scaler is not None and self.scaler.is_enabled() else None
             scaler_state = None
             if scaler is not None and meta.get("scaler") is not None:
@@ -358,10 +352,10 @@ class Trainer:
             raise type(e)(f"{path}: {e}") from None
         # Everything is checked: apply.
         self._graph, self._eager_key = None, None  # optimizer state buffers are replaced below
-        self._saved_model()._load_checked(weights)
-        self.optimizer._load_checked(optim_state)
+        model.load_state_dict(weights)
+        self.optimizer.load_state_dict(optim_state)
         if scaler is not None and scaler_state is not None:
-            scaler._load_checked(scaler_state)
+            scaler.load_state_dict(scaler_state)
         self.step_count = meta["step_count"]
         if rng_state is not None:  # dropout masks continue as if uninterrupted
             random.set_rng_state(rng_state, self.device)

@@ -239,6 +239,38 @@ def test_optimizer_load_state_dict_checks_first(dev):
     assert_unchanged(before, everything(tr))
 
 
+def test_checked_state_is_applied_by_its_owner_only(dev):
+    """check_state_dict changes nothing; load_state_dict applies its CheckedState as it is; another
+    object's CheckedState is refused before anything changes (model, optimizer, scaler)."""
+    tr, other = make_trainer(dev), make_trainer(dev)
+    train(tr, 2)
+    before = everything(tr)
+    model_sd = {k: v + 1 for k, v in tr.model.state_dict().items()}
+    osd = tr.optimizer.state_dict()
+    checked_model = tr.model.check_state_dict(model_sd)
+    checked_optim = tr.optimizer.check_state_dict(osd)
+    scaler, other_scaler = pw.amp.GradScaler(init_scale=8.0), pw.amp.GradScaler()
+    checked_scaler = scaler.check_state_dict({**other_scaler.state_dict(), "scale": 32.0})
+    assert_unchanged(before, everything(tr))
+    for owner, checked in (
+        (other.model, checked_model),
+        (other.optimizer, checked_optim),
+        (other_scaler, checked_scaler),
+    ):
+        with pytest.raises(ValueError, match="another object"):
+            owner.load_state_dict(checked)
+    assert_unchanged(before, everything(tr))
+    assert tr.model.load_state_dict(checked_model) == ([], [])
+    for k, v in tr.model.state_dict().items():
+        np.testing.assert_array_equal(v, model_sd[k], err_msg=k)
+    tr.optimizer.load_state_dict(checked_optim)
+    assert tr.optimizer.state_dict()["param_groups"] == osd["param_groups"]
+    scaler.load_state_dict(checked_scaler)
+    assert scaler.get_scale() == 32.0
+    loose = tr.model.check_state_dict({"0.weight": model_sd["0.weight"], "extra": np.zeros(1)}, strict=False)
+    assert "extra" in loose.unexpected and "0.weight" not in loose.missing and loose.missing
+
+
 # -- malformed safetensors files ------------------------------------------------------
 
 

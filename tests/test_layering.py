@@ -196,3 +196,26 @@ def test_modules_sit_below_optimizers_and_the_trainer():
         if _in(name, layer)
     }
     assert {n: t for n, t in upward.items() if t} == {}
+
+
+def _private_reads(tree):
+    """``obj._name`` read or called where obj is not self or cls."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            yield f"{node.lineno}: {ast.unparse(node)}"
+
+
+def test_private_reads_are_found():
+    tree = ast.parse("a = m._named_slots()\nself._x()\nrandom._state_arg(s)\n")
+    assert list(_private_reads(tree)) == ["1: m._named_slots", "3: random._state_arg"]
+
+
+def test_trainer_uses_only_public_interfaces():
+    """The Trainer reaches the model, the optimizer, the scaler, the device and the RNG through
+    their public methods (a checkpoint load: check_state_dict on each, then load_state_dict)."""
+    assert list(_private_reads(ast.parse((ROOT / "train.py").read_text()))) == []

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from .. import _core, graphs
+from .._checked import CheckedState
 from ..autograd import no_grad
 from ..nn.modules.module import float32_values
 from ..nn.parallel import register_flat_gradients
@@ -328,9 +329,10 @@ class AdamW(Optimizer):
             g["max_grad_norm"] = self.max_grad_norm
         return {"state": state, "param_groups": groups}
 
-    def check_state_dict(self, sd: Mapping[str, Any]) -> dict[str, Any]:
+    def check_state_dict(self, sd: Mapping[str, Any]) -> CheckedState:
         """Validate a ``state_dict()`` of this optimizer without changing anything; returns it
-        normalized (float32 moments, float hyperparameters) for ``load_state_dict``. Checks the
+        normalized (float32 moments, float hyperparameters) as a ``CheckedState`` that this
+        optimizer's ``load_state_dict`` applies. Checks the
         group count and sizes, every group's hyperparameters (finite lr >= 0, betas in [0, 1),
         finite eps > 0, finite weight_decay >= 0, max_grad_norm None or finite >= 0 and the same
         in every group, no unknown options), each state's parameter index, step (an int >= 0)
@@ -416,15 +418,13 @@ class AdamW(Optimizer):
             if (v < 0).any():
                 raise ValueError(f"optimizer state {i}.exp_avg_sq holds negative values (min {v.min()!r})")
             out_state[i] = {"step": int(step), "exp_avg": m, "exp_avg_sq": v}
-        return {"state": out_state, "param_groups": out_groups, "max_grad_norm": norms.pop()}
+        return CheckedState(self, {"state": out_state, "param_groups": out_groups, "max_grad_norm": norms.pop()})
 
-    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+    def load_state_dict(self, sd: Union[Mapping[str, Any], CheckedState]) -> None:
         """Restore a ``state_dict()``; everything is checked first (``check_state_dict``), so a bad
-        one raises with the optimizer unchanged."""
-        self._load_checked(self.check_state_dict(sd))
-
-    def _load_checked(self, checked: dict[str, Any]) -> None:
-        """Apply what ``check_state_dict`` returned."""
+        one raises with the optimizer unchanged. A ``CheckedState`` from this optimizer's
+        ``check_state_dict`` is applied as it is."""
+        checked = (sd if isinstance(sd, CheckedState) else self.check_state_dict(sd)).value_for(self)
         for saved, mine in zip(checked["param_groups"], self.param_groups):
             mine.update(saved)
         self.max_grad_norm = checked["max_grad_norm"]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, TypeVar, Union
 
 import numpy as np
 
+from ..._checked import CheckedState
+from ...autograd import no_grad
 from ...tensor import Tensor
 from ..parameter import Parameter
 
@@ -45,10 +47,10 @@ def float32_values(value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
     if hasattr(value, "detach") and hasattr(value, "cpu") and not isinstance(value, Tensor):
         value = value.detach().cpu().numpy()  # a torch tensor
     arr = np.asarray(value)
-    if arr.dtype.kind != "f":
-        raise TypeError(f"{what} has dtype {arr.dtype.name}, expected floating point (float32)")
     if arr.shape != tuple(shape):
         raise ValueError(f"{what} has shape {arr.shape}, expected {tuple(shape)}")
+    if arr.dtype.kind != "f":
+        raise TypeError(f"{what} has dtype {arr.dtype.name}, expected floating point (float32)")
     with np.errstate(over="ignore"):
         out = np.ascontiguousarray(arr, dtype=np.float32)
     if arr.dtype.itemsize > 4:
@@ -206,22 +208,20 @@ class Module:
                     out[f"{mod_prefix}.{name}" if mod_prefix else name] = p.numpy()
         return out
 
-    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> tuple[list[str], list[str]]:
+    def load_state_dict(
+        self, state: Union[Mapping[str, Any], CheckedState], strict: bool = True
+    ) -> tuple[list[str], list[str]]:
         """Copy arrays (NumPy, torch tensors, or anything ``np.asarray`` takes) into the parameters.
-        Every entry is checked first (names with ``strict``, shapes, dtypes: see ``float32_values``),
-        so a bad one raises before any parameter changes."""
-        arrays, missing, unexpected = self._checked_state_dict(state, strict)
-        self._load_checked(arrays)
-        return missing, unexpected
-
-    def _load_checked(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Copy what ``_checked_state_dict`` returned into the parameters."""
-        from ...autograd import no_grad
-
+        Every entry is checked first (``check_state_dict``), so a bad one raises before any
+        parameter changes; a ``CheckedState`` from this module's ``check_state_dict`` is applied
+        as it is (``strict`` was given to that check). Returns (missing keys, unexpected keys)."""
+        checked = state if isinstance(state, CheckedState) else self.check_state_dict(state, strict)
+        arrays = checked.value_for(self)
         params = self._named_parameter_slots()
         with no_grad():
             for name, arr in arrays.items():
                 params[name].copy_(arr)
+        return checked.missing, checked.unexpected
 
     def _named_parameter_slots(self) -> OrderedDict[str, Parameter]:
         """Every parameter under each of its state-dict names (tied weights under every name)."""
@@ -232,8 +232,11 @@ class Module:
                     params[f"{mod_prefix}.{name}" if mod_prefix else name] = p
         return params
 
-    def _checked_state_dict(self, state: Mapping[str, Any], strict: bool = True):
-        """({name: float32 array} ready to copy, missing keys, unexpected keys); raises on the first bad entry."""
+    def check_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> CheckedState:
+        """Validate a state dict for ``load_state_dict`` without changing anything: names (all of
+        this module's and no others with ``strict``), shapes and dtypes (``float32_values``); raises
+        on the first bad entry. Returns the float32 arrays ready to copy, with the missing and
+        unexpected keys, as a ``CheckedState`` that this module's ``load_state_dict`` applies."""
         if not isinstance(state, Mapping):
             raise TypeError(f"load_state_dict: state must be a mapping of names to arrays, got {type(state).__name__}")
         params = self._named_parameter_slots()
@@ -245,7 +248,7 @@ class Module:
         for name, p in params.items():
             if name in state:
                 arrays[name] = float32_values(state[name], p.shape, f"load_state_dict: {name}")
-        return arrays, missing, unexpected
+        return CheckedState(self, arrays, missing, unexpected)
 
     # -- calling ---------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
