@@ -5,7 +5,7 @@ of several objects (``Trainer.load``) checks them all before it applies any."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 
 class CheckedState:
@@ -15,7 +15,7 @@ class CheckedState:
 
     __slots__ = ("owner", "value", "missing", "unexpected")
 
-    def __init__(self, owner: Any, value: Any, missing: tuple = (), unexpected: tuple = ()) -> None:
+    def __init__(self, owner: Any, value: Any, missing: Sequence[str] = (), unexpected: Sequence[str] = ()) -> None:
         self.owner, self.value = owner, value
         self.missing, self.unexpected = list(missing), list(unexpected)
 
