@@ -840,11 +840,12 @@ cdef _mark_lost(BatchToken token, str why):
 cdef class _Stream:
     """Streaming submission: operations recorded outside a ``Device.batch()``,
     by any thread, go into one open recording per device, which is submitted
-    once it holds ``Device.BATCH_SUBMIT_COMMANDS`` commands and whenever the
-    device is flushed (a host read or write, ``synchronize()``, ``query()``, a
-    batch starting): the GPU runs while Python
-    records, and no operation pays a submission of its own (a CUDA stream's
-    behaviour). One per device, not per thread, so that a tensor handed to
+    once it holds ``chunk`` commands and whenever the device is flushed (a host
+    read or write, ``synchronize()``, ``query()``, a batch starting). After a
+    flush the GPU is idle (the host waited), so ``chunk`` restarts at 1 and
+    doubles with each submission up to ``Device.BATCH_SUBMIT_COMMANDS``: the
+    GPU starts on the first operation while Python records the next ones, and
+    a long stream still pays few submissions (a CUDA stream's behaviour). One per device, not per thread, so that a tensor handed to
     another thread is flushed by that thread's read; ``lock`` serializes
     recording into it. If a command fails to record, the core discards the
     whole recording: the tensors its work was to write then raise on read."""
@@ -852,14 +853,25 @@ cdef class _Stream:
     cdef public BatchToken token  # tensors created while this recording is open
     cdef readonly object lock
     cdef readonly Py_ssize_t submits
+    cdef readonly size_t chunk  # commands the next submission waits for
 
     def __cinit__(self, _Device device not None):
         self.rec = _Recorder(device)
         self.token = BatchToken()
         self.lock = _RLock()
         self.submits = 0
+        self.chunk = 1
 
     def submit(self):
+        """Submit what is recorded (a flush): the next operations start a new ramp of chunks."""
+        self.lock.acquire()
+        try:
+            self.chunk = 1
+            self._submit()
+        finally:
+            self.lock.release()
+
+    cdef _submit(self):
         cdef BatchToken token
         cdef Recorder* rec = self.rec.ptr.get()
         self.lock.acquire()  # also when nothing is pending: another thread's submit may be under way
@@ -886,7 +898,7 @@ cdef class _Stream:
 cdef class _Recording:
     """Device._recording()'s context manager: the thread's open batch
     recorder, else the device's stream under its lock (submitted once it
-    holds ``Device.BATCH_SUBMIT_COMMANDS`` commands). The fast paths below
+    holds the stream's ``chunk`` of commands). The fast paths below
     use its ``_enter``/``_exit`` without the ``with`` statement."""
     cdef object _dev  # the pywgtrain.Device
     cdef _Stream _stream
@@ -927,8 +939,9 @@ cdef class _Recording:
                         # The core discards a recording whose command failed (Recorder::recording_step),
                         # earlier operations' work with it.
                         stream.lose(f"{type(exc).__name__}: {exc}")
-                elif stream.rec.ptr.get().pending() >= <size_t>self._dev.BATCH_SUBMIT_COMMANDS:
-                    stream.submit()
+                elif stream.rec.ptr.get().pending() >= stream.chunk:
+                    stream._submit()
+                    stream.chunk = min(2 * stream.chunk, <size_t>self._dev.BATCH_SUBMIT_COMMANDS)
             finally:
                 stream.lock.release()
             return

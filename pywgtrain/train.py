@@ -56,7 +56,7 @@ class Trainer:
     consults without such a read (a host counter, a global) is not seen:
     keep forwards free of it, or pass ``capture=False``.
 
-    Steps stream to the GPU like any operation (submitted every
+    Steps stream to the GPU like any operation (submitted in chunks of up to
     ``Device.BATCH_SUBMIT_COMMANDS`` dispatches and on every host read);
     ``steps_per_submit``: at least every this many steps, the Trainer submits
     what is recorded (``flush()`` does it explicitly).

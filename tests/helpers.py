@@ -31,6 +31,19 @@ def switched_device(monkeypatch, **switches):
     return pw.Device()
 
 
+def stream_schedule(ops, cap=None):
+    """(submissions, commands left pending) of ``ops`` one-command operations streamed right
+    after a flush: the stream submits chunks of 1, 2, 4, ... commands, at most ``cap``
+    (``Device.BATCH_SUBMIT_COMMANDS``)."""
+    cap = pw.Device.BATCH_SUBMIT_COMMANDS if cap is None else cap
+    submits, chunk = 0, 1
+    while ops >= chunk:
+        ops -= chunk
+        submits += 1
+        chunk = min(2 * chunk, cap)
+    return submits, ops
+
+
 def assert_close(actual, expected, rtol=1e-5, atol_scale=1e-5, magnitude=None):
     """float32 result vs float64 reference; atol scales with the reference's
     magnitude, or with `magnitude` where terms of that size may cancel in it."""

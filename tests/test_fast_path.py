@@ -11,7 +11,7 @@ import pywgtrain as pw
 import pywgtrain.functions as F
 from pywgtrain import _core
 from pywgtrain._opcodes import BINARY
-from helpers import rand
+from helpers import rand, stream_schedule
 
 OPS = {
     "add": (lambda a, b: a + b, np.add),
@@ -167,15 +167,16 @@ def test_a_discarded_batch_makes_fast_results_raise(dev, rng):
         z.numpy()
 
 
-def test_the_stream_submits_every_batch_submit_commands(dev, rng):
+def test_the_stream_submits_in_doubling_chunks(dev, rng):
     x = pw.tensor(rand(rng, 33), dev)
     dev.synchronize()
     before = dev._stream.submits
     y = x
-    n = pw.Device.BATCH_SUBMIT_COMMANDS + 3
+    n = 3 * pw.Device.BATCH_SUBMIT_COMMANDS + 3
     for _ in range(n):
         y = y + x
-    assert dev._stream.submits == before + 1 and dev._stream.rec.pending == 3
+    # 1, 2, ..., 32, then whole chunks of BATCH_SUBMIT_COMMANDS (64): 8 submissions, 4 pending.
+    assert (dev._stream.submits - before, dev._stream.rec.pending) == stream_schedule(n) == (8, 4)
     np.testing.assert_allclose(y.numpy(), x.numpy().astype(np.float64) * (n + 1), rtol=1e-5)
 
 
@@ -183,12 +184,15 @@ def test_a_failed_recording_discards_the_stream(dev, rng):
     """A command that fails to record discards the stream's open recording, fast path or not."""
     dev.synchronize()
     x, y = pw.tensor(rand(rng, 50), dev), pw.tensor(rand(rng, 50), dev)
+    w = x - y  # fast, the stream's first chunk after the uploads' flush: submitted at once
     z = x + y  # fast, recorded, not submitted
+    assert dev._stream.rec.pending == 1
     with pytest.raises(pw.ValidationError):
         with dev._recording() as rec:
             _core._inject_invalid_binding(rec, x._buf)
     with pytest.raises(RuntimeError, match="never ran: a later operation failed to record"):
         z.numpy()
+    np.testing.assert_allclose(w.numpy(), x.numpy().astype(np.float64) - y.numpy(), rtol=1e-6)
     np.testing.assert_allclose((x + y).numpy(), x.numpy().astype(np.float64) + y.numpy(), rtol=1e-6)
 
 

@@ -12,23 +12,25 @@ import pytest
 
 import pywgtrain as pw
 from pywgtrain import _core
-from helpers import run_threads
+from helpers import run_threads, stream_schedule
 
 
 def test_operations_share_submissions(dev, rng):
     dev.synchronize()
     a = rng.standard_normal((33, 7)).astype(np.float32)
     x = pw.tensor(a, dev)
+    dev.synchronize()  # the upload above: the stream starts a new ramp
     before = dev._stream.submits
     y = x
     for _ in range(10):
         y = y * 1.5 + 0.25
-    assert dev._stream.submits == before  # nothing submitted yet: no op paid a submission
+    # 20 commands: chunks of 1, 2, 4 and 8 went (the GPU started on the first one), 5 wait.
+    assert (dev._stream.submits - before, dev._stream.rec.pending) == stream_schedule(20) == (4, 5)
     ref = a.astype(np.float64)
     for _ in range(10):
         ref = ref * 1.5 + 0.25
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())  # the read submits
-    assert dev._stream.submits == before + 1
+    assert dev._stream.submits == before + 5 and dev._stream.rec.pending == 0
 
 
 def test_long_streams_submit_in_parts(dev):
@@ -89,13 +91,17 @@ def test_a_failed_recording_makes_its_stream_tensors_raise(dev, rng):
     dev.synchronize()
     a = rng.standard_normal(50).astype(np.float32)
     x = pw.tensor(a, dev)  # an upload: its contents do not depend on the stream
-    y = x * 3.0  # recorded, not submitted
     buf = pw.zeros(16, device=dev)
+    dev.synchronize()  # the stream starts a new ramp of chunks
+    w = x * 2.0  # the first chunk: submitted at once
+    y = x * 3.0  # recorded, not submitted (the next chunk is 2 commands)
+    assert dev._stream.rec.pending == 1
     with pytest.raises(pw.ValidationError):
         with dev._recording() as rec:
             _core._inject_invalid_binding(rec, buf._buf)
     with pytest.raises(RuntimeError, match="never ran: a later operation failed to record"):
         y.numpy()
+    np.testing.assert_array_equal(w.numpy(), a * 2.0)  # submitted work is not lost
     np.testing.assert_array_equal(x.numpy(), a)
     np.testing.assert_array_equal((x * 3.0).numpy(), a * 3.0)  # the device goes on
 
