@@ -845,8 +845,9 @@ cdef class _Stream:
     flush the GPU is idle (the host waited), so ``chunk`` restarts at 1 and
     doubles with each submission up to ``Device.BATCH_SUBMIT_COMMANDS``: the
     GPU starts on the first operation while Python records the next ones, and
-    a long stream still pays few submissions (a CUDA stream's behaviour). One per device, not per thread, so that a tensor handed to
-    another thread is flushed by that thread's read; ``lock`` serializes
+    a long stream still pays few submissions (a CUDA stream's behaviour).
+    One per device, not per thread, so that a tensor handed to another
+    thread is flushed by that thread's read; ``lock`` serializes
     recording into it. If a command fails to record, the core discards the
     whole recording: the tensors its work was to write then raise on read."""
     cdef readonly _Recorder rec
