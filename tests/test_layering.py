@@ -128,19 +128,24 @@ def test_the_upper_layers_are_read():
     assert {"train.py", "optim/adamw.py", "nn/modules/loss.py", "models/gpt.py"} <= names
 
 
+def _foreign_private(node):
+    """The ``obj._name`` attributes under ``node`` whose obj is not self or cls, as ``line: source``."""
+    for e in ast.walk(node):
+        if (
+            isinstance(e, ast.Attribute)
+            and e.attr.startswith("_")
+            and not e.attr.startswith("__")
+            and not (isinstance(e.value, ast.Name) and e.value.id in ("self", "cls"))
+        ):
+            yield f"{e.lineno}: {ast.unparse(e)}"
+
+
 def _private_writes(tree):
     """``obj._name = ...`` (also augmented and annotated) where obj is not self or cls."""
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        for target in targets if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) else []:
-            for e in ast.walk(target):
-                if (
-                    isinstance(e, ast.Attribute)
-                    and e.attr.startswith("_")
-                    and not e.attr.startswith("__")
-                    and not (isinstance(e.value, ast.Name) and e.value.id in ("self", "cls"))
-                ):
-                    yield f"{node.lineno}: {ast.unparse(e)}"
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                yield from _foreign_private(target)
 
 
 def test_private_writes_are_found():
@@ -198,24 +203,12 @@ def test_modules_sit_below_optimizers_and_the_trainer():
     assert {n: t for n, t in upward.items() if t} == {}
 
 
-def _private_reads(tree):
-    """``obj._name`` read or called where obj is not self or cls."""
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Attribute)
-            and node.attr.startswith("_")
-            and not node.attr.startswith("__")
-            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
-        ):
-            yield f"{node.lineno}: {ast.unparse(node)}"
-
-
 def test_private_reads_are_found():
     tree = ast.parse("a = m._named_slots()\nself._x()\nrandom._state_arg(s)\n")
-    assert list(_private_reads(tree)) == ["1: m._named_slots", "3: random._state_arg"]
+    assert list(_foreign_private(tree)) == ["1: m._named_slots", "3: random._state_arg"]
 
 
 def test_trainer_uses_only_public_interfaces():
     """The Trainer reaches the model, the optimizer, the scaler, the device and the RNG through
     their public methods (a checkpoint load: check_state_dict on each, then load_state_dict)."""
-    assert list(_private_reads(ast.parse((ROOT / "train.py").read_text()))) == []
+    assert list(_foreign_private(ast.parse((ROOT / "train.py").read_text()))) == []
