@@ -286,10 +286,12 @@ cdef class _Storage:
     backward that would read a saved tensor written since it was saved."""
     cdef public _Buffer buf
     cdef public object version
+    cdef public object half_shadow  # tensor.HalfShadow: a float16 copy its writer keeps, or None
 
     def __cinit__(self, _Buffer buf not None):
         self.buf = buf
         self.version = 0
+        self.half_shadow = None
 
     @property
     def nbytes(self):
