@@ -287,6 +287,7 @@ cdef class _Storage:
     cdef public _Buffer buf
     cdef public object version
     cdef public object half_shadow  # tensor.HalfShadow: a float16 copy its writer keeps, or None
+    cdef object __weakref__  # the shadow refers back weakly: no reference cycle keeps memory alive
 
     def __cinit__(self, _Buffer buf not None):
         self.buf = buf

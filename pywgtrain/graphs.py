@@ -166,7 +166,8 @@ class Graph:
     def _before_replay(self, rec: Any) -> None:
         """The float16 shadows the captured work reads, refreshed where their masters changed."""
         for sh in self._shadow_reads:
-            sh.read(rec)
+            if sh.alive:  # (a master that is gone can be written by nobody)
+                sh.read(rec)
 
     def _after_replay(self) -> None:
         for sh, consistent in self._shadow_writes:
@@ -174,7 +175,7 @@ class Graph:
 
 
 def _shadow_effects(
-    dev: Device, before: dict[HalfShadow, tuple[int, int]]
+    dev: Device, before: dict[HalfShadow, tuple[int, Optional[int]]]
 ) -> tuple[list[HalfShadow], list[tuple[HalfShadow, bool]]]:
     """The float16 shadows a capture read, and those whose masters it wrote with whether it
     rewrote the copy after (the copy then matches when the capture ends), from their read counts

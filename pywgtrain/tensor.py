@@ -842,12 +842,13 @@ class HalfShadow:
     bumps that version, after which ``read`` casts afresh into it. ``make()`` gives the
     float16 memory (a contiguous float16 tensor of the master's shape and device) on the
     first ``read``, so a master nobody reads in float16 costs nothing. Creating a shadow
-    attaches it to the master's storage (``Tensor.half_shadow``), replacing any other."""
+    attaches it to the master's storage (``Tensor.half_shadow``), replacing any other; the
+    shadow refers to that storage weakly (no reference cycle outlives the master)."""
 
     def __init__(self, master: Tensor, make: Callable[[], Tensor]) -> None:
         if not isinstance(master, Tensor) or master.dtype != np.float32 or not master._whole:
             raise ValueError("HalfShadow: the master must be a float32 tensor covering its whole storage")
-        self._store = master._store
+        self._store = weakref.ref(master._store)
         self.shape, self.numel, self.device = master.shape, master._numel, master.device
         self._make = make
         self._copy: Optional[Tensor] = None
@@ -857,18 +858,28 @@ class HalfShadow:
         _SHADOWS.add(self)
 
     @property
-    def master_version(self) -> int:
-        return self._store.version
+    def alive(self) -> bool:
+        """Whether the master's storage still exists."""
+        return self._store() is not None
+
+    @property
+    def master_version(self) -> Optional[int]:
+        store = self._store()
+        return None if store is None else store.version
 
     def current(self) -> bool:
         """Whether the copy exists and equals the master rounded to float16."""
-        return self._copy is not None and self._matches == self._store.version
+        version = self.master_version
+        return self._copy is not None and version is not None and self._matches == version
 
     def read(self, rec: Any) -> Tensor:
         """The copy (a float16 tensor over the shadow's memory), equal to the master: when
         the master was written since the copy was, a cast into it is recorded in ``rec``
         first (a backward that saved the old copy then refuses, as for any in-place write)."""
         self.reads += 1
+        store = self._store()
+        if store is None:
+            raise RuntimeError("HalfShadow.read: the master tensor no longer exists")
         if not self.current():
             if self._copy is None:
                 copy = self._make()
@@ -884,9 +895,9 @@ class HalfShadow:
                         f"{self.device!r}"
                     )
                 self._copy = copy
-            _core.cast(rec, self._store.buf, self._copy._buf, self.numel, True)
+            _core.cast(rec, store.buf, self._copy._buf, self.numel, True)
             self._copy._bump_version()
-            self._matches = self._store.version
+            self._matches = store.version
         assert self._copy is not None
         return self._copy
 
@@ -896,15 +907,17 @@ class HalfShadow:
         (there is no copy to match)."""
         if self._copy is not None:
             self._copy._bump_version()
-            self._matches = self._store.version
+            self._matches = self.master_version
 
     def replayed(self, consistent: bool) -> None:
         """A replayed graph wrote the master (graphs.py): the host did not see the write, so
         the version moves as an eager run would have moved it; ``consistent``: the graph also
         rewrote the copy after its last write of the master (then the copy matches)."""
-        self._store.version += 1
-        if consistent:
-            self.written()
+        store = self._store()
+        if store is not None:
+            store.version += 1
+            if consistent:
+                self.written()
 
 
 _SHADOWS: weakref.WeakSet[HalfShadow] = weakref.WeakSet()
@@ -913,7 +926,7 @@ _SHADOWS: weakref.WeakSet[HalfShadow] = weakref.WeakSet()
 def half_shadows(device: Device) -> list[HalfShadow]:
     """The live float16 shadows of ``device``'s tensors (graphs.graph() compares them around a
     capture)."""
-    return [sh for sh in list(_SHADOWS) if sh.device is device]
+    return [sh for sh in list(_SHADOWS) if sh.device is device and sh.alive]
 
 
 def _check_array(x, name, dtype=np.float32):

@@ -337,3 +337,31 @@ def test_a_replay_that_writes_a_master_retires_its_copy(dev, rng):
         np.testing.assert_array_equal(bits(copy_of(w)), bits(w.numpy().astype(F16)))
         want = x.numpy().astype(F16).astype(np.float64) @ w.numpy().astype(F16).astype(np.float64).T
         np.testing.assert_allclose(y.numpy().astype(np.float64), want, rtol=2e-3, atol=2e-3)
+
+
+def test_no_reference_cycle_outlives_the_optimizer_or_the_parameter(dev, rng):
+    """Shadows refer to the storage and the arena weakly: dropping the optimizer frees its arena
+    and dropping the parameter frees its shadow, without the cycle collector; a shadow outlives
+    its optimizer (copies made after have memory of their own)."""
+    import gc
+    import weakref
+
+    x = pw.tensor(rand(rng, 3, 7), dev)
+    gc.disable()
+    try:
+        w, v = (pw.nn.Parameter(pw.tensor(rand(rng, 5, 7), dev)) for _ in range(2))
+        opt = pw.optim.AdamW([w, v])
+        read_all(dev, rng, [w])
+        arena, shadow = weakref.ref(opt._arena), weakref.ref(w.half_shadow)
+        del opt
+        assert arena() is None
+        for p in (w, v):  # w's copy lives in the old twin, v's is made now
+            with pw.no_grad():
+                p.mul_(0.5)
+            with pw.autocast():
+                pw.linear(x, p)
+            np.testing.assert_array_equal(bits(copy_of(p)), bits(p.numpy().astype(F16)))
+        del w
+        assert shadow() is None
+    finally:
+        gc.enable()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -13,8 +14,15 @@ from ..autograd import no_grad
 from ..nn.modules.module import float32_values
 from ..nn.parallel import register_flat_gradients
 from ..ops import check_adamw_hyperparameters, record_grad_norm
-from ..tensor import HalfShadow, Tensor, zeros
+from ..tensor import HalfShadow, Tensor, empty, zeros
 from .optimizer import Optimizer, Params
+
+
+def _half_view(arena_ref, i, shape, device):
+    """Parameter i's float16 copy: its place in the arena's twin, or, once the optimizer is
+    gone (the parameters live on), memory of its own."""
+    arena = arena_ref()
+    return empty(shape, np.float16, device) if arena is None else arena.half_view(i)
 
 
 class _FlatArena:
@@ -53,7 +61,10 @@ class _FlatArena:
         self.params = list(params)
         self.device = device
         self._spans = {}
-        self.shadows = [HalfShadow(p, functools.partial(self.half_view, i)) for i, p in enumerate(self.params)]
+        me = weakref.ref(self)  # the shadows live with the parameters: no cycle through the arena
+        self.shadows = [
+            HalfShadow(p, functools.partial(_half_view, me, i, p.shape, device)) for i, p in enumerate(self.params)
+        ]
         register_flat_gradients(self)  # DistributedDataParallel reduces runs of them as one span
 
     @property
