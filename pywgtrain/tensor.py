@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 import weakref
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union, overload
@@ -882,19 +883,21 @@ class HalfShadow:
             raise RuntimeError("HalfShadow.read: the master tensor no longer exists")
         if not self.current():
             if self._copy is None:
-                copy = self._make()
-                if (
-                    not isinstance(copy, Tensor)
-                    or copy.dtype != _HALF
-                    or copy.shape != self.shape
-                    or copy.device is not self.device
-                    or not copy._bindable
-                ):
-                    raise ValueError(
-                        f"HalfShadow: make() must give a contiguous float16 tensor of shape {self.shape} on "
-                        f"{self.device!r}"
-                    )
-                self._copy = copy
+                with _SHADOW_LOCK:  # one copy tensor (one version counter) whichever thread reads first
+                    if self._copy is None:
+                        copy = self._make()
+                        if (
+                            not isinstance(copy, Tensor)
+                            or copy.dtype != _HALF
+                            or copy.shape != self.shape
+                            or copy.device is not self.device
+                            or not copy._bindable
+                        ):
+                            raise ValueError(
+                                f"HalfShadow: make() must give a contiguous float16 tensor of shape {self.shape} "
+                                f"on {self.device!r}"
+                            )
+                        self._copy = copy
             _core.cast(rec, store.buf, self._copy._buf, self.numel, True)
             self._copy._bump_version()
             self._matches = store.version
@@ -921,6 +924,7 @@ class HalfShadow:
 
 
 _SHADOWS: weakref.WeakSet[HalfShadow] = weakref.WeakSet()
+_SHADOW_LOCK = threading.Lock()
 
 
 def half_shadows(device: Device) -> list[HalfShadow]:

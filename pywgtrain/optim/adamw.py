@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import weakref
 from typing import Any, Mapping, Optional, Sequence
 
@@ -61,6 +62,7 @@ class _FlatArena:
         self.params = list(params)
         self.device = device
         self._spans = {}
+        self._half_lock = threading.Lock()
         me = weakref.ref(self)  # the shadows live with the parameters: no cycle through the arena
         self.shadows = [
             HalfShadow(p, functools.partial(_half_view, me, i, p.shape, device)) for i, p in enumerate(self.params)
@@ -75,8 +77,11 @@ class _FlatArena:
     def half_view(self, i):
         """Parameter i's place in the float16 twin, made (for every parameter) on first call: steps write
         the whole twin, gaps included, so its contents before the first step do not matter."""
-        if not self.has_half:
-            self.buffers["param_half"] = _core._Buffer(self.device._dev, self.size * 2, "pywgtrain.param_half_arena")
+        with self._half_lock:  # threads reading shadows at once must share one twin (steps write that one)
+            if not self.has_half:
+                self.buffers["param_half"] = _core._Buffer(
+                    self.device._dev, self.size * 2, "pywgtrain.param_half_arena"
+                )
         return self.view("param_half", self.params[i], self.offsets[i])
 
     def holds_grad(self, i):
