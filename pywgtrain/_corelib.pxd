@@ -225,11 +225,11 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                        uint32_t growth_interval, const float* new_scale) except +raise_py_error
     void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer* bias, const Buffer& y,
                             const Buffer& mean, const Buffer& rstd, uint32_t rows, uint32_t cols,
-                            float eps) except +raise_py_error
+                            float eps, bint half) except +raise_py_error
     void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer& mean,
                              const Buffer& rstd, const Buffer& dy, const Buffer* dx, const Buffer* dweight,
                              const Buffer* dbias, uint32_t rows, uint32_t cols, float beta, float beta_weight,
-                             float beta_bias) except +raise_py_error
+                             float beta_bias, bint half) except +raise_py_error
     void rng_take(Recorder& r, const Buffer& state, const Buffer& key) except +raise_py_error
     void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p,
                  float beta, bint half) except +raise_py_error

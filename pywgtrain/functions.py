@@ -2066,9 +2066,12 @@ def layer_norm(
     ``normalized_shape`` = ``(input.shape[-1],)``): ``(x - mean) / sqrt(var + eps) * weight + bias``,
     biased variance, ``weight`` / ``bias`` of shape ``normalized_shape`` or None. One fused kernel
     forward (saving mean and 1 / std per row) and one backward; the weight and bias gradients are
-    reduced over rows on the GPU in a fixed order (deterministic)."""
+    reduced over rows on the GPU in a fixed order (deterministic). A float16 input is read as it
+    is (float32 statistics and output, a float16 input gradient; autograd keeps the float16
+    input); float16 weight and bias are cast to float32. The result is float32 under autocast
+    (torch's float32 list) or beside a float32 operand, float16 when every operand is."""
     dev = _device_of(input, weight, bias)
-    x = _float_tensor(input, dev, "layer_norm", "input")
+    x = _float_tensor(input, dev, "layer_norm", "input", _elem_dtype(input))  # float32 or float16
     ns = _shape_arg(normalized_shape, "layer_norm: normalized_shape")
     if len(ns) != 1:
         raise ValueError(
@@ -2080,13 +2083,17 @@ def layer_norm(
         raise ValueError(
             f"layer_norm: normalized_shape={list(ns)} expects an input of shape [*, {ns[0]}], got shape {list(x.shape)}"
         )
-    tw = None if weight is None else _float_tensor(weight, dev, "layer_norm", "weight")
-    tb = None if bias is None else _float_tensor(bias, dev, "layer_norm", "bias")
+    tw = None if weight is None else _float_tensor(weight, dev, "layer_norm", "weight", _elem_dtype(weight))
+    tb = None if bias is None else _float_tensor(bias, dev, "layer_norm", "bias", _elem_dtype(bias))
     for t, name in ((tw, "weight"), (tb, "bias")):
         if t is not None and t.shape != ns:
             raise ValueError(f"layer_norm: {name} has shape {t.shape}, expected normalized_shape {ns}")
     if isinstance(eps, bool) or not _is_scalar(eps) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"layer_norm: eps must be a finite number >= 0, got {eps!r}")
+    narrow = _autocast_state.dtype is None and _elem_dtype(x, tw, tb) is _HALF  # torch's dtype outside autocast
+    tw = None if tw is None else _cast(tw, _FLOAT32)  # parameters: float32, as torch's autocast keeps them
+    tb = None if tb is None else _cast(tb, _FLOAT32)
+    half = x.dtype is _HALF
     cols = ns[0]
     rows = x._numel // cols
     y = empty(x.shape, np.float32, dev)
@@ -2094,7 +2101,17 @@ def layer_norm(
     wbuf = None if tw is None else tw._buf
     with _rec(dev) as rec:
         _core.layer_norm_forward(
-            rec, x._buf, wbuf, None if tb is None else tb._buf, y._buf, mean_._buf, rstd._buf, rows, cols, float(eps)
+            rec,
+            x._buf,
+            wbuf,
+            None if tb is None else tb._buf,
+            y._buf,
+            mean_._buf,
+            rstd._buf,
+            rows,
+            cols,
+            float(eps),
+            half,
         )
     if needs_grad(x, tw, tb):
         xbuf, mbuf, sbuf = x._buf, mean_._buf, rstd._buf
@@ -2118,10 +2135,11 @@ def layer_norm(
                     float(bx),
                     float(bw),
                     float(bb),
+                    half,
                 )
 
         attach(y, "layer_norm", [x, tw, tb], backward, keep=(x, tw))
-    return y
+    return to_dtype(y, _HALF) if narrow else y
 
 
 def dropout(
@@ -2311,6 +2329,8 @@ _RULES: dict[str, tuple[Optional[str], Union[bool, str], tuple]] = {
     "causal_self_attention_qkv": ("f16", True, ()),
     "scaled_dot_product_attention": ("f16", True, ()),
     "cross_entropy": ("f32", "f32", ()),  # float16 logits read as they are; a float32 loss under autocast
+    # float16 inputs read as they are (float32 math and result under autocast, float16 input gradients)
+    "layer_norm": ("f32", "f32", ()),
     "mlp": ("f16", True, (4, "residual")),  # torch adds the residual after the linear, in the wider dtype
     "where": (None, True, (0, "condition")),  # a mask (bool in torch)
 }
