@@ -277,7 +277,7 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   WRITE(res_bits, 7, "array<u32>") WRITE(res_words, 8, "array<atomic<u32>>")                                      \
   CONST(WG, 256) /* threads per workgroup, one element each */ PWT_UNARY_OPS(CONST) PWT_BINARY_OPS(CONST)
 #define PWT_SHADER_axis(READ, WRITE, UNIFORM, CONST)                                                              \
-  READ(src, 0, "array<f32>") READ(src2, 1, "array<f32>") READ(idx_in, 2, "array<i32>") WRITE(res, 3, "array<f32>") \
+  READ(src, 0, "array<ST>") READ(src2, 1, "array<f32>") READ(idx_in, 2, "array<i32>") WRITE(res, 3, "array<RT>") \
   WRITE(idx_out, 4, "array<i32>") UNIFORM(ap, 5, AxisParams)                                                      \
   CONST(WG, 256)   /* threads per workgroup: along a row (reduce_rows, softmax), or one element each */          \
   CONST(COLS, 16)  /* columns per reduce_cols workgroup */                                                        \

@@ -658,8 +658,10 @@ def fill(_Recorder r not None, _Buffer out not None, uint64_t n, float value, bi
 
 
 def reduce_axis(_Recorder r not None, uint32_t op, _Buffer x not None, _Buffer out not None, _Buffer argmax,
-                uint32_t outer, uint32_t len, uint32_t inner, float scale, float beta):
-    c.reduce_axis(r.ptr.get()[0], <c.ReduceOp>op, _b(x)[0], _b(out)[0], _opt(argmax), outer, len, inner, scale, beta)
+                uint32_t outer, uint32_t len, uint32_t inner, float scale, float beta, bint half=False):
+    """half: x holds float16 (out stays float32)."""
+    c.reduce_axis(r.ptr.get()[0], <c.ReduceOp>op, _b(x)[0], _b(out)[0], _opt(argmax), outer, len, inner, scale, beta,
+                  half)
 
 
 def max_backward(_Recorder r not None, _Buffer dy not None, _Buffer argmax not None, _Buffer dx not None,
@@ -667,13 +669,16 @@ def max_backward(_Recorder r not None, _Buffer dy not None, _Buffer argmax not N
     c.max_backward(r.ptr.get()[0], _b(dy)[0], _b(argmax)[0], _b(dx)[0], outer, len, inner, beta)
 
 
-def softmax(_Recorder r not None, _Buffer x not None, _Buffer y not None, uint32_t rows, uint32_t cols, bint log):
-    c.softmax(r.ptr.get()[0], _b(x)[0], _b(y)[0], rows, cols, log)
+def softmax(_Recorder r not None, _Buffer x not None, _Buffer y not None, uint32_t rows, uint32_t cols, bint log,
+            bint half=False):
+    """half: x holds float16 (y stays float32)."""
+    c.softmax(r.ptr.get()[0], _b(x)[0], _b(y)[0], rows, cols, log, half)
 
 
 def softmax_backward(_Recorder r not None, _Buffer y not None, _Buffer dy not None, _Buffer dx not None,
-                     uint32_t rows, uint32_t cols, bint log, float beta):
-    c.softmax_backward(r.ptr.get()[0], _b(y)[0], _b(dy)[0], _b(dx)[0], rows, cols, log, beta)
+                     uint32_t rows, uint32_t cols, bint log, float beta, bint half=False):
+    """half: dx holds float16 (y and dy stay float32)."""
+    c.softmax_backward(r.ptr.get()[0], _b(y)[0], _b(dy)[0], _b(dx)[0], rows, cols, log, beta, half)
 
 
 def embedding(_Recorder r not None, _Buffer weight not None, _Buffer ids not None, _Buffer out not None,

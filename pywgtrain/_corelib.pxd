@@ -287,13 +287,13 @@ cdef extern from "tensor_ops.hpp" namespace "pwt" nogil:
                       const vector[uint32_t]& shape, float beta, uint32_t half) except +raise_py_error
     void fill(Recorder& r, const Buffer& out, uint64_t n, float value, bint half) except +raise_py_error
     void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, const Buffer* argmax, uint32_t outer,
-                     uint32_t len, uint32_t inner, float scale, float beta) except +raise_py_error
+                     uint32_t len, uint32_t inner, float scale, float beta, bint half) except +raise_py_error
     void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buffer& dx, uint32_t outer,
                       uint32_t len, uint32_t inner, float beta) except +raise_py_error
     void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint32_t cols,
-                 bool log) except +raise_py_error
+                 bool log, bint half) except +raise_py_error
     void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buffer& dx, uint32_t rows,
-                          uint32_t cols, bool log, float beta) except +raise_py_error
+                          uint32_t cols, bool log, float beta, bint half) except +raise_py_error
     void next_token(Recorder& r, const Buffer& logits, const Buffer& tok, const Buffer& hist, const Buffer& pos,
                     uint32_t rows, uint32_t cols, uint32_t hist_cols) except +raise_py_error
     void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffer& out, uint32_t n_ids,

@@ -155,7 +155,18 @@ def _expand_into(src, src_shape, out, beta=0.0):
     st = _strides(pad)
     src_strides = [0 if p == 1 and s != 1 else t for p, s, t in zip(pad, shape, st)]
     with _rec(out.device) as rec:
-        _core.strided_copy(rec, src._buf, 0, src_strides, out._buf, 0, list(_strides(shape)), shape, float(beta))
+        _core.strided_copy(
+            rec,
+            src._buf,
+            0,
+            src_strides,
+            out._buf,
+            0,
+            list(_strides(shape)),
+            shape,
+            float(beta),
+            _half_mask(src, None, None, out),
+        )
 
 
 def _zero(t):
@@ -164,7 +175,8 @@ def _zero(t):
 
 
 def _reduce_raw(x, shape, axis, op="sum", scale=1.0, out=None, beta=0.0, argmax=None):
-    """Reduce x (of `shape`) along `axis` keeping the dimension; returns the result."""
+    """Reduce x (of `shape`; float32 or float16) along `axis` keeping the dimension; returns the
+    float32 result."""
     outer = math.prod(shape[:axis])
     length = shape[axis]
     inner = math.prod(shape[axis + 1 :])
@@ -182,6 +194,7 @@ def _reduce_raw(x, shape, axis, op="sum", scale=1.0, out=None, beta=0.0, argmax=
             inner,
             float(scale),
             float(beta),
+            x.dtype is _HALF,
         )
     return out
 
@@ -625,7 +638,9 @@ def _check_float(x: TensorLike, op: str) -> Tensor:
 
 
 def _sum_mean(x, dim, keepdim, mean, op):
-    x = _check_float(x, op)
+    """sum / mean. A float16 input is read as it is (float32 sums, rounded once; a float16
+    gradient); the result is float16, except sum's under autocast (torch's float32 list)."""
+    x = _float_tensor(x, _device_of(x), op, "input", _elem_dtype(x))  # float32 or float16
     dims = _dims_arg(dim, x.ndim, op)
     shape = x.shape or (1,)
     if dims is None:
@@ -660,6 +675,8 @@ def _sum_mean(x, dim, keepdim, mean, op):
                 _expand_into(g.reshape(kept) if kept else g, kept, dst, beta)
 
         attach(out, "mean" if mean else "sum", [x], backward)
+    if x.dtype is _HALF and (mean or _autocast_state.dtype is None):
+        return to_dtype(out, _HALF)
     return out
 
 
@@ -770,23 +787,36 @@ def std(
 
 
 def _softmax(x, dim, log):
+    """softmax / log_softmax along dim. A float16 input along the last dimension is read as it
+    is (float32 math and result, a float16 input gradient; backward reads the float32 result);
+    along another it is cast to float32 first (its transposes are views). The result is float32
+    under autocast (torch's float32 list), float16 outside, as torch."""
     op = "log_softmax" if log else "softmax"
-    x = _check_float(x, op)
+    x = _float_tensor(x, _device_of(x), op, "input", _elem_dtype(x))  # float32 or float16
     d = _dim(dim, x.ndim, op)
+    half = x.dtype is _HALF
     if x.ndim and d != x.ndim - 1:
-        return transpose(_softmax(transpose(x, d, -1), -1, log), d, -1)
+        y = transpose(_softmax_rows(transpose(to_dtype(x, _FLOAT32), d, -1), log, op), d, -1)
+    else:
+        y = _softmax_rows(x, log, op)
+    return to_dtype(y, _HALF) if half and _autocast_state.dtype is None else y
+
+
+def _softmax_rows(x, log, op):
+    """softmax / log_softmax along the last dimension: a float32 result."""
     cols = x.shape[-1] if x.shape else 1
     rows = x._numel // cols
+    half = x.dtype is _HALF
     out = _result(x.shape, x.device)
     with _rec(x.device) as rec:
-        _core.softmax(rec, x._buf, out._buf, rows, cols, log)
+        _core.softmax(rec, x._buf, out._buf, rows, cols, log, half)
     if needs_grad(x):
         yb = out._buf
         _attach_launch(
             out,
             op,
             x,
-            lambda rec, g, dst, beta: _core.softmax_backward(rec, yb, g, dst, rows, cols, log, beta),
+            lambda rec, g, dst, beta: _core.softmax_backward(rec, yb, g, dst, rows, cols, log, beta, half),
             keep=(out,),
         )
     return out
@@ -2331,6 +2361,10 @@ _RULES: dict[str, tuple[Optional[str], Union[bool, str], tuple]] = {
     "cross_entropy": ("f32", "f32", ()),  # float16 logits read as they are; a float32 loss under autocast
     # float16 inputs read as they are (float32 math and result under autocast, float16 input gradients)
     "layer_norm": ("f32", "f32", ()),
+    "softmax": ("f32", "f32", ()),
+    "log_softmax": ("f32", "f32", ()),
+    "sum": ("f32", "f32", ()),
+    "mean": (None, True, ()),  # on no autocast list: float16 stays float16 (summed in float32)
     "mlp": ("f16", True, (4, "residual")),  # torch adds the residual after the linear, in the wider dtype
     "where": (None, True, (0, "condition")),  # a mask (bool in torch)
 }

@@ -9,6 +9,7 @@ import torch
 
 import pywgtrain as pw
 from helpers import assert_close, rand
+from pywgtrain._opcodes import REDUCE
 
 SIZES = (1, 7, 33, 129)
 TF = torch.nn.functional
@@ -654,3 +655,147 @@ def test_layer_norm_half_keeps_the_half_input(dev, rng):
     with pw.autocast():
         mixed = pw.layer_norm(pw.tensor(x, dev), (cols,), pw.tensor(w.astype(np.float16), dev), None)
     np.testing.assert_array_equal(out.numpy(), mixed.numpy().astype(np.float16))
+
+
+def raw_softmax(dev, x, dy, log, beta=0.0, dx0=None):
+    """softmax / log_softmax kernels on x (float16 or float32) into poisoned outputs: y (float32) and
+    dx (x's dtype; beta 1 adds to dx0)."""
+    rows, cols = x.shape
+    n, half_x = rows * cols, x.dtype == np.float16
+    y = poisoned32(dev, n)
+    dx = with_poisoned_tail(dev, n, x.dtype, dx0)
+    run_kernel(dev, pw._core.softmax, pw.tensor(x, dev)._buf, y._buf, rows, cols, log, half_x)
+    tdy = pw.tensor(dy, dev)
+    run_kernel(dev, pw._core.softmax_backward, y._buf, tdy._buf, dx._buf, rows, cols, log, beta, half_x)
+    got = dx.numpy()
+    assert bits(got[n:]) == NAN16 if half_x else np.isnan(got[n:])
+    return y.numpy().reshape(rows, cols), got[:n].reshape(rows, cols)
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("cols", ROW_LENGTHS)
+@pytest.mark.parametrize("rows", SIZES)
+def test_softmax_kernels_read_half(dev, rng, rows, cols, log):
+    """float16 x: y equals the float32 kernel's on the widened x bit for bit and dx (float16) its
+    float32 dx rounded once; both within float32 error of float64 torch."""
+    x, dy = half(rng, rows, cols) * np.float16(4), rand(rng, rows, cols)
+    y, dx = raw_softmax(dev, x, dy, log)
+    y32, dx32 = raw_softmax(dev, x.astype(np.float32), dy, log)
+    np.testing.assert_array_equal(y, y32)
+    assert dx.dtype == np.float16
+    np.testing.assert_array_equal(dx, dx32.astype(np.float16))
+    rx = t64(x).requires_grad_()
+    ry = (torch.log_softmax if log else torch.softmax)(rx, -1)
+    ry.backward(t64(dy))
+    close64(y, ry.detach().numpy(), rtol=1e-5, atol=1e-6)
+    close64(dx, rx.grad.numpy(), rtol=2.0**-10, atol=1e-5)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_kernel_half_accumulates_nan_and_inf(dev, rng, log):
+    """beta 1 adds the float16 dx it holds in float32 and rounds once; NaN and infinities in the
+    float16 rows give torch's float32 results on the widened rows."""
+    rows, cols = 7, 33
+    x, dy = half(rng, rows, cols), rand(rng, rows, cols)
+    x[0, 3], x[1, 0], x[2, 7], x[3, 2], x[3, 9] = np.nan, np.inf, -np.inf, np.inf, np.inf
+    base = half(rng, rows, cols)
+    y, dx = raw_softmax(dev, x, dy, log, beta=1.0, dx0=base)
+    y32, dx32 = raw_softmax(dev, x.astype(np.float32), dy, log, beta=1.0, dx0=base.astype(np.float32))
+    np.testing.assert_array_equal(y, y32)
+    np.testing.assert_array_equal(dx, dx32.astype(np.float16))
+    ref = (torch.log_softmax if log else torch.softmax)(torch.from_numpy(x.astype(np.float32)), -1).numpy()
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(ref))
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(y[finite], ref[finite], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_softmax_half_under_autocast_matches_torch(dev, rng, name, dim):
+    """Under autocast a float16 input gives a float32 result and a float16 gradient (torch CPU on
+    the same dtypes); outside it a float16 result, the float32 one rounded. Along the last
+    dimension nothing but the float32 result is made (the node reads it, no cast of x)."""
+    x, g = half(rng, 7, 129) * np.float16(3), rand(rng, 7, 129)
+    tx = pw.tensor(x, dev, requires_grad=True)
+    with pw.autocast():
+        y = getattr(pw, name)(tx, dim)
+    assert y.dtype == np.float32
+    if dim == -1:
+        assert y.grad_fn.edges[0] is None
+    y.backward(pw.tensor(g, dev))
+    rx = torch.from_numpy(x).requires_grad_()
+    ry = getattr(torch, name)(rx.float(), dim)
+    ry.backward(torch.from_numpy(g))
+    assert_close(y.numpy(), ry.detach().numpy(), rtol=1e-5, atol_scale=1e-6)
+    assert tx.grad.dtype == np.float16
+    assert_half(tx.grad, rx.grad.double(), magnitude=float(rx.grad.abs().max()) * 4)
+    out = getattr(pw, name)(pw.tensor(x, dev), dim)
+    assert out.dtype == np.float16
+    np.testing.assert_array_equal(out.numpy(), y.numpy().astype(np.float16))
+
+
+@pytest.mark.parametrize("inner", [1, 33])
+@pytest.mark.parametrize("length", ROW_LENGTHS)
+@pytest.mark.parametrize("outer", SIZES)
+def test_reduce_kernel_reads_half(dev, rng, outer, length, inner):
+    """reduce_axis on float16 x: the float32 kernel's sums and maxima of the widened x, bit for bit,
+    within float32 error of float64; the float32 output's neighbours keep their poison."""
+    if outer * length * inner > 200_000:
+        pytest.skip("covered at smaller sizes")
+    x = half(rng, outer, length, inner) * np.float16(4)
+    got = {}
+    for dtype in (np.float16, np.float32):
+        tx = pw.tensor(x.astype(dtype), dev)
+        s, m = poisoned32(dev, outer * inner + 1), poisoned32(dev, outer * inner)
+        am = pw.tensor(np.full(outer * inner, -7, np.int32), dev)
+        with dev._recording() as rec:
+            pw._core.reduce_axis(
+                rec, REDUCE["sum"], tx._buf, s._buf, None, outer, length, inner, 0.5, 0.0, dtype == np.float16
+            )
+            pw._core.reduce_axis(
+                rec, REDUCE["max"], tx._buf, m._buf, am._buf, outer, length, inner, 1.0, 0.0, dtype == np.float16
+            )
+        got[dtype] = (s.numpy(), m.numpy(), am.numpy())
+    for a, b in zip(got[np.float16], got[np.float32]):
+        np.testing.assert_array_equal(a, b)
+    s, m, am = got[np.float16]
+    assert np.isnan(s[-1])
+    x64 = x.astype(np.float64)
+    close64(s[:-1], 0.5 * x64.sum(1).ravel(), rtol=1e-5, atol=1e-6, scale=float(np.abs(x64).sum(1).max()))
+    np.testing.assert_array_equal(m, x64.max(1).ravel())
+    np.testing.assert_array_equal(am, x64.argmax(1).ravel())
+
+
+def test_sum_mean_half_read_natively(dev, rng):
+    """sum and mean read float16 as it is: under autocast sum gives float32 (torch's float32 list),
+    mean float16; outside both give float16; gradients are float16, against torch CPU; the forward
+    makes no float32 copy of the input."""
+    x = half(rng, 33, 129) * np.float16(4)
+    tx = pw.tensor(x, dev, requires_grad=True)
+    rx = torch.from_numpy(x).requires_grad_()
+    with pw.autocast():
+        s, m = tx.sum(1), pw.mean(tx, 0)
+    assert s.dtype == np.float32 and m.dtype == np.float16
+    assert s.grad_fn.edges[0] is None
+    assert_close(s.numpy(), x.astype(np.float64).sum(1), rtol=1e-5)
+    assert_half(m, t64(x).mean(0))
+    gs, gm = rand(rng, 33), half(rng, 129)
+    (s * pw.tensor(gs, dev)).sum().backward()
+    (m * pw.tensor(gm, dev)).sum().backward()
+    (rx.float().sum(1) * torch.from_numpy(gs)).sum().backward()
+    (rx.mean(0) * torch.from_numpy(gm)).sum().backward()
+    assert tx.grad.dtype == np.float16
+    np.testing.assert_allclose(tx.grad.numpy().astype(np.float64), rx.grad.double().numpy(), rtol=2.0**-9, atol=1e-3)
+    out = pw.sum(pw.tensor(x, dev))
+    assert out.dtype == np.float16
+    assert_half(out, t64(x).sum(), float(np.abs(x.astype(np.float64)).sum()))
+    # no float32 copy: the forward's peak is the result's, not a [33, 129] float32 tensor's
+    big = pw.tensor(half(rng, 256, 1024), dev)
+    dev.synchronize()
+    dev.memory_stats(reset_peak=True)
+    before = dev.memory_stats()["allocated_bytes"]
+    with pw.autocast():
+        total = big.sum(1)
+    dev.synchronize()
+    assert dev.memory_stats()["peak_allocated_bytes"] - before < 256 * 1024 * 2, total.shape
