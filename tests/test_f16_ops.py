@@ -799,3 +799,24 @@ def test_sum_mean_half_read_natively(dev, rng):
         total = big.sum(1)
     dev.synchronize()
     assert dev.memory_stats()["peak_allocated_bytes"] - before < 256 * 1024 * 2, total.shape
+
+
+@pytest.mark.slow
+def test_layer_norm_and_softmax_half_past_one_binding(dev, rng):
+    """Operands past one storage binding run in row blocks; at an odd row length a block's first
+    element sits at other offsets in the 2-byte and the 4-byte bindings (x_off / y_off, x_off /
+    out_off): the results equal the float32 kernels' on the widened input (their own slow tests
+    check those against float64)."""
+    cols = 1031
+    rows = dev.limits["max_storage_buffer_binding_size"] // 4 // cols + 33
+    x, dy = half(rng, rows, cols), rng.standard_normal((rows, cols), dtype=np.float32)
+    w, b = rand(rng, cols), rand(rng, cols)
+    got = raw_ln_half(dev, x, w, b, dy)
+    wide = raw_ln_half(dev, x.astype(np.float32), w, b, dy)
+    for g, f in zip(got, wide):
+        np.testing.assert_array_equal(g, f.astype(g.dtype))
+    del got, wide
+    y, dx = raw_softmax(dev, x, dy, True)
+    y32, dx32 = raw_softmax(dev, x.astype(np.float32), dy, True)
+    np.testing.assert_array_equal(y, y32)
+    np.testing.assert_array_equal(dx, dx32.astype(np.float16))
