@@ -2,7 +2,8 @@
 // per row; the backward writes dx and per-slot partial sums of dy * xhat and
 // dy, which a column pass reduces into dweight / dbias in a fixed order
 // (deterministic, no atomics). Operands past one storage binding run in row
-// blocks; later blocks accumulate into dweight / dbias.
+// blocks; later blocks accumulate into dweight / dbias. x and dx may hold
+// float16 (the alias XT); y, dy, the statistics and the math stay float32.
 #include <algorithm>
 #include <initializer_list>
 #include <memory>
@@ -23,12 +24,14 @@ constexpr uint64_t kMaxTrips = 32768;      // lavapipe leaves any loop after 655
 constexpr uint64_t kMaxCols = 256 * 8192;  // the forward's three passes: 3 * 8192 trips per thread
 constexpr uint64_t kTargetParts = 1024;    // partial rows per block the column pass sums
 
-const Kernel& ln_kernel(Device& dev, const char* entry) {
+// half: x and dx hold float16 (the alias XT).
+const Kernel& ln_kernel(Device& dev, const char* entry, bool half) {
   static const PipelineCache::EntryBindings table = {
       {"ln_forward", {sh::x, sh::weight, sh::bias, sh::y, sh::mean_out, sh::rstd_out, sh::lp}},
       {"ln_backward", {sh::x, sh::weight, sh::lp, sh::dy, sh::mean_in, sh::rstd_in, sh::dx, sh::parts}},
       {"ln_param_grads", {sh::lp, sh::parts_in, sh::dweight, sh::dbias}}};
-  return dev.pipelines().get("layernorm", entry, table);
+  return dev.pipelines().get("layernorm", entry, table, {{"HALF", half ? "true" : "false"}},
+                             {{"XT", half ? "f16" : "f32"}});
 }
 
 // Threads per row: the smallest power of two >= cols / cols_per_thread, at
@@ -62,27 +65,29 @@ void check_dims(const Device& dev, const std::string& fn, uint32_t rows, uint32_
     throw ArgumentError(fn + ": a row of " + std::to_string(cols) + " elements exceeds one storage binding");
 }
 
-// Each operand present holds at least its count of floats ("<fn> <what> holds ...").
+// Each operand present holds at least its count of elements of `size` bytes ("<fn> <what> holds ...").
 struct Sized {
   const Buffer* buffer;
   uint64_t count;
   const char* what;
+  uint64_t size = 4;
 };
 void check_sizes(const std::string& fn, std::initializer_list<Sized> operands) {
   for (const Sized& o : operands)
-    if (o.buffer) check_floats(*o.buffer, o.count, (fn + " " + o.what).c_str());
+    if (o.buffer) check_elements(*o.buffer, o.count, o.size, (fn + " " + o.what).c_str());
 }
 
 }  // namespace
 
 void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer* bias, const Buffer& y,
-                        const Buffer& mean, const Buffer& rstd, uint32_t rows, uint32_t cols, float eps) {
+                        const Buffer& mean, const Buffer& rstd, uint32_t rows, uint32_t cols, float eps, bool half) {
   Device& dev = r.device();
   const std::string fn = "layer_norm_forward";
   check_dims(dev, fn, rows, cols);
   if (!(eps >= 0.0f) || eps > 3.4e38f) throw ArgumentError(fn + ": eps must be finite and >= 0");
   const uint64_t n = uint64_t(rows) * cols;
-  check_sizes("layer_norm", {{&x, n, "input x"},
+  const uint64_t xs = elem_bytes(half);
+  check_sizes("layer_norm", {{&x, n, "input x", xs},
                              {&y, n, "output y"},
                              {&mean, rows, "mean"},
                              {&rstd, rows, "rstd"},
@@ -93,17 +98,19 @@ void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, cons
   const uint32_t t = threads_per_row(cols, kForwardColsPerThread);
   const uint32_t rpw = kGroup / t;
   const uint32_t flags = (weight ? kHasW : 0) | (bias ? kHasB : 0);
-  const Kernel& k = ln_kernel(dev, "ln_forward");
+  const Kernel& k = ln_kernel(dev, "ln_forward", half);
   const uint64_t per = span_limit(dev) / cols;
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
-    const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
+    const Bound xb = bind_span(dev, x, r0 * cols, rc * cols, xs);
+    const Bound yb = bind_span(dev, y, r0 * cols, rc * cols);
     const Bound mb = bind_span(dev, mean, r0, rc);
     LnParams p;
     p.rows = uint32_t(rc);
     p.cols = cols;
-    p.x_off = xb.off;  // y shares it: same first element, aligned bases
-    p.s_off = mb.off;  // rstd shares it
+    p.x_off = xb.off;
+    p.y_off = yb.off;
+    p.s_off = mb.off;  // rstd shares it: same first element, aligned bases
     p.tpr = t;
     p.seg_rows = 1;
     p.flags = flags;
@@ -113,7 +120,7 @@ void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, cons
                {{sh::x, xb.range},
                 {sh::weight, weight ? whole(*weight) : xb.range},
                 {sh::bias, bias ? whole(*bias) : xb.range},
-                {sh::y, bind_span(dev, y, r0 * cols, rc * cols).range},
+                {sh::y, yb.range},
                 {sh::mean_out, mb.range},
                 {sh::rstd_out, bind_span(dev, rstd, r0, rc).range}},
                p, gx, gy);
@@ -122,7 +129,7 @@ void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, cons
 
 void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer& mean, const Buffer& rstd,
                          const Buffer& dy, const Buffer* dx, const Buffer* dweight, const Buffer* dbias, uint32_t rows,
-                         uint32_t cols, float beta, float beta_weight, float beta_bias) {
+                         uint32_t cols, float beta, float beta_weight, float beta_bias, bool half) {
   Device& dev = r.device();
   const std::string fn = "layer_norm_backward";
   check_dims(dev, fn, rows, cols);
@@ -130,10 +137,14 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
     throw ArgumentError(fn + ": no gradient requested (dx, dweight and dbias are all None)");
   if (dweight && !weight) throw ArgumentError(fn + ": dweight needs the weight (the forward had none)");
   const uint64_t n = uint64_t(rows) * cols;
-  check_sizes(
-      fn, {{&x, n, "input x"}, {&dy, n, "dy"}, {&mean, rows, "mean"}, {&rstd, rows, "rstd"}, {weight, cols, "weight"}});
+  const uint64_t xs = elem_bytes(half);
+  check_sizes(fn, {{&x, n, "input x", xs},
+                   {&dy, n, "dy"},
+                   {&mean, rows, "mean"},
+                   {&rstd, rows, "rstd"},
+                   {weight, cols, "weight"},
+                   {dx, n, "dx", xs}});
   if (dx) {
-    check_floats(*dx, n, "layer_norm_backward dx");
     check_no_alias(fn, *dx, "dx", {{&x, "x"}, {&dy, "dy"}, {weight, "weight"}, {&mean, "mean"}, {&rstd, "rstd"}});
   }
   if (dweight) check_floats(*dweight, cols, "layer_norm_backward dweight");
@@ -169,18 +180,20 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
 
   uint32_t flags = (weight ? kHasW : 0) | (dx ? kWantDx : 0) | (want_parts ? kWantParts : 0) | (dweight ? kWantDw : 0) |
                    (dbias ? kWantDb : 0);
-  const Kernel& bk = ln_kernel(dev, "ln_backward");
-  const Kernel& gk = ln_kernel(dev, "ln_param_grads");
+  const Kernel& bk = ln_kernel(dev, "ln_backward", half);
+  const Kernel& gk = ln_kernel(dev, "ln_param_grads", false);
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const auto [seg, groups] = plan(rc);
     const uint64_t parts = groups * rpw;
-    const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
+    const Bound xb = bind_span(dev, x, r0 * cols, rc * cols, xs);
+    const Bound yb = bind_span(dev, dy, r0 * cols, rc * cols);
     const Bound mb = bind_span(dev, mean, r0, rc);
     LnParams p;
     p.rows = uint32_t(rc);
     p.cols = cols;
-    p.x_off = xb.off;  // dy and dx share it
+    p.x_off = xb.off;  // dx shares it: same first element and element size, aligned bases
+    p.y_off = yb.off;
     p.s_off = mb.off;  // rstd shares it
     p.tpr = t;
     p.seg_rows = uint32_t(seg);
@@ -194,10 +207,10 @@ void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, con
     r.dispatch(bk,
                {{sh::x, xb.range},
                 {sh::weight, weight ? whole(*weight) : xb.range},
-                {sh::dy, bind_span(dev, dy, r0 * cols, rc * cols).range},
+                {sh::dy, yb.range},
                 {sh::mean_in, mb.range},
                 {sh::rstd_in, bind_span(dev, rstd, r0, rc).range},
-                {sh::dx, dx ? bind_span(dev, *dx, r0 * cols, rc * cols).range : whole(*dummy)},
+                {sh::dx, dx ? bind_span(dev, *dx, r0 * cols, rc * cols, xs).range : whole(*dummy)},
                 {sh::parts, parts_range}},
                p, gx, gy);
     if (want_parts) {

@@ -157,15 +157,17 @@ void attention_decode(Recorder& r, const Buffer& qkv, const Buffer& k_cache, con
 // Fused LayerNorm over the rows of x [rows, cols] (layernorm.cpp). Forward: y = (x - mean) * rstd
 // * weight + bias (weight / bias may be null: 1 / 0), mean and rstd = 1 / sqrt(var + eps) (biased
 // variance, as torch) saved per row for the backward. Rows past one binding run in row blocks.
+// half: x (and the backward's dx) hold float16; y, weight, bias and the statistics are float32.
 void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer* bias, const Buffer& y,
-                        const Buffer& mean, const Buffer& rstd, uint32_t rows, uint32_t cols, float eps);
+                        const Buffer& mean, const Buffer& rstd, uint32_t rows, uint32_t cols, float eps,
+                        bool half = false);
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight (+ beta * dx);
 // dweight = sum over rows of dy * xhat (+ beta_weight * dweight), dbias = sum of dy (+ beta_bias * dbias),
 // reduced deterministically (per-slot partial rows in scratch, then a column pass). Any of dx,
 // dweight, dbias may be null (not all three); dweight needs weight.
 void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer& mean, const Buffer& rstd,
                          const Buffer& dy, const Buffer* dx, const Buffer* dweight, const Buffer* dbias, uint32_t rows,
-                         uint32_t cols, float beta, float beta_weight, float beta_bias);
+                         uint32_t cols, float beta, float beta_weight, float beta_bias, bool half = false);
 
 // Dropout (dropout.cpp). rng_take: key[0..4) = state[0..4) ([seed_lo, seed_hi, counter_lo,
 // counter_hi], uint32), then state's 64-bit counter += 1, on the GPU (a captured graph replays it).

@@ -110,7 +110,8 @@ struct UniformTraits;  // defined for each uniform block below
   F(_pad0, u32, 24) F(_pad1, u32, 28)
 #define PWT_FIELDS_LnParams(F)                                                                                    \
   F(rows, u32, 0) F(cols, u32, 4) F(x_off, u32, 8) F(s_off, u32, 12) F(tpr, u32, 16) F(seg_rows, u32, 20)         \
-  F(flags, u32, 24) F(eps, f32, 28) F(beta, f32, 32) F(beta_w, f32, 36) F(beta_b, f32, 40) F(parts, u32, 44)
+  F(flags, u32, 24) F(eps, f32, 28) F(beta, f32, 32) F(beta_w, f32, 36) F(beta_b, f32, 40) F(parts, u32, 44)   \
+  F(y_off, u32, 48)
 #define PWT_FIELDS_EwParams(F) F(n, u32, 0) F(cols, u32, 4) F(bias_off, u32, 8) F(_pad, u32, 12)
 #define PWT_FIELDS_ColParams(F) F(rows, u32, 0) F(cols, u32, 4) F(beta, f32, 8) F(block_rows, u32, 12)
 #define PWT_FIELDS_AdamParams(F)                                                                                  \
@@ -146,7 +147,7 @@ struct UniformTraits;  // defined for each uniform block below
 // (name, size in bytes) of every uniform block.
 #define PWT_UNIFORMS(U)                                                                                           \
   U(GemmParams, 64) U(GemvParams, 40) U(BmmParams, 64) U(AttnParams, 160) U(XentParams, 32) U(XentFinalParams, 8) \
-  U(DropParams, 32) U(LnParams, 48) U(EwParams, 16) U(ColParams, 16) U(AdamParams, 32) U(AdamDevParams, 48) U(ScaleParams, 4) U(ScalerParams, 32) U(CastParams, 4)          \
+  U(DropParams, 32) U(LnParams, 52) U(EwParams, 16) U(ColParams, 16) U(AdamParams, 32) U(AdamDevParams, 48) U(ScaleParams, 4) U(ScalerParams, 32) U(CastParams, 4)          \
   U(ReducePartialParams, 8) U(ReduceFinalParams, 16) U(FlatParams, 16) U(NdParams, 160) U(AxisParams, 48)         \
   U(GatherParams, 48) U(EmbBwdParams, 48) U(TokenParams, 16)
 
@@ -242,10 +243,10 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   READ(src, 0, "array<u32>") WRITE(dst, 1, "array<u32>") UNIFORM(cp, 2, CastParams)                               \
   CONST(WG, 256) /* threads per workgroup: an output word (f32_to_f16) or element (f16_to_f32) each */
 #define PWT_SHADER_layernorm(READ, WRITE, UNIFORM, CONST)                                                         \
-  READ(x, 0, "array<f32>") READ(weight, 1, "array<f32>") READ(bias, 2, "array<f32>") WRITE(y, 3, "array<f32>")    \
+  READ(x, 0, "array<XT>") READ(weight, 1, "array<f32>") READ(bias, 2, "array<f32>") WRITE(y, 3, "array<f32>")     \
   WRITE(mean_out, 4, "array<f32>") WRITE(rstd_out, 5, "array<f32>") UNIFORM(lp, 6, LnParams)                      \
   READ(dy, 7, "array<f32>") READ(mean_in, 8, "array<f32>") READ(rstd_in, 9, "array<f32>")                         \
-  WRITE(dx, 10, "array<f32>") WRITE(parts, 11, "array<f32>") READ(parts_in, 12, "array<f32>")                     \
+  WRITE(dx, 10, "array<XT>") WRITE(parts, 11, "array<f32>") READ(parts_in, 12, "array<f32>")                      \
   WRITE(dweight, 13, "array<f32>") WRITE(dbias, 14, "array<f32>")                                                 \
   CONST(WG, 256)  /* threads per row workgroup (forward, backward) */                                             \
   CONST(COLS, 16) /* columns per ln_param_grads workgroup (16 x 16 threads) */                                    \
@@ -276,7 +277,7 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   WRITE(res_bits, 7, "array<u32>") WRITE(res_words, 8, "array<atomic<u32>>")                                      \
   CONST(WG, 256) /* threads per workgroup, one element each */ PWT_UNARY_OPS(CONST) PWT_BINARY_OPS(CONST)
 #define PWT_SHADER_axis(READ, WRITE, UNIFORM, CONST)                                                              \
-  READ(src, 0, "array<f32>") READ(src2, 1, "array<f32>") READ(idx_in, 2, "array<i32>") WRITE(res, 3, "array<f32>") \
+  READ(src, 0, "array<ST>") READ(src2, 1, "array<f32>") READ(idx_in, 2, "array<i32>") WRITE(res, 3, "array<RT>") \
   WRITE(idx_out, 4, "array<i32>") UNIFORM(ap, 5, AxisParams)                                                      \
   CONST(WG, 256)   /* threads per workgroup: along a row (reduce_rows, softmax), or one element each */          \
   CONST(COLS, 16)  /* columns per reduce_cols workgroup */                                                        \

@@ -126,15 +126,18 @@ const Kernel& ew_kernel(Device& dev, const char* entry, std::initializer_list<Sl
   });
 }
 
+// axis.wgsl kernel; src_half / res_half: src / res hold float16 (the aliases ST, RT).
 const Kernel& axis_kernel(Device& dev, const char* entry, std::initializer_list<Slot> bindings, uint32_t op,
-                          bool log = false) {
-  const KernelKey key(entry, bindings, op, log);
+                          bool log = false, bool src_half = false, bool res_half = false) {
+  const KernelKey key(entry, bindings, op, uint64_t(log) | uint64_t(src_half) << 1 | uint64_t(res_half) << 2);
   return dev.pipelines().get(key, [&] {
     KernelDesc d;
     d.shader = "axis";
     d.entry = entry;
     d.bindings = bindings;
-    d.constants = {{"OP", std::to_string(op) + "u"}, {"LOG", log ? "true" : "false"}};
+    d.constants = {
+        {"OP", std::to_string(op) + "u"}, {"LOG", log ? "true" : "false"}, {"RES_HALF", res_half ? "true" : "false"}};
+    d.aliases = {{"ST", src_half ? "f16" : "f32"}, {"RT", res_half ? "f16" : "f32"}};
     return d;
   });
 }
@@ -367,16 +370,17 @@ uint64_t rows_per_block(const Device& dev, uint64_t cols, const std::string& fn,
 }
 
 // axis.wgsl's params for softmax over `rows` contiguous rows of `cols`, the
-// first element at `x_off` of every operand's binding.
-AxisParams softmax_rows(uint32_t rows, uint32_t cols, uint32_t x_off) {
+// first element at `x_off` of src's (and src2's) binding, at `out_off` of res's.
+AxisParams softmax_rows(uint32_t rows, uint32_t cols, uint32_t x_off, uint32_t out_off) {
   AxisParams p;
   p.outer = rows;
   p.len = cols;
   p.inner = 1;
   p.x_row = cols;
   p.x_col = 1;
-  p.out_row = 1;
+  p.out_row = cols;
   p.x_off = x_off;
+  p.out_off = out_off;
   p.scale = 1.0f;
   return p;
 }
@@ -522,12 +526,12 @@ void strided_copy(Recorder& r, const Buffer& src, uint64_t src_off, const std::v
 // ---- along an axis ----
 
 void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, const Buffer* argmax, uint32_t outer,
-                 uint32_t len, uint32_t inner, float scale, float beta) {
+                 uint32_t len, uint32_t inner, float scale, float beta, bool half) {
   if (uint32_t(op) >= kReduceOps) throw ArgumentError("reduce_axis: unknown op " + std::to_string(uint32_t(op)));
   check_nonzero(outer, "reduce_axis: outer");
   check_nonzero(len, "reduce_axis: len");
   check_nonzero(inner, "reduce_axis: inner");
-  check_floats(x, uint64_t(outer) * len * inner, "reduce_axis input x");
+  check_elements(x, uint64_t(outer) * len * inner, elem_bytes(half), "reduce_axis input x");
   check_floats(out, uint64_t(outer) * inner, "reduce_axis output");
   if (argmax) {
     if (op != ReduceOp::R_MAX) throw ArgumentError("reduce_axis: argmax is only produced by Max");
@@ -546,11 +550,11 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
                         std::to_string(max_len) + " per block, or past one storage binding) needs scale 1 and beta 0");
   const char* entry =
       rows ? (argmax ? "reduce_rows_arg" : "reduce_rows") : (argmax ? "reduce_cols_arg" : "reduce_cols");
-  const Kernel& k = argmax ? axis_kernel(dev, entry, {ax::src, ax::res, ax::ap, ax::idx_out}, uint32_t(op))
-                           : axis_kernel(dev, entry, {ax::src, ax::res, ax::ap}, uint32_t(op));
+  const Kernel& k = argmax ? axis_kernel(dev, entry, {ax::src, ax::res, ax::ap, ax::idx_out}, uint32_t(op), false, half)
+                           : axis_kernel(dev, entry, {ax::src, ax::res, ax::ap}, uint32_t(op), false, half);
   for_each_axis_block(limit, max_len, outer, len, inner, [&](const AxisBlock& b) {
     AxisBinding ab = axis_binding(b, len, inner);
-    const Bound xb = bind_span(dev, x, ab.x_first, ab.x_count);
+    const Bound xb = bind_span(dev, x, ab.x_first, ab.x_count, elem_bytes(half));
     const Bound ob = bind_span(dev, out, ab.out_first, ab.out_count);
     ab.prm.x_off = xb.off;
     ab.prm.out_off = ob.off;
@@ -593,48 +597,50 @@ void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buf
   });
 }
 
-void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint32_t cols, bool log) {
+void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint32_t cols, bool log, bool half) {
   check_nonzero(rows, "softmax: rows");
   check_nonzero(cols, "softmax: cols");
-  check_floats(x, uint64_t(rows) * cols, "softmax input x");
+  check_elements(x, uint64_t(rows) * cols, elem_bytes(half), "softmax input x");
   check_floats(y, uint64_t(rows) * cols, "softmax output y");
   check_no_alias("softmax", y, "y", {{&x, "x"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "softmax", kSoftmaxMaxCols);
   const bool short_rows = cols <= short_row_cols(dev);  // a thread per row
-  const Kernel& k = axis_kernel(dev, short_rows ? "softmax_short" : "softmax", {ax::src, ax::res, ax::ap}, 0, log);
+  const Kernel& k =
+      axis_kernel(dev, short_rows ? "softmax_short" : "softmax", {ax::src, ax::res, ax::ap}, 0, log, half, false);
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
-    const Bound xb = bind_span(dev, x, r0 * cols, rc * cols);
-    const AxisParams p = softmax_rows(uint32_t(rc), cols, xb.off);  // y shares the offset: aligned bases
+    const Bound xb = bind_span(dev, x, r0 * cols, rc * cols, elem_bytes(half));
+    const Bound yb = bind_span(dev, y, r0 * cols, rc * cols);
+    const AxisParams p = softmax_rows(uint32_t(rc), cols, xb.off, yb.off);
     auto [gx, gy] = grid_1d(dev, short_rows ? ceil_div(rc, ax::WG) : rc);
-    r.dispatch(k, {{ax::src, xb.range}, {ax::res, bind_span(dev, y, r0 * cols, rc * cols).range}}, p, gx, gy);
+    r.dispatch(k, {{ax::src, xb.range}, {ax::res, yb.range}}, p, gx, gy);
   }
 }
 
 void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buffer& dx, uint32_t rows, uint32_t cols,
-                      bool log, float beta) {
+                      bool log, float beta, bool half) {
   check_nonzero(rows, "softmax_backward: rows");
   check_nonzero(cols, "softmax_backward: cols");
-  for (auto [b, what] :
-       {std::pair{&y, "softmax_backward y"}, {&dy, "softmax_backward dy"}, {&dx, "softmax_backward dx"}})
-    check_floats(*b, uint64_t(rows) * cols, what);
+  const uint64_t n = uint64_t(rows) * cols;
+  check_floats(y, n, "softmax_backward y");
+  check_floats(dy, n, "softmax_backward dy");
+  check_elements(dx, n, elem_bytes(half), "softmax_backward dx");
   check_no_alias("softmax_backward", dx, "dx", {{&y, "y"}, {&dy, "dy"}});
   Device& dev = r.device();
   const uint64_t per = rows_per_block(dev, cols, "softmax_backward", kSoftmaxMaxCols);
   const bool short_rows = cols <= short_row_cols(dev);  // a thread per row
   const Kernel& k = axis_kernel(dev, short_rows ? "softmax_backward_short" : "softmax_backward",
-                                {ax::src, ax::src2, ax::res, ax::ap}, 0, log);
+                                {ax::src, ax::src2, ax::res, ax::ap}, 0, log, false, half);
   for (uint64_t r0 = 0; r0 < rows; r0 += per) {
     const uint64_t rc = std::min<uint64_t>(per, rows - r0);
     const Bound yb = bind_span(dev, y, r0 * cols, rc * cols);
-    AxisParams p = softmax_rows(uint32_t(rc), cols, yb.off);  // dy and dx share the offset
+    const Bound dxb = bind_span(dev, dx, r0 * cols, rc * cols, elem_bytes(half));
+    AxisParams p = softmax_rows(uint32_t(rc), cols, yb.off, dxb.off);  // dy shares y's offset: aligned bases
     p.beta = beta;
     auto [gx, gy] = grid_1d(dev, short_rows ? ceil_div(rc, ax::WG) : rc);
     r.dispatch(k,
-               {{ax::src, yb.range},
-                {ax::src2, bind_span(dev, dy, r0 * cols, rc * cols).range},
-                {ax::res, bind_span(dev, dx, r0 * cols, rc * cols).range}},
+               {{ax::src, yb.range}, {ax::src2, bind_span(dev, dy, r0 * cols, rc * cols).range}, {ax::res, dxb.range}},
                p, gx, gy);
   }
 }

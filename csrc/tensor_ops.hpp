@@ -90,18 +90,20 @@ constexpr uint32_t kReduceOps = 0 PWT_REDUCE_OPS(PWT_COUNT);
 // Max writes int32 `argmax` (first index of the max; a NaN wins, first NaN) when argmax != nullptr;
 // argmax with Sum is refused. inner == 1: a workgroup per row; inner > 1: 16 columns x 16 lanes along len.
 // A [len, inner] slice larger than one binding is reduced in len blocks that accumulate into out
-// (Max then needs scale == 1 and beta == 0).
+// (Max then needs scale == 1 and beta == 0). half: x holds float16 (out stays float32).
 void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, const Buffer* argmax, uint32_t outer,
-                 uint32_t len, uint32_t inner, float scale, float beta);
+                 uint32_t len, uint32_t inner, float scale, float beta, bool half = false);
 // dx[o, j, i] = (argmax[o, i] == j ? dy[o, i] : 0) + beta * dx[o, j, i]
 void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buffer& dx, uint32_t outer, uint32_t len,
                   uint32_t inner, float beta);
 
 // Row-wise over the last axis of [rows, cols]: softmax or log_softmax (max-subtracted). One row must fit a binding.
-void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint32_t cols, bool log);
+// half: x holds float16 (y stays float32).
+void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint32_t cols, bool log, bool half = false);
 // softmax: dx = y * (dy - sum_j dy*y); log_softmax: dx = dy - exp(y) * sum_j dy   (+ beta * dx)
+// half: dx holds float16 (y and dy stay float32).
 void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buffer& dx, uint32_t rows, uint32_t cols,
-                      bool log, float beta);
+                      bool log, float beta, bool half = false);
 
 // out[i, :] = weight[ids[i], :], i < n_ids; ids outside [0, vocab) give NaN rows.
 void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffer& out, uint32_t n_ids, uint32_t vocab,

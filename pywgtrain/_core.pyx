@@ -664,8 +664,10 @@ def fill(_Recorder r not None, _Buffer out not None, uint64_t n, float value, bi
 
 
 def reduce_axis(_Recorder r not None, uint32_t op, _Buffer x not None, _Buffer out not None, _Buffer argmax,
-                uint32_t outer, uint32_t len, uint32_t inner, float scale, float beta):
-    c.reduce_axis(r.ptr.get()[0], <c.ReduceOp>op, _b(x)[0], _b(out)[0], _opt(argmax), outer, len, inner, scale, beta)
+                uint32_t outer, uint32_t len, uint32_t inner, float scale, float beta, bint half=False):
+    """half: x holds float16 (out stays float32)."""
+    c.reduce_axis(r.ptr.get()[0], <c.ReduceOp>op, _b(x)[0], _b(out)[0], _opt(argmax), outer, len, inner, scale, beta,
+                  half)
 
 
 def max_backward(_Recorder r not None, _Buffer dy not None, _Buffer argmax not None, _Buffer dx not None,
@@ -673,13 +675,16 @@ def max_backward(_Recorder r not None, _Buffer dy not None, _Buffer argmax not N
     c.max_backward(r.ptr.get()[0], _b(dy)[0], _b(argmax)[0], _b(dx)[0], outer, len, inner, beta)
 
 
-def softmax(_Recorder r not None, _Buffer x not None, _Buffer y not None, uint32_t rows, uint32_t cols, bint log):
-    c.softmax(r.ptr.get()[0], _b(x)[0], _b(y)[0], rows, cols, log)
+def softmax(_Recorder r not None, _Buffer x not None, _Buffer y not None, uint32_t rows, uint32_t cols, bint log,
+            bint half=False):
+    """half: x holds float16 (y stays float32)."""
+    c.softmax(r.ptr.get()[0], _b(x)[0], _b(y)[0], rows, cols, log, half)
 
 
 def softmax_backward(_Recorder r not None, _Buffer y not None, _Buffer dy not None, _Buffer dx not None,
-                     uint32_t rows, uint32_t cols, bint log, float beta):
-    c.softmax_backward(r.ptr.get()[0], _b(y)[0], _b(dy)[0], _b(dx)[0], rows, cols, log, beta)
+                     uint32_t rows, uint32_t cols, bint log, float beta, bint half=False):
+    """half: dx holds float16 (y and dy stay float32)."""
+    c.softmax_backward(r.ptr.get()[0], _b(y)[0], _b(dy)[0], _b(dx)[0], rows, cols, log, beta, half)
 
 
 def embedding(_Recorder r not None, _Buffer weight not None, _Buffer ids not None, _Buffer out not None,
@@ -745,20 +750,23 @@ def attention_decode(_Recorder r not None, _Buffer qkv not None, _Buffer k_cache
                      uint32_t d, float scale):
     c.attention_decode(r.ptr.get()[0], _b(qkv)[0], _b(k_cache)[0], _b(v_cache)[0], _b(pos)[0], _b(out)[0], batch,
                        heads, capacity, d, scale)
-# Fused LayerNorm (csrc/layernorm.cpp); weight, bias, dx, dweight, dbias may be None.
+# Fused LayerNorm (csrc/layernorm.cpp); weight, bias, dx, dweight, dbias may be None; half: x and dx
+# hold float16 (y, dy, weight, bias and their gradients stay float32).
 
 
 def layer_norm_forward(_Recorder r not None, _Buffer x not None, _Buffer weight, _Buffer bias, _Buffer y not None,
-                       _Buffer mean not None, _Buffer rstd not None, uint32_t rows, uint32_t cols, float eps):
+                       _Buffer mean not None, _Buffer rstd not None, uint32_t rows, uint32_t cols, float eps,
+                       bint half=False):
     c.layer_norm_forward(r.ptr.get()[0], _b(x)[0], _opt(weight), _opt(bias), _b(y)[0], _b(mean)[0], _b(rstd)[0],
-                         rows, cols, eps)
+                         rows, cols, eps, half)
 
 
 def layer_norm_backward(_Recorder r not None, _Buffer x not None, _Buffer weight, _Buffer mean not None,
                         _Buffer rstd not None, _Buffer dy not None, _Buffer dx, _Buffer dweight, _Buffer dbias,
-                        uint32_t rows, uint32_t cols, float beta, float beta_weight, float beta_bias):
+                        uint32_t rows, uint32_t cols, float beta, float beta_weight, float beta_bias,
+                        bint half=False):
     c.layer_norm_backward(r.ptr.get()[0], _b(x)[0], _opt(weight), _b(mean)[0], _b(rstd)[0], _b(dy)[0], _opt(dx),
-                          _opt(dweight), _opt(dbias), rows, cols, beta, beta_weight, beta_bias)
+                          _opt(dweight), _opt(dbias), rows, cols, beta, beta_weight, beta_bias, half)
 
 
 # Dropout (csrc/dropout.cpp): state and key are 16-byte buffers of 4 uint32.

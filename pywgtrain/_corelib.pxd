@@ -227,11 +227,11 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                        uint32_t growth_interval, const float* new_scale) except +raise_py_error
     void layer_norm_forward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer* bias, const Buffer& y,
                             const Buffer& mean, const Buffer& rstd, uint32_t rows, uint32_t cols,
-                            float eps) except +raise_py_error
+                            float eps, bint half) except +raise_py_error
     void layer_norm_backward(Recorder& r, const Buffer& x, const Buffer* weight, const Buffer& mean,
                              const Buffer& rstd, const Buffer& dy, const Buffer* dx, const Buffer* dweight,
                              const Buffer* dbias, uint32_t rows, uint32_t cols, float beta, float beta_weight,
-                             float beta_bias) except +raise_py_error
+                             float beta_bias, bint half) except +raise_py_error
     void rng_take(Recorder& r, const Buffer& state, const Buffer& key) except +raise_py_error
     void dropout(Recorder& r, const Buffer& x, const Buffer& key, const Buffer& y, uint64_t n, double p,
                  float beta, bint half) except +raise_py_error
@@ -289,13 +289,13 @@ cdef extern from "tensor_ops.hpp" namespace "pwt" nogil:
                       const vector[uint32_t]& shape, float beta, uint32_t half) except +raise_py_error
     void fill(Recorder& r, const Buffer& out, uint64_t n, float value, bint half) except +raise_py_error
     void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, const Buffer* argmax, uint32_t outer,
-                     uint32_t len, uint32_t inner, float scale, float beta) except +raise_py_error
+                     uint32_t len, uint32_t inner, float scale, float beta, bint half) except +raise_py_error
     void max_backward(Recorder& r, const Buffer& dy, const Buffer& argmax, const Buffer& dx, uint32_t outer,
                       uint32_t len, uint32_t inner, float beta) except +raise_py_error
     void softmax(Recorder& r, const Buffer& x, const Buffer& y, uint32_t rows, uint32_t cols,
-                 bool log) except +raise_py_error
+                 bool log, bint half) except +raise_py_error
     void softmax_backward(Recorder& r, const Buffer& y, const Buffer& dy, const Buffer& dx, uint32_t rows,
-                          uint32_t cols, bool log, float beta) except +raise_py_error
+                          uint32_t cols, bool log, float beta, bint half) except +raise_py_error
     void next_token(Recorder& r, const Buffer& logits, const Buffer& tok, const Buffer& hist, const Buffer& pos,
                     uint32_t rows, uint32_t cols, uint32_t hist_cols) except +raise_py_error
     void embedding(Recorder& r, const Buffer& weight, const Buffer& ids, const Buffer& out, uint32_t n_ids,

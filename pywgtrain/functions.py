@@ -155,7 +155,18 @@ def _expand_into(src, src_shape, out, beta=0.0):
     st = _strides(pad)
     src_strides = [0 if p == 1 and s != 1 else t for p, s, t in zip(pad, shape, st)]
     with _rec(out.device) as rec:
-        _core.strided_copy(rec, src._buf, 0, src_strides, out._buf, 0, list(_strides(shape)), shape, float(beta))
+        _core.strided_copy(
+            rec,
+            src._buf,
+            0,
+            src_strides,
+            out._buf,
+            0,
+            list(_strides(shape)),
+            shape,
+            float(beta),
+            _half_mask(src, None, None, out),
+        )
 
 
 def _zero(t):
@@ -164,7 +175,8 @@ def _zero(t):
 
 
 def _reduce_raw(x, shape, axis, op="sum", scale=1.0, out=None, beta=0.0, argmax=None):
-    """Reduce x (of `shape`) along `axis` keeping the dimension; returns the result."""
+    """Reduce x (of `shape`; float32 or float16) along `axis` keeping the dimension; returns the
+    float32 result."""
     outer = math.prod(shape[:axis])
     length = shape[axis]
     inner = math.prod(shape[axis + 1 :])
@@ -182,6 +194,7 @@ def _reduce_raw(x, shape, axis, op="sum", scale=1.0, out=None, beta=0.0, argmax=
             inner,
             float(scale),
             float(beta),
+            x.dtype is _HALF,
         )
     return out
 
@@ -630,7 +643,9 @@ def _check_float(x: TensorLike, op: str) -> Tensor:
 
 
 def _sum_mean(x, dim, keepdim, mean, op):
-    x = _check_float(x, op)
+    """sum / mean. A float16 input is read as it is (float32 sums, rounded once; a float16
+    gradient); the result is float16, except sum's under autocast (torch's float32 list)."""
+    x = _float_tensor(x, _device_of(x), op, "input", _elem_dtype(x))  # float32 or float16
     dims = _dims_arg(dim, x.ndim, op)
     shape = x.shape or (1,)
     if dims is None:
@@ -665,6 +680,8 @@ def _sum_mean(x, dim, keepdim, mean, op):
                 _expand_into(g.reshape(kept) if kept else g, kept, dst, beta)
 
         attach(out, "mean" if mean else "sum", [x], backward)
+    if x.dtype is _HALF and (mean or _autocast_state.dtype is None):
+        return to_dtype(out, _HALF)
     return out
 
 
@@ -775,23 +792,36 @@ def std(
 
 
 def _softmax(x, dim, log):
+    """softmax / log_softmax along dim. A float16 input along the last dimension is read as it
+    is (float32 math and result, a float16 input gradient; backward reads the float32 result);
+    along another it is cast to float32 first (its transposes are views). The result is float32
+    under autocast (torch's float32 list), float16 outside, as torch."""
     op = "log_softmax" if log else "softmax"
-    x = _check_float(x, op)
+    x = _float_tensor(x, _device_of(x), op, "input", _elem_dtype(x))  # float32 or float16
     d = _dim(dim, x.ndim, op)
+    half = x.dtype is _HALF
     if x.ndim and d != x.ndim - 1:
-        return transpose(_softmax(transpose(x, d, -1), -1, log), d, -1)
+        y = transpose(_softmax_rows(transpose(to_dtype(x, _FLOAT32), d, -1), log, op), d, -1)
+    else:
+        y = _softmax_rows(x, log, op)
+    return to_dtype(y, _HALF) if half and _autocast_state.dtype is None else y
+
+
+def _softmax_rows(x, log, op):
+    """softmax / log_softmax along the last dimension: a float32 result."""
     cols = x.shape[-1] if x.shape else 1
     rows = x._numel // cols
+    half = x.dtype is _HALF
     out = _result(x.shape, x.device)
     with _rec(x.device) as rec:
-        _core.softmax(rec, x._buf, out._buf, rows, cols, log)
+        _core.softmax(rec, x._buf, out._buf, rows, cols, log, half)
     if needs_grad(x):
         yb = out._buf
         _attach_launch(
             out,
             op,
             x,
-            lambda rec, g, dst, beta: _core.softmax_backward(rec, yb, g, dst, rows, cols, log, beta),
+            lambda rec, g, dst, beta: _core.softmax_backward(rec, yb, g, dst, rows, cols, log, beta, half),
             keep=(out,),
         )
     return out
@@ -2071,9 +2101,12 @@ def layer_norm(
     ``normalized_shape`` = ``(input.shape[-1],)``): ``(x - mean) / sqrt(var + eps) * weight + bias``,
     biased variance, ``weight`` / ``bias`` of shape ``normalized_shape`` or None. One fused kernel
     forward (saving mean and 1 / std per row) and one backward; the weight and bias gradients are
-    reduced over rows on the GPU in a fixed order (deterministic)."""
+    reduced over rows on the GPU in a fixed order (deterministic). A float16 input is read as it
+    is (float32 statistics and output, a float16 input gradient; autograd keeps the float16
+    input); float16 weight and bias are cast to float32. The result is float32 under autocast
+    (torch's float32 list) or beside a float32 operand, float16 when every operand is."""
     dev = _device_of(input, weight, bias)
-    x = _float_tensor(input, dev, "layer_norm", "input")
+    x = _float_tensor(input, dev, "layer_norm", "input", _elem_dtype(input))  # float32 or float16
     ns = _shape_arg(normalized_shape, "layer_norm: normalized_shape")
     if len(ns) != 1:
         raise ValueError(
@@ -2085,13 +2118,17 @@ def layer_norm(
         raise ValueError(
             f"layer_norm: normalized_shape={list(ns)} expects an input of shape [*, {ns[0]}], got shape {list(x.shape)}"
         )
-    tw = None if weight is None else _float_tensor(weight, dev, "layer_norm", "weight")
-    tb = None if bias is None else _float_tensor(bias, dev, "layer_norm", "bias")
+    tw = None if weight is None else _float_tensor(weight, dev, "layer_norm", "weight", _elem_dtype(weight))
+    tb = None if bias is None else _float_tensor(bias, dev, "layer_norm", "bias", _elem_dtype(bias))
     for t, name in ((tw, "weight"), (tb, "bias")):
         if t is not None and t.shape != ns:
             raise ValueError(f"layer_norm: {name} has shape {t.shape}, expected normalized_shape {ns}")
     if isinstance(eps, bool) or not _is_scalar(eps) or not math.isfinite(eps) or eps < 0:
         raise ValueError(f"layer_norm: eps must be a finite number >= 0, got {eps!r}")
+    narrow = _autocast_state.dtype is None and _elem_dtype(x, tw, tb) is _HALF  # torch's dtype outside autocast
+    tw = None if tw is None else _cast(tw, _FLOAT32)  # parameters: float32, as torch's autocast keeps them
+    tb = None if tb is None else _cast(tb, _FLOAT32)
+    half = x.dtype is _HALF
     cols = ns[0]
     rows = x._numel // cols
     y = empty(x.shape, np.float32, dev)
@@ -2099,7 +2136,17 @@ def layer_norm(
     wbuf = None if tw is None else tw._buf
     with _rec(dev) as rec:
         _core.layer_norm_forward(
-            rec, x._buf, wbuf, None if tb is None else tb._buf, y._buf, mean_._buf, rstd._buf, rows, cols, float(eps)
+            rec,
+            x._buf,
+            wbuf,
+            None if tb is None else tb._buf,
+            y._buf,
+            mean_._buf,
+            rstd._buf,
+            rows,
+            cols,
+            float(eps),
+            half,
         )
     if needs_grad(x, tw, tb):
         xbuf, mbuf, sbuf = x._buf, mean_._buf, rstd._buf
@@ -2123,10 +2170,11 @@ def layer_norm(
                     float(bx),
                     float(bw),
                     float(bb),
+                    half,
                 )
 
         attach(y, "layer_norm", [x, tw, tb], backward, keep=(x, tw))
-    return y
+    return to_dtype(y, _HALF) if narrow else y
 
 
 def dropout(
@@ -2331,6 +2379,12 @@ _RULES: dict[str, tuple[Optional[str], Union[bool, str], tuple]] = {
     "causal_self_attention_qkv": ("f16", True, ()),
     "scaled_dot_product_attention": ("f16", True, ()),
     "cross_entropy": ("f32", "f32", ()),  # float16 logits read as they are; a float32 loss under autocast
+    # float16 inputs read as they are (float32 math and result under autocast, float16 input gradients)
+    "layer_norm": ("f32", "f32", ()),
+    "softmax": ("f32", "f32", ()),
+    "log_softmax": ("f32", "f32", ()),
+    "sum": ("f32", "f32", ()),
+    "mean": (None, True, ()),  # on no autocast list: float16 stays float16 (summed in float32)
     "mlp": ("f16", True, (4, "residual")),  # torch adds the residual after the linear, in the wider dtype
     "where": (None, True, (0, "condition")),  # a mask (bool in torch)
 }

@@ -2,7 +2,11 @@
 // x is viewed as [outer, len, inner] (a block of it when the whole does not
 // fit one binding): x[o, j, i] = src[x_off + o * x_row + j * x_col + i],
 // out[o, i] = res[out_off + o * out_row + i]. OP: R_SUM or R_MAX (ReduceOp of
-// tensor_ops.hpp); LOG: log_softmax instead of softmax.
+// tensor_ops.hpp); LOG: log_softmax instead of softmax. Softmax rows: src from
+// x_off + row * x_row, res from out_off + row * out_row (src2 as src).
+// ST, RT (aliases emitted per kernel): the element types of src and res, f32 or
+// f16 (RES_HALF: bool, RT is f16); values widen to f32 on load, the math is f32.
+//!include half
 
 const_assert OP == R_SUM || OP == R_MAX;  // the reduce ops of shader_contract.hpp
 
@@ -21,10 +25,10 @@ struct AxisParams {
   beta: f32,
 }
 
-@group(0) @binding(0) var<storage, read> src: array<f32>;          // x / y (softmax_backward) / dy (max_backward)
+@group(0) @binding(0) var<storage, read> src: array<ST>;           // x / y (softmax_backward) / dy (max_backward)
 @group(0) @binding(1) var<storage, read> src2: array<f32>;         // dy (softmax_backward)
 @group(0) @binding(2) var<storage, read> idx_in: array<i32>;       // argmax (max_backward)
-@group(0) @binding(3) var<storage, read_write> res: array<f32>;    // out / y / dx
+@group(0) @binding(3) var<storage, read_write> res: array<RT>;     // out / y / dx
 @group(0) @binding(4) var<storage, read_write> idx_out: array<i32>;  // argmax
 @group(0) @binding(5) var<uniform> ap: AxisParams;
 
@@ -35,6 +39,10 @@ var<workgroup> sval: array<f32, WG>;
 var<workgroup> sidx: array<u32, WG>;
 
 struct Acc { v: f32, i: u32, }
+
+fn src_at(i: u32) -> f32 { return f32(src[i]); }
+fn res_at(i: u32) -> f32 { return f32(res[i]); }
+fn res_put(i: u32, v: f32) { res[i] = RT(half_range(v, RES_HALF)); }
 
 fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
 
@@ -58,7 +66,7 @@ fn merge(is_max: bool, a: Acc, v: f32, j: u32) -> Acc {
 // One thread's share of a line: j = first, first + stride, ... < len.
 fn scan(is_max: bool, base: u32, first: u32, stride: u32) -> Acc {
   var a = Acc(0.0, EMPTY);
-  for (var j = first; j < ap.len; j += stride) { a = merge(is_max, a, src[base + j * ap.x_col], j); }
+  for (var j = first; j < ap.len; j += stride) { a = merge(is_max, a, src_at(base + j * ap.x_col), j); }
   return a;
 }
 
@@ -85,13 +93,13 @@ fn tree(is_max: bool, lane: u32, col: u32, ncols: u32, lanes: u32, a: Acc) -> Ac
 // merged into an earlier block's result keeps that one unless beaten).
 fn store(o: u32, a: Acc) -> bool {
   if (ap.combine != 0u) {
-    if (!takes_over(res[o], 0u, a.v, 1u)) { return false; }
-    res[o] = a.v;
+    if (!takes_over(res_at(o), 0u, a.v, 1u)) { return false; }
+    res_put(o, a.v);
     return true;
   }
   var v = ap.scale * a.v;
-  if (ap.beta != 0.0) { v += ap.beta * res[o]; }
-  res[o] = v;
+  if (ap.beta != 0.0) { v += ap.beta * res_at(o); }
+  res_put(o, v);
   return true;
 }
 
@@ -169,13 +177,23 @@ fn max_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   let o = t / ap.len;
   let k = ap.out_off + o * ap.out_row + i;
   let x = ap.x_off + o * ap.x_row + j * ap.x_col + i;
-  var v = select(0.0, src[k], idx_in[k] == i32(ap.j0 + j));
-  if (ap.beta != 0.0) { v += ap.beta * res[x]; }
-  res[x] = v;
+  var v = select(0.0, src_at(k), idx_in[k] == i32(ap.j0 + j));
+  if (ap.beta != 0.0) { v += ap.beta * res_at(x); }
+  res_put(x, v);
 }
 
 // Row sums of f(j) for softmax: a workgroup per row of `cols` = ap.len.
 fn row_sum(lid: u32, v: f32) -> f32 { return tree(false, lid, 0u, 1u, WG, Acc(v, 0u)).v; }
+
+// Writes y[j] = softmax or log_softmax of the row at src base (max mx, sum of exp(x - mx) s) to
+// res from out, j = first, first + stride, ... < len.
+fn softmax_store(base: u32, out: u32, first: u32, stride: u32, mx: f32, s: f32) {
+  let ls = log(s);
+  for (var j = first; j < ap.len; j += stride) {
+    let z = src_at(base + j) - mx;
+    if (LOG) { res_put(out + j, z - ls); } else { res_put(out + j, exp(z) / s); }
+  }
+}
 
 // y = softmax(x) or log_softmax(x) along rows; a workgroup per row.
 @compute @workgroup_size(WG)
@@ -188,30 +206,27 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
   if (valid) { m = scan(true, base, lid, WG); }
   let mx = tree(true, lid, 0u, 1u, WG, m).v;
   var s = 0.0;
-  if (valid) { for (var j = lid; j < ap.len; j += WG) { s += exp(src[base + j] - mx); } }
+  if (valid) { for (var j = lid; j < ap.len; j += WG) { s += exp(src_at(base + j) - mx); } }
   s = row_sum(lid, s);
   if (!valid) { return; }
-  let ls = log(s);
-  for (var j = lid; j < ap.len; j += WG) {
-    let z = src[base + j] - mx;
-    if (LOG) { res[base + j] = z - ls; } else { res[base + j] = exp(z) / s; }
-  }
+  softmax_store(base, ap.out_off + row * ap.out_row, lid, WG, mx, s);
 }
 
 // softmax: dx = y * (dy - sum dy * y); log_softmax: dx = dy - exp(y) * sum dy (+ beta * dx).
-// src holds y, src2 dy; the row's sum term and each element's dx:
+// src holds y, src2 dy (f32: the forward's result and its gradient); the row's sum term and
+// each element's dx (at res index o):
 fn softmax_dot_term(i: u32) -> f32 {
   if (LOG) { return src2[i]; }
-  return src2[i] * src[i];
+  return src2[i] * src_at(i);
 }
 
-fn softmax_store_dx(i: u32, s: f32) {
-  let y = src[i];
+fn softmax_store_dx(i: u32, o: u32, s: f32) {
+  let y = src_at(i);
   let dy = src2[i];
   var v = y * (dy - s);
   if (LOG) { v = dy - exp(y) * s; }
-  if (ap.beta != 0.0) { v += ap.beta * res[i]; }
-  res[i] = v;
+  if (ap.beta != 0.0) { v += ap.beta * res_at(o); }
+  res_put(o, v);
 }
 
 @compute @workgroup_size(WG)
@@ -226,7 +241,8 @@ fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
   }
   s = row_sum(lid, s);
   if (!valid) { return; }
-  for (var j = lid; j < ap.len; j += WG) { softmax_store_dx(base + j, s); }
+  let out = ap.out_off + row * ap.out_row;
+  for (var j = lid; j < ap.len; j += WG) { softmax_store_dx(base + j, out + j, s); }
 }
 
 // Short rows (ap.len <= short_row_cols of csrc/dispatch_util.hpp: 64 on GPUs,
@@ -243,12 +259,8 @@ fn softmax_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   let base = ap.x_off + row * ap.x_row;
   let mx = scan(true, base, 0u, 1u).v;
   var s = 0.0;
-  for (var j = 0u; j < ap.len; j++) { s += exp(src[base + j] - mx); }
-  let ls = log(s);
-  for (var j = 0u; j < ap.len; j++) {
-    let z = src[base + j] - mx;
-    if (LOG) { res[base + j] = z - ls; } else { res[base + j] = exp(z) / s; }
-  }
+  for (var j = 0u; j < ap.len; j++) { s += exp(src_at(base + j) - mx); }
+  softmax_store(base, ap.out_off + row * ap.out_row, 0u, 1u, mx, s);
 }
 
 @compute @workgroup_size(WG)
@@ -257,7 +269,8 @@ fn softmax_backward_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
   let row = short_row(wid, nwg, lid);
   if (row >= ap.outer) { return; }
   let base = ap.x_off + row * ap.x_row;
+  let out = ap.out_off + row * ap.out_row;
   var s = 0.0;
   for (var j = 0u; j < ap.len; j++) { s += softmax_dot_term(base + j); }
-  for (var j = 0u; j < ap.len; j++) { softmax_store_dx(base + j, s); }
+  for (var j = 0u; j < ap.len; j++) { softmax_store_dx(base + j, out + j, s); }
 }

@@ -9,13 +9,16 @@
 // (the row's first element), so a large mean costs no precision: the deviations x - shift
 // are exact for values close to each other and are what gets summed. The backward recenters
 // with the mean of x - saved mean (the saved fp32 mean is rounded; that residual is not).
-// Operands past one storage binding run in row blocks: x_off / s_off are the block's first
-// element in the x-shaped bindings (x, y, dy, dx) and in the per-row ones (mean, rstd).
+// Operands past one storage binding run in row blocks: x_off / y_off / s_off are the block's
+// first element in the XT bindings (x, dx), the f32 x-shaped ones (y, dy) and the per-row ones
+// (mean, rstd). XT (an alias emitted per kernel): the element type of x and dx, f32 or f16
+// (HALF: bool, XT is f16); y, the statistics and the math are f32 either way.
+//!include half
 
 struct LnParams {
   rows: u32,      // rows of this block
   cols: u32,
-  x_off: u32,
+  x_off: u32,    // x, dx
   s_off: u32,
   tpr: u32,       // threads per row
   seg_rows: u32,  // backward: rows each row slot walks (its partial row sums them)
@@ -25,12 +28,13 @@ struct LnParams {
   beta_w: f32,    // dweight
   beta_b: f32,    // dbias
   parts: u32,     // partial rows of this block (backward writes, ln_param_grads reads)
+  y_off: u32,     // y, dy
 }
 
 // The flags (HAS_W, ...), WG (threads per row workgroup) and COLS (columns per
 // ln_param_grads workgroup) come from csrc/shader_contract.hpp.
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<XT>;
 @group(0) @binding(1) var<storage, read> weight: array<f32>;          // [cols] (x when absent, not read)
 @group(0) @binding(2) var<storage, read> bias: array<f32>;            // [cols] (x when absent, not read)
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
@@ -40,7 +44,7 @@ struct LnParams {
 @group(0) @binding(7) var<storage, read> dy: array<f32>;
 @group(0) @binding(8) var<storage, read> mean_in: array<f32>;
 @group(0) @binding(9) var<storage, read> rstd_in: array<f32>;
-@group(0) @binding(10) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(10) var<storage, read_write> dx: array<XT>;
 @group(0) @binding(11) var<storage, read_write> parts: array<f32>;    // [2][parts][cols]: dy * xhat, then dy
 @group(0) @binding(12) var<storage, read> parts_in: array<f32>;
 @group(0) @binding(13) var<storage, read_write> dweight: array<f32>;
@@ -61,6 +65,8 @@ fn slot_sum(lid: u32, v: vec4<f32>) -> vec4<f32> {
   return red[lid - lane];
 }
 
+fn x_at(i: u32) -> f32 { return f32(x[i]); }
+
 fn w_at(j: u32) -> f32 {
   if ((lp.flags & HAS_W) != 0u) { return weight[j]; }
   return 1.0;
@@ -79,14 +85,14 @@ fn ln_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
   var shift = 0.0;
   var s = 0.0;
   if (valid) {
-    shift = x[base];
-    for (var j = lane; j < n; j += t) { s += x[base + j] - shift; }
+    shift = x_at(base);
+    for (var j = lane; j < n; j += t) { s += x_at(base + j) - shift; }
   }
   let m1 = slot_sum(lid, vec4<f32>(s, 0.0, 0.0, 0.0)).x / nf;  // mean - shift
   var q = vec2<f32>(0.0);
   if (valid) {
     for (var j = lane; j < n; j += t) {
-      let d = (x[base + j] - shift) - m1;
+      let d = (x_at(base + j) - shift) - m1;
       q += vec2<f32>(d * d, d);
     }
   }
@@ -100,10 +106,11 @@ fn ln_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     rstd_out[lp.s_off + r] = rstd;
   }
   let has_b = (lp.flags & HAS_B) != 0u;
+  let ybase = lp.y_off + r * n;
   for (var j = lane; j < n; j += t) {
-    var v = ((x[base + j] - shift) - m1) * rstd * w_at(j);
+    var v = ((x_at(base + j) - shift) - m1) * rstd * w_at(j);
     if (has_b) { v += bias[j]; }
-    y[base + j] = v;
+    y[ybase + j] = v;
   }
 }
 
@@ -129,6 +136,7 @@ fn ln_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let r = first + slot;
     let valid = r < lp.rows;
     let base = lp.x_off + r * n;
+    let ybase = lp.y_off + r * n;
     var mu = 0.0;
     var rs = 0.0;
     var acc = vec3<f32>(0.0);
@@ -136,8 +144,8 @@ fn ln_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
       mu = mean_in[lp.s_off + r];
       rs = rstd_in[lp.s_off + r];
       for (var j = lane; j < n; j += t) {
-        let e = x[base + j] - mu;
-        let gj = dy[base + j] * w_at(j);
+        let e = x_at(base + j) - mu;
+        let gj = dy[ybase + j] * w_at(j);
         acc += vec3<f32>(e, gj, gj * e);
       }
     }
@@ -147,12 +155,12 @@ fn ln_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let mgx = rs * (sums.z - c * sums.y) / nf;  // mean(g * xhat)
     if (valid) {
       for (var j = lane; j < n; j += t) {
-        let d = dy[base + j];
-        let xh = ((x[base + j] - mu) - c) * rs;
+        let d = dy[ybase + j];
+        let xh = ((x_at(base + j) - mu) - c) * rs;
         if (want_dx) {
           var v = rs * (d * w_at(j) - mg - xh * mgx);
-          if (lp.beta != 0.0) { v += lp.beta * dx[base + j]; }
-          dx[base + j] = v;
+          if (lp.beta != 0.0) { v += lp.beta * f32(dx[base + j]); }
+          dx[base + j] = XT(half_range(v, HALF));
         }
         if (want_parts) {
           if (k == 0u) {

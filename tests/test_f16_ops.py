@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import pywgtrain as pw
-from helpers import assert_close
+from helpers import assert_close, rand
+from pywgtrain._opcodes import REDUCE
 
 SIZES = (1, 7, 33, 129)
 TF = torch.nn.functional
@@ -456,3 +457,366 @@ def test_cross_entropy_reads_half_logits(dev, rng, n):
     np.testing.assert_array_equal(
         out.numpy(), pw.cross_entropy(t32.detach(), labels, reduction="none").numpy().astype(np.float16)
     )
+
+
+# -- layer_norm, softmax and log_softmax read float16 inputs (float32 math and results) -------------
+ROW_LENGTHS = (1, 7, 33, 129, 768, 1025, 4099)  # 1025: past the short-row softmax on CPU adapters; 4099: past
+# LayerNorm's one-workgroup row (256 threads x 16)
+
+
+def run_kernel(dev, fn, *args):
+    with dev._recording() as rec:
+        fn(rec, *args)
+
+
+def poisoned32(dev, n):
+    return pw.tensor(np.full(n, np.nan, np.float32), dev)
+
+
+def with_poisoned_tail(dev, n, dtype, values=None):
+    """n elements of dtype (values, else poison) and a poisoned one past them: a float16 kernel
+    writes its own 2 bytes only, so its neighbour in the last 4-byte word keeps its bits."""
+    poison = np.full(n + 1, NAN16, np.uint16).view(np.float16) if dtype == np.float16 else np.full(n + 1, np.nan)
+    a = poison.astype(dtype)
+    if values is not None:
+        a[:n] = values.ravel()
+    return pw.tensor(a, dev)
+
+
+def close64(got, ref, rtol=1e-5, atol=1e-5, scale=None):
+    """float32 math vs the float64 reference: NaN where it has NaN, else within rtol and atol * scale."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    scale = (np.max(np.abs(ref[ok])) if ok.any() else 1.0) if scale is None else scale
+    np.testing.assert_allclose(got[ok], ref[ok], rtol=rtol, atol=atol * max(scale, 1.0))
+
+
+def raw_ln_half(dev, x, w, b, dy, beta=0.0, dx0=None):
+    """The LayerNorm kernels on x (float16 or float32) into poisoned outputs: y, mean, rstd (float32),
+    dx (x's dtype; beta 1 adds to dx0), dw, db. A float16 dx is poisoned one element past its end,
+    which must keep its bits."""
+    rows, cols = x.shape
+    half = x.dtype == np.float16
+    y, mean, rstd = poisoned32(dev, rows * cols), poisoned32(dev, rows), poisoned32(dev, rows)
+    dw, db = poisoned32(dev, cols), poisoned32(dev, cols)
+    n = rows * cols
+    dx = with_poisoned_tail(dev, n, x.dtype, dx0)
+    tx, tw, tb = pw.tensor(x, dev), pw.tensor(w, dev), pw.tensor(b, dev)
+    run_kernel(
+        dev,
+        pw._core.layer_norm_forward,
+        tx._buf,
+        tw._buf,
+        tb._buf,
+        y._buf,
+        mean._buf,
+        rstd._buf,
+        rows,
+        cols,
+        1e-5,
+        half,
+    )
+    args = (tx._buf, tw._buf, mean._buf, rstd._buf, pw.tensor(dy, dev)._buf, dx._buf, dw._buf, db._buf, rows, cols)
+    run_kernel(dev, pw._core.layer_norm_backward, *args, beta, 0.0, 0.0, half)
+    got = dx.numpy()
+    assert bits(got[n:]) == NAN16 if half else np.isnan(got[n:])  # the element past the end is untouched
+    return [
+        y.numpy().reshape(rows, cols),
+        mean.numpy(),
+        rstd.numpy(),
+        got[:n].reshape(rows, cols),
+        dw.numpy(),
+        db.numpy(),
+    ]
+
+
+def torch_ln64(x, w, b, dy):
+    """float64 torch on the widened inputs: y, mean, rstd, dx, dw, db."""
+    xt, wt, bt = (t64(a).requires_grad_() for a in (x, w, b))
+    y = TF.layer_norm(xt, (x.shape[-1],), wt, bt, 1e-5)
+    y.backward(t64(dy))
+    x64 = x.astype(np.float64)
+    rstd = 1.0 / np.sqrt(x64.var(-1) + 1e-5)
+    return y.detach().numpy(), x64.mean(-1), rstd, xt.grad.numpy(), wt.grad.numpy(), bt.grad.numpy()
+
+
+@pytest.mark.parametrize("cols", ROW_LENGTHS)
+@pytest.mark.parametrize("rows", SIZES)
+def test_layer_norm_kernel_reads_half(dev, rng, rows, cols):
+    """float16 x: the statistics, y, dw and db equal the float32 kernel's on the widened x bit for bit,
+    dx is its float32 dx rounded once; all within float32 error of float64 torch."""
+    x, dy = half(rng, rows, cols) * np.float16(3), rand(rng, rows, cols)
+    w, b = rand(rng, cols), rand(rng, cols)
+    got = raw_ln_half(dev, x, w, b, dy)
+    wide = raw_ln_half(dev, x.astype(np.float32), w, b, dy)
+    for name, g, f in zip(("y", "mean", "rstd", "dx", "dw", "db"), got, wide):
+        want = f.astype(np.float16) if name == "dx" else f
+        assert g.dtype == want.dtype, name
+        np.testing.assert_array_equal(g, want, err_msg=name)
+    ref = torch_ln64(x, w, b, dy)
+    for g, r in zip(got[:3] + got[4:], ref[:3] + ref[4:]):  # y, mean, rstd, dw, db
+        close64(g, r, rtol=1e-4, atol=1e-5)
+    # dx = rstd * (terms that cancel): float32 rounding amplified by rstd (test_layernorm_dropout's check_ln)
+    close64(got[3], ref[3], rtol=2.0**-10, atol=1e-5, scale=float(np.max(np.abs(ref[3]))) * max(1.0, ref[2].max() / 3))
+
+
+def test_layer_norm_kernel_half_accumulates_and_rounds(dev, rng):
+    """beta 1 adds the float16 dx it holds in float32 and rounds once; past float16's range it is inf."""
+    rows, cols = 33, 129
+    x, dy = half(rng, rows, cols), rand(rng, rows, cols) * np.float32(3e4)
+    w, b = rand(rng, cols), rand(rng, cols)
+    base = half(rng, rows, cols) * np.float16(1000)
+    got = raw_ln_half(dev, x, w, b, dy, beta=1.0, dx0=base)[3]
+    wide = raw_ln_half(dev, x.astype(np.float32), w, b, dy, beta=1.0, dx0=base.astype(np.float32))[3]
+    with np.errstate(over="ignore"):
+        want = wide.astype(np.float16)
+    assert np.isinf(want).any() and np.isfinite(want).any()  # some sums overflow float16
+    np.testing.assert_array_equal(got, want)
+
+
+def test_layer_norm_kernel_half_nan_and_inf(dev, rng):
+    """NaN and infinities in float16 rows give what torch's float32 layer_norm gives on the widened
+    rows: a NaN row where a row holds NaN or inf, finite rows unchanged."""
+    rows, cols = 5, 33
+    x, dy, w, b = half(rng, rows, cols), rand(rng, rows, cols), rand(rng, cols), rand(rng, cols)
+    x[0, 3], x[1, 0], x[2, 7], x[2, 9] = np.nan, np.inf, -np.inf, np.inf
+    x[3, 5] = np.float16(65504)  # finite: the statistics in float32 keep it
+    y = raw_ln_half(dev, x, w, b, dy)[0]
+    ref = TF.layer_norm(torch.from_numpy(x.astype(np.float32)), (cols,), torch.from_numpy(w), torch.from_numpy(b))
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref.numpy()))
+    assert np.isnan(y[:3]).all() and np.isfinite(y[3:]).all()
+    close64(y[3:], ref.numpy()[3:], rtol=1e-4, atol=1e-5)
+
+
+def test_layer_norm_kernel_refuses_short_half_operands(dev):
+    x = pw.tensor(np.zeros((3, 4), np.float16), dev)
+    y, m = pw.empty((3, 4), np.float32, dev), pw.empty((3,), np.float32, dev)
+    with dev._recording() as rec:
+        with pytest.raises(ValueError, match="layer_norm input x holds 12 float16 values, needs 15"):
+            pw._core.layer_norm_forward(rec, x._buf, None, None, y._buf, m._buf, m._buf, 3, 5, 1e-5, True)
+        with pytest.raises(ValueError, match="layer_norm_backward dx holds 6 float16 values, needs 12"):
+            dx = pw.empty((6,), np.float16, dev)
+            pw._core.layer_norm_backward(
+                rec, x._buf, None, m._buf, m._buf, y._buf, dx._buf, None, None, 3, 4, 0.0, 0.0, 0.0, True
+            )
+
+
+def ln_under_autocast(dev, x, w, b):
+    tx = pw.tensor(x, dev, requires_grad=True)
+    tw, tb = (pw.tensor(a, dev, requires_grad=True) for a in (w, b))
+    with pw.autocast():
+        y = pw.layer_norm(tx, (x.shape[-1],), tw, tb)
+    return tx, tw, tb, y
+
+
+@pytest.mark.parametrize("shape", [(1, 7), (7, 33), (3, 11, 129)])
+def test_layer_norm_half_under_autocast_matches_torch(dev, rng, shape):
+    """Under autocast a float16 input gives a float32 result (torch's float32 list); backward gives
+    the float16 input a float16 gradient and the float32 parameters float32 ones, against torch CPU
+    on the same dtypes (the float16 input widened in the graph, as its autocast does)."""
+    x, w, b = half(rng, *shape), rand(rng, shape[-1]), rand(rng, shape[-1])
+    g = rand(rng, *shape)
+    tx, tw, tb, y = ln_under_autocast(dev, x, w, b)
+    assert y.dtype == np.float32
+    y.backward(pw.tensor(g, dev))
+    rx = torch.from_numpy(x).requires_grad_()
+    rw, rb = (torch.from_numpy(a).requires_grad_() for a in (w, b))
+    ry = TF.layer_norm(rx.float(), (shape[-1],), rw, rb)
+    ry.backward(torch.from_numpy(g))
+    assert_close(y.numpy(), ry.detach().numpy(), rtol=1e-5)
+    assert tx.grad.dtype == np.float16 and tw.grad.dtype == np.float32 and tb.grad.dtype == np.float32
+    assert_half(tx.grad, rx.grad.double(), magnitude=float(rx.grad.abs().max()) * 4)
+    assert_close(tw.grad.numpy(), rw.grad.numpy(), rtol=1e-4, atol_scale=1e-5)
+    assert_close(tb.grad.numpy(), rb.grad.numpy(), rtol=1e-5)
+
+
+def test_layer_norm_half_keeps_the_half_input(dev, rng):
+    """No float32 copy of the float16 input: the node reads x itself (no cast between), and the
+    forward's peak holds the float32 result and statistics, not a second float32 tensor."""
+    rows, cols = 64, 768
+    x, w, b = half(rng, rows, cols), rand(rng, cols), rand(rng, cols)
+    tx = pw.tensor(x, dev, requires_grad=True)
+    tw, tb = (pw.tensor(a, dev, requires_grad=True) for a in (w, b))
+    dev.synchronize()
+    dev.memory_stats(reset_peak=True)
+    before = dev.memory_stats()["allocated_bytes"]
+    with pw.autocast():
+        y = pw.layer_norm(tx, (cols,), tw, tb)
+    dev.synchronize()
+    peak = dev.memory_stats()["peak_allocated_bytes"] - before
+    assert y.grad_fn.edges[0] is None  # x is the leaf itself, no cast node
+    assert y.grad_fn.versions[0][0] is tx._store  # what backward reads: the float16 input
+    assert peak < 1.25 * rows * cols * 4, peak  # y (+ 2 rows of statistics); a float32 copy of x doubles it
+    # outside autocast, float16 operands give float16, as torch
+    out = pw.layer_norm(pw.tensor(x, dev), (cols,), pw.tensor(w.astype(np.float16), dev), None)
+    assert out.dtype == np.float16
+    with pw.autocast():
+        mixed = pw.layer_norm(pw.tensor(x, dev), (cols,), pw.tensor(w.astype(np.float16), dev), None)
+    np.testing.assert_array_equal(out.numpy(), mixed.numpy().astype(np.float16))
+
+
+def raw_softmax(dev, x, dy, log, beta=0.0, dx0=None):
+    """softmax / log_softmax kernels on x (float16 or float32) into poisoned outputs: y (float32) and
+    dx (x's dtype; beta 1 adds to dx0)."""
+    rows, cols = x.shape
+    n, half_x = rows * cols, x.dtype == np.float16
+    y = poisoned32(dev, n)
+    dx = with_poisoned_tail(dev, n, x.dtype, dx0)
+    run_kernel(dev, pw._core.softmax, pw.tensor(x, dev)._buf, y._buf, rows, cols, log, half_x)
+    tdy = pw.tensor(dy, dev)
+    run_kernel(dev, pw._core.softmax_backward, y._buf, tdy._buf, dx._buf, rows, cols, log, beta, half_x)
+    got = dx.numpy()
+    assert bits(got[n:]) == NAN16 if half_x else np.isnan(got[n:])
+    return y.numpy().reshape(rows, cols), got[:n].reshape(rows, cols)
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("cols", ROW_LENGTHS)
+@pytest.mark.parametrize("rows", SIZES)
+def test_softmax_kernels_read_half(dev, rng, rows, cols, log):
+    """float16 x: y equals the float32 kernel's on the widened x bit for bit and dx (float16) its
+    float32 dx rounded once; both within float32 error of float64 torch."""
+    x, dy = half(rng, rows, cols) * np.float16(4), rand(rng, rows, cols)
+    y, dx = raw_softmax(dev, x, dy, log)
+    y32, dx32 = raw_softmax(dev, x.astype(np.float32), dy, log)
+    np.testing.assert_array_equal(y, y32)
+    assert dx.dtype == np.float16
+    np.testing.assert_array_equal(dx, dx32.astype(np.float16))
+    rx = t64(x).requires_grad_()
+    ry = (torch.log_softmax if log else torch.softmax)(rx, -1)
+    ry.backward(t64(dy))
+    close64(y, ry.detach().numpy(), rtol=1e-5, atol=1e-6)
+    close64(dx, rx.grad.numpy(), rtol=2.0**-10, atol=1e-5)
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_kernel_half_accumulates_nan_and_inf(dev, rng, log):
+    """beta 1 adds the float16 dx it holds in float32 and rounds once; NaN and infinities in the
+    float16 rows give torch's float32 results on the widened rows."""
+    rows, cols = 7, 33
+    x, dy = half(rng, rows, cols), rand(rng, rows, cols)
+    x[0, 3], x[1, 0], x[2, 7], x[3, 2], x[3, 9] = np.nan, np.inf, -np.inf, np.inf, np.inf
+    base = half(rng, rows, cols)
+    y, dx = raw_softmax(dev, x, dy, log, beta=1.0, dx0=base)
+    y32, dx32 = raw_softmax(dev, x.astype(np.float32), dy, log, beta=1.0, dx0=base.astype(np.float32))
+    np.testing.assert_array_equal(y, y32)
+    np.testing.assert_array_equal(dx, dx32.astype(np.float16))
+    ref = (torch.log_softmax if log else torch.softmax)(torch.from_numpy(x.astype(np.float32)), -1).numpy()
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(ref))
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(y[finite], ref[finite], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_softmax_half_under_autocast_matches_torch(dev, rng, name, dim):
+    """Under autocast a float16 input gives a float32 result and a float16 gradient (torch CPU on
+    the same dtypes); outside it a float16 result, the float32 one rounded. Along the last
+    dimension nothing but the float32 result is made (the node reads it, no cast of x)."""
+    x, g = half(rng, 7, 129) * np.float16(3), rand(rng, 7, 129)
+    tx = pw.tensor(x, dev, requires_grad=True)
+    with pw.autocast():
+        y = getattr(pw, name)(tx, dim)
+    assert y.dtype == np.float32
+    if dim == -1:
+        assert y.grad_fn.edges[0] is None
+    y.backward(pw.tensor(g, dev))
+    rx = torch.from_numpy(x).requires_grad_()
+    ry = getattr(torch, name)(rx.float(), dim)
+    ry.backward(torch.from_numpy(g))
+    assert_close(y.numpy(), ry.detach().numpy(), rtol=1e-5, atol_scale=1e-6)
+    assert tx.grad.dtype == np.float16
+    assert_half(tx.grad, rx.grad.double(), magnitude=float(rx.grad.abs().max()) * 4)
+    out = getattr(pw, name)(pw.tensor(x, dev), dim)
+    assert out.dtype == np.float16
+    np.testing.assert_array_equal(out.numpy(), y.numpy().astype(np.float16))
+
+
+@pytest.mark.parametrize("inner", [1, 33])
+@pytest.mark.parametrize("length", ROW_LENGTHS)
+@pytest.mark.parametrize("outer", SIZES)
+def test_reduce_kernel_reads_half(dev, rng, outer, length, inner):
+    """reduce_axis on float16 x: the float32 kernel's sums and maxima of the widened x, bit for bit,
+    within float32 error of float64; the float32 output's neighbours keep their poison."""
+    if outer * length * inner > 200_000:
+        pytest.skip("covered at smaller sizes")
+    x = half(rng, outer, length, inner) * np.float16(4)
+    got = {}
+    for dtype in (np.float16, np.float32):
+        tx = pw.tensor(x.astype(dtype), dev)
+        s, m = poisoned32(dev, outer * inner + 1), poisoned32(dev, outer * inner)
+        am = pw.tensor(np.full(outer * inner, -7, np.int32), dev)
+        with dev._recording() as rec:
+            pw._core.reduce_axis(
+                rec, REDUCE["sum"], tx._buf, s._buf, None, outer, length, inner, 0.5, 0.0, dtype == np.float16
+            )
+            pw._core.reduce_axis(
+                rec, REDUCE["max"], tx._buf, m._buf, am._buf, outer, length, inner, 1.0, 0.0, dtype == np.float16
+            )
+        got[dtype] = (s.numpy(), m.numpy(), am.numpy())
+    for a, b in zip(got[np.float16], got[np.float32]):
+        np.testing.assert_array_equal(a, b)
+    s, m, am = got[np.float16]
+    assert np.isnan(s[-1])
+    x64 = x.astype(np.float64)
+    close64(s[:-1], 0.5 * x64.sum(1).ravel(), rtol=1e-5, atol=1e-6, scale=float(np.abs(x64).sum(1).max()))
+    np.testing.assert_array_equal(m, x64.max(1).ravel())
+    np.testing.assert_array_equal(am, x64.argmax(1).ravel())
+
+
+def test_sum_mean_half_read_natively(dev, rng):
+    """sum and mean read float16 as it is: under autocast sum gives float32 (torch's float32 list),
+    mean float16; outside both give float16; gradients are float16, against torch CPU; the forward
+    makes no float32 copy of the input."""
+    x = half(rng, 33, 129) * np.float16(4)
+    tx = pw.tensor(x, dev, requires_grad=True)
+    rx = torch.from_numpy(x).requires_grad_()
+    with pw.autocast():
+        s, m = tx.sum(1), pw.mean(tx, 0)
+    assert s.dtype == np.float32 and m.dtype == np.float16
+    assert s.grad_fn.edges[0] is None
+    assert_close(s.numpy(), x.astype(np.float64).sum(1), rtol=1e-5)
+    assert_half(m, t64(x).mean(0))
+    gs, gm = rand(rng, 33), half(rng, 129)
+    (s * pw.tensor(gs, dev)).sum().backward()
+    (m * pw.tensor(gm, dev)).sum().backward()
+    (rx.float().sum(1) * torch.from_numpy(gs)).sum().backward()
+    (rx.mean(0) * torch.from_numpy(gm)).sum().backward()
+    assert tx.grad.dtype == np.float16
+    np.testing.assert_allclose(tx.grad.numpy().astype(np.float64), rx.grad.double().numpy(), rtol=2.0**-9, atol=1e-3)
+    out = pw.sum(pw.tensor(x, dev))
+    assert out.dtype == np.float16
+    assert_half(out, t64(x).sum(), float(np.abs(x.astype(np.float64)).sum()))
+    # no float32 copy: the forward's peak is the result's, not a [33, 129] float32 tensor's
+    big = pw.tensor(half(rng, 256, 1024), dev)
+    dev.synchronize()
+    dev.memory_stats(reset_peak=True)
+    before = dev.memory_stats()["allocated_bytes"]
+    with pw.autocast():
+        total = big.sum(1)
+    dev.synchronize()
+    assert dev.memory_stats()["peak_allocated_bytes"] - before < 256 * 1024 * 2, total.shape
+
+
+@pytest.mark.slow
+def test_layer_norm_and_softmax_half_past_one_binding(dev, rng):
+    """Operands past one storage binding run in row blocks; at an odd row length a block's first
+    element sits at other offsets in the 2-byte and the 4-byte bindings (x_off / y_off, x_off /
+    out_off): the results equal the float32 kernels' on the widened input (their own slow tests
+    check those against float64)."""
+    cols = 1031
+    rows = dev.limits["max_storage_buffer_binding_size"] // 4 // cols + 33
+    x, dy = half(rng, rows, cols), rng.standard_normal((rows, cols), dtype=np.float32)
+    w, b = rand(rng, cols), rand(rng, cols)
+    got = raw_ln_half(dev, x, w, b, dy)
+    wide = raw_ln_half(dev, x.astype(np.float32), w, b, dy)
+    for g, f in zip(got, wide):
+        np.testing.assert_array_equal(g, f.astype(g.dtype))
+    del got, wide
+    y, dx = raw_softmax(dev, x, dy, True)
+    y32, dx32 = raw_softmax(dev, x.astype(np.float32), dy, True)
+    np.testing.assert_array_equal(y, y32)
+    np.testing.assert_array_equal(dx, dx32.astype(np.float16))
