@@ -4,7 +4,7 @@ and under pywgtrain.autocast (float16), from the caching allocator's counter
 so lavapipe gives the figures a GPU would. The parameters, AdamW's state and the batch
 are allocated before the peak is reset; the step runs eagerly, once to compile and once
 measured. Prints a table and the autocast / float32 ratio; ``--json FILE`` writes the rows.
-Usage: python bench/gpt_memory.py [--config small|gpt2_b1_t256|...] [--json FILE]"""
+Usage: python bench/gpt_memory.py [--config small|char_b16|gpt2_b1_t256|...] [--json FILE]"""
 
 import argparse
 import json
@@ -21,6 +21,7 @@ SHAPES = {
     "tiny": (CONFIGS["tiny"], 8),
     "small": (CONFIGS["small"], 8),
     "gpt2_b1_t256": (GPTConfig(vocab_size=50304, block_size=256, n_layer=12, n_head=12, n_embd=768), 1),
+    "char_b16": (CONFIGS["char"], 16),  # the char config at a batch a CPU adapter runs
     "gpt2": (CONFIGS["gpt2"], 8),
 }
 
