@@ -8,7 +8,7 @@ time per kernel (attn_forward, attn_delta, attn_dkdv, attn_dq; each dispatch
 in a timed pass of its own, medians of 5) of one captured forward + backward
 at the GPT-2 small (B*H = 96, T = 1024) and nanoGPT-char (B*H = 384, T = 256)
 shapes, in float32 and float16.
-Usage: python bench/attention_bench.py [--quick] [--json FILE] | --profile"""
+Usage: python bench/attention_bench.py [--quick] [--json FILE] | --profile [--quick]"""
 
 import json
 import sys
@@ -91,60 +91,56 @@ PROFILE_SHAPES = [(8, 12, 1024, 64), (64, 6, 256, 64)]
 
 def profile_kernels():
     from pywgtrain import _core
-    from pywgtrain.benchmarks.common import profile_step
 
     dev = pw.default_device()
     print(f"adapter: {dev.name}")
     rng = np.random.default_rng(0)
-    for (b, h, t, d), dt in ((shape, dt) for shape in PROFILE_SHAPES for dt in DTYPES):
+    shapes = QUICK if "--quick" in sys.argv else PROFILE_SHAPES
+    for (b, h, t, d), dt in ((shape, dt) for shape in shapes for dt in DTYPES):
         half = dt is np.float16
         q, k, v, g = (pw.tensor(rng.standard_normal((b, h, t, d), dtype=np.float32).astype(dt), dev) for _ in range(4))
         out, dq, dk, dv = (pw.tensor(np.zeros((b, h, t, d), dt), dev) for _ in range(4))
         lse, delta = (pw.tensor(np.zeros(b * h * t, np.float32), dev) for _ in range(2))
         view = (0, h * t * d, t * d, d)
         scale = 1 / np.sqrt(d)
-        rec = _core._Recorder(dev._dev)
-        rec.begin_capture()
-        _core.attention_forward(
-            rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d, scale, 0, half
-        )
-        _core.attention_backward(
-            rec,
-            q._buf,
-            view,
-            k._buf,
-            view,
-            v._buf,
-            view,
-            out._buf,
-            view,
-            g._buf,
-            view,
-            lse._buf,
-            delta._buf,
-            dq._buf,
-            view,
-            dk._buf,
-            view,
-            dv._buf,
-            view,
-            b,
-            h,
-            t,
-            d,
-            scale,
-            0.0,
-            0,
-            half,
-        )
-        graph = rec.end_capture()
-        rec.submit()
+        graph = pw.Graph()
+        with pw.graph(graph), dev._recording() as rec:
+            _core.attention_forward(
+                rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d, scale, 0, half
+            )
+            _core.attention_backward(
+                rec,
+                q._buf,
+                view,
+                k._buf,
+                view,
+                v._buf,
+                view,
+                out._buf,
+                view,
+                g._buf,
+                view,
+                lse._buf,
+                delta._buf,
+                dq._buf,
+                view,
+                dk._buf,
+                view,
+                dv._buf,
+                view,
+                b,
+                h,
+                t,
+                d,
+                scale,
+                0.0,
+                0,
+                half,
+            )
         for _ in range(3):  # warm-up: clocks up
-            r = _core._Recorder(dev._dev)
-            r.replay(graph)
-            r.submit()
+            graph.replay()
         dq.numpy()
-        prof = profile_step(dev, graph, reps=5)
+        prof = graph.profile(reps=5)
         per = {kk["kernel"].split(":")[1].split(";")[0]: kk["us"] / 1e3 for kk in prof["kernels"]}
         fwd = per.get("attn_forward", 0.0)
         bwd = sum(per.get(n, 0.0) for n in ("attn_delta", "attn_dkdv", "attn_dq"))
