@@ -234,6 +234,13 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
   const Range rl = bind_rows(dev, lse, s, "lse");
   const Range rd = bind_rows(dev, delta, s, "delta");
   const uint32_t nb = uint32_t(ceil_div(t, kBlock));
+  const uint32_t per_kv = blocks_per_dispatch("attn_dkdv", d, max_blocks);
+  const uint32_t per_q = blocks_per_dispatch("attn_dq", d, max_blocks);
+  // The scratch of dK, dV and then of dQ is the same workspace (every dK/dV dispatch precedes the
+  // dQ ones), taken before anything is recorded (a size error leaves the recording as it was);
+  // dK/dV's, the larger, first, so that dQ's never replaces the buffer dK/dV's range names.
+  const Range ws_kv = bind_scratch(dev, s, half, uint32_t(ceil_div(nb, per_kv)), 2 * d);
+  const Range ws_q = bind_scratch(dev, s, half, uint32_t(ceil_div(nb, per_q)), d);
   const bool vec = vec_views(d, {&qv, &kv, &vv, &gv});
   const Range unused{dev.placeholder(), 0, 16};
   const Range q4 = vec ? rq : unused, k4 = vec ? rk : unused, v4 = vec ? rv : unused, g4 = vec ? rg : unused;
@@ -273,10 +280,7 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
     return outputs;
   };
   // dK, dV: a workgroup per key block; query blocks [b0, b1) per dispatch reach key blocks < b1.
-  // The scratch of dK, dV and then of dQ is the same workspace: every dK/dV dispatch precedes the dQ ones.
   const Kernel& kkv = attn_kernel(dev, "attn_dkdv", d, half, vec);
-  const uint32_t per_kv = blocks_per_dispatch("attn_dkdv", d, max_blocks);
-  const Range ws_kv = bind_scratch(dev, s, half, uint32_t(ceil_div(nb, per_kv)), 2 * d);
   for (uint32_t b0 = 0; b0 < nb; b0 += per_kv) {
     p.blk0 = b0;
     p.blk1 = std::min(nb, b0 + per_kv);
@@ -287,8 +291,6 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
   }
   // dQ: a workgroup per query block; key blocks [b0, b1) per dispatch.
   const Kernel& kq = attn_kernel(dev, "attn_dq", d, half, vec);
-  const uint32_t per_q = blocks_per_dispatch("attn_dq", d, max_blocks);
-  const Range ws_q = bind_scratch(dev, s, half, uint32_t(ceil_div(nb, per_q)), d);
   for (uint32_t b0 = 0; b0 < nb; b0 += per_q) {
     p.blk0 = b0;
     p.blk1 = std::min(nb, b0 + per_q);

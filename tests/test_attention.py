@@ -396,3 +396,41 @@ def test_half_launcher_errors(dev, rng):
                 0,
                 True,
             )
+
+
+def test_half_split_scratch_past_one_binding(dev, rng):
+    """A float16 block loop split over dispatches whose float32 partial results would exceed
+    one storage binding is refused, naming the limit, before anything is recorded (the heads
+    all read one small buffer: views with sb = sh = 0)."""
+    t, d = 128, 128  # two key blocks; max_blocks = 1 makes two dispatches
+    h = dev.limits["max_storage_buffer_binding_size"] // (t * d * 4) + 1
+    x, g = pw.tensor(half_rand(rng, t, d), dev), pw.tensor(half_rand(rng, t, d), dev)
+    out, grads = pw.empty((t, d), np.float16, dev), pw.empty((t, d), np.float16, dev)
+    lse, delta = pw.empty((h * t,), np.float32, dev), pw.empty((h * t,), np.float32, dev)
+    v = (0, 0, 0, d)
+    match = "float32 partial results .* exceed one storage binding"
+    with dev._recording() as rec:
+        with pytest.raises(ValueError, match=match):
+            _core.attention_forward(
+                rec, x._buf, v, x._buf, v, x._buf, v, out._buf, v, lse._buf, 1, h, t, d, 1.0, 1, True
+            )
+        with pytest.raises(ValueError, match=match):
+            _core.attention_backward(
+                rec,
+                *(x._buf, v) * 3,
+                out._buf,
+                v,
+                g._buf,
+                v,
+                lse._buf,
+                delta._buf,
+                *(grads._buf, v) * 3,
+                1,
+                h,
+                t,
+                d,
+                1.0,
+                0.0,
+                1,
+                True,
+            )
