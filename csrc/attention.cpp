@@ -4,6 +4,9 @@
 // split over dispatches so that no thread runs more than kMaxTrips loop
 // iterations (lavapipe leaves loops after 65535); later forward dispatches
 // resume from the O / lse of earlier ones, later backward ones accumulate.
+// float16 operands (`half`): the kernels' element alias ET is f16 (math stays
+// f32); the partial results of a split loop then live in f32 scratch (the
+// device workspace) and only the last dispatch rounds them into the output.
 #include <algorithm>
 #include <string>
 
@@ -29,24 +32,25 @@ bool vec_views(uint32_t d, std::initializer_list<const AttnView*> views) {
   return true;
 }
 
-const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d, bool vec = false) {
+const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d, bool half, bool vec = false) {
   KernelDesc kd;
   kd.shader = "attention";
   kd.entry = entry;
   if (entry == "attn_forward")  // dout is bound to q: ld() names it, the forward never reads it
     kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::out, sh::lse_out, sh::ap,
-                   sh::dout, sh::q4,   sh::k4,   sh::v4,  sh::g4};
+                   sh::dout, sh::q4,   sh::k4,   sh::v4,  sh::g4,      sh::acc_ws};
   else if (entry == "attn_delta")
     kd.bindings = {sh::ap, sh::o_in, sh::dout, sh::delta_out};
   else if (entry == "attn_decode")
     kd.bindings = {sh::q_in, sh::out, sh::ap, sh::kc, sh::vc, sh::pos_in};
   else if (entry == "attn_dkdv")
     kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in, sh::delta_in,
-                   sh::dk,   sh::dv,   sh::q4,   sh::k4, sh::v4,   sh::g4};
+                   sh::dk,   sh::dv,   sh::q4,   sh::k4, sh::v4,   sh::g4,     sh::acc_ws};
   else
-    kd.bindings = {sh::q_in,     sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in,
-                   sh::delta_in, sh::dq,   sh::q4,   sh::k4, sh::v4,   sh::g4};
-  kd.constants = {{"HD", std::to_string(d) + "u"}, {"VEC", vec ? "true" : "false"}};
+    kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in, sh::delta_in,
+                   sh::dq,   sh::q4,   sh::k4,   sh::v4, sh::g4,   sh::acc_ws};
+  kd.constants = {{"HD", std::to_string(d) + "u"}, {"VEC", vec ? "true" : "false"}, {"HALF", half ? "true" : "false"}};
+  kd.aliases = {{"ET", half ? "f16" : "f32"}};
   // Every storage access in attention.wgsl is guarded (row < T, column < HD,
   // row index < B*H*T) and bind_view / bind_rows check that the last element
   // of each view lies inside its binding: no injected bounds checks needed.
@@ -70,27 +74,44 @@ void check_shape(const Device& dev, const Shape& s) {
   if (lim.max_workgroup_storage < kSharedFloats * 4)
     throw ArgumentError("attention: the kernels need " + std::to_string(kSharedFloats * 4) +
                         " bytes of workgroup memory, the device offers " + std::to_string(lim.max_workgroup_storage));
-  if (lim.max_storage_buffers_per_stage < 12)
-    throw ArgumentError("attention: the backward binds 12 storage buffers, the device allows " +
+  if (lim.max_storage_buffers_per_stage < 13)
+    throw ArgumentError("attention: the backward binds 13 storage buffers, the device allows " +
                         std::to_string(lim.max_storage_buffers_per_stage));
 }
 
-// The binding of a strided operand: elements 0 .. its last element, after checking it lies in the buffer.
-Range bind_view(const Device& dev, const Buffer& buf, const AttnView& v, const Shape& s, bool written,
+// The binding of a strided operand of `elem`-byte elements: elements 0 .. its last element (whole
+// words), after checking it lies in the buffer.
+Range bind_view(const Device& dev, const Buffer& buf, const AttnView& v, const Shape& s, bool written, uint32_t elem,
                 const char* what) {
   if (written && v.st < s.d)
     throw ArgumentError(std::string("attention: ") + what + " has a row stride of " + std::to_string(v.st) +
                         " < D = " + std::to_string(s.d) + " (its rows would overlap)");
   const uint64_t last =
       v.off + uint64_t(s.batch - 1) * v.sb + uint64_t(s.heads - 1) * v.sh + uint64_t(s.t - 1) * v.st + s.d - 1;
-  if ((last + 1) * 4 > buf.bytes())
+  const Range r = elements(buf, 0, last + 1, elem);
+  if ((last + 1) * elem > buf.bytes())
     throw ArgumentError(std::string("attention: ") + what + " reaches element " + std::to_string(last) +
-                        ", its buffer holds " + std::to_string(buf.bytes() / 4) + " floats");
-  if ((last + 1) * 4 > dev.limits().max_storage_binding)
-    throw ArgumentError(std::string("attention: ") + what + " spans " + std::to_string((last + 1) * 4) +
+                        ", its buffer holds " + std::to_string(buf.bytes() / elem) + " elements of " +
+                        std::to_string(elem) + " bytes");
+  if (r.size > dev.limits().max_storage_binding)
+    throw ArgumentError(std::string("attention: ") + what + " spans " + std::to_string(r.size) +
                         " bytes, more than one storage binding (" + std::to_string(dev.limits().max_storage_binding) +
                         " bytes)");
-  return floats(buf, 0, last + 1);
+  return r;
+}
+
+// acc_ws of a kernel whose block loop runs in `dispatches` dispatches: with float16 outputs and
+// more than one dispatch, f32 scratch for `per_row` floats per row of every head (attention.wgsl
+// ws_index); otherwise never touched (the writable placeholder).
+Range bind_scratch(Device& dev, const Shape& s, bool half, uint32_t dispatches, uint32_t per_row) {
+  if (!half || dispatches < 2) return Range{dev.placeholder(true), 0, 16};
+  const uint64_t bytes = s.bh() * s.t * per_row * 4;
+  if (bytes > dev.limits().max_storage_binding)
+    throw ArgumentError("attention: float16 operands with T = " + std::to_string(s.t) + " run the block loop in " +
+                        std::to_string(dispatches) + " dispatches, whose float32 partial results (" +
+                        std::to_string(bytes) + " bytes) exceed one storage binding (" +
+                        std::to_string(dev.limits().max_storage_binding) + " bytes)");
+  return Range{dev.workspace(bytes), 0, bytes};
 }
 
 Range bind_rows(const Device& dev, const Buffer& buf, const Shape& s, const char* what) {
@@ -135,23 +156,26 @@ void for_each_bh(const Device& dev, const Shape& s, Fn fn) {
 
 void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov, const Buffer& lse,
-                       uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale, uint32_t max_blocks) {
+                       uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale, uint32_t max_blocks,
+                       bool half) {
   Device& dev = r.device();
   const Shape s{batch, heads, t, d};
   check_shape(dev, s);
   check_no_alias("attention", out, "out", {{&q, "q"}, {&k, "k"}, {&v, "v"}});
   check_no_alias("attention", lse, "lse", {{&q, "q"}, {&k, "k"}, {&v, "v"}});
-  const Range rq = bind_view(dev, q, qv, s, false, "q");
-  const Range rk = bind_view(dev, k, kv, s, false, "k");
-  const Range rv = bind_view(dev, v, vv, s, false, "v");
-  const Range ro = bind_view(dev, out, ov, s, true, "out");
+  const uint32_t elem = half ? 2 : 4;
+  const Range rq = bind_view(dev, q, qv, s, false, elem, "q");
+  const Range rk = bind_view(dev, k, kv, s, false, elem, "k");
+  const Range rv = bind_view(dev, v, vv, s, false, elem, "v");
+  const Range ro = bind_view(dev, out, ov, s, true, elem, "out");
   const Range rl = bind_rows(dev, lse, s, "lse");
   const bool vec = vec_views(d, {&qv, &kv, &vv});
-  const Kernel& kern = attn_kernel(dev, "attn_forward", d, vec);
+  const Kernel& kern = attn_kernel(dev, "attn_forward", d, half, vec);
   const Range unused{dev.placeholder(), 0, 16};
   const Range q4 = vec ? rq : unused, k4 = vec ? rk : unused, v4 = vec ? rv : unused;
   const uint32_t nb = uint32_t(ceil_div(t, kBlock));
   const uint32_t per = blocks_per_dispatch("attn_forward", d, max_blocks);
+  const Range ws = bind_scratch(dev, s, half, uint32_t(ceil_div(nb, per)), d);
   AttnParams p;
   p.t = t;
   p.heads = heads;
@@ -176,7 +200,8 @@ void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const B
                   {sh::q4, q4},
                   {sh::k4, k4},
                   {sh::v4, v4},
-                  {sh::g4, q4}},
+                  {sh::g4, q4},
+                  {sh::acc_ws, ws}},
                  p, nb - b0, count);
     });
   }
@@ -187,7 +212,7 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
                         const AttnView& gv, const Buffer& lse, const Buffer& delta, const Buffer& dq,
                         const AttnView& dqv, const Buffer& dk, const AttnView& dkv, const Buffer& dv,
                         const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
-                        float beta, uint32_t max_blocks) {
+                        float beta, uint32_t max_blocks, bool half) {
   Device& dev = r.device();
   const Shape s{batch, heads, t, d};
   check_shape(dev, s);
@@ -197,17 +222,25 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
   check_no_alias("attention", dq, "dq", inputs);
   check_no_alias("attention", dk, "dk", inputs);
   check_no_alias("attention", dv, "dv", inputs);
-  const Range rq = bind_view(dev, q, qv, s, false, "q");
-  const Range rk = bind_view(dev, k, kv, s, false, "k");
-  const Range rv = bind_view(dev, v, vv, s, false, "v");
-  const Range ro = bind_view(dev, out, ov, s, false, "out");
-  const Range rg = bind_view(dev, dout, gv, s, false, "dout");
-  const Range rdq = bind_view(dev, dq, dqv, s, true, "dq");
-  const Range rdk = bind_view(dev, dk, dkv, s, true, "dk");
-  const Range rdv = bind_view(dev, dv, dvv, s, true, "dv");
+  const uint32_t elem = half ? 2 : 4;
+  const Range rq = bind_view(dev, q, qv, s, false, elem, "q");
+  const Range rk = bind_view(dev, k, kv, s, false, elem, "k");
+  const Range rv = bind_view(dev, v, vv, s, false, elem, "v");
+  const Range ro = bind_view(dev, out, ov, s, false, elem, "out");
+  const Range rg = bind_view(dev, dout, gv, s, false, elem, "dout");
+  const Range rdq = bind_view(dev, dq, dqv, s, true, elem, "dq");
+  const Range rdk = bind_view(dev, dk, dkv, s, true, elem, "dk");
+  const Range rdv = bind_view(dev, dv, dvv, s, true, elem, "dv");
   const Range rl = bind_rows(dev, lse, s, "lse");
   const Range rd = bind_rows(dev, delta, s, "delta");
   const uint32_t nb = uint32_t(ceil_div(t, kBlock));
+  const uint32_t per_kv = blocks_per_dispatch("attn_dkdv", d, max_blocks);
+  const uint32_t per_q = blocks_per_dispatch("attn_dq", d, max_blocks);
+  // The scratch of dK, dV and then of dQ is the same workspace (every dK/dV dispatch precedes the
+  // dQ ones), taken before anything is recorded (a size error leaves the recording as it was);
+  // dK/dV's, the larger, first, so that dQ's never replaces the buffer dK/dV's range names.
+  const Range ws_kv = bind_scratch(dev, s, half, uint32_t(ceil_div(nb, per_kv)), 2 * d);
+  const Range ws_q = bind_scratch(dev, s, half, uint32_t(ceil_div(nb, per_q)), d);
   const bool vec = vec_views(d, {&qv, &kv, &vv, &gv});
   const Range unused{dev.placeholder(), 0, 16};
   const Range q4 = vec ? rq : unused, k4 = vec ? rk : unused, v4 = vec ? rv : unused, g4 = vec ? rg : unused;
@@ -229,7 +262,7 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
   p.bh0 = 0;
   p.blocks = uint32_t(s.bh() * t);
   auto [gx, gy] = grid_1d(dev, ceil_div(s.bh() * t, sh::DELTA_WG));
-  r.dispatch(attn_kernel(dev, "attn_delta", d), {{sh::o_in, ro}, {sh::dout, rg}, {sh::delta_out, rd}}, p, gx, gy);
+  r.dispatch(attn_kernel(dev, "attn_delta", d, half), {{sh::o_in, ro}, {sh::dout, rg}, {sh::delta_out, rd}}, p, gx, gy);
 
   p.blocks = nb;
   // The operands both gradient passes read, plus the outputs of one.
@@ -247,25 +280,23 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
     return outputs;
   };
   // dK, dV: a workgroup per key block; query blocks [b0, b1) per dispatch reach key blocks < b1.
-  const Kernel& kkv = attn_kernel(dev, "attn_dkdv", d, vec);
-  const uint32_t per_kv = blocks_per_dispatch("attn_dkdv", d, max_blocks);
+  const Kernel& kkv = attn_kernel(dev, "attn_dkdv", d, half, vec);
   for (uint32_t b0 = 0; b0 < nb; b0 += per_kv) {
     p.blk0 = b0;
     p.blk1 = std::min(nb, b0 + per_kv);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
-      r.dispatch(kkv, with_inputs({{sh::dk, rdk}, {sh::dv, rdv}}), p, p.blk1, count);
+      r.dispatch(kkv, with_inputs({{sh::dk, rdk}, {sh::dv, rdv}, {sh::acc_ws, ws_kv}}), p, p.blk1, count);
     });
   }
   // dQ: a workgroup per query block; key blocks [b0, b1) per dispatch.
-  const Kernel& kq = attn_kernel(dev, "attn_dq", d, vec);
-  const uint32_t per_q = blocks_per_dispatch("attn_dq", d, max_blocks);
+  const Kernel& kq = attn_kernel(dev, "attn_dq", d, half, vec);
   for (uint32_t b0 = 0; b0 < nb; b0 += per_q) {
     p.blk0 = b0;
     p.blk1 = std::min(nb, b0 + per_q);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
-      r.dispatch(kq, with_inputs({{sh::dq, rdq}}), p, nb - b0, count);
+      r.dispatch(kq, with_inputs({{sh::dq, rdq}, {sh::acc_ws, ws_q}}), p, nb - b0, count);
     });
   }
 }
@@ -290,10 +321,10 @@ void attention_decode(Recorder& r, const Buffer& qkv, const Buffer& k_cache, con
   const AttnView qv{0, 3 * c, d, d}, kv{c, 3 * c, d, d}, vv{2 * c, 3 * c, d, d}, ov{0, c, d, d};
   const AttnView cv{0, heads * capacity * d, capacity * d, d};
   const Shape cache{batch, heads, capacity, d};
-  const Range rq = bind_view(dev, qkv, vv, s, false, "qkv");  // v's view ends last: the binding covers q and k
-  const Range ro = bind_view(dev, out, ov, s, true, "out");
-  const Range rk = bind_view(dev, k_cache, cv, cache, true, "k_cache");
-  const Range rv = bind_view(dev, v_cache, cv, cache, true, "v_cache");
+  const Range rq = bind_view(dev, qkv, vv, s, false, 4, "qkv");  // v's view ends last: the binding covers q and k
+  const Range ro = bind_view(dev, out, ov, s, true, 4, "out");
+  const Range rk = bind_view(dev, k_cache, cv, cache, true, 4, "k_cache");
+  const Range rv = bind_view(dev, v_cache, cv, cache, true, 4, "v_cache");
   AttnParams p;
   p.t = capacity;
   p.heads = heads;
@@ -304,7 +335,7 @@ void attention_decode(Recorder& r, const Buffer& qkv, const Buffer& k_cache, con
   p.o = view(ov);
   p.dk = view(cv);
   p.dv = view(cv);
-  r.dispatch(attn_kernel(dev, "attn_decode", d),
+  r.dispatch(attn_kernel(dev, "attn_decode", d, false),
              {{sh::q_in, rq}, {sh::out, ro}, {sh::kc, rk}, {sh::vc, rv}, {sh::pos_in, floats(pos, 0, 1)}}, p,
              uint32_t(s.bh()), 1);
 }

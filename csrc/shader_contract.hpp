@@ -217,13 +217,13 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   READ(a, 0, "array<f32>") READ(b, 1, "array<f32>") WRITE(c, 2, "array<f32>") UNIFORM(p, 3, BmmParams)            \
   CONST(TILE, 64) /* rows and columns of C per workgroup */
 #define PWT_SHADER_attention(READ, WRITE, UNIFORM, CONST)                                                         \
-  READ(q_in, 0, "array<f32>") READ(k_in, 1, "array<f32>") READ(v_in, 2, "array<f32>") WRITE(out, 3, "array<f32>") \
-  WRITE(lse_out, 4, "array<f32>") UNIFORM(ap, 5, AttnParams) READ(o_in, 6, "array<f32>")                          \
-  READ(dout, 7, "array<f32>") READ(lse_in, 8, "array<f32>") WRITE(delta_out, 9, "array<f32>")                     \
-  READ(delta_in, 10, "array<f32>") WRITE(dq, 11, "array<f32>") WRITE(dk, 12, "array<f32>")                        \
-  WRITE(dv, 13, "array<f32>") READ(q4, 14, "array<vec4<f32>>") READ(k4, 15, "array<vec4<f32>>")                   \
-  READ(v4, 16, "array<vec4<f32>>") READ(g4, 17, "array<vec4<f32>>") WRITE(kc, 18, "array<f32>")                  \
-  WRITE(vc, 19, "array<f32>") READ(pos_in, 20, "array<i32>")                                                      \
+  READ(q_in, 0, "array<ET>") READ(k_in, 1, "array<ET>") READ(v_in, 2, "array<ET>") WRITE(out, 3, "array<ET>")     \
+  WRITE(lse_out, 4, "array<f32>") UNIFORM(ap, 5, AttnParams) READ(o_in, 6, "array<ET>")                           \
+  READ(dout, 7, "array<ET>") READ(lse_in, 8, "array<f32>") WRITE(delta_out, 9, "array<f32>")                      \
+  READ(delta_in, 10, "array<f32>") WRITE(dq, 11, "array<ET>") WRITE(dk, 12, "array<ET>")                          \
+  WRITE(dv, 13, "array<ET>") READ(q4, 14, "array<vec4<ET>>") READ(k4, 15, "array<vec4<ET>>")                      \
+  READ(v4, 16, "array<vec4<ET>>") READ(g4, 17, "array<vec4<ET>>") WRITE(kc, 18, "array<f32>")                    \
+  WRITE(vc, 19, "array<f32>") READ(pos_in, 20, "array<i32>") WRITE(acc_ws, 21, "array<f32>")                      \
   CONST(B, 64)        /* rows and columns of a tile */                                                            \
   CONST(DELTA_WG, 256) /* threads of attn_delta, one row each */                                                  \
   CONST(DEC_WG, 256)  /* threads of attn_decode (a workgroup per head) */                                         \

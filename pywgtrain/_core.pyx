@@ -714,6 +714,7 @@ def nll_pick_backward(_Recorder r not None, _Buffer dy not None, _Buffer labels 
 
 # Fused causal self-attention (csrc/attention.cpp). A view is (off, sb, sh, st)
 # in elements: element (b, h, t, d) of the operand at off + b*sb + h*sh + t*st + d.
+# half: the operands and outputs hold float16 (lse and delta stay float32).
 
 cdef c.AttnView _view(tuple view) except *:
     cdef c.AttnView v
@@ -729,9 +730,9 @@ cdef c.AttnView _view(tuple view) except *:
 def attention_forward(_Recorder r not None, _Buffer q not None, tuple qv not None, _Buffer k not None,
                       tuple kv not None, _Buffer v not None, tuple vv not None, _Buffer out not None, tuple ov not None,
                       _Buffer lse not None, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
-                      uint32_t max_blocks=0):
+                      uint32_t max_blocks=0, bint half=False):
     c.attention_forward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
-                        _view(ov), _b(lse)[0], batch, heads, t, d, scale, max_blocks)
+                        _view(ov), _b(lse)[0], batch, heads, t, d, scale, max_blocks, half)
 
 
 def attention_backward(_Recorder r not None, _Buffer q not None, tuple qv not None, _Buffer k not None,
@@ -739,10 +740,11 @@ def attention_backward(_Recorder r not None, _Buffer q not None, tuple qv not No
                        tuple ov not None, _Buffer dout not None, tuple gv not None, _Buffer lse not None,
                        _Buffer delta not None, _Buffer dq not None, tuple dqv not None, _Buffer dk not None,
                        tuple dkv not None, _Buffer dv not None, tuple dvv not None, uint32_t batch, uint32_t heads,
-                       uint32_t t, uint32_t d, float scale, float beta, uint32_t max_blocks=0):
+                       uint32_t t, uint32_t d, float scale, float beta, uint32_t max_blocks=0, bint half=False):
     c.attention_backward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
                          _view(ov), _b(dout)[0], _view(gv), _b(lse)[0], _b(delta)[0], _b(dq)[0], _view(dqv),
-                         _b(dk)[0], _view(dkv), _b(dv)[0], _view(dvv), batch, heads, t, d, scale, beta, max_blocks)
+                         _b(dk)[0], _view(dkv), _b(dv)[0], _view(dvv), batch, heads, t, d, scale, beta, max_blocks,
+                         half)
 
 
 def attention_decode(_Recorder r not None, _Buffer qkv not None, _Buffer k_cache not None, _Buffer v_cache not None,

@@ -1755,8 +1755,9 @@ def _attn_head_dim(d, op):
         raise ValueError(f"{op}: head size {d} exceeds the fused kernel's maximum of {ATTN_MAX_HEAD_DIM}")
 
 
-def _attn_backward_into(dev, q, qv, k, kv, v, vv, out, ov, g, gv, lse, shape, scale, grads, beta):
-    """Records the attention backward; grads = ((dq, view), (dk, view), (dv, view))."""
+def _attn_backward_into(dev, q, qv, k, kv, v, vv, out, ov, g, gv, lse, shape, scale, grads, beta, half):
+    """Records the attention backward; grads = ((dq, view), (dk, view), (dv, view)); ``half``:
+    the operands and gradients are float16."""
     b, h, t, d = shape
     delta = empty((b * h * t,), np.float32, dev)
     (dq, dqv), (dk, dkv), (dv, dvv) = grads
@@ -1787,6 +1788,8 @@ def _attn_backward_into(dev, q, qv, k, kv, v, vv, out, ov, g, gv, lse, shape, sc
             d,
             float(scale),
             float(beta),
+            0,
+            half,
         )
 
 
@@ -1806,8 +1809,10 @@ def scaled_dot_product_attention(
     log-sum-exp per row, the backward recomputes the probabilities from it (dK/dV per
     key block, dQ per query block: deterministic). Only the causal form without a mask
     or dropout is implemented; q, k and v must have equal shapes, D <= 128. float16
-    operands give a float16 result: the kernels run on float32 copies made for the call
-    (forward and again in backward), so that what backward keeps is float16."""
+    operands run the float16 kernels: float16 loads, float32 math inside (scores, the
+    softmax's max and sum, the products), each output rounded once to float16 (as torch's
+    half kernels); backward keeps the float16 q, k, v and output and gives float16
+    gradients."""
     op = "scaled_dot_product_attention"
     if attn_mask is not None:
         raise ValueError(f"{op}: attn_mask is not supported (only is_causal=True without a mask)")
@@ -1834,50 +1839,21 @@ def scaled_dot_product_attention(
     sc = _attn_scale(scale, d, op)
     view = (0, h * t * d, t * d, d)
     half = dt is _HALF
-    qw, kw, vw = (_widened(x) for x in (q, k, v))
-    out = empty(q.shape, np.float32, dev)
+    out = empty(q.shape, dt, dev)
     lse = empty((b * h * t,), np.float32, dev)
     with _rec(dev) as rec:
         _core.attention_forward(
-            rec, qw._buf, view, kw._buf, view, vw._buf, view, out._buf, view, lse._buf, b, h, t, d, sc
+            rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d, sc, 0, half
         )
-    del qw, kw, vw
-    if half:
-        out = _narrowed(out)
     if not needs_grad(q, k, v):
         return out
     bufs = (q._buf, k._buf, v._buf)
-    obuf, lbuf, n = out._buf, lse._buf, out._numel
+    obuf, lbuf = out._buf, lse._buf
     distinct = q is not k and q is not v and k is not v
 
     def backward(g, sinks):
-        if half:  # float32 copies for the kernels, float16 gradients to the sinks
-            grads = [(empty(q.shape, np.float32, dev), view) for _ in range(3)]
-            wide = [_widened_buf(x, n, dev) for x in (*bufs, obuf)]
-            _attn_backward_into(
-                dev,
-                wide[0],
-                view,
-                wide[1],
-                view,
-                wide[2],
-                view,
-                wide[3],
-                view,
-                _widened(g),
-                view,
-                lbuf,
-                (b, h, t, d),
-                sc,
-                grads,
-                0.0,
-            )
-            for sink, (gt, _) in zip(sinks, grads):
-                if sink is not None:
-                    sink.put(_narrowed(gt), owned=True)
-            return
         if distinct:
-            targets = [s.target() if s is not None else (empty(q.shape, np.float32, dev), 0.0) for s in sinks]
+            targets = [s.target() if s is not None else (empty(q.shape, dt, dev), 0.0) for s in sinks]
             beta = builtins.max(bt for _, bt in targets)
             if beta:  # one beta for all three: a fresh target joins the accumulating ones from 0
                 for dst, bt in targets:
@@ -1885,10 +1861,26 @@ def scaled_dot_product_attention(
                         _zero(dst)
             grads = [(dst, view) for dst, _ in targets]
         else:  # an input passed twice: separate results, summed by the sinks
-            grads = [(empty(q.shape, np.float32, dev), view) for _ in range(3)]
+            grads = [(empty(q.shape, dt, dev), view) for _ in range(3)]
             beta = 0.0
         _attn_backward_into(
-            dev, bufs[0], view, bufs[1], view, bufs[2], view, obuf, view, g, view, lbuf, (b, h, t, d), sc, grads, beta
+            dev,
+            bufs[0],
+            view,
+            bufs[1],
+            view,
+            bufs[2],
+            view,
+            obuf,
+            view,
+            g,
+            view,
+            lbuf,
+            (b, h, t, d),
+            sc,
+            grads,
+            beta,
+            half,
         )
         if not distinct:
             for sink, (gt, _) in zip(sinks, grads):
@@ -1904,9 +1896,8 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
     D = C / n_head -> [B, T, C], heads side by side (what the output projection
     takes). The kernels read and write the strided layout directly: no split,
     permute or concatenation copies forward or backward (the gradient lands in one
-    [B, T, 3C] tensor). A float16 ``qkv`` gives a float16 result: the kernels run on
-    float32 copies made for the call (forward and again in backward), so that what
-    backward keeps is float16, as torch's half attention keeps."""
+    [B, T, 3C] tensor). A float16 ``qkv`` runs the float16 kernels (float32 math inside,
+    each output rounded once): a float16 result and gradient, float16 kept for backward."""
     op = "causal_self_attention_qkv"
     x = _float_tensor(qkv, _device_of(qkv), op, "qkv", _elem_dtype(qkv))
     if isinstance(n_head, bool) or not isinstance(n_head, numbers.Integral) or n_head < 1:
@@ -1927,43 +1918,37 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
     ov = (0, t * c, d, c)
     dev = x.device
     half = x.dtype is _HALF
-    xw = _widened(x)
-    out = empty((b, t, c), np.float32, dev)
+    out = empty((b, t, c), x.dtype, dev)
     lse = empty((b * h * t,), np.float32, dev)
     with _rec(dev) as rec:
-        _core.attention_forward(rec, xw._buf, qv, xw._buf, kv, xw._buf, vv, out._buf, ov, lse._buf, b, h, t, d, sc)
-    if half:
-        out = _narrowed(out)
+        _core.attention_forward(
+            rec, x._buf, qv, x._buf, kv, x._buf, vv, out._buf, ov, lse._buf, b, h, t, d, sc, 0, half
+        )
     if needs_grad(x):
         xbuf, obuf, lbuf = x._buf, out._buf, lse._buf  # (buffers: the node must not hold out itself)
-        nx, no = x._numel, out._numel
-        del xw
 
         def backward(g, sinks):
-            xb, ob = (_widened_buf(xbuf, nx, dev), _widened_buf(obuf, no, dev)) if half else (xbuf, obuf)
-            dst, beta = (empty(x_shape, np.float32, dev), 0.0) if half else sinks[0].target()
+            dst, beta = sinks[0].target()
             _attn_backward_into(
                 dev,
-                xb,
+                xbuf,
                 qv,
-                xb,
+                xbuf,
                 kv,
-                xb,
+                xbuf,
                 vv,
-                ob,
+                obuf,
                 ov,
-                _widened(g),
+                g,
                 ov,
                 lbuf,
                 (b, h, t, d),
                 sc,
                 ((dst, qv), (dst, kv), (dst, vv)),
                 beta,
+                half,
             )
-            if half:
-                sinks[0].put(_narrowed(dst), owned=True)
 
-        x_shape = x.shape
         attach(out, op, [x], backward, keep=(x, out))
     return out
 
@@ -2225,7 +2210,7 @@ def dropout(
 
 
 # -- float16 operands and autocast -----------------------------------------------------
-# The element-wise ops (_HALF_NATIVE), 2-D products and causal_self_attention_qkv
+# The element-wise ops (_HALF_NATIVE), 2-D products and the attention ops
 # take float16 operands as they are (``native``: float16 results, float16 kept for
 # backward). The other ops have float32 kernels only: given float16 operands, they
 # cast them up with recorded casts (to_dtype: autograd sees them, so their gradients
@@ -2366,9 +2351,9 @@ def _apply_rules(fn, kind, native, skip, ac, args, kwargs):
     return out if wide else _narrow(out)
 
 
-# Attention has no float16 kernel: under autocast its inputs are rounded to float16, as torch's,
-# it computes on float32 copies made for the call and keeps float16 for backward; bmm computes
-# in float32 with the result rounded to float16 (torch's dtype).
+# Under autocast the attention ops take float16 operands (float32 ones get recorded casts, as
+# torch's) and run the float16 kernels, keeping float16 for backward; bmm computes in float32
+# with the result rounded to float16 (torch's dtype).
 _F16_OPS = "bmm scaled_dot_product_attention causal_self_attention_qkv".split()
 _F32_OPS = "exp log rsqrt pow sum softmax log_softmax layer_norm cross_entropy nll_loss mse_loss".split()
 _SAME_OPS = """neg abs sqrt tanh sigmoid relu silu gelu square clamp clone add sub mul div maximum minimum

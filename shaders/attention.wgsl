@@ -37,6 +37,15 @@
 // the next block's operands are fetched while the current block computes. The pipelines are trusted (no injected bounds checks): every
 // storage access is guarded by row < T and column < HD, and the host checks
 // that each view's last element lies inside its binding.
+//
+// ET (an alias emitted per kernel, csrc/attention.cpp): the element type of
+// q, k, v, dO, O and dq, dk, dv, f32 or f16 (HALF: bool, ET is f16). Loads
+// widen to f32, all math is f32 (scores, softmax max and sum, products), and
+// each output element is rounded once (half.wgsl); lse and delta stay f32.
+// With HALF, a result that several dispatches build (a split block loop)
+// keeps its partial sums in f32 scratch (acc_ws) and only the dispatch that
+// finishes an element rounds it into the output.
+//!include half
 
 struct AttnParams {
   t: u32, heads: u32, bh0: u32, blocks: u32,  // sequence length, H, first bh of this dispatch, ceil(T / B)
@@ -45,30 +54,33 @@ struct AttnParams {
   g: vec4<u32>, dq: vec4<u32>, dk: vec4<u32>, dv: vec4<u32>,
 }
 
-@group(0) @binding(0) var<storage, read> q_in: array<f32>;
-@group(0) @binding(1) var<storage, read> k_in: array<f32>;
-@group(0) @binding(2) var<storage, read> v_in: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;      // forward: O (read when resuming)
+@group(0) @binding(0) var<storage, read> q_in: array<ET>;
+@group(0) @binding(1) var<storage, read> k_in: array<ET>;
+@group(0) @binding(2) var<storage, read> v_in: array<ET>;
+@group(0) @binding(3) var<storage, read_write> out: array<ET>;      // forward: O (read when resuming)
 @group(0) @binding(4) var<storage, read_write> lse_out: array<f32>;  // forward: log-sum-exp per row
 @group(0) @binding(5) var<uniform> ap: AttnParams;
-@group(0) @binding(6) var<storage, read> o_in: array<f32>;           // delta: O
-@group(0) @binding(7) var<storage, read> dout: array<f32>;           // dO (the forward binds q here, unread)
+@group(0) @binding(6) var<storage, read> o_in: array<ET>;           // delta: O
+@group(0) @binding(7) var<storage, read> dout: array<ET>;           // dO (the forward binds q here, unread)
 @group(0) @binding(8) var<storage, read> lse_in: array<f32>;
 @group(0) @binding(9) var<storage, read_write> delta_out: array<f32>;
 @group(0) @binding(10) var<storage, read> delta_in: array<f32>;
-@group(0) @binding(11) var<storage, read_write> dq: array<f32>;
-@group(0) @binding(12) var<storage, read_write> dk: array<f32>;
-@group(0) @binding(13) var<storage, read_write> dv: array<f32>;
+@group(0) @binding(11) var<storage, read_write> dq: array<ET>;
+@group(0) @binding(12) var<storage, read_write> dk: array<ET>;
+@group(0) @binding(13) var<storage, read_write> dv: array<ET>;
 // q, k, v and dO again as vec4s (VEC: every view's offset and strides and HD
 // are multiples of 4; otherwise a placeholder is bound and never read).
-@group(0) @binding(14) var<storage, read> q4: array<vec4<f32>>;
-@group(0) @binding(15) var<storage, read> k4: array<vec4<f32>>;
-@group(0) @binding(16) var<storage, read> v4: array<vec4<f32>>;
-@group(0) @binding(17) var<storage, read> g4: array<vec4<f32>>;
+@group(0) @binding(14) var<storage, read> q4: array<vec4<ET>>;
+@group(0) @binding(15) var<storage, read> k4: array<vec4<ET>>;
+@group(0) @binding(16) var<storage, read> v4: array<vec4<ET>>;
+@group(0) @binding(17) var<storage, read> g4: array<vec4<ET>>;
 // attn_decode: the key/value caches it appends to, and the position (device-side, so replays move on).
 @group(0) @binding(18) var<storage, read_write> kc: array<f32>;
 @group(0) @binding(19) var<storage, read_write> vc: array<f32>;
 @group(0) @binding(20) var<storage, read> pos_in: array<i32>;
+// HALF: f32 partial results of split block loops, dense [B*H][T][HD] (dK at 0
+// and dV after it in attn_dkdv; O or dQ at 0); a single dispatch never touches it.
+@group(0) @binding(21) var<storage, read_write> acc_ws: array<f32>;
 
 // From csrc/shader_contract.hpp (emitted ahead of this file): B (rows and columns of a tile),
 // DELTA_WG (threads of attn_delta).
@@ -95,12 +107,15 @@ const OG: u32 = 3u;
 
 fn ld(which: u32, idx: u32) -> f32 {
   switch which {
-    case 0u: { return q_in[idx]; }
-    case 1u: { return k_in[idx]; }
-    case 2u: { return v_in[idx]; }
-    default: { return dout[idx]; }
+    case 0u: { return f32(q_in[idx]); }
+    case 1u: { return f32(k_in[idx]); }
+    case 2u: { return f32(v_in[idx]); }
+    default: { return f32(dout[idx]); }
   }
 }
+
+// An f32 result rounded once to the element type.
+fn st(v: f32) -> ET { return ET(half_range(v, HALF)); }
 
 // Element offset of row (b, h, 0) of a view.
 fn head_base(view: vec4<u32>, bh: u32) -> u32 {
@@ -109,10 +124,10 @@ fn head_base(view: vec4<u32>, bh: u32) -> u32 {
 
 fn ld4(which: u32, i4: u32) -> vec4<f32> {
   switch which {
-    case 0u: { return q4[i4]; }
-    case 1u: { return k4[i4]; }
-    case 2u: { return v4[i4]; }
-    default: { return g4[i4]; }
+    case 0u: { return vec4<f32>(q4[i4]); }
+    case 1u: { return vec4<f32>(k4[i4]); }
+    case 2u: { return vec4<f32>(v4[i4]); }
+    default: { return vec4<f32>(g4[i4]); }
   }
 }
 
@@ -255,6 +270,19 @@ fn out_index(base: u32, st: u32, row: u32, col: u32) -> u32 {
   return base + row * st + col;
 }
 
+// Element (bh, row, col) of the dense f32 scratch acc_ws.
+fn ws_index(bh: u32, row: u32, col: u32) -> u32 { return (bh * ap.t + row) * HD + col; }
+
+// What a dispatch's share of a gradient element adds to: on the first dispatch
+// that reaches the element, the caller's beta times the output's old value;
+// on later ones the sum the earlier ones left (in the output, or with HALF in
+// acc_ws[w], since an f16 partial sum would be rounded at every dispatch).
+fn grad_base(old: f32, w: u32, first: bool) -> f32 {
+  if (first) { return select(ap.beta * old, 0.0, ap.beta == 0.0); }
+  if (HALF) { return acc_ws[w]; }
+  return old;
+}
+
 @compute @workgroup_size(16, 16)
 fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
                 @builtin(local_invocation_index) li: u32) {
@@ -280,8 +308,14 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         m[i] = lse_out[bh * ap.t + rows[i]] * LOG2E;
         for (var e = 0u; e < 4u; e++) {
           let col = 4u * tx + e;
-          if (col < HD) { acc0[i][e] = out[obase + rows[i] * ap.o.w + col]; }
-          if (DCH > 1u && col + 64u < HD) { acc1[i][e] = out[obase + rows[i] * ap.o.w + col + 64u]; }
+          if (HALF) {  // the f32 partial O of the earlier dispatches
+            let w = ws_index(bh, rows[i], col);
+            if (col < HD) { acc0[i][e] = acc_ws[w]; }
+            if (DCH > 1u && col + 64u < HD) { acc1[i][e] = acc_ws[w + 64u]; }
+          } else {
+            if (col < HD) { acc0[i][e] = f32(out[obase + rows[i] * ap.o.w + col]); }
+            if (DCH > 1u && col + 64u < HD) { acc1[i][e] = f32(out[obase + rows[i] * ap.o.w + col + 64u]); }
+          }
         }
       }
     }
@@ -354,13 +388,20 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
   row_partials(l, tx, ty);
   workgroupBarrier();
   let lt = row_combine(ty, false);
+  let partial = HALF && qb >= ap.blk1;  // a later dispatch goes on with this block's keys
   for (var i = 0u; i < 4u; i++) {
     if (rows[i] >= ap.t) { continue; }
     let inv = 1.0 / lt[i];
     for (var e = 0u; e < 4u; e++) {
       let col = 4u * tx + e;
-      if (col < HD) { out[obase + rows[i] * ap.o.w + col] = acc0[i][e] * inv; }
-      if (DCH > 1u && col + 64u < HD) { out[obase + rows[i] * ap.o.w + col + 64u] = acc1[i][e] * inv; }
+      if (partial) {
+        let w = ws_index(bh, rows[i], col);
+        if (col < HD) { acc_ws[w] = acc0[i][e] * inv; }
+        if (DCH > 1u && col + 64u < HD) { acc_ws[w + 64u] = acc1[i][e] * inv; }
+      } else {
+        if (col < HD) { out[obase + rows[i] * ap.o.w + col] = st(acc0[i][e] * inv); }
+        if (DCH > 1u && col + 64u < HD) { out[obase + rows[i] * ap.o.w + col + 64u] = st(acc1[i][e] * inv); }
+      }
     }
     if (tx == 0u) { lse_out[bh * ap.t + rows[i]] = (m[i] + log2(lt[i])) * LN2; }
   }
@@ -380,10 +421,10 @@ fn attn_delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
   var s = vec4<f32>(0.0);
   var d = 0u;
   for (; d + 4u <= HD; d += 4u) {
-    s = fma(vec4<f32>(o_in[ob + d], o_in[ob + d + 1u], o_in[ob + d + 2u], o_in[ob + d + 3u]),
-            vec4<f32>(dout[gb + d], dout[gb + d + 1u], dout[gb + d + 2u], dout[gb + d + 3u]), s);
+    s = fma(vec4<f32>(vec4<ET>(o_in[ob + d], o_in[ob + d + 1u], o_in[ob + d + 2u], o_in[ob + d + 3u])),
+            vec4<f32>(vec4<ET>(dout[gb + d], dout[gb + d + 1u], dout[gb + d + 2u], dout[gb + d + 3u])), s);
   }
-  for (; d < HD; d++) { s.x = fma(o_in[ob + d], dout[gb + d], s.x); }
+  for (; d < HD; d++) { s.x = fma(f32(o_in[ob + d]), f32(dout[gb + d]), s.x); }
   delta_out[row] = (s.x + s.y) + (s.z + s.w);
 }
 
@@ -490,8 +531,10 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
       for (var ch = 0u; ch < DCH; ch++) { qr[ch] = fetch(OQ, qbase, ap.q.w, c0 + B, ch * 64u, li); }
     }
   }
-  // The first dispatch that reaches this key block applies the caller's beta; later ones accumulate.
-  let beta = select(1.0, ap.beta, kb >= ap.blk0);
+  // The first dispatch that reaches this key block applies the caller's beta;
+  // later ones accumulate; the last one (all query blocks done) finishes it.
+  let first = kb >= ap.blk0;
+  let partial = HALF && ap.blk1 < ap.blocks;
   let dkb = head_base(ap.dk, bh);
   let dvb = head_base(ap.dv, bh);
   for (var i = 0u; i < 4u; i++) {
@@ -500,23 +543,26 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
       let ik = out_index(dkb, ap.dk.w, keys[i], col);
       if (ik == 0xffffffffu) { continue; }
       let iv = out_index(dvb, ap.dv.w, keys[i], col);
-      var x = dk0[i][e] * ap.scale;
-      var y = dv0[i][e];
-      if (beta != 0.0) {
-        x += beta * dk[ik];
-        y += beta * dv[iv];
+      let w = 2u * ws_index(bh, keys[i], col);  // dK and dV partials interleaved
+      let x = dk0[i][e] * ap.scale + grad_base(f32(dk[ik]), w, first);
+      let y = dv0[i][e] + grad_base(f32(dv[iv]), w + 1u, first);
+      if (partial) {
+        acc_ws[w] = x;
+        acc_ws[w + 1u] = y;
+      } else {
+        dk[ik] = st(x);
+        dv[iv] = st(y);
       }
-      dk[ik] = x;
-      dv[iv] = y;
       if (DCH > 1u && col + 64u < HD) {
-        var x1 = dk1[i][e] * ap.scale;
-        var y1 = dv1[i][e];
-        if (beta != 0.0) {
-          x1 += beta * dk[ik + 64u];
-          y1 += beta * dv[iv + 64u];
+        let x1 = dk1[i][e] * ap.scale + grad_base(f32(dk[ik + 64u]), w + 128u, first);
+        let y1 = dv1[i][e] + grad_base(f32(dv[iv + 64u]), w + 129u, first);
+        if (partial) {
+          acc_ws[w + 128u] = x1;
+          acc_ws[w + 129u] = y1;
+        } else {
+          dk[ik + 64u] = st(x1);
+          dv[iv + 64u] = st(y1);
         }
-        dk[ik + 64u] = x1;
-        dv[iv + 64u] = y1;
       }
     }
   }
@@ -606,19 +652,19 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
       for (var ch = 0u; ch < DCH; ch++) { kr[ch] = fetch(OK, kbase, ap.k.w, c0 + B, ch * 64u, li); }
     }
   }
-  let beta = select(1.0, ap.beta, ap.blk0 == 0u);
+  let first = ap.blk0 == 0u;
+  let partial = HALF && qb >= ap.blk1;  // a later dispatch goes on with this block's keys
   let dqb = head_base(ap.dq, bh);
   for (var i = 0u; i < 4u; i++) {
     for (var e = 0u; e < 4u; e++) {
       let iq = out_index(dqb, ap.dq.w, rows[i], 4u * tx + e);
       if (iq == 0xffffffffu) { continue; }
-      var x = acc0[i][e] * ap.scale;
-      if (beta != 0.0) { x += beta * dq[iq]; }
-      dq[iq] = x;
+      let w = ws_index(bh, rows[i], 4u * tx + e);
+      let x = acc0[i][e] * ap.scale + grad_base(f32(dq[iq]), w, first);
+      if (partial) { acc_ws[w] = x; } else { dq[iq] = st(x); }
       if (DCH > 1u && 4u * tx + e + 64u < HD) {
-        var x1 = acc1[i][e] * ap.scale;
-        if (beta != 0.0) { x1 += beta * dq[iq + 64u]; }
-        dq[iq + 64u] = x1;
+        let x1 = acc1[i][e] * ap.scale + grad_base(f32(dq[iq + 64u]), w + 64u, first);
+        if (partial) { acc_ws[w + 64u] = x1; } else { dq[iq + 64u] = st(x1); }
       }
     }
   }
@@ -666,16 +712,16 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
   let kcb = head_base(ap.dk, bh);
   let vcb = head_base(ap.dv, bh);
   if (li < HD) {
-    dec_q[li] = q_in[qb + li];
-    kc[kcb + pos * ap.dk.w + li] = q_in[kb + li];
-    vc[vcb + pos * ap.dv.w + li] = q_in[vb + li];
+    dec_q[li] = f32(q_in[qb + li]);
+    kc[kcb + pos * ap.dk.w + li] = f32(q_in[kb + li]);
+    vc[vcb + pos * ap.dv.w + li] = f32(q_in[vb + li]);
   }
   workgroupBarrier();
   var m = NEG;
   for (var j = li; j < n; j += DEC_WG) {
     var s = 0.0;
     if (j == pos) {
-      for (var d = 0u; d < HD; d++) { s = fma(dec_q[d], q_in[kb + d], s); }
+      for (var d = 0u; d < HD; d++) { s = fma(dec_q[d], f32(q_in[kb + d]), s); }
     } else {
       let row = kcb + j * ap.dk.w;
       for (var d = 0u; d < HD; d++) { s = fma(dec_q[d], kc[row + d], s); }
@@ -701,7 +747,7 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     var acc = 0.0;
     if (col < HD) {
       for (var j = grp; j < n; j += DEC_LANES) {
-        let v = select(vc[vcb + j * ap.dv.w + col], q_in[vb + col], j == pos);
+        let v = select(vc[vcb + j * ap.dv.w + col], f32(q_in[vb + col]), j == pos);
         acc = fma(dec_s[j], v, acc);
       }
     }
@@ -711,6 +757,6 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
   if (li < HD) {
     var acc = 0.0;
     for (var g = 0u; g < DEC_LANES; g++) { acc += dec_o[g * 128u + li]; }
-    out[head_base(ap.o, bh) + li] = acc / total;
+    out[head_base(ap.o, bh) + li] = st(acc / total);
   }
 }

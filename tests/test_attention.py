@@ -260,3 +260,177 @@ def test_errors(dev, rng):
             forward((0, 0, 0, 8), (0, 0, 0, 4), out._buf)
         with pytest.raises(ValueError, match="shares a GPU buffer"):
             forward((0, 0, 0, 8), (0, 0, 0, 8), buf._buf)
+
+
+# -- float16 kernels ----------------------------------------------------------------------
+# float16 q, k, v (dO) read as they are, float32 math inside, each output element rounded
+# once to float16: the rounding alone is up to 2^-11 ~ 4.9e-4 relative, and the backward
+# reads the rounded O (delta = rowsum(dO * O)), so a few 1e-3 relative, with an absolute
+# floor of HALF_ATOL times the reference's largest element, at least 1 (inputs are O(1):
+# elements near 0 keep float16 spacing, and gradients that vanish mathematically, dq and dk
+# at T = 1, keep float32 rounding).
+HALF_RTOL, HALF_ATOL = 4e-3, 2e-3
+
+
+def half_close(actual, expected):
+    actual = np.asarray(actual)
+    assert actual.dtype == np.float16, actual.dtype
+    expected = np.asarray(expected, np.float64)
+    scale = max(float(np.max(np.abs(expected))), 1e-30)
+    assert_close(actual.astype(np.float64), expected, rtol=HALF_RTOL, atol_scale=HALF_ATOL * max(scale, 1.0) / scale)
+
+
+def half_rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float16)
+
+
+def np_attention(q, k, v, scale):
+    """Causal attention and the row log-sum-exp in float64 ([..., T, D] arrays)."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    t = q.shape[-2]
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    s[..., np.triu(np.ones((t, t), bool), 1)] = -np.inf
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    return (e @ v) / e.sum(-1, keepdims=True), m[..., 0] + np.log(e.sum(-1))
+
+
+# T 1, 7, 33, 129 (past two tiles); head sizes of the GPT configs (16, 32, 64), two
+# 64-column chunks (128) and odd ones (7: scalar loads at odd element offsets);
+# B*H 1 and 7.
+HALF_SHAPES = [(1, 1, 1, 16), (1, 7, 7, 64), (7, 1, 33, 32), (1, 1, 129, 64), (1, 7, 129, 7), (1, 1, 33, 128)]
+
+
+@pytest.mark.parametrize("b,h,t,d", HALF_SHAPES)
+def test_half_forward_backward(dev, rng, b, h, t, d):
+    """float16 SDPA: a float16 result against float64 NumPy on the float16 inputs, float16
+    gradients against torch's float64 autograd."""
+    q, k, v, g = (half_rand(rng, b, h, t, d) for _ in range(4))
+    out, dq, dk, dv = run_fused(dev, q, k, v, g)
+    half_close(out, np_attention(q, k, v, 1 / math.sqrt(d))[0])
+    for got, want in zip((dq, dk, dv), torch_ref(q, k, v, g)[1:]):
+        half_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "b,t,c,h,max_blocks", [(2, 7, 96, 4, 0), (1, 130, 21, 3, 1), (3, 129, 128, 2, 2), (1, 65, 256, 2, 1)]
+)
+def test_half_raw_kernels_strided_qkv(dev, rng, b, t, c, h, max_blocks):
+    """The float16 launchers on the GPT layout (q, k, v and dq, dk, dv column blocks of one
+    [B, T, 3C] float16 buffer; C = 21 puts k and v at odd element offsets), outputs poisoned
+    with NaN; max_blocks > 0 splits the block loops over dispatches, whose float32 partial
+    results go through the scratch and are rounded once by the last; beta = 1 accumulates."""
+    d = c // h
+    qkv, g = half_rand(rng, b, t, 3 * c), half_rand(rng, b, t, c)
+    (qv, kv, vv), ov = qkv_views(b, t, c, h)
+    x, tg = pw.tensor(qkv, dev), pw.tensor(g, dev)
+    out = pw.tensor(np.full((b, t, c), np.nan, np.float16), dev)
+    lse = poisoned(dev, (b * h * t,))
+    scale = 1 / math.sqrt(d)
+    with dev._recording() as rec:
+        _core.attention_forward(
+            rec, x._buf, qv, x._buf, kv, x._buf, vv, out._buf, ov, lse._buf, b, h, t, d, scale, max_blocks, True
+        )
+    grad = pw.tensor(np.full((b, t, 3 * c), np.nan, np.float16), dev)
+    delta = poisoned(dev, (b * h * t,))
+
+    def backward(beta):
+        operands = (x._buf, qv, x._buf, kv, x._buf, vv, out._buf, ov, tg._buf, ov, lse._buf, delta._buf)
+        with dev._recording() as rec:
+            _core.attention_backward(
+                rec, *operands, grad._buf, qv, grad._buf, kv, grad._buf, vv, b, h, t, d, scale, beta, max_blocks, True
+            )
+
+    backward(0.0)
+    q, k, v = split_heads(qkv, h)
+    ro, rlse = np_attention(q, k, v, scale)
+    half_close(out.numpy(), merge_heads(ro))
+    close(lse.numpy(), rlse.reshape(-1))
+    _, rdq, rdk, rdv = torch_ref(q, k, v, split_heads(np.concatenate([g] * 3, axis=2), h)[0])
+    want = np.concatenate([merge_heads(rdq), merge_heads(rdk), merge_heads(rdv)], axis=2)
+    half_close(grad.numpy(), want)
+    backward(1.0)
+    half_close(grad.numpy(), 2 * want)
+
+
+@pytest.mark.parametrize("b,t,c,h", [(2, 33, 96, 4), (1, 129, 21, 3)])
+def test_half_qkv_entry(dev, rng, b, t, c, h):
+    """causal_self_attention_qkv on a float16 [B, T, 3C]: float16 out and gradient; a second
+    backward accumulates into the float16 .grad."""
+    qkv, g = half_rand(rng, b, t, 3 * c), half_rand(rng, b, t, c)
+    x = pw.tensor(qkv, dev, requires_grad=True)
+    out = F.causal_self_attention_qkv(x, h)
+    out.backward(pw.tensor(g, dev))
+    q, k, v = split_heads(qkv, h)
+    half_close(out.numpy(), merge_heads(np_attention(q, k, v, 1 / math.sqrt(c // h))[0]))
+    _, rdq, rdk, rdv = torch_ref(q, k, v, split_heads(np.concatenate([g] * 3, axis=2), h)[0])
+    want = np.concatenate([merge_heads(rdq), merge_heads(rdk), merge_heads(rdv)], axis=2)
+    half_close(x.grad.numpy(), want)
+    F.causal_self_attention_qkv(x, h).backward(pw.tensor(g, dev))
+    half_close(x.grad.numpy(), 2 * want)
+
+
+def test_half_launcher_errors(dev, rng):
+    """float16 views are counted in 2-byte elements: a view past the buffer names its element count."""
+    buf = pw.tensor(half_rand(rng, 64), dev)
+    out, lse = pw.empty((64,), np.float16, dev), pw.empty((8,), np.float32, dev)
+    v0 = (0, 0, 0, 8)
+    with dev._recording() as rec:
+        with pytest.raises(ValueError, match="q reaches element 64, its buffer holds 64 elements of 2 bytes"):
+            _core.attention_forward(
+                rec,
+                buf._buf,
+                (57, 0, 0, 0),
+                buf._buf,
+                v0,
+                buf._buf,
+                v0,
+                out._buf,
+                v0,
+                lse._buf,
+                1,
+                1,
+                1,
+                8,
+                1.0,
+                0,
+                True,
+            )
+
+
+def test_half_split_scratch_past_one_binding(dev, rng):
+    """A float16 block loop split over dispatches whose float32 partial results would exceed
+    one storage binding is refused, naming the limit, before anything is recorded (the heads
+    all read one small buffer: views with sb = sh = 0)."""
+    t, d = 128, 128  # two key blocks; max_blocks = 1 makes two dispatches
+    h = dev.limits["max_storage_buffer_binding_size"] // (t * d * 4) + 1
+    x, g = pw.tensor(half_rand(rng, t, d), dev), pw.tensor(half_rand(rng, t, d), dev)
+    out, grads = pw.empty((t, d), np.float16, dev), pw.empty((t, d), np.float16, dev)
+    lse, delta = pw.empty((h * t,), np.float32, dev), pw.empty((h * t,), np.float32, dev)
+    v = (0, 0, 0, d)
+    match = "float32 partial results .* exceed one storage binding"
+    with dev._recording() as rec:
+        with pytest.raises(ValueError, match=match):
+            _core.attention_forward(
+                rec, x._buf, v, x._buf, v, x._buf, v, out._buf, v, lse._buf, 1, h, t, d, 1.0, 1, True
+            )
+        with pytest.raises(ValueError, match=match):
+            _core.attention_backward(
+                rec,
+                *(x._buf, v) * 3,
+                out._buf,
+                v,
+                g._buf,
+                v,
+                lse._buf,
+                delta._buf,
+                *(grads._buf, v) * 3,
+                1,
+                h,
+                t,
+                d,
+                1.0,
+                0.0,
+                1,
+                True,
+            )

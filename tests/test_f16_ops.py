@@ -384,7 +384,7 @@ def test_autocast_gpt_step_keeps_no_float32_copies(dev):
 @pytest.mark.parametrize("fused", [False, True])
 def test_attention_half_keeps_half(dev, rng, fused):
     """float16 attention: a float16 result and float16 gradients against torch's float64 SDPA
-    (float32 math inside on copies made for the call; what backward keeps is float16)."""
+    (the float16 kernels: float32 math inside, each output rounded once)."""
     b, h, t, d = 2, 3, 33, 16
     if fused:
         x = half(rng, b, t, 3 * h * d)
@@ -820,3 +820,74 @@ def test_layer_norm_and_softmax_half_past_one_binding(dev, rng):
     y32, dx32 = raw_softmax(dev, x.astype(np.float32), dy, True)
     np.testing.assert_array_equal(y, y32)
     np.testing.assert_array_equal(dx, dx32.astype(np.float16))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_autocast_attention_saves_no_float32_copies(dev, rng, fused):
+    """An autocast attention call on float32 operands: recorded casts to float16 (their
+    gradients come back float32), the float16 kernels on them, and no float32 copy of q, k,
+    v or the output, neither at the peak of the forward nor kept for backward: what the call
+    adds is the float16 casts and output and the float32 lse (plus size-class rounding)."""
+    b, h, t, d = 2, 2, 129, 64
+    n = b * h * t * d
+    if fused:
+        xs = [pw.tensor(rng.standard_normal((b, t, 3 * h * d), dtype=np.float32), dev, requires_grad=True)]
+        call = lambda: pw.nn.functional.causal_self_attention_qkv(xs[0], h)  # noqa: E731
+        half_bytes = 2 * 4 * n  # the cast qkv (3n) and the output (n)
+    else:
+        xs = [pw.tensor(rng.standard_normal((b, h, t, d), dtype=np.float32), dev, requires_grad=True) for _ in range(3)]
+        call = lambda: pw.nn.functional.scaled_dot_product_attention(*xs)  # noqa: E731
+        half_bytes = 2 * 4 * n  # three casts and the output
+    dev.synchronize()
+    before = dev.memory_stats(reset_peak=True)["allocated_bytes"]
+    with pw.autocast():
+        out = call()
+    dev.synchronize()
+    stats = dev.memory_stats()
+    assert out.dtype == np.float16
+    budget = half_bytes + 4 * b * h * t + 8 * 512  # + lse, + rounding to 512-byte size classes
+    assert stats["allocated_bytes"] - before <= budget, (stats, before, budget)
+    assert stats["peak_allocated_bytes"] - before <= budget, (stats, before, budget)
+    out.backward(pw.tensor(np.ones(out.shape, np.float16), dev))
+    assert all(x.grad.dtype == np.float32 for x in xs)
+
+
+@pytest.mark.parametrize("t", SIZES)
+def test_attention_half_nan_and_inf_like_torch(dev, rng, t):
+    """float16 attention with a NaN key row in one head and an infinite query element in
+    another: NaN exactly where torch's float32 SDPA on the widened inputs has it, the rest
+    close; gradients NaN wherever torch's are in the head with the NaN key, finite elsewhere."""
+    b, h, d = 2, 3, 8
+    q, k, v, dy = (half(rng, b, h, t, d) for _ in range(4))
+    nan_at = t // 2
+    k[0, 1, nan_at] = np.nan
+    # The last row's scores are +-inf, key 0's +inf: NaN (inf - inf), as torch's softmax gives.
+    # (A row of -inf scores only is fully masked to torch's math kernel, which returns 0 there,
+    # and NaN to ours in float32 and float16 alike: not tested.)
+    q[1, 2, t - 1, 0] = np.inf
+    k[1, 2, 0, 0] = abs(k[1, 2, 0, 0]) + np.float16(0.5)
+    ts = [torch.tensor(a.astype(np.float32), requires_grad=True) for a in (q, k, v)]
+    # torch's default CPU kernel treats a row whose only visible key is NaN (t = 1) as fully
+    # masked and returns 0 there; its math kernel, like ours, NaN (test_nan_semantics.py).
+    backend = torch.nn.attention.SDPBackend.MATH if t == 1 else torch.nn.attention.SDPBackend.FLASH_ATTENTION
+    with torch.nn.attention.sdpa_kernel(backend):
+        want = TF.scaled_dot_product_attention(*ts, is_causal=True)
+    want.backward(torch.tensor(dy.astype(np.float32)))
+    tq, tk, tv = (pw.tensor(a, dev, requires_grad=True) for a in (q, k, v))
+    out = pw.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+    out.backward(pw.tensor(dy, dev))
+    got, ref = out.numpy(), want.detach().numpy()
+    assert got.dtype == np.float16
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(got[ok].astype(np.float64), ref[ok], rtol=4e-3, atol=4e-3 * np.abs(ref[ok]).max())
+    for ours, r in zip((tq, tk, tv), ts):
+        g, gt = ours.grad.numpy(), r.grad.numpy()
+        assert g.dtype == np.float16
+        clean = np.ones((b, h), bool)
+        clean[0, 1] = clean[1, 2] = False  # the heads with the NaN key and the infinite query
+        # (an absolute floor of 4e-3: dq and dk vanish at T = 1 up to float32 rounding)
+        np.testing.assert_allclose(
+            g[clean].astype(np.float64), gt[clean], rtol=4e-3, atol=4e-3 * max(np.abs(gt[clean]).max(), 1.0)
+        )
+        assert np.isnan(g[0, 1]).any() == np.isnan(gt[0, 1]).any()
