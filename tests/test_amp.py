@@ -29,9 +29,13 @@ def _models(dev, seed, capturable=True, fused=True, lr=1e-2, **opt_kw):
     return model, opt, tmodel, topt
 
 
-def _assert_params_equal(model, tmodel, rtol=1e-5):
+def _assert_params_equal(model, tmodel, rtol=1e-5, lr=1e-2):
+    """Within rtol, plus 1% of one AdamW update (lr): an element whose gradients nearly cancel
+    across steps has a normalized update m / sqrt(v) whose relative error float32 rounding of the
+    gradients can make large, though never beyond the update's size."""
     for p, q in zip(model.parameters(), tmodel.parameters()):
-        assert_close(p.numpy(), q.detach().double().numpy(), rtol=rtol, atol_scale=rtol)
+        want = q.detach().double().numpy()
+        np.testing.assert_allclose(p.numpy(), want, rtol=rtol, atol=max(rtol * np.abs(want).max(), 0.01 * lr))
 
 
 def _poison(grad, kind):
