@@ -199,6 +199,21 @@ def _reduce_raw(x, shape, axis, op="sum", scale=1.0, out=None, beta=0.0, argmax=
     return out
 
 
+def _narrowed(x):
+    """A float32 tensor rounded to float16 (a new tensor, no autograd)."""
+    out = _result(x.shape, x.device, _HALF)
+    _unary_into(UNARY["copy"], x, out)
+    return out
+
+
+def _widened(x):
+    """A float16 tensor's float32 copy (exact, no autograd)."""
+    wide = _core._Buffer(x.device._dev, x._numel * 4)
+    with _rec(x.device) as rec:
+        _core.unary(rec, UNARY["copy"], x._buf, wide, x._numel, 0.0, 0.0, 0.0, 1)  # (mask 1: the source is float16)
+    return Tensor(wide, x.shape, np.float32, x.device)
+
+
 def _sum_to_sink(g, sink, owned):
     """Reduce g over the dimensions broadcasting added to the sink's tensor, into the sink
     (a float16 g is summed in float32, as torch's half sums, and rounded once)."""
@@ -1946,29 +1961,6 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
 
         attach(out, op, [x], backward, keep=(x, out))
     return out
-
-
-def _narrowed(x):
-    """A float32 tensor rounded to float16 (a new tensor, no autograd)."""
-    out = _result(x.shape, x.device, _HALF)
-    _unary_into(UNARY["copy"], x, out)
-    return out
-
-
-def _widened_buf(buf, n, dev):
-    """The float32 copy (exact) of a buffer of n float16 values."""
-    wide = _core._Buffer(dev._dev, n * 4)
-    with _rec(dev) as rec:
-        _core.unary(rec, UNARY["copy"], buf, wide, n, 0.0, 0.0, 0.0, 1)  # (mask 1: the source is float16)
-    return wide
-
-
-def _widened(x):
-    """A float16 tensor's float32 copy (exact), for a kernel that computes in float32 only; x itself
-    when it is float32."""
-    if x.dtype is not _HALF:
-        return x
-    return Tensor(_widened_buf(x._buf, x._numel, x.device), x.shape, np.float32, x.device)
 
 
 # -- decoding with a key/value cache (inference only: no autograd) ---------------------------------
