@@ -264,8 +264,8 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   WRITE(exp_avg_sq, 3, "array<f32>") UNIFORM(ap, 4, AdamParams) READ(clip, 5, "array<f32>")                       \
   WRITE(grads, 6, "array<f32>") UNIFORM(sp, 7, ScaleParams) READ(hyper, 8, "array<f32>")                          \
   WRITE(adam_state, 9, "array<u32>") WRITE(found_inf, 10, "array<f32>") UNIFORM(dp, 11, AdamDevParams)           \
-  WRITE(scaler, 12, "array<f32>") UNIFORM(gp, 13, ScalerParams)                                                   \
-  CONST(WG, 256) /* threads per workgroup, one element each */
+  WRITE(scaler, 12, "array<f32>") UNIFORM(gp, 13, ScalerParams) WRITE(param_half, 14, "array<u32>")              \
+  CONST(WG, 256) /* threads per workgroup, one element each (the _half entries: two) */
 #define PWT_SHADER_reduce(READ, WRITE, UNIFORM, CONST)                                                            \
   READ(src, 0, "array<f32>") WRITE(dst, 1, "array<f32>") UNIFORM(pp, 2, ReducePartialParams)                      \
   UNIFORM(fp, 3, ReduceFinalParams) READ(src4, 4, "array<vec4<f32>>")                                             \
