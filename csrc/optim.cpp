@@ -14,17 +14,12 @@ namespace sh = wgsl::optim;
 const Kernel& optim_kernel(Device& dev, const char* entry) {
   static const PipelineCache::EntryBindings table = {
       {"scale_by_clip", {sh::clip, sh::grads, sh::sp}},
-      {"adamw", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap}},
-      {"adamw_clipped", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap, sh::clip}},
+      {"adamw", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap, sh::param_half}},
+      {"adamw_clipped", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap, sh::clip, sh::param_half}},
       {"adamw_prepare", {sh::hyper, sh::adam_state, sh::found_inf, sh::dp}},
-      {"adamw_device", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::adam_state, sh::found_inf, sh::dp}},
-      {"adamw_device_clipped",
-       {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::adam_state, sh::found_inf, sh::dp, sh::clip}},
-      {"adamw_half", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap, sh::param_half}},
-      {"adamw_clipped_half", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap, sh::clip, sh::param_half}},
-      {"adamw_device_half",
+      {"adamw_device",
        {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::adam_state, sh::found_inf, sh::dp, sh::param_half}},
-      {"adamw_device_clipped_half",
+      {"adamw_device_clipped",
        {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::adam_state, sh::found_inf, sh::dp, sh::clip,
         sh::param_half}},
       {"scaler_reset_found", {sh::found_inf}},
@@ -112,15 +107,16 @@ void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& no
 }
 
 namespace {
-// The per-element operands of one piece of an AdamW update, with the float16 copy if given.
-std::vector<Operand> adamw_piece(const Buffer& param, const Buffer& grad, const Buffer& exp_avg,
+// The per-element operands of one piece of an AdamW update. Without a float16
+// copy the writable placeholder takes param_half's binding (half_copy = 0: the
+// kernel never touches it).
+std::vector<Operand> adamw_piece(Device& dev, const Buffer& param, const Buffer& grad, const Buffer& exp_avg,
                                  const Buffer& exp_avg_sq, const Buffer* param_half, uint64_t first, uint64_t count) {
-  std::vector<Operand> ops = {{sh::param, floats(param, first, count)},
-                              {sh::grad, floats(grad, first, count)},
-                              {sh::exp_avg, floats(exp_avg, first, count)},
-                              {sh::exp_avg_sq, floats(exp_avg_sq, first, count)}};
-  if (param_half) ops.push_back({sh::param_half, elements(*param_half, first, count, 2)});
-  return ops;
+  return {{sh::param, floats(param, first, count)},
+          {sh::grad, floats(grad, first, count)},
+          {sh::exp_avg, floats(exp_avg, first, count)},
+          {sh::exp_avg_sq, floats(exp_avg_sq, first, count)},
+          {sh::param_half, param_half ? elements(*param_half, first, count, 2) : Range{dev.placeholder(true), 0, 16}}};
 }
 
 void check_adamw_operands(const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
@@ -132,21 +128,17 @@ void check_adamw_operands(const Buffer& param, const Buffer& grad, const Buffer&
   }
 }
 
-// Pieces start where float32 and (with a copy) float16 offsets are both aligned; the _half
-// entries run a thread per two parameters.
-void for_each_adamw_piece(Device& dev, uint64_t n, const Buffer* param_half,
+// Pieces start where float32 and float16 offsets are both aligned (with or
+// without a copy: one piece layout); a thread per two parameters.
+void for_each_adamw_piece(Device& dev, uint64_t n,
                           const std::function<void(uint64_t, uint64_t, uint32_t, uint32_t)>& fn) {
   for_each_piece(
       dev, n,
       [&](uint64_t first, uint64_t count) {
-        auto [gx, gy] = grid_1d(dev, ceil_div(param_half ? ceil_div(count, 2) : count, sh::WG));
+        auto [gx, gy] = grid_1d(dev, ceil_div(ceil_div(count, 2), sh::WG));
         fn(first, count, gx, gy);
       },
-      elem_bytes(param_half != nullptr));
-}
-
-std::string adamw_entry(const char* base, const Buffer* clip, const Buffer* param_half) {
-  return std::string(base) + (clip ? "_clipped" : "") + (param_half ? "_half" : "");
+      elem_bytes(true));
 }
 }  // namespace
 
@@ -157,11 +149,12 @@ void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& e
   check_adamw_operands(param, grad, exp_avg, exp_avg_sq, param_half, n);
   if (clip) check_floats(*clip, 2, "clip coefficient");
   Device& dev = r.device();
-  const Kernel& k = optim_kernel(dev, adamw_entry("adamw", clip, param_half).c_str());
+  const Kernel& k = optim_kernel(dev, clip ? "adamw_clipped" : "adamw");
   AdamWUniform p = adamw_uniform(0, cfg, step);
-  for_each_adamw_piece(dev, n, param_half, [&](uint64_t first, uint64_t count, uint32_t gx, uint32_t gy) {
+  p.half_copy = param_half ? 1 : 0;
+  for_each_adamw_piece(dev, n, [&](uint64_t first, uint64_t count, uint32_t gx, uint32_t gy) {
     p.n = uint32_t(count);
-    std::vector<Operand> operands = adamw_piece(param, grad, exp_avg, exp_avg_sq, param_half, first, count);
+    std::vector<Operand> operands = adamw_piece(dev, param, grad, exp_avg, exp_avg_sq, param_half, first, count);
     if (clip) operands.push_back({sh::clip, whole(*clip)});
     r.dispatch(k, operands, p, gx, gy);
   });
@@ -190,11 +183,12 @@ void adamw_device(Recorder& r, const Buffer& param, const Buffer& grad, const Bu
   check_floats(found_inf, 1, "found_inf");
   if (clip) check_floats(*clip, 2, "clip coefficient");
   Device& dev = r.device();
-  const Kernel& k = optim_kernel(dev, adamw_entry("adamw_device", clip, param_half).c_str());
+  const Kernel& k = optim_kernel(dev, clip ? "adamw_device_clipped" : "adamw_device");
   AdamDevParams p = adam_device_params(cfg, slot, 0);
-  for_each_adamw_piece(dev, n, param_half, [&](uint64_t first, uint64_t count, uint32_t gx, uint32_t gy) {
+  p.half_copy = param_half ? 1 : 0;
+  for_each_adamw_piece(dev, n, [&](uint64_t first, uint64_t count, uint32_t gx, uint32_t gy) {
     p.n = uint32_t(count);
-    std::vector<Operand> operands = adamw_piece(param, grad, exp_avg, exp_avg_sq, param_half, first, count);
+    std::vector<Operand> operands = adamw_piece(dev, param, grad, exp_avg, exp_avg_sq, param_half, first, count);
     operands.push_back({sh::adam_state, whole(state)});
     operands.push_back({sh::found_inf, whole(found_inf)});
     if (clip) operands.push_back({sh::clip, whole(*clip)});

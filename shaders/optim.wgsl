@@ -1,4 +1,4 @@
-// Optimizer updates, one thread per parameter. Dispatches are 2-D when a
+// Optimizer updates. Dispatches are 2-D when a
 // vector needs more than 65535 workgroups; the index is linearized here.
 //
 // AdamW as torch.optim.AdamW (amsgrad=False): decoupled decay p *= 1 - lr*wd,
@@ -7,10 +7,10 @@
 // (`adamw_prepare`, `adamw_device`) keeps step counts and bias corrections in
 // device memory and reads lr from a buffer, so a captured step replays with
 // the current lr, and skips on the GPU when a GradScaler found inf/NaN.
-// The `_half` entries also write each updated parameter's float16 copy
-// (param_half: autocast's products read it instead of casting), rounded as
-// cast.wgsl rounds (half_bits), so it equals a cast of the new parameter bit
-// for bit. Two copies share a word: each of their threads updates the two
+// With half_copy set, the updates also write each new parameter's float16
+// copy (param_half: autocast's products read it instead of casting), rounded
+// as cast.wgsl rounds (half_bits), so it equals a cast of the new parameter
+// bit for bit. Two copies share a word: each thread updates the two
 // parameters of one word and writes it whole.
 
 struct AdamParams {
@@ -19,7 +19,7 @@ struct AdamParams {
   decay: f32,      // 1 - lr * weight_decay
   step_size: f32,  // lr / (1 - beta1^t)
   bc2_sqrt: f32,   // sqrt(1 - beta2^t)
-  _pad: f32,
+  half_copy: u32,  // 1: write param_half too
 }
 
 @group(0) @binding(0) var<storage, read_write> param: array<f32>;
@@ -39,7 +39,7 @@ struct ScaleParams { n: u32, }
 // bc1, bc2 (bc = 1 - beta^step), this step's lr / bc1, sqrt(bc2),
 // 1 - lr * weight_decay, 0, 0; found_inf[0] != 0: skip the step (GradScaler).
 struct AdamDevParams {
-  n: u32, slot: u32, group: u32, _pad: u32,
+  n: u32, slot: u32, group: u32, half_copy: u32,
   beta1: f32, beta2: f32, eps: f32, weight_decay: f32,
   one_minus_beta1: f32, one_minus_beta2: f32, _pad1: f32, _pad2: f32,
 }
@@ -125,22 +125,19 @@ fn adamw_device_update(i: u32, g: f32) -> f32 {
   return adam_update(i, g, dp.beta1, dp.beta2, dp.eps, decay, step_size, bc2_sqrt);
 }
 
+// Every update entry runs a thread per two parameters and writes their float16
+// copy when the uniform's half_copy says so: one pipeline with and without a
+// copy, so the master values are the same bits either way (NVIDIA's compiler
+// contracts multiply-adds differently in different entry points).
 @compute @workgroup_size(WG)
 fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
-  let i = linear_index(wid, nwg, lid);
-  if (i < ap.n) { adamw_update(i, grad[i]); }
-}
-
-@compute @workgroup_size(WG)
-fn adamw_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
   let i = 2u * linear_index(wid, nwg, lid);
   if (i >= ap.n) { return; }
   let lo = adamw_update(i, grad[i]);
   var hi = 0.0;
   if (i + 1u < ap.n) { hi = adamw_update(i + 1u, grad[i + 1u]); }
-  store_half_pair(i, ap.n, lo, hi);
+  if (ap.half_copy != 0u) { store_half_pair(i, ap.n, lo, hi); }
 }
 
 // Gradient clipping fused into the update: the clip scale is applied to the
@@ -148,19 +145,12 @@ fn adamw_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 @compute @workgroup_size(WG)
 fn adamw_clipped(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
-  let i = linear_index(wid, nwg, lid);
-  if (i < ap.n) { adamw_update(i, grad[i] * clip_scale()); }
-}
-
-@compute @workgroup_size(WG)
-fn adamw_clipped_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                      @builtin(local_invocation_index) lid: u32) {
   let i = 2u * linear_index(wid, nwg, lid);
   if (i >= ap.n) { return; }
   let lo = adamw_update(i, grad[i] * clip_scale());
   var hi = 0.0;
   if (i + 1u < ap.n) { hi = adamw_update(i + 1u, grad[i + 1u] * clip_scale()); }
-  store_half_pair(i, ap.n, lo, hi);
+  if (ap.half_copy != 0u) { store_half_pair(i, ap.n, lo, hi); }
 }
 
 // In-place clipping for clip_grad_norm_: only writes when the norm exceeds
@@ -201,45 +191,29 @@ fn adamw_prepare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   adam_state[base + 5u] = bitcast<u32>(1.0 - lr * dp.weight_decay);
 }
 
-// A skipped step leaves parameters and moments as they were, and reads no
-// gradient or clip coefficient (a non-finite norm cannot reach them).
+// A skipped step leaves parameters, moments and the float16 copy as they
+// were, and reads no gradient or clip coefficient (a non-finite norm cannot
+// reach them).
 @compute @workgroup_size(WG)
 fn adamw_device(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
-  let i = linear_index(wid, nwg, lid);
-  if (i >= dp.n || skipped()) { return; }
-  adamw_device_update(i, grad[i]);
-}
-
-// A skipped step leaves the float16 copy as it was too.
-@compute @workgroup_size(WG)
-fn adamw_device_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                     @builtin(local_invocation_index) lid: u32) {
   let i = 2u * linear_index(wid, nwg, lid);
   if (i >= dp.n || skipped()) { return; }
   let lo = adamw_device_update(i, grad[i]);
   var hi = 0.0;
   if (i + 1u < dp.n) { hi = adamw_device_update(i + 1u, grad[i + 1u]); }
-  store_half_pair(i, dp.n, lo, hi);
+  if (dp.half_copy != 0u) { store_half_pair(i, dp.n, lo, hi); }
 }
 
 @compute @workgroup_size(WG)
 fn adamw_device_clipped(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                         @builtin(local_invocation_index) lid: u32) {
-  let i = linear_index(wid, nwg, lid);
-  if (i >= dp.n || skipped()) { return; }
-  adamw_device_update(i, grad[i] * clip_scale());
-}
-
-@compute @workgroup_size(WG)
-fn adamw_device_clipped_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                             @builtin(local_invocation_index) lid: u32) {
   let i = 2u * linear_index(wid, nwg, lid);
   if (i >= dp.n || skipped()) { return; }
   let lo = adamw_device_update(i, grad[i] * clip_scale());
   var hi = 0.0;
   if (i + 1u < dp.n) { hi = adamw_device_update(i + 1u, grad[i + 1u] * clip_scale()); }
-  store_half_pair(i, dp.n, lo, hi);
+  if (dp.half_copy != 0u) { store_half_pair(i, dp.n, lo, hi); }
 }
 
 // GradScaler.unscale_, first pass: this optimizer has found nothing yet.
