@@ -77,9 +77,11 @@ struct AdamWConfig {
 using AdamWUniform = AdamParams;
 AdamWUniform adamw_uniform(uint32_t n, const AdamWConfig& cfg, uint64_t step);
 // One AdamW step (step >= 1) over n parameters; `clip` (if given) holds
-// [norm, coefficient] from grad_norm and scales the gradient as it is read.
+// [norm, coefficient] from grad_norm and scales the gradient as it is read;
+// `param_half` (if given): n float16 values, each updated parameter rounded
+// (as cast() rounds) in the same dispatch.
 void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
-           uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip);
+           uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip, const Buffer* param_half = nullptr);
 // Capturable AdamW (optim.wgsl): `state` holds kAdamSlotWords u32 per
 // parameter slot (step, bias corrections and this step's coefficients as float
 // bits), `hyper` each group's lr, `found_inf` a flag that skips the step.
@@ -90,7 +92,7 @@ void adamw_prepare(Recorder& r, const Buffer& state, uint32_t first_slot, uint32
                    const AdamWConfig& cfg, const Buffer& hyper, uint32_t group);
 void adamw_device(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
                   uint64_t n, const AdamWConfig& cfg, const Buffer& state, uint32_t slot, const Buffer& found_inf,
-                  const Buffer* clip);
+                  const Buffer* clip, const Buffer* param_half = nullptr);
 // GradScaler (optim.wgsl): `scaler` holds [scale, growth tracker, found any].
 // g *= 1/scale over n gradients, setting found_inf[0] and scaler[2] on a
 // non-finite one; `first` resets found_inf before (the first span of an unscale_).

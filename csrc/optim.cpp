@@ -1,5 +1,6 @@
 // AdamW, global gradient norm and clipping launchers.
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "dispatch_util.hpp"
@@ -13,12 +14,14 @@ namespace sh = wgsl::optim;
 const Kernel& optim_kernel(Device& dev, const char* entry) {
   static const PipelineCache::EntryBindings table = {
       {"scale_by_clip", {sh::clip, sh::grads, sh::sp}},
-      {"adamw", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap}},
-      {"adamw_clipped", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap, sh::clip}},
+      {"adamw", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap, sh::param_half}},
+      {"adamw_clipped", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::ap, sh::clip, sh::param_half}},
       {"adamw_prepare", {sh::hyper, sh::adam_state, sh::found_inf, sh::dp}},
-      {"adamw_device", {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::adam_state, sh::found_inf, sh::dp}},
+      {"adamw_device",
+       {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::adam_state, sh::found_inf, sh::dp, sh::param_half}},
       {"adamw_device_clipped",
-       {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::adam_state, sh::found_inf, sh::dp, sh::clip}},
+       {sh::param, sh::grad, sh::exp_avg, sh::exp_avg_sq, sh::adam_state, sh::found_inf, sh::dp, sh::clip,
+        sh::param_half}},
       {"scaler_reset_found", {sh::found_inf}},
       {"scaler_unscale", {sh::grads, sh::scaler, sh::found_inf, sh::gp}},
       {"scaler_update", {sh::scaler, sh::gp}}};
@@ -104,29 +107,54 @@ void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& no
 }
 
 namespace {
-// The per-element operands of one piece of an AdamW update.
-std::vector<Operand> adamw_piece(const Buffer& param, const Buffer& grad, const Buffer& exp_avg,
-                                 const Buffer& exp_avg_sq, uint64_t first, uint64_t count) {
+// The per-element operands of one piece of an AdamW update. Without a float16
+// copy the writable placeholder takes param_half's binding (half_copy = 0: the
+// kernel never touches it).
+std::vector<Operand> adamw_piece(Device& dev, const Buffer& param, const Buffer& grad, const Buffer& exp_avg,
+                                 const Buffer& exp_avg_sq, const Buffer* param_half, uint64_t first, uint64_t count) {
   return {{sh::param, floats(param, first, count)},
           {sh::grad, floats(grad, first, count)},
           {sh::exp_avg, floats(exp_avg, first, count)},
-          {sh::exp_avg_sq, floats(exp_avg_sq, first, count)}};
+          {sh::exp_avg_sq, floats(exp_avg_sq, first, count)},
+          {sh::param_half, param_half ? elements(*param_half, first, count, 2) : Range{dev.placeholder(true), 0, 16}}};
+}
+
+void check_adamw_operands(const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
+                          const Buffer* param_half, uint64_t n) {
+  for (auto* b : {&param, &grad, &exp_avg, &exp_avg_sq}) check_floats(*b, n, "AdamW operand");
+  if (param_half) {
+    check_elements(*param_half, n, 2, "AdamW float16 copy");
+    check_no_alias("AdamW", *param_half, "param_half", {{&param, "param"}, {&grad, "grad"}});
+  }
+}
+
+// Pieces start where float32 and float16 offsets are both aligned (with or
+// without a copy: one piece layout); a thread per two parameters.
+void for_each_adamw_piece(Device& dev, uint64_t n,
+                          const std::function<void(uint64_t, uint64_t, uint32_t, uint32_t)>& fn) {
+  for_each_piece(
+      dev, n,
+      [&](uint64_t first, uint64_t count) {
+        auto [gx, gy] = grid_1d(dev, ceil_div(ceil_div(count, 2), sh::WG));
+        fn(first, count, gx, gy);
+      },
+      elem_bytes(true));
 }
 }  // namespace
 
 void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
-           uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip) {
+           uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip, const Buffer* param_half) {
   check_adamw_config(cfg);
   if (step < 1) throw ArgumentError("AdamW: step must be >= 1");
-  for (auto* b : {&param, &grad, &exp_avg, &exp_avg_sq}) check_floats(*b, n, "AdamW operand");
+  check_adamw_operands(param, grad, exp_avg, exp_avg_sq, param_half, n);
   if (clip) check_floats(*clip, 2, "clip coefficient");
   Device& dev = r.device();
   const Kernel& k = optim_kernel(dev, clip ? "adamw_clipped" : "adamw");
   AdamWUniform p = adamw_uniform(0, cfg, step);
-  for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
+  p.half_copy = param_half ? 1 : 0;
+  for_each_adamw_piece(dev, n, [&](uint64_t first, uint64_t count, uint32_t gx, uint32_t gy) {
     p.n = uint32_t(count);
-    auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
-    std::vector<Operand> operands = adamw_piece(param, grad, exp_avg, exp_avg_sq, first, count);
+    std::vector<Operand> operands = adamw_piece(dev, param, grad, exp_avg, exp_avg_sq, param_half, first, count);
     if (clip) operands.push_back({sh::clip, whole(*clip)});
     r.dispatch(k, operands, p, gx, gy);
   });
@@ -148,19 +176,19 @@ void adamw_prepare(Recorder& r, const Buffer& state, uint32_t first_slot, uint32
 
 void adamw_device(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
                   uint64_t n, const AdamWConfig& cfg, const Buffer& state, uint32_t slot, const Buffer& found_inf,
-                  const Buffer* clip) {
+                  const Buffer* clip, const Buffer* param_half) {
   check_adamw_config(cfg);
-  for (auto* b : {&param, &grad, &exp_avg, &exp_avg_sq}) check_floats(*b, n, "AdamW operand");
+  check_adamw_operands(param, grad, exp_avg, exp_avg_sq, param_half, n);
   check_floats(state, kAdamSlotWords * (uint64_t(slot) + 1), "AdamW step state");
   check_floats(found_inf, 1, "found_inf");
   if (clip) check_floats(*clip, 2, "clip coefficient");
   Device& dev = r.device();
   const Kernel& k = optim_kernel(dev, clip ? "adamw_device_clipped" : "adamw_device");
   AdamDevParams p = adam_device_params(cfg, slot, 0);
-  for_each_piece(dev, n, [&](uint64_t first, uint64_t count) {
+  p.half_copy = param_half ? 1 : 0;
+  for_each_adamw_piece(dev, n, [&](uint64_t first, uint64_t count, uint32_t gx, uint32_t gy) {
     p.n = uint32_t(count);
-    auto [gx, gy] = grid_1d(dev, ceil_div(count, sh::WG));
-    std::vector<Operand> operands = adamw_piece(param, grad, exp_avg, exp_avg_sq, first, count);
+    std::vector<Operand> operands = adamw_piece(dev, param, grad, exp_avg, exp_avg_sq, param_half, first, count);
     operands.push_back({sh::adam_state, whole(state)});
     operands.push_back({sh::found_inf, whole(found_inf)});
     if (clip) operands.push_back({sh::clip, whole(*clip)});

@@ -116,9 +116,9 @@ struct UniformTraits;  // defined for each uniform block below
 #define PWT_FIELDS_ColParams(F) F(rows, u32, 0) F(cols, u32, 4) F(beta, f32, 8) F(block_rows, u32, 12)
 #define PWT_FIELDS_AdamParams(F)                                                                                  \
   F(n, u32, 0) F(beta1, f32, 4) F(beta2, f32, 8) F(eps, f32, 12) F(decay, f32, 16) F(step_size, f32, 20)          \
-  F(bc2_sqrt, f32, 24) F(_pad, f32, 28)
+  F(bc2_sqrt, f32, 24) F(half_copy, u32, 28)
 #define PWT_FIELDS_AdamDevParams(F)                                                                               \
-  F(n, u32, 0) F(slot, u32, 4) F(group, u32, 8) F(_pad, u32, 12) F(beta1, f32, 16) F(beta2, f32, 20)              \
+  F(n, u32, 0) F(slot, u32, 4) F(group, u32, 8) F(half_copy, u32, 12) F(beta1, f32, 16) F(beta2, f32, 20)              \
   F(eps, f32, 24) F(weight_decay, f32, 28) F(one_minus_beta1, f32, 32) F(one_minus_beta2, f32, 36)                \
   F(_pad1, f32, 40) F(_pad2, f32, 44)
 #define PWT_FIELDS_ScaleParams(F) F(n, u32, 0)
@@ -264,8 +264,8 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   WRITE(exp_avg_sq, 3, "array<f32>") UNIFORM(ap, 4, AdamParams) READ(clip, 5, "array<f32>")                       \
   WRITE(grads, 6, "array<f32>") UNIFORM(sp, 7, ScaleParams) READ(hyper, 8, "array<f32>")                          \
   WRITE(adam_state, 9, "array<u32>") WRITE(found_inf, 10, "array<f32>") UNIFORM(dp, 11, AdamDevParams)           \
-  WRITE(scaler, 12, "array<f32>") UNIFORM(gp, 13, ScalerParams)                                                   \
-  CONST(WG, 256) /* threads per workgroup, one element each */
+  WRITE(scaler, 12, "array<f32>") UNIFORM(gp, 13, ScalerParams) WRITE(param_half, 14, "array<u32>")              \
+  CONST(WG, 256) /* threads per workgroup; the AdamW updates take two elements each */
 #define PWT_SHADER_reduce(READ, WRITE, UNIFORM, CONST)                                                            \
   READ(src, 0, "array<f32>") WRITE(dst, 1, "array<f32>") UNIFORM(pp, 2, ReducePartialParams)                      \
   UNIFORM(fp, 3, ReduceFinalParams) READ(src4, 4, "array<vec4<f32>>")                                             \

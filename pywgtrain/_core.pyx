@@ -286,10 +286,13 @@ cdef class _Storage:
     backward that would read a saved tensor written since it was saved."""
     cdef public _Buffer buf
     cdef public object version
+    cdef public object half_shadow  # tensor.HalfShadow: a float16 copy its writer keeps, or None
+    cdef object __weakref__  # the shadow refers back weakly: no reference cycle keeps memory alive
 
     def __cinit__(self, _Buffer buf not None):
         self.buf = buf
         self.version = 0
+        self.half_shadow = None
 
     @property
     def nbytes(self):
@@ -535,9 +538,11 @@ def bias_grad(_Recorder r not None, _Buffer dz not None, _Buffer db not None, ui
 
 def adamw(_Recorder r not None, _Buffer param not None, _Buffer grad not None, _Buffer exp_avg not None,
           _Buffer exp_avg_sq not None, uint64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-          uint64_t step, _Buffer clip=None):
+          uint64_t step, _Buffer clip=None, _Buffer param_half=None):
+    """One AdamW step; ``param_half``: also write each new parameter's float16 copy there."""
     cdef AdamWConfig cfg = _adamw_config(lr, beta1, beta2, eps, weight_decay)
-    c.adamw(r.ptr.get()[0], _b(param)[0], _b(grad)[0], _b(exp_avg)[0], _b(exp_avg_sq)[0], n, cfg, step, _opt(clip))
+    c.adamw(r.ptr.get()[0], _b(param)[0], _b(grad)[0], _b(exp_avg)[0], _b(exp_avg_sq)[0], n, cfg, step, _opt(clip),
+            _opt(param_half))
 
 
 def grad_norm(_Recorder r not None, list grads not None, list counts not None, _Buffer scratch not None,
@@ -568,10 +573,11 @@ def adamw_prepare(_Recorder r not None, _Buffer state not None, uint32_t first_s
 
 def adamw_device(_Recorder r not None, _Buffer param not None, _Buffer grad not None, _Buffer exp_avg not None,
                  _Buffer exp_avg_sq not None, uint64_t n, float beta1, float beta2, float eps, float weight_decay,
-                 _Buffer state not None, uint32_t slot, _Buffer found_inf not None, _Buffer clip=None):
+                 _Buffer state not None, uint32_t slot, _Buffer found_inf not None, _Buffer clip=None,
+                 _Buffer param_half=None):
     cdef AdamWConfig cfg = _adamw_config(0.0, beta1, beta2, eps, weight_decay)
     c.adamw_device(r.ptr.get()[0], _b(param)[0], _b(grad)[0], _b(exp_avg)[0], _b(exp_avg_sq)[0], n, cfg,
-                   _b(state)[0], slot, _b(found_inf)[0], _opt(clip))
+                   _b(state)[0], slot, _b(found_inf)[0], _opt(clip), _opt(param_half))
 
 
 def scaler_unscale(_Recorder r not None, _Buffer grad not None, uint64_t n, _Buffer scaler not None,

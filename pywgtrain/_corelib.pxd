@@ -208,7 +208,8 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
     void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols,
                    float beta, bool half) except +raise_py_error
     void adamw(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg, const Buffer& exp_avg_sq,
-               uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip) except +raise_py_error
+               uint64_t n, const AdamWConfig& cfg, uint64_t step, const Buffer* clip,
+               const Buffer* param_half) except +raise_py_error
     void grad_norm(Recorder& r, const vector[const Buffer*]& grads, const vector[uint64_t]& counts,
                    const Buffer& scratch, const Buffer& out, float max_norm) except +raise_py_error
     uint64_t grad_norm_scratch_floats(const Device& dev, const vector[uint64_t]& counts)
@@ -218,7 +219,8 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                        const AdamWConfig& cfg, const Buffer& hyper, uint32_t group) except +raise_py_error
     void adamw_device(Recorder& r, const Buffer& param, const Buffer& grad, const Buffer& exp_avg,
                       const Buffer& exp_avg_sq, uint64_t n, const AdamWConfig& cfg, const Buffer& state,
-                      uint32_t slot, const Buffer& found_inf, const Buffer* clip) except +raise_py_error
+                      uint32_t slot, const Buffer& found_inf, const Buffer* clip,
+                      const Buffer* param_half) except +raise_py_error
     void scaler_unscale(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& scaler, const Buffer& found_inf,
                         bool first) except +raise_py_error
     void scaler_update(Recorder& r, const Buffer& scaler, float growth_factor, float backoff_factor,

@@ -381,6 +381,11 @@ def to_dtype(x: Tensor, dtype: Any) -> Tensor:
     out = empty(x.shape, want, x.device)
     with x.device._recording() as rec:
         _core.cast(rec, src._buf, out._buf, x._numel, want == np.float16)
+    return _attach_cast(out, x)
+
+
+def _attach_cast(out: Tensor, x: Tensor) -> Tensor:
+    """out, holding x's values in another dtype, as the differentiable result of casting x."""
     if needs_grad(x):
         src_dtype = x.dtype
 
@@ -2213,20 +2218,35 @@ def dropout(
 def _cast(x, dtype):
     """x (a Tensor or NumPy array) as ``dtype`` when it is a float of the other width. Inside
     autocast, the cast of a leaf that requires grad (a parameter) is made once per outermost
-    region and reused while the leaf's version is unchanged, as torch's autocast cache."""
+    region and reused while the leaf's version is unchanged, as torch's autocast cache; a leaf
+    with a float16 shadow (``Tensor.half_shadow``: a fused AdamW writes one with each update)
+    is read from it instead of cast."""
     if x.dtype == dtype or x.dtype not in _CASTS:
         return x
     if isinstance(x, np.ndarray):
         return x.astype(dtype)
     s = _autocast_state
-    if s.dtype is None or not s.cache_enabled or not x.requires_grad or not x.is_leaf or not is_grad_enabled():
+    if s.dtype is None or not x.requires_grad or not x.is_leaf:
         return to_dtype(x, dtype)
-    hit = s.cache.get(id(x))
-    if hit is not None and hit[0] is x and hit[1] == x._version and hit[2] == dtype:
-        return hit[3]
-    out = to_dtype(x, dtype)
-    s.cache[id(x)] = (x, x._version, dtype, out)  # holding x keeps its id from being reused
+    cached = s.cache_enabled and is_grad_enabled()
+    if cached:
+        hit = s.cache.get(id(x))
+        if hit is not None and hit[0] is x and hit[1] == x._version and hit[2] == dtype:
+            return hit[3]
+    shadow = x.half_shadow if dtype == _HALF else None
+    out = to_dtype(x, dtype) if shadow is None else _from_shadow(x, shadow)
+    if cached:
+        s.cache[id(x)] = (x, x._version, dtype, out)  # holding x keeps its id from being reused
     return out
+
+
+def _from_shadow(x, shadow):
+    """x as float16 read from its shadow, attached to autograd as the cast would be (x's
+    gradient comes back as float32). The shadow casts into its copy first when x was written
+    since the copy was; in a graph capture, each replay does that check again (graphs.py)."""
+    with x.device._recording() as rec:
+        out = shadow.read(rec).detach()
+    return _attach_cast(out, x)
 
 
 def _operands(args, kwargs, skip):

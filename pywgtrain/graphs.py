@@ -21,7 +21,11 @@ host mid-capture cannot be replayed and raises :class:`CaptureError`. Values
 an operation feeds from the host on every call (a capturable ``AdamW``'s
 learning rates, through :func:`feed`) are the exception: the graph keeps how
 to compute them, and each replay uploads their current values, so a captured
-``optimizer.step()`` follows a learning-rate scheduler.
+``optimizer.step()`` follows a learning-rate scheduler. Float16 shadows
+(:class:`pywgtrain.tensor.HalfShadow`, which autocast reads for parameters)
+are kept honest the same way: a replay first refreshes each shadow the capture
+read whose master was written since, and afterwards moves the version of each
+master the capture wrote, as the eager block would have.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import numpy as np
 
 from . import _core, autograd
 from .device import Device, resolve_device
-from .tensor import Tensor
+from .tensor import HalfShadow, Tensor, half_shadows
 
 
 class CaptureError(RuntimeError):
@@ -58,6 +62,8 @@ class Graph:
         self._graph = None
         self._backwards: list = []  # leaves of each captured backward pass (post-backward hooks)
         self._feeds: dict = {}  # id(tensor) -> (tensor, values): host values each replay uploads (feed())
+        self._shadow_reads: list[HalfShadow] = []  # float16 shadows the captured work reads
+        self._shadow_writes: list[tuple[HalfShadow, bool]] = []  # (shadow, copy rewritten) of masters it writes
 
     def __len__(self) -> int:
         """The number of captured dispatches."""
@@ -83,12 +89,16 @@ class Graph:
         for _ in range(reps):
             rec = _core._Recorder(dev._dev)
             timer = _core._PassTimer(dev._dev, 1)
+            self._before_replay(rec)
             timer.time_next_pass(rec, 0)
             rec.replay(self._graph)
+            self._after_replay()
             whole.append(timer.read(rec, 1)[0] / 1e3)
             rec = _core._Recorder(dev._dev)
             timer = _core._PassTimer(dev._dev, len(names))
+            self._before_replay(rec)
             rec.replay(self._graph, timer)
+            self._after_replay()
             each.append(timer.read(rec, len(names)))
         per_dispatch = np.median(np.array(each), axis=0) / 1e3
         by_kernel: dict[str, tuple[int, float]] = {}
@@ -146,10 +156,38 @@ class Graph:
                 )
             pairs.append((static._buf, target))
         with dev._recording() as rec:
+            self._before_replay(rec)
             rec.replay(self._graph, inputs=pairs)
+        self._after_replay()
         # The replayed backward passes produced gradients again: what runs after a backward
         # (DistributedDataParallel's gradient averaging) runs now, as it did after the capture.
         autograd.run_post_backward_hooks(dev, self._backwards)
+
+    def _before_replay(self, rec: Any) -> None:
+        """The float16 shadows the captured work reads, refreshed where their masters changed."""
+        for sh in self._shadow_reads:
+            if sh.alive:  # (a master that is gone can be written by nobody)
+                sh.read(rec)
+
+    def _after_replay(self) -> None:
+        for sh, consistent in self._shadow_writes:
+            sh.replayed(consistent)
+
+
+def _shadow_effects(
+    dev: Device, before: dict[HalfShadow, tuple[int, Optional[int]]]
+) -> tuple[list[HalfShadow], list[tuple[HalfShadow, bool]]]:
+    """The float16 shadows a capture read, and those whose masters it wrote with whether it
+    rewrote the copy after (the copy then matches when the capture ends), from their read counts
+    and master versions ``before`` it."""
+    reads, writes = [], []
+    for sh in half_shadows(dev):
+        n, version = before.get(sh, (0, None))
+        if sh.reads != n:
+            reads.append(sh)
+        if sh.master_version != version:
+            writes.append((sh, sh.current()))
+    return reads, writes
 
 
 @contextlib.contextmanager
@@ -165,6 +203,7 @@ def graph(g: Graph, device: Optional[Device] = None) -> Iterator[Graph]:
     if dev._in_batch():
         raise RuntimeError("graph(): cannot capture inside a Device.batch() block")
     feeds: dict = {}
+    shadows = {sh: (sh.reads, sh.master_version) for sh in half_shadows(dev)}
     with dev.batch() as rec:
         dev.capture_interrupted(reset=True)
         rec.begin_capture()
@@ -182,6 +221,7 @@ def graph(g: Graph, device: Optional[Device] = None) -> Iterator[Graph]:
     if where is not None:
         raise CaptureError(where)
     g.device, g._graph, g._backwards, g._feeds = dev, captured, backwards, feeds
+    g._shadow_reads, g._shadow_writes = _shadow_effects(dev, shadows)
 
 
 def _fed_array(t: Tensor, values: Callable[[], Any]) -> np.ndarray:

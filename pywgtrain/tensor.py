@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
+import weakref
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, overload
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union, overload
 
 import numpy as np
 
@@ -244,6 +246,14 @@ class Tensor(_TensorFields):
                     "grad_home is written by kernels: it must be contiguous at an aligned offset and not require grad"
                 )
         self._grad_home = home
+
+    @property
+    def half_shadow(self) -> Optional[HalfShadow]:
+        """The float16 copy of this tensor that its writer keeps (:class:`HalfShadow`; a fused
+        ``AdamW`` keeps one per parameter), or None. It belongs to the memory: the tensor must
+        cover its whole storage, as a parameter does; a view has none."""
+        sh = self._store.half_shadow
+        return sh if sh is not None and self._whole and sh.numel == self._numel else None
 
     @property
     def _version(self) -> int:
@@ -819,6 +829,108 @@ class Tensor(_TensorFields):
     __isub__ = sub_
     __imul__ = mul_
     __itruediv__ = div_
+
+
+class HalfShadow:
+    """A float16 copy of a float32 tensor (the master) that the master's writer keeps up to
+    date, so that readers who want float16 (autocast's products) read it instead of casting
+    the master each time. A fused ``AdamW`` registers one per parameter and writes it in the
+    update's dispatch; ``functions`` reads it under autocast.
+
+    The copy counts only while it matches the master: it records the master's version when
+    it is written (``read``'s cast, or the writer's ``written()``), and every other write of
+    the master (in-place ops, ``copy_``, ``load_state_dict``, ``set_``, ``move_storage_``)
+    bumps that version, after which ``read`` casts afresh into it. ``make()`` gives the
+    float16 memory (a contiguous float16 tensor of the master's shape and device) on the
+    first ``read``, so a master nobody reads in float16 costs nothing. Creating a shadow
+    attaches it to the master's storage (``Tensor.half_shadow``), replacing any other; the
+    shadow refers to that storage weakly (no reference cycle outlives the master)."""
+
+    def __init__(self, master: Tensor, make: Callable[[], Tensor]) -> None:
+        if not isinstance(master, Tensor) or master.dtype != np.float32 or not master._whole:
+            raise ValueError("HalfShadow: the master must be a float32 tensor covering its whole storage")
+        self._store = weakref.ref(master._store)
+        self.shape, self.numel, self.device = master.shape, master._numel, master.device
+        self._make = make
+        self._copy: Optional[Tensor] = None
+        self._matches: Optional[int] = None  # the master's version the copy equals; None: none yet
+        self.reads = 0  # read() calls (graphs.graph() tells what a capture read by it)
+        master._store.half_shadow = self
+        _SHADOWS.add(self)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the master's storage still exists."""
+        return self._store() is not None
+
+    @property
+    def master_version(self) -> Optional[int]:
+        store = self._store()
+        return None if store is None else store.version
+
+    def current(self) -> bool:
+        """Whether the copy exists and equals the master rounded to float16."""
+        version = self.master_version
+        return self._copy is not None and version is not None and self._matches == version
+
+    def read(self, rec: Any) -> Tensor:
+        """The copy (a float16 tensor over the shadow's memory), equal to the master: when
+        the master was written since the copy was, a cast into it is recorded in ``rec``
+        first (a backward that saved the old copy then refuses, as for any in-place write)."""
+        self.reads += 1
+        store = self._store()
+        if store is None:
+            raise RuntimeError("HalfShadow.read: the master tensor no longer exists")
+        if not self.current():
+            if self._copy is None:
+                with _SHADOW_LOCK:  # one copy tensor (one version counter) whichever thread reads first
+                    if self._copy is None:
+                        copy = self._make()
+                        if (
+                            not isinstance(copy, Tensor)
+                            or copy.dtype != _HALF
+                            or copy.shape != self.shape
+                            or copy.device is not self.device
+                            or not copy._bindable
+                        ):
+                            raise ValueError(
+                                f"HalfShadow: make() must give a contiguous float16 tensor of shape {self.shape} "
+                                f"on {self.device!r}"
+                            )
+                        self._copy = copy
+            _core.cast(rec, store.buf, self._copy._buf, self.numel, True)
+            self._copy._bump_version()
+            self._matches = store.version
+        assert self._copy is not None
+        return self._copy
+
+    def written(self) -> None:
+        """The writer has just written the master (and bumped its version) and, in the same
+        work, the copy: the copy matches again. Nothing happens before the first ``read``
+        (there is no copy to match)."""
+        if self._copy is not None:
+            self._copy._bump_version()
+            self._matches = self.master_version
+
+    def replayed(self, consistent: bool) -> None:
+        """A replayed graph wrote the master (graphs.py): the host did not see the write, so
+        the version moves as an eager run would have moved it; ``consistent``: the graph also
+        rewrote the copy after its last write of the master (then the copy matches)."""
+        store = self._store()
+        if store is not None:
+            store.version += 1
+            if consistent:
+                self.written()
+
+
+_SHADOWS: weakref.WeakSet[HalfShadow] = weakref.WeakSet()
+_SHADOW_LOCK = threading.Lock()
+
+
+def half_shadows(device: Device) -> list[HalfShadow]:
+    """The live float16 shadows of ``device``'s tensors (graphs.graph() compares them around a
+    capture)."""
+    return [sh for sh in list(_SHADOWS) if sh.device is device and sh.alive]
 
 
 def _check_array(x, name, dtype=np.float32):

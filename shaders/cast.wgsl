@@ -10,34 +10,14 @@ struct CastParams {
   n: u32,  // elements of this piece
 }
 
+//!include half
+
 @group(0) @binding(0) var<storage, read> src: array<u32>;
 @group(0) @binding(1) var<storage, read_write> dst: array<u32>;
 @group(0) @binding(2) var<uniform> cp: CastParams;
 
 fn thread_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
   return (wid.y * nwg.x + wid.x) * WG + lid;
-}
-
-// The float16 bit pattern nearest to the float32 with bits x (ties to even).
-fn half_bits(x: u32) -> u32 {
-  let sign = (x >> 16u) & 0x8000u;
-  let ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) { return sign | 0x7e00u | ((ax >> 13u) & 0x3ffu); }  // NaN, made quiet
-  if (ax >= 0x477ff000u) { return sign | 0x7c00u; }  // >= 65520 (half-way past 65504) and inf
-  if (ax >= 0x38800000u) {  // normal float16 (>= 2^-14): rebias the exponent, round off 13 bits
-    let v = ax - 0x38000000u;
-    return sign | ((v + 0xfffu + ((v >> 13u) & 1u)) >> 13u);
-  }
-  if (ax < 0x33000000u) { return sign; }  // <= 2^-25 rounds to zero
-  // Subnormal float16: the value in units of 2^-24 is m >> (126 - e), rounded.
-  let e = ax >> 23u;
-  let m = (ax & 0x7fffffu) | 0x800000u;
-  let s = 126u - e;  // 14..24
-  var q = m >> s;
-  let rem = m & ((1u << s) - 1u);
-  let mid = 1u << (s - 1u);
-  if (rem > mid || (rem == mid && (q & 1u) == 1u)) { q += 1u; }
-  return sign | q;  // q may reach 0x400, the smallest normal: its bits
 }
 
 // The float32 bits of the float16 with bits h (exact).

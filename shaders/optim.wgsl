@@ -1,4 +1,4 @@
-// Optimizer updates, one thread per parameter. Dispatches are 2-D when a
+// Optimizer updates. Dispatches are 2-D when a
 // vector needs more than 65535 workgroups; the index is linearized here.
 //
 // AdamW as torch.optim.AdamW (amsgrad=False): decoupled decay p *= 1 - lr*wd,
@@ -7,6 +7,11 @@
 // (`adamw_prepare`, `adamw_device`) keeps step counts and bias corrections in
 // device memory and reads lr from a buffer, so a captured step replays with
 // the current lr, and skips on the GPU when a GradScaler found inf/NaN.
+// With half_copy set, the updates also write each new parameter's float16
+// copy (param_half: autocast's products read it instead of casting), rounded
+// as cast.wgsl rounds (half_bits), so it equals a cast of the new parameter
+// bit for bit. Two copies share a word: each thread updates the two
+// parameters of one word and writes it whole.
 
 struct AdamParams {
   n: u32,
@@ -14,7 +19,7 @@ struct AdamParams {
   decay: f32,      // 1 - lr * weight_decay
   step_size: f32,  // lr / (1 - beta1^t)
   bc2_sqrt: f32,   // sqrt(1 - beta2^t)
-  _pad: f32,
+  half_copy: u32,  // 1: write param_half too
 }
 
 @group(0) @binding(0) var<storage, read_write> param: array<f32>;
@@ -34,7 +39,7 @@ struct ScaleParams { n: u32, }
 // bc1, bc2 (bc = 1 - beta^step), this step's lr / bc1, sqrt(bc2),
 // 1 - lr * weight_decay, 0, 0; found_inf[0] != 0: skip the step (GradScaler).
 struct AdamDevParams {
-  n: u32, slot: u32, group: u32, _pad: u32,
+  n: u32, slot: u32, group: u32, half_copy: u32,
   beta1: f32, beta2: f32, eps: f32, weight_decay: f32,
   one_minus_beta1: f32, one_minus_beta2: f32, _pad1: f32, _pad2: f32,
 }
@@ -50,6 +55,11 @@ struct ScalerParams {
 }
 @group(0) @binding(12) var<storage, read_write> scaler: array<f32>;
 @group(0) @binding(13) var<uniform> gp: ScalerParams;
+
+// The float16 copy of `param`, two values to a word (element 2w in word w's low half).
+@group(0) @binding(14) var<storage, read_write> param_half: array<u32>;
+
+//!include half
 
 fn linear_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
   return (wid.y * nwg.x + wid.x) * WG + lid;  // WG: csrc/shader_contract.hpp
@@ -75,17 +85,31 @@ fn is_finite(x: f32) -> bool {
   return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u;
 }
 
-fn adam_update(i: u32, g: f32, beta1: f32, beta2: f32, eps: f32, decay: f32, step_size: f32, bc2_sqrt: f32) {
+// Updates parameter i and returns its new value.
+fn adam_update(i: u32, g: f32, beta1: f32, beta2: f32, eps: f32, decay: f32, step_size: f32, bc2_sqrt: f32) -> f32 {
   let m = beta1 * exp_avg[i] + (1.0 - beta1) * g;
   let v = beta2 * exp_avg_sq[i] + (1.0 - beta2) * g * g;
   exp_avg[i] = m;
   exp_avg_sq[i] = v;
   let denom = sqrt(v) / bc2_sqrt + eps;
-  param[i] = param[i] * decay - step_size * (m / denom);
+  let p = param[i] * decay - step_size * (m / denom);
+  param[i] = p;
+  return p;
 }
 
-fn adamw_update(i: u32, g: f32) {
-  adam_update(i, g, ap.beta1, ap.beta2, ap.eps, ap.decay, ap.step_size, ap.bc2_sqrt);
+fn adamw_update(i: u32, g: f32) -> f32 {
+  return adam_update(i, g, ap.beta1, ap.beta2, ap.eps, ap.decay, ap.step_size, ap.bc2_sqrt);
+}
+
+// Word i / 2 of the float16 copy from the new values of parameters i (even) and i + 1; an odd
+// count's last word keeps its high half (the element past the piece is not this thread's).
+fn store_half_pair(i: u32, n: u32, lo: f32, hi: f32) {
+  let l = half_bits(bitcast<u32>(lo));
+  if (i + 1u < n) {
+    param_half[i / 2u] = l | (half_bits(bitcast<u32>(hi)) << 16u);
+  } else {
+    param_half[i / 2u] = (param_half[i / 2u] & 0xffff0000u) | l;
+  }
 }
 
 fn skipped() -> bool {
@@ -93,19 +117,27 @@ fn skipped() -> bool {
 }
 
 // The capturable update, with the coefficients adamw_prepare left in the slot.
-fn adamw_device_update(i: u32, g: f32) {
+fn adamw_device_update(i: u32, g: f32) -> f32 {
   let base = 8u * dp.slot;
   let step_size = bitcast<f32>(adam_state[base + 3u]);
   let bc2_sqrt = bitcast<f32>(adam_state[base + 4u]);
   let decay = bitcast<f32>(adam_state[base + 5u]);
-  adam_update(i, g, dp.beta1, dp.beta2, dp.eps, decay, step_size, bc2_sqrt);
+  return adam_update(i, g, dp.beta1, dp.beta2, dp.eps, decay, step_size, bc2_sqrt);
 }
 
+// Every update entry runs a thread per two parameters and writes their float16
+// copy when the uniform's half_copy says so: one pipeline with and without a
+// copy, so the master values are the same bits either way (NVIDIA's compiler
+// contracts multiply-adds differently in different entry points).
 @compute @workgroup_size(WG)
 fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
-  let i = linear_index(wid, nwg, lid);
-  if (i < ap.n) { adamw_update(i, grad[i]); }
+  let i = 2u * linear_index(wid, nwg, lid);
+  if (i >= ap.n) { return; }
+  let lo = adamw_update(i, grad[i]);
+  var hi = 0.0;
+  if (i + 1u < ap.n) { hi = adamw_update(i + 1u, grad[i + 1u]); }
+  if (ap.half_copy != 0u) { store_half_pair(i, ap.n, lo, hi); }
 }
 
 // Gradient clipping fused into the update: the clip scale is applied to the
@@ -113,8 +145,12 @@ fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
 @compute @workgroup_size(WG)
 fn adamw_clipped(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
-  let i = linear_index(wid, nwg, lid);
-  if (i < ap.n) { adamw_update(i, grad[i] * clip_scale()); }
+  let i = 2u * linear_index(wid, nwg, lid);
+  if (i >= ap.n) { return; }
+  let lo = adamw_update(i, grad[i] * clip_scale());
+  var hi = 0.0;
+  if (i + 1u < ap.n) { hi = adamw_update(i + 1u, grad[i + 1u] * clip_scale()); }
+  if (ap.half_copy != 0u) { store_half_pair(i, ap.n, lo, hi); }
 }
 
 // In-place clipping for clip_grad_norm_: only writes when the norm exceeds
@@ -155,22 +191,29 @@ fn adamw_prepare(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   adam_state[base + 5u] = bitcast<u32>(1.0 - lr * dp.weight_decay);
 }
 
-// A skipped step leaves parameters and moments as they were, and reads no
-// gradient or clip coefficient (a non-finite norm cannot reach them).
+// A skipped step leaves parameters, moments and the float16 copy as they
+// were, and reads no gradient or clip coefficient (a non-finite norm cannot
+// reach them).
 @compute @workgroup_size(WG)
 fn adamw_device(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
-  let i = linear_index(wid, nwg, lid);
+  let i = 2u * linear_index(wid, nwg, lid);
   if (i >= dp.n || skipped()) { return; }
-  adamw_device_update(i, grad[i]);
+  let lo = adamw_device_update(i, grad[i]);
+  var hi = 0.0;
+  if (i + 1u < dp.n) { hi = adamw_device_update(i + 1u, grad[i + 1u]); }
+  if (dp.half_copy != 0u) { store_half_pair(i, dp.n, lo, hi); }
 }
 
 @compute @workgroup_size(WG)
 fn adamw_device_clipped(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                         @builtin(local_invocation_index) lid: u32) {
-  let i = linear_index(wid, nwg, lid);
+  let i = 2u * linear_index(wid, nwg, lid);
   if (i >= dp.n || skipped()) { return; }
-  adamw_device_update(i, grad[i] * clip_scale());
+  let lo = adamw_device_update(i, grad[i] * clip_scale());
+  var hi = 0.0;
+  if (i + 1u < dp.n) { hi = adamw_device_update(i + 1u, grad[i + 1u] * clip_scale()); }
+  if (dp.half_copy != 0u) { store_half_pair(i, dp.n, lo, hi); }
 }
 
 // GradScaler.unscale_, first pass: this optimizer has found nothing yet.

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
+import weakref
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -13,8 +16,15 @@ from ..autograd import no_grad
 from ..nn.modules.module import float32_values
 from ..nn.parallel import register_flat_gradients
 from ..ops import check_adamw_hyperparameters, record_grad_norm
-from ..tensor import Tensor, zeros
+from ..tensor import HalfShadow, Tensor, empty, zeros
 from .optimizer import Optimizer, Params
+
+
+def _half_view(arena_ref, i, shape, device):
+    """Parameter i's float16 copy: its place in the arena's twin, or, once the optimizer is
+    gone (the parameters live on), memory of its own."""
+    arena = arena_ref()
+    return empty(shape, np.float16, device) if arena is None else arena.half_view(i)
 
 
 class _FlatArena:
@@ -23,10 +33,14 @@ class _FlatArena:
     maps zeros to zeros), parameters of a group next to each other.
     Parameters are moved into it with ``Tensor.move_storage_`` (views of them
     follow) and their gradients go to it through ``Tensor.grad_home``, so a group's update is one AdamW
-    dispatch and the norm one reduction, whatever the number of tensors."""
+    dispatch and the norm one reduction, whatever the number of tensors.
+
+    Each parameter gets a float16 shadow (``tensor.HalfShadow``) in ``param_half``, a float16
+    twin of ``param`` at the same offsets (aligned for 2-byte elements too), made when autocast
+    first reads a shadow; from then on every flat step writes the twin in the update's dispatch."""
 
     def __init__(self, params, device):
-        align = max(device.limits["min_storage_buffer_offset_alignment"] // 4, 1)
+        align = max(device.limits["min_storage_buffer_offset_alignment"] // 2, 1)  # elements of 2 or 4 bytes
         self.offsets, total = [], 0
         for p in params:
             self.offsets.append(total)
@@ -49,25 +63,63 @@ class _FlatArena:
         self.params = list(params)
         self.device = device
         self._spans = {}
+        self._half_lock = threading.Lock()
+        me = weakref.ref(self)  # the shadows live with the parameters: no cycle through the arena
+        self.shadows = [
+            HalfShadow(p, functools.partial(_half_view, me, i, p.shape, device)) for i, p in enumerate(self.params)
+        ]
         register_flat_gradients(self)  # DistributedDataParallel reduces runs of them as one span
+
+    @property
+    def has_half(self):
+        """Whether the float16 twin exists (a shadow has been read): steps then write it."""
+        return "param_half" in self.buffers
+
+    def half_view(self, i):
+        """Parameter i's place in the float16 twin, made (for every parameter) on first call: steps write
+        the whole twin, gaps included, so its contents before the first step do not matter."""
+        with self._half_lock:  # threads reading shadows at once must share one twin (steps write that one)
+            if not self.has_half:
+                self.buffers["param_half"] = _core._Buffer(
+                    self.device._dev, self.size * 2, "pywgtrain.param_half_arena"
+                )
+        return self.view("param_half", self.params[i], self.offsets[i])
 
     def holds_grad(self, i):
         """Whether parameter i's gradient is the one this arena holds (its span is its .grad)."""
         return self.params[i].grad is self.grad_views[i]
 
+    @staticmethod
+    def _dtype(name):
+        return np.dtype(np.float16 if name == "param_half" else np.float32)
+
     def view(self, name, p, off):
-        return Tensor(self.buffers[name].view(off * 4, p.nbytes), p.shape, np.float32, p.device)
+        dt = self._dtype(name)
+        return Tensor(self.buffers[name].view(off * dt.itemsize, p.numel() * dt.itemsize), p.shape, dt, p.device)
 
     def span(self, name, first, last):
         """Parameters first..last-1 (and the gaps after them) as one flat tensor (made once: steps reuse it)."""
         key = (name, first, last)
         t = self._spans.get(key)
         if t is None:
+            dt = self._dtype(name)
             start = self.offsets[first]
             end = self.offsets[last] if last < len(self.offsets) else self.size
-            buf = self.buffers[name].view(start * 4, (end - start) * 4)
-            t = self._spans[key] = Tensor(buf, (end - start,), np.float32, self.device)
+            buf = self.buffers[name].view(start * dt.itemsize, (end - start) * dt.itemsize)
+            t = self._spans[key] = Tensor(buf, (end - start,), dt, self.device)
         return t
+
+    def half_span(self, first, last):
+        """span("param_half", ...) when the twin exists, else None."""
+        return self.span("param_half", first, last) if self.has_half else None
+
+    def half_written(self, matched=None):
+        """After a flat step that wrote the twin (and bumped the parameters' versions): every
+        shadow still this arena's matches again. ``matched``: per shadow, whether it matched
+        before the step; a step the GPU may skip keeps only those."""
+        for i, (p, sh) in enumerate(zip(self.params, self.shadows)):
+            if (matched is None or matched[i]) and p.half_shadow is sh:
+                sh.written()
 
     def holds(self, params):
         """Whether every parameter and its gradient still live in this arena."""
@@ -92,6 +144,12 @@ class AdamW(Optimizer):
     which every parameter has a gradient is one norm reduction and one AdamW
     dispatch per group instead of one per tensor. Other steps update tensor by
     tensor. Learning-rate schedulers change ``param_groups[i]["lr"]``.
+    A fused AdamW also keeps each parameter's float16 copy for autocast
+    (``Tensor.half_shadow``): made by a cast the first time autocast reads it,
+    then written by those one-dispatch steps with the update, so autocast's
+    products read it instead of casting every parameter every step (a
+    parameter written any other way is cast afresh). ``fused=False`` keeps
+    autocast's casts.
 
     ``capturable`` (torch's name): step counts and bias corrections live in
     device memory and advance on the GPU, and each ``step()`` writes the
@@ -197,6 +255,8 @@ class AdamW(Optimizer):
         if not live:
             return
         flat = self._flat_step(live)
+        # A capturable step may be skipped on the GPU: then only copies that matched still match.
+        was_current = [sh.current() for sh in self._arena.shadows] if flat and self.capturable else None
         self._calls += 1
         for i, _ in live:
             self._touched[i] = hash((self._touched[i], self._calls))
@@ -219,6 +279,7 @@ class AdamW(Optimizer):
                     t = {
                         name: self._arena.span(name, first, last) for name in ("param", "grad", "exp_avg", "exp_avg_sq")
                     }
+                    half = self._arena.half_span(first, last)
                     _core.adamw(
                         rec,
                         t["param"]._buf,
@@ -233,6 +294,7 @@ class AdamW(Optimizer):
                         wd,
                         step,
                         clip,
+                        None if half is None else half._buf,
                     )
             else:
                 for i, p in live:
@@ -257,6 +319,8 @@ class AdamW(Optimizer):
                     )
         for _, p in live:
             p._bump_version()  # written in place: a graph that saved the old values refuses to backward
+        if flat and self._arena.has_half:  # the float16 twin was written with the parameters
+            self._arena.half_written(was_current)
 
     def _device_step(self, rec, live, flat, clip, found_inf):
         """The capturable step: this step's lrs fed to the GPU, then per group (or per
@@ -270,7 +334,8 @@ class AdamW(Optimizer):
                     gi,
                     first,
                     last,
-                    [self._arena.span(n, first, last) for n in ("param", "grad", "exp_avg", "exp_avg_sq")],
+                    [self._arena.span(n, first, last) for n in ("param", "grad", "exp_avg", "exp_avg_sq")]
+                    + [self._arena.half_span(first, last)],
                 )
                 for gi, (first, last) in enumerate(self._group_ranges)
                 if first != last
@@ -280,8 +345,8 @@ class AdamW(Optimizer):
             for i, p in live:
                 st = self._state_for(i)
                 st["step"] += 1
-                work.append((self._group_of[i], i, i + 1, [p, p.grad, st["exp_avg"], st["exp_avg_sq"]]))
-        for gi, first, last, (param, grad, m, v) in work:
+                work.append((self._group_of[i], i, i + 1, [p, p.grad, st["exp_avg"], st["exp_avg_sq"], None]))
+        for gi, first, last, (param, grad, m, v, half) in work:
             _, b1, b2, eps, wd = self._hyper(self.param_groups[gi])
             _core.adamw_prepare(
                 rec, self._steps._buf, first, last - first, found_inf._buf, b1, b2, eps, wd, self._lrs._buf, gi
@@ -301,6 +366,7 @@ class AdamW(Optimizer):
                 first,
                 found_inf._buf,
                 clip,
+                None if half is None else half._buf,
             )
 
     def _device_steps(self) -> list[int]:
