@@ -39,9 +39,10 @@
 // that each view's last element lies inside its binding.
 //
 // ET (an alias emitted per kernel, csrc/attention.cpp): the element type of
-// q, k, v, dO, O and dq, dk, dv, f32 or f16 (HALF: bool, ET is f16). Loads
-// widen to f32, all math is f32 (scores, softmax max and sum, products), and
-// each output element is rounded once (half.wgsl); lse and delta stay f32.
+// q, k, v, dO, O and dq, dk, dv, f32 or f16 (HALF: bool, ET is f16). Operands
+// widen to f32 as they enter workgroup memory, all math is f32 (scores,
+// softmax max and sum, products), and each output element is rounded once
+// (half.wgsl); lse and delta stay f32.
 // With HALF, a result that several dispatches build (a split block loop)
 // keeps its partial sums in f32 scratch (acc_ws) and only the dispatch that
 // finishes an element rounds it into the output.
@@ -105,12 +106,12 @@ const OK: u32 = 1u;
 const OV: u32 = 2u;
 const OG: u32 = 3u;
 
-fn ld(which: u32, idx: u32) -> f32 {
+fn ld(which: u32, idx: u32) -> ET {
   switch which {
-    case 0u: { return f32(q_in[idx]); }
-    case 1u: { return f32(k_in[idx]); }
-    case 2u: { return f32(v_in[idx]); }
-    default: { return f32(dout[idx]); }
+    case 0u: { return q_in[idx]; }
+    case 1u: { return k_in[idx]; }
+    case 2u: { return v_in[idx]; }
+    default: { return dout[idx]; }
   }
 }
 
@@ -122,12 +123,12 @@ fn head_base(view: vec4<u32>, bh: u32) -> u32 {
   return view.x + (bh / ap.heads) * view.y + (bh % ap.heads) * view.z;
 }
 
-fn ld4(which: u32, i4: u32) -> vec4<f32> {
+fn ld4(which: u32, i4: u32) -> vec4<ET> {
   switch which {
-    case 0u: { return vec4<f32>(q4[i4]); }
-    case 1u: { return vec4<f32>(k4[i4]); }
-    case 2u: { return vec4<f32>(v4[i4]); }
-    default: { return vec4<f32>(g4[i4]); }
+    case 0u: { return q4[i4]; }
+    case 1u: { return k4[i4]; }
+    case 2u: { return v4[i4]; }
+    default: { return g4[i4]; }
   }
 }
 
@@ -135,17 +136,19 @@ fn ld4(which: u32, i4: u32) -> vec4<f32> {
 // of an operand): slot s is tile row li / 16 + 16 s, vec4 column li % 16; 0
 // past T or HD. Tiles go global -> registers (fetch) -> workgroup memory
 // (put), so loads are issued early (prefetch) and operands reused across
-// block iterations stay in registers instead of being read again.
-alias Slice = array<vec4<f32>, 4>;
+// block iterations stay in registers instead of being read again, in the
+// element type (float16 slices take half the registers), widened as they are
+// put.
+alias Slice = array<vec4<ET>, 4>;
 
-fn fetch1(which: u32, base: u32, st: u32, row: u32, d: u32) -> vec4<f32> {
-  var x = vec4<f32>(0.0);
+fn fetch1(which: u32, base: u32, st: u32, row: u32, d: u32) -> vec4<ET> {
+  var x = vec4<ET>();
   if (row < ap.t && d < HD) {
     let i = base + row * st + d;
     if (VEC) {
       x = ld4(which, i / 4u);
     } else if (d + 4u <= HD) {
-      x = vec4<f32>(ld(which, i), ld(which, i + 1u), ld(which, i + 2u), ld(which, i + 3u));
+      x = vec4<ET>(ld(which, i), ld(which, i + 1u), ld(which, i + 2u), ld(which, i + 3u));
     } else {
       x.x = ld(which, i);
       if (d + 1u < HD) { x.y = ld(which, i + 1u); }
@@ -166,10 +169,10 @@ fn fetch(which: u32, base: u32, st: u32, r0: u32, d0: u32, li: u32) -> Slice {
 fn put(x: Slice, reg: u32, li: u32) {
   let r = li / NV;
   let i = reg + r * NV + ((li % NV) ^ r);
-  sm[i] = x[0];
-  sm[i + 16u * NV] = x[1];
-  sm[i + 32u * NV] = x[2];
-  sm[i + 48u * NV] = x[3];
+  sm[i] = vec4<f32>(x[0]);
+  sm[i + 16u * NV] = vec4<f32>(x[1]);
+  sm[i + 32u * NV] = vec4<f32>(x[2]);
+  sm[i + 48u * NV] = vec4<f32>(x[3]);
 }
 
 // Vec4 columns of chunk ch holding head columns.
@@ -533,37 +536,49 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
   }
   // The first dispatch that reaches this key block applies the caller's beta;
   // later ones accumulate; the last one (all query blocks done) finishes it.
+  // Constant indices only: left to a loop the compiler might not unroll, the
+  // accumulators live in local memory for the whole kernel (the float16
+  // kernel's did on the H100, 1.75x the float32 kernel's time).
   let first = kb >= ap.blk0;
+  dkdv_row(bh, keys.x, tx, first, dk0[0], dv0[0], dk1[0], dv1[0]);
+  dkdv_row(bh, keys.y, tx, first, dk0[1], dv0[1], dk1[1], dv1[1]);
+  dkdv_row(bh, keys.z, tx, first, dk0[2], dv0[2], dk1[2], dv1[2]);
+  dkdv_row(bh, keys.w, tx, first, dk0[3], dv0[3], dk1[3], dv1[3]);
+}
+
+// dK and dV of one key row at head columns 4 tx .. 4 tx + 3 (and 64 more).
+fn dkdv_row(bh: u32, key: u32, tx: u32, first: bool, dk_a: vec4<f32>, dv_a: vec4<f32>, dk_b: vec4<f32>,
+            dv_b: vec4<f32>) {
+  dkdv_element(bh, key, 4u * tx, first, dk_a.x, dv_a.x, dk_b.x, dv_b.x);
+  dkdv_element(bh, key, 4u * tx + 1u, first, dk_a.y, dv_a.y, dk_b.y, dv_b.y);
+  dkdv_element(bh, key, 4u * tx + 2u, first, dk_a.z, dv_a.z, dk_b.z, dv_b.z);
+  dkdv_element(bh, key, 4u * tx + 3u, first, dk_a.w, dv_a.w, dk_b.w, dv_b.w);
+}
+
+fn dkdv_element(bh: u32, key: u32, col: u32, first: bool, dk_a: f32, dv_a: f32, dk_b: f32, dv_b: f32) {
   let partial = HALF && ap.blk1 < ap.blocks;
-  let dkb = head_base(ap.dk, bh);
-  let dvb = head_base(ap.dv, bh);
-  for (var i = 0u; i < 4u; i++) {
-    for (var e = 0u; e < 4u; e++) {
-      let col = 4u * tx + e;
-      let ik = out_index(dkb, ap.dk.w, keys[i], col);
-      if (ik == 0xffffffffu) { continue; }
-      let iv = out_index(dvb, ap.dv.w, keys[i], col);
-      let w = 2u * ws_index(bh, keys[i], col);  // dK and dV partials interleaved
-      let x = dk0[i][e] * ap.scale + grad_base(f32(dk[ik]), w, first);
-      let y = dv0[i][e] + grad_base(f32(dv[iv]), w + 1u, first);
-      if (partial) {
-        acc_ws[w] = x;
-        acc_ws[w + 1u] = y;
-      } else {
-        dk[ik] = st(x);
-        dv[iv] = st(y);
-      }
-      if (DCH > 1u && col + 64u < HD) {
-        let x1 = dk1[i][e] * ap.scale + grad_base(f32(dk[ik + 64u]), w + 128u, first);
-        let y1 = dv1[i][e] + grad_base(f32(dv[iv + 64u]), w + 129u, first);
-        if (partial) {
-          acc_ws[w + 128u] = x1;
-          acc_ws[w + 129u] = y1;
-        } else {
-          dk[ik + 64u] = st(x1);
-          dv[iv + 64u] = st(y1);
-        }
-      }
+  let ik = out_index(head_base(ap.dk, bh), ap.dk.w, key, col);
+  if (ik == 0xffffffffu) { return; }
+  let iv = out_index(head_base(ap.dv, bh), ap.dv.w, key, col);
+  let w = 2u * ws_index(bh, key, col);  // dK and dV partials interleaved
+  let x = dk_a * ap.scale + grad_base(f32(dk[ik]), w, first);
+  let y = dv_a + grad_base(f32(dv[iv]), w + 1u, first);
+  if (partial) {
+    acc_ws[w] = x;
+    acc_ws[w + 1u] = y;
+  } else {
+    dk[ik] = st(x);
+    dv[iv] = st(y);
+  }
+  if (DCH > 1u && col + 64u < HD) {
+    let x1 = dk_b * ap.scale + grad_base(f32(dk[ik + 64u]), w + 128u, first);
+    let y1 = dv_b + grad_base(f32(dv[iv + 64u]), w + 129u, first);
+    if (partial) {
+      acc_ws[w + 128u] = x1;
+      acc_ws[w + 129u] = y1;
+    } else {
+      dk[ik + 64u] = st(x1);
+      dv[iv + 64u] = st(y1);
     }
   }
 }
