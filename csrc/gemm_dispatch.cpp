@@ -297,36 +297,38 @@ void record_repack(Recorder& r, const Buffer& src, const Buffer& dst, uint32_t r
 namespace {
 
 // Writes the transpose of the rows x cols matrix `src` (leading dimension
-// src_ld) to `dst` with leading dimension dst_ld.
+// src_ld, elements of `elem` bytes) to `dst` with leading dimension dst_ld.
 void record_transpose(Recorder& r, const Buffer& src, uint64_t src_ld, uint32_t rows, uint32_t cols, const Buffer& dst,
-                      uint64_t dst_ld) {
+                      uint64_t dst_ld, uint32_t elem) {
   Device& dev = r.device();
   GemmParams q;
   q.m = rows;
   q.n = cols;
   q.lda = uint32_t(src_ld);
   q.ldc = uint32_t(dst_ld);
-  const Kernel& k =
-      elementwise_pipeline(dev, "transpose", Epilogue::Plain, Activation::None, {sh::c, sh::p, sh::partials});
-  r.dispatch(
-      k,
-      {{sh::c, floats(dst, 0, (cols - 1) * dst_ld + rows)}, {sh::partials, floats(src, 0, (rows - 1) * src_ld + cols)}},
-      q, uint32_t(ceil_div(cols, sh::TRANSPOSE_TILE)), uint32_t(ceil_div(rows, sh::TRANSPOSE_TILE)));
+  GemmSpec s;
+  s.t = kElementwiseTiles;
+  s.half_ab = s.half_c = elem == 2;
+  const Kernel& k = gemm_pipeline(dev, "transpose", s, {sh::c, sh::p, sh::a});
+  r.dispatch(k,
+             {{sh::c, elements(dst, 0, (uint64_t(cols) - 1) * dst_ld + rows, elem)},
+              {sh::a, elements(src, 0, (uint64_t(rows) - 1) * src_ld + cols, elem)}},
+             q, uint32_t(ceil_div(cols, sh::TRANSPOSE_TILE)), uint32_t(ceil_div(rows, sh::TRANSPOSE_TILE)));
 }
 
 }  // namespace
 
 std::unique_ptr<Buffer> transposed_copy(Recorder& r, const Buffer& src, uint64_t ld, uint32_t rows, uint32_t cols,
-                                        int slot) {
+                                        int slot, uint32_t elem) {
   Device& dev = r.device();
-  const uint64_t binding_floats = dev.limits().max_storage_binding / 4;
+  const uint64_t binding_elems = dev.limits().max_storage_binding / elem;
   const uint64_t rows4 = (uint64_t(rows) + 3) & ~uint64_t(3);
-  if (uint64_t(rows) * ld > binding_floats || uint64_t(cols) * rows4 > binding_floats ||
+  if (uint64_t(rows) * ld > binding_elems || uint64_t(cols) * rows4 > binding_elems ||
       ceil_div(std::max(rows, cols), sh::TRANSPOSE_TILE) > dev.limits().max_workgroups_per_dim)
     return nullptr;
-  const uint64_t bytes = cols * rows4 * 4;
+  const uint64_t bytes = cols * rows4 * elem;
   auto copy = std::make_unique<Buffer>(r.device_ptr(), dev.repack_space(slot, bytes), bytes);
-  record_transpose(r, src, ld, rows, cols, *copy, rows4);
+  record_transpose(r, src, ld, rows, cols, *copy, rows4, elem);
   return copy;
 }
 

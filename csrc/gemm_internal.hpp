@@ -182,12 +182,13 @@ void record_split_reduce(Recorder& r, const GemmParams& q, const SplitRanges& ra
 // Copies the rows x cols matrix `src` (leading dimension cols) to `dst` with
 // leading dimension ld.
 void record_repack(Recorder& r, const Buffer& src, const Buffer& dst, uint32_t rows, uint32_t cols, uint32_t ld);
-// The rows x cols matrix `src` (leading dimension ld) transposed into the
-// device's repack space `slot`, its rows padded to a multiple of 4 floats
-// (the product's 128-bit loads), recorded on r; null where the source or the
-// copy exceeds one binding or the transpose's grid one dispatch.
+// The rows x cols matrix `src` (leading dimension ld, elements of `elem`
+// bytes: 4 or 2) transposed into the device's repack space `slot`, its rows
+// padded to a multiple of 4 elements (the product's vec4 loads), recorded on
+// r; null where the source or the copy exceeds one binding or the
+// transpose's grid one dispatch.
 std::unique_ptr<Buffer> transposed_copy(Recorder& r, const Buffer& src, uint64_t ld, uint32_t rows, uint32_t cols,
-                                        int slot);
+                                        int slot, uint32_t elem = 4);
 
 // ---- GEMV (gemv.cpp)
 

@@ -372,14 +372,26 @@ bool record_row_split(Recorder& r, const GemmProblem& g, const EpilogueArgs& e) 
 
 void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
   Device& dev = r.device();
-  // float16 operands: the tiled product on its plan (gemm_plan: forced or
-  // heuristic). The GEMV rows, transposed copies and the row split move
-  // float32 operands; they only change speed.
-  if (g.elem == 2) return record_planned(r, g, e, gemm_plan(r, g));
   const uint32_t m = g.m, n = g.n, k = g.k;
   const bool ta = g.ta, tb = g.tb;
   const uint64_t lda = g.lda, ldb = g.ldb;
   const Buffer &a = *g.a, &b = *g.b, &c = *g.c;
+  // NT (x @ W.T, a linear layer's forward) loads both operands k-major, as
+  // scalars; NN loads B n-major as vec4s. Products with many rows repay
+  // transposing B into the device workspace first: the copy reads and writes
+  // B once, the product reads it M / BM times.
+  if (!ta && tb && m >= dev.gemm_switches().nt_as_nn_rows && n >= kNtAsNnMinCols && k >= kNtAsNnMinCols)
+    if (const auto bt = transposed_copy(r, b, ldb, n, k, 1, g.elem)) {
+      GemmProblem nn = g;
+      nn.b = bt.get();
+      nn.tb = false;
+      nn.ldb = (uint64_t(n) + 3) & ~uint64_t(3);
+      return record_gemm(r, nn, e);
+    }
+  // float16 operands: the tiled product on its plan (gemm_plan: forced or
+  // heuristic). The GEMV rows, the swapped product and the row split move
+  // float32 operands; they only change speed.
+  if (g.elem == 2) return record_planned(r, g, e, gemm_plan(r, g));
   const uint64_t cap_floats = dev.limits().max_storage_binding / 4;
   const uint64_t slack = std::max<uint32_t>(dev.limits().storage_offset_alignment, 4) / 4;
   if (e.ep == Epilogue::Plain && !ta && lda + slack > cap_floats && ldb == (tb ? k : n)) {
@@ -401,18 +413,6 @@ void record_gemm(Recorder& r, const GemmProblem& g, EpilogueArgs e) {
     }
     return;
   }
-  // NT (x @ W.T, a linear layer's forward) loads both operands k-major, as
-  // scalars; NN loads B n-major as vec4s. Products with many rows repay
-  // transposing B into the device workspace first: the copy reads and writes
-  // B once, the product reads it M / BM times.
-  if (!ta && tb && m >= dev.gemm_switches().nt_as_nn_rows && n >= kNtAsNnMinCols && k >= kNtAsNnMinCols)
-    if (const auto bt = transposed_copy(r, b, ldb, n, k, 1)) {
-      GemmProblem nn = g;
-      nn.b = bt.get();
-      nn.tb = false;
-      nn.ldb = (uint64_t(n) + 3) & ~uint64_t(3);
-      return record_gemm(r, nn, e);
-    }
   // Fewer rows and many columns: C^T = B A^T instead, NN on a transposed
   // copy of A, the small operand (4 MB at 256 x 4096, where B is 64 MB), with
   // C stored transposed (gemm.wgsl TRANS_C).

@@ -672,9 +672,10 @@ fn repack(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
   c[p.c_off + row * p.ldc + col] = CT(partials[p.a_off + row * p.lda + col]);
 }
 
-// Transposes the m x n matrix at a_off in `partials` (leading dimension lda)
-// into C (leading dimension ldc): C[j][i] = src[i][j]. Through a padded tile
-// in workgroup memory, so reads and writes both run along rows.
+// Transposes the m x n matrix at a_off in `a` (leading dimension lda) into C
+// (leading dimension ldc): C[j][i] = a[i][j], float16 to float16 or float32
+// to float32 (AB = CT). Through a padded tile in workgroup memory, so reads
+// and writes both run along rows.
 var<workgroup> tile_t: array<f32, TRANSPOSE_TILE * (TRANSPOSE_TILE + 1u)>;
 
 @compute @workgroup_size(TRANSPOSE_TILE, TRANSPOSE_ROWS)
@@ -684,7 +685,7 @@ fn transpose(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
   for (var i = lid.y; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {
     let row = row0 + i;
     let col = col0 + lid.x;
-    if (row < p.m && col < p.n) { tile_t[i * (TRANSPOSE_TILE + 1u) + lid.x] = partials[p.a_off + row * p.lda + col]; }
+    if (row < p.m && col < p.n) { tile_t[i * (TRANSPOSE_TILE + 1u) + lid.x] = f32(a[p.a_off + row * p.lda + col]); }
   }
   workgroupBarrier();
   for (var i = lid.y; i < TRANSPOSE_TILE; i += TRANSPOSE_ROWS) {

@@ -238,6 +238,27 @@ def test_half_gemm_with_f16_fmas(monkeypatch, rng, ta, tb):
         assert_half_gemm(got, ref, bound)
 
 
+@pytest.mark.parametrize("rows", ["1", "1000000000"])
+def test_half_nt_as_nn_on_transposed_b(monkeypatch, rng, rows):
+    """float16 NT products with many rows run as NN on a float16 transposed copy of B
+    (PYWGTRAIN_GEMM_NT_ROWS=1 sends every one with N, K >= 256 that way, 10^9 none), plain and
+    with alpha and beta, into poisoned outputs, against float64; the transpose is float16 to
+    float16 and recorded only when asked for."""
+    device = switched_device(monkeypatch, PYWGTRAIN_GEMM_NT_ROWS=rows)
+    for m, n, k in [(7, 257, 300), (33, 300, 257), (130, 259, 513)]:
+        for alpha, beta in ((1.0, 0.0), (0.5, -1.25)):
+            got, (ref, bound, _) = run_half_gemm(device, rng, m, n, k, False, True, alpha, beta)
+            assert_half_gemm(got, ref, bound)
+    a, b = (pw.tensor(half_operand(rng, *s), device) for s in ((33, 300), (257, 300)))
+    with device.batch() as rec:
+        rec.begin_capture()
+        pw.gemm(a, b, trans_b=True)
+        names = rec.end_capture().kernel_names()
+    transposes = [n for n in names if n.startswith("gemm:transpose;")]
+    assert len(transposes) == (1 if rows == "1" else 0), names
+    assert all("AB:f16" in n and "CT:f16" in n for n in transposes), transposes
+
+
 @pytest.mark.parametrize("switch", [{"PYWGTRAIN_GEMM_SPLITS": "3"}, {"PYWGTRAIN_GEMM_STREAM_K": "4"}])
 def test_half_gemm_on_forced_plans(monkeypatch, rng, switch):
     """Split-K and stream-K: float32 partials, reduced into float16 C."""
