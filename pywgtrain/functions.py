@@ -390,6 +390,14 @@ def _attach_cast(out: Tensor, x: Tensor) -> Tensor:
         src_dtype = x.dtype
 
         def backward(g, sinks):
+            if g.dtype is _HALF and src_dtype == np.float32:
+                # Widened straight into the gradient's home, adding to what is there (a parameter's
+                # gradient under autocast): one pass, no float32 temporary to copy in after.
+                src = _dense(g.detach())
+                dst, beta = sinks[0].target()
+                with dst.device._recording() as rec:
+                    _core.unary(rec, UNARY["copy"], src._buf, dst._buf, src._numel, 0.0, 0.0, float(beta), 1)
+                return
             cast_g = to_dtype(g.detach(), src_dtype)
             sinks[0].put(cast_g, owned=cast_g is not g)
 

@@ -147,6 +147,31 @@ def test_gradients_through_autocast_match_torch(dev, rng):
         assert rel(p.grad.numpy(), t.grad.numpy()) < 1e-2
 
 
+def test_a_cast_gradient_is_widened_into_the_parameter_and_accumulates(dev, rng):
+    """A parameter's float16 gradient under autocast reaches its float32 .grad (widened exactly,
+    no other rounding) and a second backward adds to it, as torch's cast backward does; an
+    explicit .half() adds to a gradient already set."""
+    x, w = rand(rng, 33, 7), rand(rng, 5, 7)
+    p = pw.tensor(w, dev, requires_grad=True)
+    with pw.autocast():
+        y = pw.linear(pw.tensor(x, dev), p)
+    assert y.dtype == np.float16
+    y.sum().backward(retain_graph=True)
+    first = p.grad.numpy().copy()
+    assert p.grad.dtype == F32
+    # dW = ones(33, 5)^T @ f16(x), a float16 product: within the GEMM's rounding of float64.
+    ref = np.ones((5, 33)) @ x.astype(np.float16).astype(np.float64)
+    assert np.allclose(first, ref, rtol=2e-3, atol=2e-3)
+    assert np.array_equal(first, first.astype(np.float16).astype(np.float32))  # widened, not re-rounded
+    y.sum().backward()
+    np.testing.assert_array_equal(p.grad.numpy(), 2 * first)  # f + f is exact in float32
+    # An explicit .half() of a parameter with a gradient already there: added to it.
+    q = pw.tensor(w, dev, requires_grad=True)
+    q.grad = pw.tensor(np.ones((5, 7), np.float32), dev)
+    pw.linear(pw.tensor(x.astype(np.float16), dev), q.half()).float().sum().backward()
+    np.testing.assert_array_equal(q.grad.numpy(), first + 1)
+
+
 @pytest.mark.parametrize("attention", ["plain", "fused"])
 def test_gpt_under_autocast_matches_torch_twin(dev, rng, attention):
     """Logits within 1e-2 relative; 20 AdamW steps (autocast around forward and loss, as
