@@ -92,6 +92,17 @@ def eager_step(dev, model, opt, loss_fn, x, y):
     return loss
 
 
+def backward_and_step(loss, opt, scaler=None):
+    """loss.backward() and opt.step(), through the GradScaler when one is given (scale, step, update)."""
+    if scaler is None:
+        loss.backward()
+        opt.step()
+    else:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+
 def run_threads(calls, timeout=None):
     """Run each callable on a thread of its own, all at once, and join them all."""
     threads = [threading.Thread(target=call) for call in calls]

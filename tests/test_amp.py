@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pywgtrain as pw
-from helpers import assert_close, rand
+from helpers import assert_close, backward_and_step, rand
 from pywgtrain.amp import GradScaler
 from pywgtrain.train import Trainer
 
@@ -297,13 +297,7 @@ def _captured_run(dev, rng, steps, capture, scaler=None):
     def step():
         opt.zero_grad()
         loss = pw.nn.CrossEntropyLoss()(model(x), y)
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+        backward_and_step(loss, opt, scaler)
 
     step()
     sched.step()

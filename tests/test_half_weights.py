@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pywgtrain as pw
-from helpers import rand
+from helpers import backward_and_step, rand
 from pywgtrain import _core
 from pywgtrain.amp import GradScaler
 from pywgtrain.models import GPT, GPTConfig
@@ -136,13 +136,7 @@ def _gpt_run(dev, seed, data, shadows, capturable=False, scaler=None, edit=None)
         opt.zero_grad()
         with pw.autocast():
             loss = GPT.loss(model(np.ascontiguousarray(d[:, :-1])), np.ascontiguousarray(d[:, 1:]))
-        if scaler is None:
-            loss.backward()
-            opt.step()
-        else:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+        backward_and_step(loss, opt, scaler)
         losses.append(loss.item())
     return losses, [p.numpy() for p in list(model.parameters())], model
 
