@@ -206,14 +206,6 @@ def _narrowed(x):
     return out
 
 
-def _widened(x):
-    """A float16 tensor's float32 copy (exact, no autograd)."""
-    wide = _core._Buffer(x.device._dev, x._numel * 4)
-    with _rec(x.device) as rec:
-        _core.unary(rec, UNARY["copy"], x._buf, wide, x._numel, 0.0, 0.0, 0.0, 1)  # (mask 1: the source is float16)
-    return Tensor(wide, x.shape, np.float32, x.device)
-
-
 def _sum_to_sink(g, sink, owned):
     """Reduce g over the dimensions broadcasting added to the sink's tensor, into the sink
     (a float16 g is summed in float32, as torch's half sums, and rounded once)."""
@@ -225,12 +217,18 @@ def _sum_to_sink(g, sink, owned):
         if all(a == b for a, b in zip(_squeeze_shape(g.shape), _squeeze_shape(target))):
             sink.put(g.detach().reshape(target), owned=owned)
             return
-    if g.dtype is _HALF:
-        wide = _widened(g)
+    if g.dtype is _HALF:  # the reduce kernels read float16 and sum in float32
         part = _Collect(target, g.device)
-        _sum_to_sink(wide, part, owned=True)
+        _reduce_into(g, part)
         sink.put(_narrowed(part.value), owned=True)
         return
+    _reduce_into(g, sink)
+
+
+def _reduce_into(g, sink):
+    """Sum g over the dimensions it has beyond the sink's shape and those where the sink has size
+    1, into sink.target() (float32)."""
+    target = tuple(sink.shape)
     cur, shape = g, list(g.shape)
     lead = len(shape) - len(target)
     # Leading dimensions first (one pass over the merged leading block), then

@@ -149,6 +149,22 @@ def test_half_and_float_are_differentiable_like_torch(dev, rng):
     assert_same_halves(th.grad.numpy(), rh.grad.numpy())
 
 
+def test_broadcast_gradients_of_float16_leaves_sum_in_float32_like_torch(dev, rng):
+    """A float16 leaf broadcast against a larger float16 tensor gets its gradient summed over
+    the broadcast dimensions in float32 and rounded once (torch's half sum), read straight from
+    the float16 products: leading dimensions, inner size-1 dimensions and both at once."""
+    for a_shape, b_shape in (((4, 33, 7), (33, 7)), ((4, 33, 7), (33, 1)), ((5, 3, 129), (1, 3, 1))):
+        a = (rng.standard_normal(a_shape) * 4).astype(np.float16)
+        b = rng.standard_normal(b_shape).astype(np.float16)
+        ta, tb = (pw.tensor(v, dev, requires_grad=True) for v in (a, b))
+        ra, rb = (torch.from_numpy(v).requires_grad_() for v in (a, b))
+        (ta * tb).float().sum().backward()
+        (ra * rb).float().sum().backward()
+        assert tb.grad.dtype == np.float16 and tb.grad.shape == b_shape
+        assert_same_halves(tb.grad.numpy(), rb.grad.numpy())
+        assert_same_halves(ta.grad.numpy(), ra.grad.numpy())
+
+
 def test_float16_refusals(dev, rng):
     h = pw.tensor(rng.standard_normal((4, 4)).astype(np.float16), dev)
     with pytest.raises(TypeError, match="needs a float32 tensor, got float16"):
