@@ -876,17 +876,17 @@ def _new_shape(x, shape, op):
     return tuple(shape)
 
 
-def _view_op(x, shape, strides, offset, name, backward, any_float=False):
-    """A view of x (shared memory) recorded by autograd with ``backward`` (``any_float``: one
-    that does not write regions of the gradient, for float16 too)."""
+def _view_op(x, shape, strides, offset, name, backward):
+    """A view of x (shared memory) recorded by autograd with ``backward``."""
     out = _make_view(x, shape, strides, offset)
-    if (x.dtype == np.float32 or any_float) and needs_grad(x):
+    if needs_grad(x):
         attach(out, name, [x], backward)
-    elif needs_grad(x):  # their backward writes float32 regions
-        raise TypeError(
-            f"{name}: views of {x.dtype.name} tensors that require grad are not supported; cast with .float()"
-        )
     return out
+
+
+def _copy_mask(src, dst):
+    """strided_copy's float16 mask for copying src's elements into dst's (either may be float16)."""
+    return (1 if src.dtype is _HALF else 0) | (8 if dst.dtype is _HALF else 0)
 
 
 def _reshape_view(x, shape, name):
@@ -895,7 +895,7 @@ def _reshape_view(x, shape, name):
     def backward(g, sinks):
         sinks[0].put(g.detach().reshape(in_shape), owned=False)
 
-    return _view_op(x, shape, _strides(shape), x._offset, name, backward, any_float=True)
+    return _view_op(x, shape, _strides(shape), x._offset, name, backward)
 
 
 def reshape(x: Tensor, *shape: ShapeLike) -> Tensor:
@@ -989,7 +989,16 @@ def permute(x: Tensor, *dims: Union[int, Sequence[int]]) -> Tensor:
         ks = _kshape(x.shape)
         with _rec(x.device) as rec:
             _core.strided_copy(
-                rec, g._buf, 0, [gst[i] for i in inverse] or [0], dst._buf, 0, list(_strides(ks)), ks, float(beta)
+                rec,
+                g._buf,
+                0,
+                [gst[i] for i in inverse] or [0],
+                dst._buf,
+                0,
+                list(_strides(ks)),
+                ks,
+                float(beta),
+                _copy_mask(g, dst),
             )
 
     return _view_op(x, out_shape, [st[p] for p in perm], x._offset, "permute", backward)
@@ -1035,7 +1044,7 @@ def _region_backward(offset, strides, shape):
         if beta == 0.0:
             _zero(dst)
         with _rec(g.device) as rec:
-            _core.strided_copy(rec, g._buf, 0, gst, dst._buf, offset, list(strides) or [0], ks, 1.0)
+            _core.strided_copy(rec, g._buf, 0, gst, dst._buf, offset, list(strides) or [0], ks, 1.0, _copy_mask(g, dst))
 
     return backward
 
@@ -1065,12 +1074,16 @@ def _rebase_view(view, value):
         if to_value is not None:
             dst, beta = to_value.target()
             with _rec(g.device) as rec:
-                _core.strided_copy(rec, g._buf, off, st, dst._buf, 0, list(_strides(ks)), ks, float(beta))
+                _core.strided_copy(
+                    rec, g._buf, off, st, dst._buf, 0, list(_strides(ks)), ks, float(beta), _copy_mask(g, dst)
+                )
         if to_base is not None:  # the old values are overwritten inside the region: no gradient there
             outside = clone(g.detach())
             with _rec(g.device) as rec:
                 zero = full((1,), 0.0, g.device)
-                _core.strided_copy(rec, zero._buf, 0, [0] * len(ks), outside._buf, off, st, ks, 0.0)
+                _core.strided_copy(
+                    rec, zero._buf, 0, [0] * len(ks), outside._buf, off, st, ks, 0.0, _copy_mask(zero, outside)
+                )
             to_base.put(outside, owned=True)
 
     result = attach(_make_view(base, base.shape, base.stride(), 0), "copy_slices", [base, value], backward)
