@@ -221,7 +221,7 @@ class _Slot:
                 t.grad = g
                 return
             dst, beta = self._leaf_target()
-            _copy_into(g, dst, beta)
+            copy_into(g, dst, beta)
             return
         if self.value is None:
             self.value, self.owned = g, owned
@@ -231,7 +231,7 @@ class _Slot:
             return
         if not self.owned:
             self._own()
-        _copy_into(g, self.value, 1.0)
+        copy_into(g, self.value, 1.0)
 
 
 class _Share:
@@ -274,16 +274,22 @@ def _empty_like(t):
     return t.new_empty(t.shape)
 
 
-def _copy_into(src, dst, beta):
+def copy_mask(src, dst):
+    """The copy kernels' float16 mask for src's elements into dst's (bit 0: src is float16, bit 3:
+    dst is): a float16 operand is widened, a float16 result rounded once."""
+    return (1 if src.dtype.itemsize == 2 else 0) | (8 if dst.dtype.itemsize == 2 else 0)
+
+
+def copy_into(src, dst, beta):
+    """dst = src + beta * dst in float32 (rounded once into a float16 dst, as torch's half add)."""
     n = src._numel
     with dst.device._recording() as rec:
-        # float16 (mask 9: source and destination): the kernel adds in float32 and rounds once, as torch's half add
-        _core.unary(rec, 0, src._buf, dst._buf, n, 0.0, 0.0, float(beta), 9 if src.dtype.itemsize == 2 else 0)
+        _core.unary(rec, 0, src._buf, dst._buf, n, 0.0, 0.0, float(beta), copy_mask(src, dst))
 
 
 def _copy(src):
     out = _empty_like(src)
-    _copy_into(src, out, 0.0)
+    copy_into(src, out, 0.0)
     return out
 
 
@@ -353,7 +359,7 @@ def backward(root, gradient, retain_graph=None):
                 if t.grad is None:
                     t.grad = _copy(slot.value)
                 else:
-                    _copy_into(slot.value, t.grad, 1.0)
+                    copy_into(slot.value, t.grad, 1.0)
             sinks = [None if t is None else Sink(slot_of(t, e), slot) for t, e in zip(node.inputs, node.edges)]
             node.backward_fn(slot.value, sinks)
             slot.drop()

@@ -24,7 +24,7 @@ from . import _core
 from ._opcodes import BINARY, REDUCE, UNARY
 from .autocast import _state as _autocast_state
 from .autograd import _state as _grad_state
-from .autograd import attach, is_grad_enabled, needs_grad
+from .autograd import attach, copy_into, copy_mask, is_grad_enabled, needs_grad
 from ._typing import Dims, ShapeLike
 from .device import default_device
 from .random import default_generator
@@ -391,10 +391,8 @@ def _attach_cast(out: Tensor, x: Tensor) -> Tensor:
             if g.dtype is _HALF and src_dtype == np.float32:
                 # Widened straight into the gradient's home, adding to what is there (a parameter's
                 # gradient under autocast): one pass, no float32 temporary to copy in after.
-                src = _dense(g.detach())
                 dst, beta = sinks[0].target()
-                with dst.device._recording() as rec:
-                    _core.unary(rec, UNARY["copy"], src._buf, dst._buf, src._numel, 0.0, 0.0, float(beta), 1)
+                copy_into(_dense(g.detach()), dst, beta)
                 return
             cast_g = to_dtype(g.detach(), src_dtype)
             sinks[0].put(cast_g, owned=cast_g is not g)
@@ -884,11 +882,6 @@ def _view_op(x, shape, strides, offset, name, backward):
     return out
 
 
-def _copy_mask(src, dst):
-    """strided_copy's float16 mask for copying src's elements into dst's (either may be float16)."""
-    return (1 if src.dtype is _HALF else 0) | (8 if dst.dtype is _HALF else 0)
-
-
 def _reshape_view(x, shape, name):
     in_shape = x.shape
 
@@ -998,7 +991,7 @@ def permute(x: Tensor, *dims: Union[int, Sequence[int]]) -> Tensor:
                 list(_strides(ks)),
                 ks,
                 float(beta),
-                _copy_mask(g, dst),
+                copy_mask(g, dst),
             )
 
     return _view_op(x, out_shape, [st[p] for p in perm], x._offset, "permute", backward)
@@ -1044,7 +1037,7 @@ def _region_backward(offset, strides, shape):
         if beta == 0.0:
             _zero(dst)
         with _rec(g.device) as rec:
-            _core.strided_copy(rec, g._buf, 0, gst, dst._buf, offset, list(strides) or [0], ks, 1.0, _copy_mask(g, dst))
+            _core.strided_copy(rec, g._buf, 0, gst, dst._buf, offset, list(strides) or [0], ks, 1.0, copy_mask(g, dst))
 
     return backward
 
@@ -1075,14 +1068,14 @@ def _rebase_view(view, value):
             dst, beta = to_value.target()
             with _rec(g.device) as rec:
                 _core.strided_copy(
-                    rec, g._buf, off, st, dst._buf, 0, list(_strides(ks)), ks, float(beta), _copy_mask(g, dst)
+                    rec, g._buf, off, st, dst._buf, 0, list(_strides(ks)), ks, float(beta), copy_mask(g, dst)
                 )
         if to_base is not None:  # the old values are overwritten inside the region: no gradient there
             outside = clone(g.detach())
             with _rec(g.device) as rec:
                 zero = full((1,), 0.0, g.device)
                 _core.strided_copy(
-                    rec, zero._buf, 0, [0] * len(ks), outside._buf, off, st, ks, 0.0, _copy_mask(zero, outside)
+                    rec, zero._buf, 0, [0] * len(ks), outside._buf, off, st, ks, 0.0, copy_mask(zero, outside)
                 )
             to_base.put(outside, owned=True)
 
