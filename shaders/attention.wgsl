@@ -286,6 +286,23 @@ fn grad_base(old: f32, w: u32, first: bool) -> f32 {
   return old;
 }
 
+// Whether grad_base reads `old`: the loads below are skipped where it does
+// not (beta 0, or a later float16 dispatch), which spares a full read of the
+// gradient outputs.
+fn reads_old(first: bool) -> bool { return select(!HALF, ap.beta != 0.0, first); }
+fn old_dk(i: u32, first: bool) -> f32 {
+  if (reads_old(first)) { return f32(dk[i]); }
+  return 0.0;
+}
+fn old_dv(i: u32, first: bool) -> f32 {
+  if (reads_old(first)) { return f32(dv[i]); }
+  return 0.0;
+}
+fn old_dq(i: u32, first: bool) -> f32 {
+  if (reads_old(first)) { return f32(dq[i]); }
+  return 0.0;
+}
+
 @compute @workgroup_size(16, 16)
 fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
                 @builtin(local_invocation_index) li: u32) {
@@ -561,8 +578,8 @@ fn dkdv_element(bh: u32, key: u32, col: u32, first: bool, dk_a: f32, dv_a: f32, 
   if (ik == 0xffffffffu) { return; }
   let iv = out_index(head_base(ap.dv, bh), ap.dv.w, key, col);
   let w = 2u * ws_index(bh, key, col);  // dK and dV partials interleaved
-  let x = dk_a * ap.scale + grad_base(f32(dk[ik]), w, first);
-  let y = dv_a + grad_base(f32(dv[iv]), w + 1u, first);
+  let x = dk_a * ap.scale + grad_base(old_dk(ik, first), w, first);
+  let y = dv_a + grad_base(old_dv(iv, first), w + 1u, first);
   if (partial) {
     acc_ws[w] = x;
     acc_ws[w + 1u] = y;
@@ -571,8 +588,8 @@ fn dkdv_element(bh: u32, key: u32, col: u32, first: bool, dk_a: f32, dv_a: f32, 
     dv[iv] = st(y);
   }
   if (DCH > 1u && col + 64u < HD) {
-    let x1 = dk_b * ap.scale + grad_base(f32(dk[ik + 64u]), w + 128u, first);
-    let y1 = dv_b + grad_base(f32(dv[iv + 64u]), w + 129u, first);
+    let x1 = dk_b * ap.scale + grad_base(old_dk(ik + 64u, first), w + 128u, first);
+    let y1 = dv_b + grad_base(old_dv(iv + 64u, first), w + 129u, first);
     if (partial) {
       acc_ws[w + 128u] = x1;
       acc_ws[w + 129u] = y1;
@@ -675,10 +692,10 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
       let iq = out_index(dqb, ap.dq.w, rows[i], 4u * tx + e);
       if (iq == 0xffffffffu) { continue; }
       let w = ws_index(bh, rows[i], 4u * tx + e);
-      let x = acc0[i][e] * ap.scale + grad_base(f32(dq[iq]), w, first);
+      let x = acc0[i][e] * ap.scale + grad_base(old_dq(iq, first), w, first);
       if (partial) { acc_ws[w] = x; } else { dq[iq] = st(x); }
       if (DCH > 1u && 4u * tx + e + 64u < HD) {
-        let x1 = acc1[i][e] * ap.scale + grad_base(f32(dq[iq + 64u]), w + 64u, first);
+        let x1 = acc1[i][e] * ap.scale + grad_base(old_dq(iq + 64u, first), w + 64u, first);
         if (partial) { acc_ws[w + 64u] = x1; } else { dq[iq + 64u] = st(x1); }
       }
     }
