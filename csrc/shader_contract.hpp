@@ -288,7 +288,7 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   UNIFORM(gp, 4, GatherParams) WRITE(tok_out, 5, "array<i32>") WRITE(hist, 6, "array<i32>")                       \
   WRITE(pos_io, 7, "array<i32>") UNIFORM(tp, 8, TokenParams)                                                      \
   CONST(WG, 256) /* threads of the flat entries (and of next_token's one workgroup) */                                                                \
-  CONST(VB, 128) /* dweight rows per embedding_backward (scan) workgroup */                                       \
+  CONST(VB, 1024) /* dweight rows per embedding_backward (scan) workgroup: its ids are scanned once per VB rows */ \
   CONST(CB, 64)  /* columns per embedding_backward (scan) workgroup, one per thread */
 #define PWT_SHADER_embedding_backward(READ, WRITE, UNIFORM, CONST)                                                \
   READ(src, 0, "array<f32>") READ(idx, 1, "array<i32>") WRITE(dst, 2, "array<f32>") UNIFORM(ep, 4, EmbBwdParams)  \

@@ -977,3 +977,11 @@ def test_embedding_backward_large_table_one_segment(dev, rng):
     for i in range(n_ids):
         seq[ids[i]] += dy[i]
     np.testing.assert_array_equal(dw.numpy(), seq)
+    # beta scales the old table first (rows of other workgroups' vocabulary blocks too), then the same sums
+    base = rand(rng, vocab, dim)
+    dw = T(dev, base)
+    run(dev, _core.embedding_backward, T(dev, dy)._buf, T(dev, ids)._buf, dw._buf, n_ids, vocab, dim, 0.5)
+    acc = np.float32(0.5) * base
+    for i in range(n_ids):
+        acc[ids[i]] += dy[i]
+    np.testing.assert_array_equal(dw.numpy(), acc)
