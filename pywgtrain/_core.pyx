@@ -856,12 +856,16 @@ cdef _mark_lost(BatchToken token, str why):
 cdef class _Stream:
     """Streaming submission: operations recorded outside a ``Device.batch()``,
     by any thread, go into one open recording per device, which is submitted
-    once it holds ``chunk`` commands and whenever the device is flushed (a host
-    read or write, ``synchronize()``, ``query()``, a batch starting). After a
-    flush the GPU is idle (the host waited), so ``chunk`` restarts at 1 and
-    doubles with each submission up to ``Device.BATCH_SUBMIT_COMMANDS``: the
-    GPU starts on the first operation while Python records the next ones, and
-    a long stream still pays few submissions (a CUDA stream's behaviour).
+    once it holds ``chunk`` operations (or ``Device.BATCH_SUBMIT_COMMANDS``
+    commands) and whenever the device is flushed (a host read or write,
+    ``synchronize()``, ``query()``, a batch starting). After a flush the GPU
+    is idle (the host waited), so ``chunk`` restarts at 1 and doubles with
+    each submission up to ``Device.BATCH_SUBMIT_COMMANDS``: the GPU starts on
+    the first operation while Python records the next ones, and a long stream
+    still pays few submissions (a CUDA stream's behaviour). Operations, not
+    commands: a submission costs the host 20-50 us, wgpu-native's finish of
+    the recording most of it, so an operation of two dispatches (a split-K
+    product) must not double the submissions of a stream.
     One per device, not per thread, so that a tensor handed to another
     thread is flushed by that thread's read; ``lock`` serializes
     recording into it. If a command fails to record, the core discards the
@@ -870,7 +874,8 @@ cdef class _Stream:
     cdef public BatchToken token  # tensors created while this recording is open
     cdef readonly object lock
     cdef readonly Py_ssize_t submits
-    cdef readonly size_t chunk  # commands the next submission waits for
+    cdef readonly size_t chunk  # operations the next submission waits for
+    cdef readonly size_t ops  # operations recorded since the last submission
 
     def __cinit__(self, _Device device not None):
         self.rec = _Recorder(device)
@@ -878,6 +883,7 @@ cdef class _Stream:
         self.lock = _RLock()
         self.submits = 0
         self.chunk = 1
+        self.ops = 0
 
     def submit(self):
         """Submit what is recorded (a flush): the next operations start a new ramp of chunks."""
@@ -897,6 +903,7 @@ cdef class _Stream:
                 return
             token, self.token = self.token, BatchToken()
             self.submits += 1
+            self.ops = 0
             try:
                 with nogil:
                     rec.submit()
@@ -956,9 +963,12 @@ cdef class _Recording:
                         # The core discards a recording whose command failed (Recorder::recording_step),
                         # earlier operations' work with it.
                         stream.lose(f"{type(exc).__name__}: {exc}")
-                elif stream.rec.ptr.get().pending() >= stream.chunk:
-                    stream._submit()
-                    stream.chunk = min(2 * stream.chunk, <size_t>self._dev.BATCH_SUBMIT_COMMANDS)
+                else:
+                    stream.ops += 1
+                    if (stream.ops >= stream.chunk and stream.rec.ptr.get().pending()) or (
+                            stream.rec.ptr.get().pending() >= <size_t>self._dev.BATCH_SUBMIT_COMMANDS):
+                        stream._submit()
+                        stream.chunk = min(2 * stream.chunk, <size_t>self._dev.BATCH_SUBMIT_COMMANDS)
             finally:
                 stream.lock.release()
             return

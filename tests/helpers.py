@@ -32,8 +32,8 @@ def switched_device(monkeypatch, **switches):
 
 
 def stream_schedule(ops, cap=None):
-    """(submissions, commands left pending) of ``ops`` one-command operations streamed right
-    after a flush: the stream submits chunks of 1, 2, 4, ... commands, at most ``cap``
+    """(submissions, operations left pending) of ``ops`` operations streamed right after a
+    flush: the stream submits chunks of 1, 2, 4, ... operations, at most ``cap``
     (``Device.BATCH_SUBMIT_COMMANDS``)."""
     cap = pw.Device.BATCH_SUBMIT_COMMANDS if cap is None else cap
     submits, chunk = 0, 1

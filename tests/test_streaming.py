@@ -33,6 +33,24 @@ def test_operations_share_submissions(dev, rng):
     assert dev._stream.submits == before + 5 and dev._stream.rec.pending == 0
 
 
+def test_chunks_count_operations_not_their_commands(dev):
+    """An operation of several dispatches (a split-K product) counts once in
+    the stream's chunks: a submission costs the host far more than a command."""
+    bufs = [pw.zeros(8, device=dev) for _ in range(20)]
+    dev.synchronize()  # the stream starts a new ramp
+    before = dev._stream.submits
+    for i in range(10):
+        with dev._recording() as rec:  # one operation, two commands
+            _core.fill(rec, bufs[2 * i]._buf, 8, float(i))
+            _core.fill(rec, bufs[2 * i + 1]._buf, 8, float(-i))
+    # Chunks of 1, 2 and 4 operations went, 3 operations (6 commands) wait.
+    assert stream_schedule(10) == (3, 3)
+    assert (dev._stream.submits - before, dev._stream.rec.pending) == (3, 6)
+    for i in range(10):
+        np.testing.assert_array_equal(bufs[2 * i].numpy(), np.full(8, i, np.float32))
+        np.testing.assert_array_equal(bufs[2 * i + 1].numpy(), np.full(8, -i, np.float32))
+
+
 def test_long_streams_submit_in_parts(dev):
     dev.synchronize()
     x = pw.zeros(5, device=dev)
