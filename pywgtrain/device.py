@@ -119,7 +119,7 @@ class Device:
 
     # A batch submits what it has recorded once it holds this many commands
     # (not while capturing a step graph), so the GPU runs while Python records;
-    # the stream outside batches submits chunks of 1, 2, 4, ... up to this many.
+    # the stream outside batches submits chunks of 1, 2, 4, ... operations, at most this many commands.
     BATCH_SUBMIT_COMMANDS = 64
 
     def __init__(self, adapter: Union[int, str, None] = None) -> None:
