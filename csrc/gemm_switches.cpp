@@ -74,6 +74,9 @@ GemmSwitches GemmSwitches::from_env() {
   s.vec = !env_switched_off("PYWGTRAIN_GEMM_VEC");
   s.gemv_vec4 = !env_switched_off("PYWGTRAIN_GEMV_VEC4");
   s.gemv_t_vec4 = !env_switched_off("PYWGTRAIN_GEMV_T_VEC4");
+  s.tune_rounds = uint32_t(env_count("PYWGTRAIN_GEMM_TUNE_ROUNDS", s.tune_rounds));
+  if (s.tune_rounds < 1 || s.tune_rounds > 9)
+    throw ArgumentError("PYWGTRAIN_GEMM_TUNE_ROUNDS must be from 1 to 9, got " + std::to_string(s.tune_rounds));
   if (const char* v = std::getenv("PYWGTRAIN_GEMM_F16_FMA"); v && *v) {
     if (std::string(v) != "0" && std::string(v) != "1")
       throw ArgumentError(std::string("PYWGTRAIN_GEMM_F16_FMA must be 0 or 1, got '") + v + "'");

@@ -42,6 +42,10 @@ struct GemmSwitches {
   // FMAs into f16 partial sums added to f32 accumulators (gemm.wgsl
   // HALF_FMA); unset or 0: f32 accumulation throughout.
   bool f16_fma = false;
+  // PYWGTRAIN_GEMM_TUNE_ROUNDS: rounds of timing per candidate plan when a
+  // shape is tuned (1 to 9; the median round counts). Tests of the tuner on
+  // CPU adapters take 1: they check what is tuned and kept, not which wins.
+  uint32_t tune_rounds = 3;
 
   // The switches the environment sets; ArgumentError names a malformed one.
   static GemmSwitches from_env();

@@ -29,7 +29,7 @@ namespace {
 // and the workgroups fit kTuneMaxWaves waves, and stream-K (kStreamKTiles,
 // its warps as with_mode_warps sets them). Each runs in batches of calls
 // lasting about kTuneBatchUs (the median call by GPU timestamps) on
-// operand copies rotated as the bench rotates its own, kTuneRounds rounds
+// operand copies rotated as the bench rotates its own, GemmSwitches::tune_rounds rounds
 // interleaved, after a warm-up that brings the GPU's clocks up; the median
 // round counts. Tiny products (< kTuneMinMacs) keep the heuristic: launch
 // cost dominates them. Timing writes a scratch C (never the caller's, which
@@ -41,7 +41,6 @@ constexpr uint64_t kTuneMaxScratch = uint64_t(256) << 20;
 constexpr uint64_t kTuneMinKPerSplit = 64;
 constexpr uint64_t kTuneMaxWaves = 4;
 constexpr double kTuneBatchUs = 1000;
-constexpr int kTuneRounds = 3;
 constexpr uint32_t kTuneMaxReps = 64;
 constexpr uint64_t kTuneRotateBytes = uint64_t(256) << 20;  // as `pywgtrain bench gemm`: well past L2
 constexpr uint64_t kTuneMaxSets = 8;
@@ -196,7 +195,7 @@ GemmPlan tune_plan(Recorder& outer, const GemmProblem& g, const GemmPlan& heuris
   run_untimed(heuristic, 4 * reps);
   dev.wait(rec.submit());
   std::vector<std::vector<double>> rounds(candidates.size());
-  for (int round = 0; round < kTuneRounds; ++round)
+  for (uint32_t round = 0; round < dev.gemm_switches().tune_rounds; ++round)
     for (size_t i = 0; i < candidates.size(); ++i) rounds[i].push_back(per_call_us(candidates[i], reps));
   // Each candidate's median round, not its fastest: a plan can run a whole
   // batch far faster than it usually does, and the fastest of three rounds

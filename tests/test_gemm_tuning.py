@@ -20,6 +20,7 @@ def tuned(tmp_path, monkeypatch):
     """A device of its own with autotuning on and its plan cache in tmp_path."""
     monkeypatch.setenv("PYWGTRAIN_CACHE", str(tmp_path))
     monkeypatch.setenv("PYWGTRAIN_GEMM_AUTOTUNE", "1")
+    monkeypatch.setenv("PYWGTRAIN_GEMM_TUNE_ROUNDS", "1")  # which plan wins is not what these tests check
     d = pw.Device()
     assert d.gemm_autotune
     return d
@@ -348,3 +349,8 @@ def test_autotune_settings_are_checked(dev, monkeypatch):
     monkeypatch.setenv("PYWGTRAIN_GEMM_AUTOTUNE", "yes")
     with pytest.raises(ValueError, match="PYWGTRAIN_GEMM_AUTOTUNE must be 0 or 1"):
         pw.Device()
+    monkeypatch.setenv("PYWGTRAIN_GEMM_AUTOTUNE", "1")
+    for rounds in ("0", "10"):
+        monkeypatch.setenv("PYWGTRAIN_GEMM_TUNE_ROUNDS", rounds)
+        with pytest.raises(ValueError, match=f"PYWGTRAIN_GEMM_TUNE_ROUNDS must be from 1 to 9, got {rounds}"):
+            pw.Device()
