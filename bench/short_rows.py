@@ -43,7 +43,9 @@ def main():
     dy = pw.tensor(rng.standard_normal((rows, cols)).astype(np.float32), dev)
     y, dx = pw.empty((rows, cols), device=dev), pw.empty((rows, cols), device=dev)
     labels = pw.tensor(rng.integers(0, cols, rows).astype(np.int32), dev)
-    row_bufs = [pw.empty((rows,), device=dev) for _ in range(3)]
+    row_bufs = [pw.empty((rows, 2), device=dev)] + [
+        pw.empty((rows,), device=dev) for _ in range(2)
+    ]  # stats, loss, valid
     out, scale, one = pw.empty((1,), device=dev), pw.empty((1,), device=dev), pw.tensor(np.ones(1, np.float32), dev)
 
     def run(body):

@@ -13,11 +13,11 @@ namespace sh = wgsl::cross_entropy;
 // half: the logits and their gradient hold float16 (the alias LT).
 const Kernel& xent_kernel(Device& dev, const char* entry, bool half) {
   static const PipelineCache::EntryBindings table = {
-      {"xent_forward", {sh::logits, sh::labels, sh::row_lse, sh::row_loss, sh::row_valid, sh::xp}},
-      {"xent_forward_short", {sh::logits, sh::labels, sh::row_lse, sh::row_loss, sh::row_valid, sh::xp}},
+      {"xent_forward", {sh::logits, sh::labels, sh::row_stats, sh::row_loss, sh::row_valid, sh::xp}},
+      {"xent_forward_short", {sh::logits, sh::labels, sh::row_stats, sh::row_loss, sh::row_valid, sh::xp}},
       {"xent_finalize", {sh::fin_loss, sh::fin_valid, sh::fin_out, sh::fp, sh::fin_scale}},
-      {"xent_backward", {sh::logits, sh::labels, sh::xp, sh::lse_in, sh::upstream, sh::scale_in, sh::dlogits}},
-      {"xent_backward_short", {sh::logits, sh::labels, sh::xp, sh::lse_in, sh::upstream, sh::scale_in, sh::dlogits}}};
+      {"xent_backward", {sh::logits, sh::labels, sh::xp, sh::stats_in, sh::upstream, sh::scale_in, sh::dlogits}},
+      {"xent_backward_short", {sh::logits, sh::labels, sh::xp, sh::stats_in, sh::upstream, sh::scale_in, sh::dlogits}}};
   return dev.pipelines().get("cross_entropy", entry, table, {{"HALF", half ? "true" : "false"}},
                              {{"LT", half ? "f16" : "f32"}});
 }
@@ -39,8 +39,9 @@ void check_rows(const Device& dev, uint32_t rows, uint32_t cols, const Buffer& l
                         std::to_string(kMaxClasses) + " one workgroup per row handles");
   check_elements(logits, uint64_t(rows) * cols, size, "cross_entropy logits");
   if (labels.bytes() < uint64_t(rows) * 4) throw ArgumentError("cross_entropy: labels hold fewer than rows entries");
-  if (uint64_t(rows) * 4 > dev.limits().max_storage_binding)
-    throw ArgumentError("cross_entropy: " + std::to_string(rows) + " rows exceed one storage binding of labels");
+  if (uint64_t(rows) * 8 > dev.limits().max_storage_binding)
+    throw ArgumentError("cross_entropy: " + std::to_string(rows) +
+                        " rows exceed one storage binding of their statistics (8 bytes per row)");
 }
 
 // Calls fn(row0, row count, first bound element (aligned), offset of row0 inside it) per block of bindable rows
@@ -72,13 +73,14 @@ XentParams block_params(uint32_t r0, uint32_t rc, uint32_t cols, uint32_t inner,
 
 }  // namespace
 
-void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
+void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_stats,
                            const Buffer& row_loss, const Buffer& row_valid, const Buffer& out, const Buffer& scale,
                            uint32_t rows, uint32_t cols, int32_t ignore_index, bool mean, bool half) {
   Device& dev = r.device();
   const uint64_t size = half ? 2 : 4;
   check_rows(dev, rows, cols, logits, labels, size);
-  for (auto* b : {&row_lse, &row_loss, &row_valid}) check_floats(*b, rows, "cross_entropy row buffer");
+  check_floats(row_stats, 2 * uint64_t(rows), "cross_entropy row statistics (2 per row)");
+  for (auto* b : {&row_loss, &row_valid}) check_floats(*b, rows, "cross_entropy row buffer");
   check_floats(out, 1, "cross_entropy output");
   check_floats(scale, 1, "cross_entropy gradient scale");
   const Kernel& fk = xent_kernel(dev, cols <= short_row_cols(dev) ? "xent_forward_short" : "xent_forward", half);
@@ -88,7 +90,7 @@ void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labe
     r.dispatch(fk,
                {{sh::logits, elements(logits, start, inner + uint64_t(rc) * cols, size)},
                 {sh::labels, whole(labels)},
-                {sh::row_lse, whole(row_lse)},
+                {sh::row_stats, whole(row_stats)},
                 {sh::row_loss, whole(row_loss)},
                 {sh::row_valid, whole(row_valid)}},
                p, gx, gy);
@@ -104,14 +106,14 @@ void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labe
              q, 1);
 }
 
-void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
+void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_stats,
                             const Buffer& upstream, const Buffer& scale, const Buffer& dlogits, uint32_t rows,
                             uint32_t cols, int32_t ignore_index, bool per_row, float beta, bool half) {
   Device& dev = r.device();
   const uint64_t size = half ? 2 : 4;
   check_rows(dev, rows, cols, logits, labels, size);
   check_elements(dlogits, uint64_t(rows) * cols, size, "cross_entropy dlogits");
-  check_floats(row_lse, rows, "cross_entropy log-sum-exp");
+  check_floats(row_stats, 2 * uint64_t(rows), "cross_entropy row statistics (2 per row)");
   check_floats(upstream, per_row ? rows : 1, "cross_entropy upstream gradient");
   check_floats(scale, 1, "cross_entropy scale");
   const Kernel& bk = xent_kernel(dev, cols <= short_row_cols(dev) ? "xent_backward_short" : "xent_backward", half);
@@ -124,7 +126,7 @@ void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& lab
     r.dispatch(bk,
                {{sh::logits, elements(logits, start, count, size)},
                 {sh::labels, whole(labels)},
-                {sh::lse_in, whole(row_lse)},
+                {sh::stats_in, whole(row_stats)},
                 {sh::upstream, whole(upstream)},
                 {sh::scale_in, whole(scale)},
                 {sh::dlogits, elements(dlogits, start, count, size)}},

@@ -110,17 +110,19 @@ uint64_t grad_norm_scratch_floats(const Device& dev, const std::vector<uint64_t>
 // g *= min(1, out[1]) in place, skipped on the GPU when the norm is within bounds.
 void scale_by_clip(Recorder& r, const Buffer& grad, uint64_t n, const Buffer& norm_out);
 
-// Fused softmax cross-entropy (cross_entropy.cpp). Forward: per-row log-sum-exp,
-// loss (0 where label == ignore_index) and counted flag; out = the sum or mean
-// over counted rows, scale = the gradient scale (1 / count for the mean, else 1). half: float16 logits
-// (and dlogits in the backward), read as f32; the loss and the row buffers stay f32.
-void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
+// Fused softmax cross-entropy (cross_entropy.cpp). Forward: per-row statistics
+// (row_stats, 2 floats a row: the max m and log(sum(exp(x - m)))), loss (0
+// where label == ignore_index) and counted flag; out = the sum or mean over
+// counted rows, scale = the gradient scale (1 / count for the mean, else 1).
+// half: float16 logits (and dlogits in the backward), read as f32; the loss and
+// the row buffers stay f32.
+void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_stats,
                            const Buffer& row_loss, const Buffer& row_valid, const Buffer& out, const Buffer& scale,
                            uint32_t rows, uint32_t cols, int32_t ignore_index, bool mean, bool half = false);
 // dlogits = (softmax - onehot) * upstream * scale (+ beta * dlogits), recomputed from the
-// logits and the forward's log-sum-exp; `per_row`: upstream holds one value per row
+// logits and the forward's row_stats; `per_row`: upstream holds one value per row
 // (reduction 'none') and `scale` is not read; `scale` is the forward's.
-void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
+void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_stats,
                             const Buffer& upstream, const Buffer& scale, const Buffer& dlogits, uint32_t rows,
                             uint32_t cols, int32_t ignore_index, bool per_row, float beta, bool half = false);
 

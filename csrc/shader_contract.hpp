@@ -229,9 +229,9 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   CONST(DEC_WG, 256)  /* threads of attn_decode (a workgroup per head) */                                         \
   CONST(DEC_KEYS, 2048) /* attn_decode's largest cache: its scores sit in workgroup memory */
 #define PWT_SHADER_cross_entropy(READ, WRITE, UNIFORM, CONST)                                                     \
-  READ(logits, 0, "array<LT>") READ(labels, 1, "array<i32>") WRITE(row_lse, 2, "array<f32>")                     \
+  READ(logits, 0, "array<LT>") READ(labels, 1, "array<i32>") WRITE(row_stats, 2, "array<vec2<f32>>")                     \
   WRITE(row_loss, 3, "array<f32>") WRITE(row_valid, 4, "array<f32>") UNIFORM(xp, 5, XentParams)                   \
-  READ(lse_in, 6, "array<f32>") READ(upstream, 7, "array<f32>") READ(scale_in, 8, "array<f32>")                   \
+  READ(stats_in, 6, "array<vec2<f32>>") READ(upstream, 7, "array<f32>") READ(scale_in, 8, "array<f32>")                   \
   WRITE(dlogits, 9, "array<LT>") READ(fin_loss, 10, "array<f32>") READ(fin_valid, 11, "array<f32>")              \
   WRITE(fin_out, 12, "array<f32>") UNIFORM(fp, 13, XentFinalParams) WRITE(fin_scale, 14, "array<f32>")           \
   CONST(WG, 256) /* threads per workgroup: along a row, or a row each (the *_short entries) */

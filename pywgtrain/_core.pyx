@@ -480,20 +480,21 @@ def gemm_batched(_Recorder r not None, _Buffer a not None, _Buffer b not None, _
 
 
 def cross_entropy_forward(_Recorder r not None, _Buffer logits not None, _Buffer labels not None,
-                          _Buffer row_lse not None, _Buffer row_loss not None, _Buffer row_valid not None,
+                          _Buffer row_stats not None, _Buffer row_loss not None, _Buffer row_valid not None,
                           _Buffer out not None, _Buffer scale not None, uint32_t rows, uint32_t cols,
                           int32_t ignore_index, bint mean, bint half=False):
-    """half: float16 logits (the loss and row buffers stay float32)."""
-    c.cross_entropy_forward(r.ptr.get()[0], _b(logits)[0], _b(labels)[0], _b(row_lse)[0], _b(row_loss)[0],
+    """row_stats: 2 floats a row, its max m and log(sum(exp(x - m))), for the
+    backward. half: float16 logits (the loss and row buffers stay float32)."""
+    c.cross_entropy_forward(r.ptr.get()[0], _b(logits)[0], _b(labels)[0], _b(row_stats)[0], _b(row_loss)[0],
                             _b(row_valid)[0], _b(out)[0], _b(scale)[0], rows, cols, ignore_index, mean, half)
 
 
 def cross_entropy_backward(_Recorder r not None, _Buffer logits not None, _Buffer labels not None,
-                           _Buffer row_lse not None, _Buffer upstream not None, _Buffer scale not None,
+                           _Buffer row_stats not None, _Buffer upstream not None, _Buffer scale not None,
                            _Buffer dlogits not None, uint32_t rows, uint32_t cols, int32_t ignore_index, bint per_row,
                            float beta, bint half=False):
     """half: float16 logits and dlogits."""
-    c.cross_entropy_backward(r.ptr.get()[0], _b(logits)[0], _b(labels)[0], _b(row_lse)[0], _b(upstream)[0],
+    c.cross_entropy_backward(r.ptr.get()[0], _b(logits)[0], _b(labels)[0], _b(row_stats)[0], _b(upstream)[0],
                              _b(scale)[0], _b(dlogits)[0], rows, cols, ignore_index, per_row, beta, half)
 
 

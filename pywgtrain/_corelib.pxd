@@ -184,11 +184,11 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
                    bool trans_a, bool trans_b, float alpha, float beta) except +raise_py_error
     void gemm_batched(Recorder& r, const Buffer& a, const Buffer& b, const Buffer& c, uint32_t batch, uint32_t m,
                       uint32_t n, uint32_t k, bool ta, bool tb, float alpha, float beta) except +raise_py_error
-    void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
+    void cross_entropy_forward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_stats,
                                const Buffer& row_loss, const Buffer& row_valid, const Buffer& out,
                                const Buffer& scale, uint32_t rows, uint32_t cols, int32_t ignore_index,
                                bool mean, bool half) except +raise_py_error
-    void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_lse,
+    void cross_entropy_backward(Recorder& r, const Buffer& logits, const Buffer& labels, const Buffer& row_stats,
                                 const Buffer& upstream, const Buffer& scale, const Buffer& dlogits, uint32_t rows,
                                 uint32_t cols, int32_t ignore_index, bool per_row, float beta,
                                 bool half) except +raise_py_error

@@ -1709,8 +1709,8 @@ def cross_entropy(
 ) -> Tensor:
     """Softmax cross-entropy of logits [N, C] against int class indices [N]
     (torch.nn.functional.cross_entropy); the mean skips ``ignore_index`` rows.
-    One fused kernel pass forward (keeping a log-sum-exp per row, not the
-    softmax) and one backward (the softmax recomputed from the logits).
+    One fused kernel pass forward (keeping each row's max and log-sum of
+    exponentials, not the softmax) and one backward (the softmax recomputed from the logits).
     float16 logits are read as they are (float32 math, float16 gradient); the
     loss is float32 under autocast (torch's float32 list), else float16."""
     _check_reduction(reduction, "cross_entropy")
@@ -1719,14 +1719,15 @@ def cross_entropy(
     rows, cols = x.shape
     dev = x.device
     labels = _labels(target, rows, cols, ignore_index, dev, "cross_entropy")
-    lse, per_row, valid = (empty((rows,), np.float32, dev) for _ in range(3))
+    stats = empty((rows, 2), np.float32, dev)
+    per_row, valid = (empty((rows,), np.float32, dev) for _ in range(2))
     out, scale = empty((), np.float32, dev), empty((), np.float32, dev)
     with _rec(dev) as rec:
         _core.cross_entropy_forward(
             rec,
             x._buf,
             labels._buf,
-            lse._buf,
+            stats._buf,
             per_row._buf,
             valid._buf,
             out._buf,
@@ -1739,11 +1740,11 @@ def cross_entropy(
         )
     result = per_row if reduction == "none" else out
     if needs_grad(x):
-        xbuf, lbuf, lsebuf, obuf = x._buf, labels._buf, lse._buf, scale._buf
+        xbuf, lbuf, sbuf, obuf = x._buf, labels._buf, stats._buf, scale._buf
         each, ignore = reduction == "none", int(ignore_index)
 
         def launch(rec, g, dst, beta):
-            _core.cross_entropy_backward(rec, xbuf, lbuf, lsebuf, g, obuf, dst, rows, cols, ignore, each, beta, half)
+            _core.cross_entropy_backward(rec, xbuf, lbuf, sbuf, g, obuf, dst, rows, cols, ignore, each, beta, half)
 
         _attach_launch(result, "cross_entropy", x, launch, keep=(x, labels))
     if half and _autocast_state.dtype is None:  # float16 logits outside autocast: a float16 loss, as torch

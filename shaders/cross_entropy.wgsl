@@ -1,6 +1,9 @@
 // Softmax cross-entropy over [rows, cols] logits with int32 labels, fused:
-// the forward keeps one log-sum-exp per row (no [rows, cols] softmax or
-// gradient is stored), the backward recomputes the softmax from the logits.
+// the forward keeps two numbers per row, its max m and log(sum(exp(x - m)))
+// (no [rows, cols] softmax or gradient is stored), the backward recomputes the
+// softmax from the logits. Like torch's log_softmax, x - m is formed before
+// the log-sum is subtracted: m + log-sum, rounded to m's magnitude, would lose
+// the log-sum for logits of 1e4 and more.
 // Rows whose label is IGNORE contribute 0 and do not count in the mean; other
 // labels outside [0, cols) give a NaN loss (never an out-of-bounds read).
 // Logits past one storage binding run in row blocks (row0 / x_off).
@@ -15,11 +18,11 @@ struct XentParams {
 
 @group(0) @binding(0) var<storage, read> logits: array<LT>;
 @group(0) @binding(1) var<storage, read> labels: array<i32>;
-@group(0) @binding(2) var<storage, read_write> row_lse: array<f32>;    // forward: log-sum-exp per row
+@group(0) @binding(2) var<storage, read_write> row_stats: array<vec2<f32>>;  // forward: (max, log-sum) per row
 @group(0) @binding(3) var<storage, read_write> row_loss: array<f32>;   // forward: loss per row (0 if ignored)
 @group(0) @binding(4) var<storage, read_write> row_valid: array<f32>;  // forward: 1 counted, 0 ignored
 @group(0) @binding(5) var<uniform> xp: XentParams;
-@group(0) @binding(6) var<storage, read> lse_in: array<f32>;           // backward: row_lse
+@group(0) @binding(6) var<storage, read> stats_in: array<vec2<f32>>;  // backward: row_stats
 @group(0) @binding(7) var<storage, read> upstream: array<f32>;         // backward: d(loss) (1 value, or per row)
 @group(0) @binding(8) var<storage, read> scale_in: array<f32>;         // backward: the forward's gradient scale
 @group(0) @binding(9) var<storage, read_write> dlogits: array<LT>;
@@ -34,14 +37,12 @@ struct XentFinalParams { rows: u32, mean: u32, }
 // WG comes from csrc/shader_contract.hpp.
 var<workgroup> red: array<f32, WG>;
 
-fn wg_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
+fn wg_sum(lid: u32, v: f32) -> f32 {
   workgroupBarrier();
   red[lid] = v;
   workgroupBarrier();
   for (var s = WG / 2u; s > 0u; s >>= 1u) {
-    if (lid < s) {
-      if (is_max) { red[lid] = max(red[lid], red[lid + s]); } else { red[lid] += red[lid + s]; }
-    }
+    if (lid < s) { red[lid] += red[lid + s]; }
     workgroupBarrier();
   }
   return red[0];
@@ -49,12 +50,14 @@ fn wg_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
 
 fn row_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }
 
-// Writes row r's log-sum-exp (max mx, sum of exp(x - mx) se), loss and count.
+// Writes row r's statistics (max mx, sum of exp(x - mx) se), loss and count.
 fn finish_row(r: u32, base: u32, mx: f32, se: f32) {
   let row = xp.row0 + r;
   let label = labels[row];
-  let lse = mx + log(se);
-  row_lse[row] = lse;
+  // torch's NaN for a +inf logit (its softmax meets inf - inf); the one-pass sum
+  // keeps a finite sum beside an infinite max.
+  let ls = select(log(se), bitcast<f32>(0x7fc00000u), mx > 3.4028235e38);
+  row_stats[row] = vec2<f32>(mx, ls);
   if (label == xp.ignore_index) {
     row_loss[row] = 0.0;
     row_valid[row] = 0.0;
@@ -62,26 +65,60 @@ fn finish_row(r: u32, base: u32, mx: f32, se: f32) {
     row_loss[row] = bitcast<f32>(0x7fc00000u);
     row_valid[row] = 1.0;
   } else {
-    row_loss[row] = lse - f32(logits[base + u32(label)]);
+    row_loss[row] = ls - (f32(logits[base + u32(label)]) - mx);
     row_valid[row] = 1.0;
   }
 }
 
-// A workgroup per row (long rows).
+// Log-sum-exp in one pass over a row (the logits are read once: two passes
+// over GPT-2's 50,304-wide rows read 1.6 GB twice, the L2 holding none of it):
+// acc = (running max m, sum of exp(x - m)), rescaled when x raises the max.
+// One exp per element: exp(-|x - m|) is exp(x - m) below the max and the
+// rescale exp(m - x) above it. A NaN x makes the sum NaN; an infinite max
+// finish_row turns into torch's NaN.
+const LSE_START = vec2<f32>(-3.4028235e38, 0.0);
+
+fn lse_add(acc: vec2<f32>, x: f32) -> vec2<f32> {
+  let e = exp(-abs(x - acc.x));
+  let up = x > acc.x;
+  return vec2<f32>(select(acc.x, x, up), select(acc.y + e, acc.y * e + 1.0, up));
+}
+
+fn lse_merge(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+  let m = max(a.x, b.x);
+  return vec2<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m));
+}
+
+var<workgroup> red2: array<vec2<f32>, WG>;
+
+// A workgroup per row (long rows): four loads in flight per thread, then a tree of partial sums.
 @compute @workgroup_size(WG)
 fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
   let r = row_of(wid, nwg);
   let valid = r < xp.rows;  // uniform per workgroup
   let base = xp.x_off + r * xp.cols;
-  var mx = -3.4028235e38;
-  if (valid) { for (var j = lid; j < xp.cols; j += WG) { mx = max(mx, f32(logits[base + j])); } }
-  mx = wg_reduce(lid, mx, true);
-  var se = 0.0;
-  if (valid) { for (var j = lid; j < xp.cols; j += WG) { se += exp(f32(logits[base + j]) - mx); } }
-  se = wg_reduce(lid, se, false);
+  var acc = LSE_START;
+  if (valid) {
+    var j = lid;
+    for (; j + 3u * WG < xp.cols; j += 4u * WG) {
+      let v0 = f32(logits[base + j]);
+      let v1 = f32(logits[base + j + WG]);
+      let v2 = f32(logits[base + j + 2u * WG]);
+      let v3 = f32(logits[base + j + 3u * WG]);
+      acc = lse_add(lse_add(lse_add(lse_add(acc, v0), v1), v2), v3);
+    }
+    for (; j < xp.cols; j += WG) { acc = lse_add(acc, f32(logits[base + j])); }
+  }
+  red2[lid] = acc;
+  workgroupBarrier();
+  for (var s = WG / 2u; s > 0u; s >>= 1u) {
+    if (lid < s) { red2[lid] = lse_merge(red2[lid], red2[lid + s]); }
+    workgroupBarrier();
+  }
   if (!valid || lid != 0u) { return; }
-  finish_row(r, base, mx, se);
+  let tot = red2[0];
+  finish_row(r, base, tot.x, tot.y);
 }
 
 // Short rows (short_row_cols of csrc/dispatch_util.hpp): a thread per row, WG rows
@@ -92,11 +129,9 @@ fn xent_forward_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
   let r = row_of(wid, nwg) * WG + lid;
   if (r >= xp.rows) { return; }
   let base = xp.x_off + r * xp.cols;
-  var mx = -3.4028235e38;
-  for (var j = 0u; j < xp.cols; j++) { mx = max(mx, f32(logits[base + j])); }
-  var se = 0.0;
-  for (var j = 0u; j < xp.cols; j++) { se += exp(f32(logits[base + j]) - mx); }
-  finish_row(r, base, mx, se);
+  var acc = LSE_START;
+  for (var j = 0u; j < xp.cols; j++) { acc = lse_add(acc, f32(logits[base + j])); }
+  finish_row(r, base, acc.x, acc.y);
 }
 
 // One workgroup: loss = sum(loss) / count (mean) or sum(loss); scale = the
@@ -112,8 +147,8 @@ fn xent_finalize(@builtin(local_invocation_index) lid: u32) {
     c += vec4<f32>(fin_valid[i], fin_valid[i + WG], fin_valid[i + 2u * WG], fin_valid[i + 3u * WG]);
   }
   for (; i < fp.rows; i += WG) { s.x += fin_loss[i]; c.x += fin_valid[i]; }
-  let total = wg_reduce(lid, (s.x + s.y) + (s.z + s.w), false);
-  let count = wg_reduce(lid, (c.x + c.y) + (c.z + c.w), false);
+  let total = wg_sum(lid, (s.x + s.y) + (s.z + s.w));
+  let count = wg_sum(lid, (c.x + c.y) + (c.z + c.w));
   if (lid == 0u) {
     // torch: the mean over zero counted rows is 0/0 = NaN.
     let scale = select(1.0, 1.0 / count, fp.mean != 0u);
@@ -132,9 +167,9 @@ fn backward_row(r: u32, first: u32, stride: u32) {
   if (label != xp.ignore_index) {
     g = select(upstream[0] * scale_in[0], upstream[row], xp.per_row != 0u);
   }
-  let lse = lse_in[row];
+  let st = stats_in[row];
   for (var j = first; j < xp.cols; j += stride) {
-    let p = exp(f32(logits[base + j]) - lse);
+    let p = exp((f32(logits[base + j]) - st.x) - st.y);
     var v = g * (p - select(0.0, 1.0, i32(j) == label));
     if (xp.beta != 0.0) { v += xp.beta * f32(dlogits[base + j]); }
     dlogits[base + j] = LT(half_range(v, HALF));

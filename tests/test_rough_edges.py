@@ -282,6 +282,36 @@ def test_cross_entropy_like_torch(dev, rng, rows, cols, reduction):
     _same(tx.grad.numpy(), rx.grad, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("cols", [7, 1500, 5000])
+def test_cross_entropy_special_values_like_torch(dev, rng, cols):
+    """The one-pass log-sum-exp (a running max, its sum rescaled when the max
+    rises) against torch: the max first, last or in the middle of a row, values
+    far apart (a row of -1e30: the loss is log(cols), not 0), and inf / NaN
+    logits, which give torch's NaN; gradients too. Short rows (7) take
+    the thread-per-row kernel, the others the workgroup-per-row one."""
+    rows = 10
+    x = (4 * rand(rng, rows, cols)).astype(np.float32)
+    x[0, 0] = 60.0  # the max first: every later term is rescaled into it
+    x[1, -1] = 60.0  # the max last: the whole sum is rescaled once
+    x[2, cols // 2] = 1e30  # dominates: the other terms vanish
+    x[3] = np.linspace(-80.0, 80.0, cols, dtype=np.float32)  # rising: the max moves every step
+    x[4, cols // 3] = np.inf
+    x[5, -1] = -np.inf
+    x[6] = -np.inf
+    x[7, 1] = np.nan
+    x[8] = -1e30
+    labels = rng.integers(0, cols, rows).astype(np.int64)
+    labels[5] = 0
+    tx, rx = pw.tensor(x, dev, requires_grad=True), _t64(x, grad=True)
+    loss = F.cross_entropy(tx, labels, reduction="none")
+    ref = torch.nn.functional.cross_entropy(rx, torch.tensor(labels), reduction="none")
+    _same(loss.numpy(), ref, rtol=1e-5, atol=1e-5)
+    g = rand(rng, rows)
+    loss.backward(pw.tensor(g, dev))
+    ref.backward(_t64(g))
+    _same(tx.grad.numpy(), rx.grad, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("cols", [1, 8, 64, 65, 1024, 1025])
 def test_cross_entropy_kernels_poisoned(dev, rng, cols):
     rows = 129
@@ -290,16 +320,20 @@ def test_cross_entropy_kernels_poisoned(dev, rng, cols):
     labels[5] = -100  # ignored
     labels[6] = cols  # out of range: NaN loss for that row
     z = x.astype(np.float64)
-    lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
-    lse_t, loss_t, valid_t = (poisoned(dev, (rows,)) for _ in range(3))
+    mx = z.max(-1)
+    log_sum = np.log(np.exp(z - mx[:, None]).sum(-1))
+    lse = log_sum + mx
+    stats_t = poisoned(dev, (rows, 2))
+    loss_t, valid_t = (poisoned(dev, (rows,)) for _ in range(2))
     out, scale = poisoned(dev, (1,)), poisoned(dev, (1,))
     tl = pw.tensor(labels, dev)
     with dev.batch() as rec:
         _core.cross_entropy_forward(
-            rec, pw.tensor(x, dev)._buf, tl._buf, lse_t._buf, loss_t._buf, valid_t._buf, out._buf, scale._buf,
+            rec, pw.tensor(x, dev)._buf, tl._buf, stats_t._buf, loss_t._buf, valid_t._buf, out._buf, scale._buf,
             rows, cols, -100, True,
         )  # fmt: skip
-    np.testing.assert_allclose(lse_t.numpy(), lse, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(stats_t.numpy()[:, 0], mx.astype(np.float32))
+    np.testing.assert_allclose(stats_t.numpy()[:, 1], log_sum, rtol=1e-6, atol=1e-6)
     picked = lse - z[np.arange(rows), np.clip(labels, 0, cols - 1)]
     want = np.where(labels == -100, 0.0, picked)
     got = loss_t.numpy()
@@ -312,7 +346,7 @@ def test_cross_entropy_kernels_poisoned(dev, rng, cols):
     dlogits = poisoned(dev, (rows, cols))
     with dev.batch() as rec:
         _core.cross_entropy_backward(
-            rec, pw.tensor(x, dev)._buf, tl._buf, pw.tensor(lse.astype(np.float32), dev)._buf,
+            rec, pw.tensor(x, dev)._buf, tl._buf, pw.tensor(np.stack([mx, log_sum], 1).astype(np.float32), dev)._buf,
             pw.tensor(upstream, dev)._buf, scale._buf, dlogits._buf, rows, cols, -100, True, 0.0,
         )  # fmt: skip
     p = np.exp(z - lse[:, None])
