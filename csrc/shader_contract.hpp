@@ -134,7 +134,8 @@ struct UniformTraits;  // defined for each uniform block below
   F(strides, PWT_VEC4U_ARRAY(6), 64)
 #define PWT_FIELDS_AxisParams(F)                                                                                  \
   F(outer, u32, 0) F(len, u32, 4) F(inner, u32, 8) F(x_row, u32, 12) F(x_col, u32, 16) F(out_row, u32, 20)        \
-  F(x_off, u32, 24) F(out_off, u32, 28) F(j0, u32, 32) F(combine, u32, 36) F(scale, f32, 40) F(beta, f32, 44)
+  F(x_off, u32, 24) F(out_off, u32, 28) F(j0, u32, 32) F(combine, u32, 36) F(scale, f32, 40) F(beta, f32, 44)    \
+  F(parts, u32, 48) F(part_len, u32, 52) F(_pad0, u32, 56) F(_pad1, u32, 60)
 #define PWT_FIELDS_GatherParams(F)                                                                                \
   F(rows, u32, 0) F(cols, u32, 4) F(vocab, u32, 8) F(v0, u32, 12) F(vcount, u32, 16) F(src_off, u32, 20)          \
   F(idx_off, u32, 24) F(dst_off, u32, 28) F(ignore_index, i32, 32) F(first, u32, 36) F(beta, f32, 40)             \
@@ -148,7 +149,7 @@ struct UniformTraits;  // defined for each uniform block below
 #define PWT_UNIFORMS(U)                                                                                           \
   U(GemmParams, 64) U(GemvParams, 40) U(BmmParams, 64) U(AttnParams, 160) U(XentParams, 32) U(XentFinalParams, 8) \
   U(DropParams, 32) U(LnParams, 52) U(EwParams, 16) U(ColParams, 16) U(AdamParams, 32) U(AdamDevParams, 48) U(ScaleParams, 4) U(ScalerParams, 32) U(CastParams, 4)          \
-  U(ReducePartialParams, 8) U(ReduceFinalParams, 16) U(FlatParams, 16) U(NdParams, 160) U(AxisParams, 48)         \
+  U(ReducePartialParams, 8) U(ReduceFinalParams, 16) U(FlatParams, 16) U(NdParams, 160) U(AxisParams, 64)         \
   U(GatherParams, 48) U(EmbBwdParams, 48) U(TokenParams, 16)
 
 // clang-format on

@@ -41,6 +41,14 @@ constexpr uint64_t kMaxTrips = 32768;
 constexpr uint64_t kRowThreads = ax::WG;   // threads along a row (reduce_rows, softmax)
 constexpr uint64_t kColLanes = ax::LANES;  // lanes along len (reduce_cols)
 constexpr uint64_t kSoftmaxMaxCols = kRowThreads * kMaxTrips;
+// reduce_axis's two-pass split (below): lines are cut into parts when the
+// one-pass reduction would run fewer workgroups than kSplitBelowGroups, into
+// about kSplitTargetGroups workgroups in all, each part at least
+// kPartPerLane elements per lane, at most kMaxParts parts per line.
+constexpr uint64_t kSplitBelowGroups = 256;
+constexpr uint64_t kSplitTargetGroups = 1024;
+constexpr uint64_t kPartPerLane = 8;
+constexpr uint64_t kMaxParts = 4096;
 
 }  // namespace
 
@@ -353,6 +361,8 @@ AxisBinding axis_binding(const AxisBlock& b, uint64_t len, uint64_t inner) {
   a.prm.x_col = uint32_t(inner);
   a.prm.out_row = uint32_t(inner);
   a.prm.j0 = uint32_t(b.j0);
+  a.prm.parts = 1;
+  a.prm.part_len = uint32_t(b.len);
   return a;
 }
 
@@ -382,6 +392,8 @@ AxisParams softmax_rows(uint32_t rows, uint32_t cols, uint32_t x_off, uint32_t o
   p.x_off = x_off;
   p.out_off = out_off;
   p.scale = 1.0f;
+  p.parts = 1;
+  p.part_len = cols;
   return p;
 }
 
@@ -542,9 +554,19 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
   Device& dev = r.device();
   const uint64_t limit = span_limit(dev);
   const bool rows = inner == 1;
-  const uint64_t max_len = (rows ? kRowThreads : kColLanes) * kMaxTrips;
+  const uint64_t lanes = rows ? kRowThreads : kColLanes;  // threads along len per workgroup
+  const uint64_t max_len = lanes * kMaxTrips;
+  // Few long lines (a whole-tensor sum, a column sum of a tall matrix) take two
+  // passes: the first cuts each line into parts, a workgroup each, into a
+  // float32 scratch [outer, parts, inner]; the second reduces the parts. One
+  // workgroup per line would leave the GPU idle (H200: sum() of 8192 x 50304
+  // floats took hundreds of ms). argmax keeps one pass (its indices).
+  auto line_groups = [&](uint64_t o, uint64_t i) { return rows ? o : o * ceil_div(i, ax::COLS); };
+  const uint64_t min_part = lanes * kPartPerLane;
+  const bool split = !argmax && line_groups(outer, inner) < kSplitBelowGroups && len >= 2 * min_part;
+  const uint64_t block_len = split ? max_len * kMaxParts : max_len;  // a part's trips stay within kMaxTrips
   // len split into blocks merged into out (binding limit, loop trips)
-  const bool blocks_len = uint64_t(len) * inner > limit || len > max_len;
+  const bool blocks_len = uint64_t(len) * inner > limit || len > block_len;
   if (blocks_len && op == ReduceOp::R_MAX && (scale != 1.0f || beta != 0.0f))
     throw ArgumentError("reduce_axis: Max with len " + std::to_string(len) + " (split into blocks: " +
                         std::to_string(max_len) + " per block, or past one storage binding) needs scale 1 and beta 0");
@@ -552,7 +574,7 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
       rows ? (argmax ? "reduce_rows_arg" : "reduce_rows") : (argmax ? "reduce_cols_arg" : "reduce_cols");
   const Kernel& k = argmax ? axis_kernel(dev, entry, {ax::src, ax::res, ax::ap, ax::idx_out}, uint32_t(op), false, half)
                            : axis_kernel(dev, entry, {ax::src, ax::res, ax::ap}, uint32_t(op), false, half);
-  for_each_axis_block(limit, max_len, outer, len, inner, [&](const AxisBlock& b) {
+  for_each_axis_block(limit, block_len, outer, len, inner, [&](const AxisBlock& b) {
     AxisBinding ab = axis_binding(b, len, inner);
     const Bound xb = bind_span(dev, x, ab.x_first, ab.x_count, elem_bytes(half));
     const Bound ob = bind_span(dev, out, ab.out_first, ab.out_count);
@@ -561,9 +583,40 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
     ab.prm.combine = b.j0 > 0 && op == ReduceOp::R_MAX;
     ab.prm.scale = scale;
     ab.prm.beta = b.j0 > 0 ? 1.0f : beta;  // Sum: later len blocks add to the earlier ones
+    const uint64_t groups = line_groups(b.outer, b.inner);
+    // Parts: about kSplitTargetGroups workgroups, none shorter than min_part, none past the trip limit.
+    const uint64_t parts =
+        split ? std::max(ceil_div(b.len, max_len), std::min(ceil_div(kSplitTargetGroups, groups), b.len / min_part))
+              : 1;
+    if (parts > 1) {
+      const uint64_t part_len = ceil_div(b.len, parts);
+      const uint64_t used = ceil_div(b.len, part_len);
+      const uint64_t count = b.outer * used * b.inner;
+      // A scratch of its own (the workspace may hold a caller's operand); wgpu keeps it alive for the recording.
+      auto scratch = std::make_unique<Buffer>(r.device_ptr(), count * 4, "pywgtrain.reduce_parts");
+      AxisParams first = ab.prm;
+      first.parts = uint32_t(used);
+      first.part_len = uint32_t(part_len);
+      first.out_row = uint32_t(used * b.inner);
+      first.out_off = 0;
+      first.combine = 0;
+      first.scale = 1.0f;
+      first.beta = 0.0f;
+      auto [fx, fy] = grid_1d(dev, groups * used);
+      r.dispatch(k, {{ax::src, xb.range}, {ax::res, floats(*scratch, 0, count)}}, first, fx, fy);
+      AxisParams second = ab.prm;  // out, scale, beta, combine as a one-pass block
+      second.len = uint32_t(used);
+      second.part_len = uint32_t(used);
+      second.x_off = 0;
+      second.x_row = uint32_t(used * b.inner);
+      second.x_col = uint32_t(b.inner);
+      const Kernel& k2 = axis_kernel(dev, entry, {ax::src, ax::res, ax::ap}, uint32_t(op), false, false);
+      auto [gx, gy] = grid_1d(dev, groups);
+      r.dispatch(k2, {{ax::src, floats(*scratch, 0, count)}, {ax::res, ob.range}}, second, gx, gy);
+      return;
+    }
     std::vector<Operand> operands = {{ax::src, xb.range}, {ax::res, ob.range}};
     if (argmax) operands.push_back({ax::idx_out, bind_span(dev, *argmax, ab.out_first, ab.out_count).range});
-    const uint64_t groups = rows ? b.outer : b.outer * ceil_div(b.inner, ax::COLS);
     auto [gx, gy] = grid_1d(dev, groups);
     r.dispatch(k, operands, ab.prm, gx, gy);
   });

@@ -23,6 +23,13 @@ struct AxisParams {
   combine: u32,  // 1: max-merge with out / argmax of earlier len blocks
   scale: f32,
   beta: f32,
+  // reduce_rows / reduce_cols: each line's len in `parts` runs of part_len, a
+  // workgroup each, part p's result at out[o, p, i] = res[out_off + o * out_row
+  // + p * inner + i] (a first pass over few long lines; 1 and len otherwise)
+  parts: u32,
+  part_len: u32,
+  _pad0: u32,
+  _pad1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> src: array<ST>;           // x / y (softmax_backward) / dy (max_backward)
@@ -63,11 +70,17 @@ fn merge(is_max: bool, a: Acc, v: f32, j: u32) -> Acc {
   return a;
 }
 
-// One thread's share of a line: j = first, first + stride, ... < len.
-fn scan(is_max: bool, base: u32, first: u32, stride: u32) -> Acc {
+// One thread's share of a line: j = first, first + stride, ... < end.
+fn scan(is_max: bool, base: u32, first: u32, end: u32, stride: u32) -> Acc {
   var a = Acc(0.0, EMPTY);
-  for (var j = first; j < ap.len; j += stride) { a = merge(is_max, a, src_at(base + j * ap.x_col), j); }
+  for (var j = first; j < end; j += stride) { a = merge(is_max, a, src_at(base + j * ap.x_col), j); }
   return a;
+}
+
+// The len range [lo, hi) of part p.
+fn part_range(p: u32) -> vec2<u32> {
+  let lo = p * ap.part_len;
+  return vec2<u32>(lo, min(ap.len, lo + ap.part_len));
 }
 
 // Combines `lanes` accumulators per column across the workgroup (slot lane * ncols + col);
@@ -103,50 +116,64 @@ fn store(o: u32, a: Acc) -> bool {
   return true;
 }
 
-// inner == 1: a workgroup per row, threads strided along the row (coalesced).
+// inner == 1: a workgroup per (row, part), threads strided along the part (coalesced).
 fn row_result(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> Acc {
-  let row = wid.y * nwg.x + wid.x;
+  let g = wid.y * nwg.x + wid.x;
+  let row = g / ap.parts;
+  let js = part_range(g % ap.parts);
   var a = Acc(0.0, EMPTY);
-  if (row < ap.outer) { a = scan(OP == R_MAX, ap.x_off + row * ap.x_row, lid, WG); }
+  if (row < ap.outer) { a = scan(OP == R_MAX, ap.x_off + row * ap.x_row, js.x + lid, js.y, WG); }
   return tree(OP == R_MAX, lid, 0u, 1u, WG, a);
+}
+
+// Where workgroup g's (row, part) result goes; EMPTY past the last row.
+fn row_out(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+  let g = wid.y * nwg.x + wid.x;
+  let row = g / ap.parts;
+  if (row >= ap.outer) { return EMPTY; }
+  return ap.out_off + row * ap.out_row + g % ap.parts;
 }
 
 @compute @workgroup_size(WG)
 fn reduce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
   let a = row_result(wid, nwg, lid);
-  let row = wid.y * nwg.x + wid.x;
-  if (lid == 0u && row < ap.outer) { _ = store(ap.out_off + row * ap.out_row, a); }
+  let o = row_out(wid, nwg);
+  if (lid == 0u && o != EMPTY) { _ = store(o, a); }
 }
 
 @compute @workgroup_size(WG)
 fn reduce_rows_arg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
   let a = row_result(wid, nwg, lid);
-  let row = wid.y * nwg.x + wid.x;
-  let o = ap.out_off + row * ap.out_row;
-  if (lid == 0u && row < ap.outer && store(o, a)) { idx_out[o] = i32(ap.j0 + a.i); }
+  let o = row_out(wid, nwg);
+  if (lid == 0u && o != EMPTY && store(o, a)) { idx_out[o] = i32(ap.j0 + a.i); }
 }
 
 // inner > 1: 16 columns x 16 lanes along len per workgroup; workgroup g
-// covers row g / column_blocks, columns 16 * (g % column_blocks) + 0..15.
+// covers row g / (parts * column_blocks), part (g / column_blocks) % parts,
+// columns 16 * (g % column_blocks) + 0..15.
 fn col_result(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> Acc {
   let g = wid.y * nwg.x + wid.x;
   let blocks = (ap.inner + COLS - 1u) / COLS;
-  let row = g / blocks;
+  let row = g / (blocks * ap.parts);
+  let js = part_range((g / blocks) % ap.parts);
   let i = (g % blocks) * COLS + lid.x;
   var a = Acc(0.0, EMPTY);
-  if (row < ap.outer && i < ap.inner) { a = scan(OP == R_MAX, ap.x_off + row * ap.x_row + i, lid.y, LANES); }
+  if (row < ap.outer && i < ap.inner) {
+    a = scan(OP == R_MAX, ap.x_off + row * ap.x_row + i, js.x + lid.y, js.y, LANES);
+  }
   return tree(OP == R_MAX, lid.y, lid.x, COLS, LANES, a);
 }
 
 fn col_out(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
   let g = wid.y * nwg.x + wid.x;
   let blocks = (ap.inner + COLS - 1u) / COLS;
-  let row = g / blocks;
+  let row = g / (blocks * ap.parts);
+  let part = (g / blocks) % ap.parts;
   let i = (g % blocks) * COLS + lid.x;
   if (lid.y != 0u || row >= ap.outer || i >= ap.inner) { return EMPTY; }
-  return ap.out_off + row * ap.out_row + i;
+  return ap.out_off + row * ap.out_row + part * ap.inner + i;
 }
 
 @compute @workgroup_size(COLS, LANES)
@@ -203,7 +230,7 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
   let valid = row < ap.outer;  // uniform per workgroup
   let base = ap.x_off + row * ap.x_row;
   var m = Acc(0.0, EMPTY);
-  if (valid) { m = scan(true, base, lid, WG); }
+  if (valid) { m = scan(true, base, lid, ap.len, WG); }
   let mx = tree(true, lid, 0u, 1u, WG, m).v;
   var s = 0.0;
   if (valid) { for (var j = lid; j < ap.len; j += WG) { s += exp(src_at(base + j) - mx); } }
@@ -257,7 +284,7 @@ fn softmax_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   let row = short_row(wid, nwg, lid);
   if (row >= ap.outer) { return; }
   let base = ap.x_off + row * ap.x_row;
-  let mx = scan(true, base, 0u, 1u).v;
+  let mx = scan(true, base, 0u, ap.len, 1u).v;
   var s = 0.0;
   for (var j = 0u; j < ap.len; j++) { s += exp(src_at(base + j) - mx); }
   softmax_store(base, ap.out_off + row * ap.out_row, 0u, 1u, mx, s);

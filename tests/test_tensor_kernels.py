@@ -548,8 +548,47 @@ def test_reduce_axis_long_len(dev, rng, shape):
     np.testing.assert_allclose(
         out.numpy(), 0.5 * x.astype(np.float64).sum(1) + base, rtol=1e-4, atol=1e-4 * np.sqrt(length)
     )
-    with pytest.raises(ValueError, match="needs scale 1 and beta 0"):
-        run(dev, _core.reduce_axis, REDUCE["max"], tx._buf, out._buf, None, outer, length, inner, 2.0, 0.0)
+    with pytest.raises(ValueError, match="needs scale 1 and beta 0"):  # argmax: one pass, in len blocks
+        run(dev, _core.reduce_axis, REDUCE["max"], tx._buf, out._buf, am._buf, outer, length, inner, 2.0, 0.0)
+    # Without argmax, few lines take two passes (parts, then their maxes): no len blocks, any scale.
+    run(dev, _core.reduce_axis, REDUCE["max"], tx._buf, out._buf, None, outer, length, inner, 2.0, 0.0)
+    np.testing.assert_array_equal(out.numpy(), 2.0 * x.max(1))
+
+
+# Few long lines take two passes: parts of each line (a workgroup each) into a
+# scratch, then the parts. Sums against float64, maxes exact with a NaN and
+# ties across parts, accumulation (beta), float16 input, and a line just long
+# enough to split (2 parts) beside one that stays in one pass.
+@pytest.mark.parametrize("shape", [(1, 100_003, 1), (3, 50_001, 5), (1, 4096, 1), (1, 4095, 1), (7, 2000, 17)])
+def test_reduce_axis_few_long_lines(dev, rng, shape):
+    outer, length, inner = shape
+    x = rng.standard_normal(shape, dtype=np.float32)
+    x[:, length // 3, :] = 9.0
+    x[:, length - 1, :] = 9.0
+    for half in (False, True):
+        xs = x.astype(np.float16) if half else x
+        ref = xs.astype(np.float64)
+        base = rand(rng, outer, inner)
+        out = T(dev, base)
+        run(
+            dev, _core.reduce_axis, REDUCE["sum"], T(dev, xs)._buf, out._buf, None, outer, length, inner, 0.5, 1.0, half
+        )
+        np.testing.assert_allclose(out.numpy(), 0.5 * ref.sum(1) + base, rtol=1e-5, atol=1e-5 * np.sqrt(length))
+        out = poisoned(dev, (outer, inner))
+        run(
+            dev, _core.reduce_axis, REDUCE["max"], T(dev, xs)._buf, out._buf, None, outer, length, inner, 1.0, 0.0, half
+        )
+        np.testing.assert_array_equal(out.numpy(), ref.max(1).astype(np.float32))
+    x[-1, length - 5, 0] = np.nan  # a NaN in a late part propagates
+    out = poisoned(dev, (outer, inner))
+    run(dev, _core.reduce_axis, REDUCE["max"], T(dev, x)._buf, out._buf, None, outer, length, inner, 1.0, 0.0)
+    np.testing.assert_array_equal(out.numpy(), x.max(1))
+    out = poisoned(dev, (outer, inner))
+    run(dev, _core.reduce_axis, REDUCE["sum"], T(dev, x)._buf, out._buf, None, outer, length, inner, 1.0, 0.0)
+    want = x.astype(np.float64).sum(1)
+    np.testing.assert_array_equal(np.isnan(out.numpy()), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(out.numpy()[ok], want[ok], rtol=1e-5, atol=1e-5 * np.sqrt(length))
 
 
 @pytest.mark.parametrize("shape", [(33, 257, 1), (3, 129, 33), (1, 1000, 1)])
