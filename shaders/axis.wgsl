@@ -7,6 +7,7 @@
 // ST, RT (aliases emitted per kernel): the element types of src and res, f32 or
 // f16 (RES_HALF: bool, RT is f16); values widen to f32 on load, the math is f32.
 //!include half
+//!include lse
 
 const_assert OP == R_SUM || OP == R_MAX;  // the reduce ops of shader_contract.hpp
 
@@ -70,10 +71,22 @@ fn merge(is_max: bool, a: Acc, v: f32, j: u32) -> Acc {
   return a;
 }
 
-// One thread's share of a line: j = first, first + stride, ... < end.
+// One thread's share of a line: j = first, first + stride, ... < end. Sums
+// keep four loads in flight (four partial sums): one dependent add per load
+// left a whole-tensor sum at half the memory's bandwidth.
 fn scan(is_max: bool, base: u32, first: u32, end: u32, stride: u32) -> Acc {
   var a = Acc(0.0, EMPTY);
-  for (var j = first; j < end; j += stride) { a = merge(is_max, a, src_at(base + j * ap.x_col), j); }
+  var j = first;
+  if (!is_max) {
+    var s = vec4<f32>(0.0);
+    let c = stride * ap.x_col;
+    for (; j + 3u * stride < end; j += 4u * stride) {
+      let e = base + j * ap.x_col;
+      s += vec4<f32>(src_at(e), src_at(e + c), src_at(e + 2u * c), src_at(e + 3u * c));
+    }
+    a.v = (s.x + s.y) + (s.z + s.w);
+  }
+  for (; j < end; j += stride) { a = merge(is_max, a, src_at(base + j * ap.x_col), j); }
   return a;
 }
 
@@ -222,21 +235,27 @@ fn softmax_store(base: u32, out: u32, first: u32, stride: u32, mx: f32, s: f32) 
   }
 }
 
-// y = softmax(x) or log_softmax(x) along rows; a workgroup per row.
+var<workgroup> slse: array<vec2<f32>, WG>;
+
+// y = softmax(x) or log_softmax(x) along rows; a workgroup per row. The row's
+// max and sum of exponentials come from one pass (lse.wgsl), the output from a second.
 @compute @workgroup_size(WG)
 fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
   let row = wid.y * nwg.x + wid.x;
   let valid = row < ap.outer;  // uniform per workgroup
   let base = ap.x_off + row * ap.x_row;
-  var m = Acc(0.0, EMPTY);
-  if (valid) { m = scan(true, base, lid, ap.len, WG); }
-  let mx = tree(true, lid, 0u, 1u, WG, m).v;
-  var s = 0.0;
-  if (valid) { for (var j = lid; j < ap.len; j += WG) { s += exp(src_at(base + j) - mx); } }
-  s = row_sum(lid, s);
+  var acc = LSE_START;
+  if (valid) { for (var j = lid; j < ap.len; j += WG) { acc = lse_add(acc, src_at(base + j)); } }
+  slse[lid] = acc;
+  workgroupBarrier();
+  for (var h = WG / 2u; h > 0u; h >>= 1u) {
+    if (lid < h) { slse[lid] = lse_merge(slse[lid], slse[lid + h]); }
+    workgroupBarrier();
+  }
   if (!valid) { return; }
-  softmax_store(base, ap.out_off + row * ap.out_row, lid, WG, mx, s);
+  let tot = slse[0];
+  softmax_store(base, ap.out_off + row * ap.out_row, lid, WG, tot.x, lse_sum(tot));
 }
 
 // softmax: dx = y * (dy - sum dy * y); log_softmax: dx = dy - exp(y) * sum dy (+ beta * dx).
@@ -284,10 +303,9 @@ fn softmax_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   let row = short_row(wid, nwg, lid);
   if (row >= ap.outer) { return; }
   let base = ap.x_off + row * ap.x_row;
-  let mx = scan(true, base, 0u, ap.len, 1u).v;
-  var s = 0.0;
-  for (var j = 0u; j < ap.len; j++) { s += exp(src_at(base + j) - mx); }
-  softmax_store(base, ap.out_off + row * ap.out_row, 0u, 1u, mx, s);
+  var acc = LSE_START;
+  for (var j = 0u; j < ap.len; j++) { acc = lse_add(acc, src_at(base + j)); }
+  softmax_store(base, ap.out_off + row * ap.out_row, 0u, 1u, acc.x, lse_sum(acc));
 }
 
 @compute @workgroup_size(WG)

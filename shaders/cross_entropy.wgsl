@@ -10,6 +10,7 @@
 // LT (an alias emitted per kernel): the element type of the logits and their
 // gradient, f32 or f16 (HALF: bool, LT is f16); the math is f32 either way.
 //!include half
+//!include lse
 
 struct XentParams {
   rows: u32, cols: u32, row0: u32, x_off: u32,  // block: rows row0..row0+rows, logits from x_off in the binding
@@ -54,9 +55,7 @@ fn row_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x;
 fn finish_row(r: u32, base: u32, mx: f32, se: f32) {
   let row = xp.row0 + r;
   let label = labels[row];
-  // torch's NaN for a +inf logit (its softmax meets inf - inf); the one-pass sum
-  // keeps a finite sum beside an infinite max.
-  let ls = select(log(se), bitcast<f32>(0x7fc00000u), mx > 3.4028235e38);
+  let ls = log(se);  // NaN for a +inf logit (lse_sum), as torch
   row_stats[row] = vec2<f32>(mx, ls);
   if (label == xp.ignore_index) {
     row_loss[row] = 0.0;
@@ -70,25 +69,8 @@ fn finish_row(r: u32, base: u32, mx: f32, se: f32) {
   }
 }
 
-// Log-sum-exp in one pass over a row (the logits are read once: two passes
-// over GPT-2's 50,304-wide rows read 1.6 GB twice, the L2 holding none of it):
-// acc = (running max m, sum of exp(x - m)), rescaled when x raises the max.
-// One exp per element: exp(-|x - m|) is exp(x - m) below the max and the
-// rescale exp(m - x) above it. A NaN x makes the sum NaN; an infinite max
-// finish_row turns into torch's NaN.
-const LSE_START = vec2<f32>(-3.4028235e38, 0.0);
-
-fn lse_add(acc: vec2<f32>, x: f32) -> vec2<f32> {
-  let e = exp(-abs(x - acc.x));
-  let up = x > acc.x;
-  return vec2<f32>(select(acc.x, x, up), select(acc.y + e, acc.y * e + 1.0, up));
-}
-
-fn lse_merge(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
-  let m = max(a.x, b.x);
-  return vec2<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m));
-}
-
+// The log-sum-exp (lse.wgsl) reads each row once: two passes over GPT-2's
+// 50,304-wide rows read 1.6 GB twice, the L2 holding none of a row by the second.
 var<workgroup> red2: array<vec2<f32>, WG>;
 
 // A workgroup per row (long rows): four loads in flight per thread, then a tree of partial sums.
@@ -118,7 +100,7 @@ fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   }
   if (!valid || lid != 0u) { return; }
   let tot = red2[0];
-  finish_row(r, base, tot.x, tot.y);
+  finish_row(r, base, tot.x, lse_sum(tot));
 }
 
 // Short rows (short_row_cols of csrc/dispatch_util.hpp): a thread per row, WG rows
@@ -131,7 +113,7 @@ fn xent_forward_short(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
   let base = xp.x_off + r * xp.cols;
   var acc = LSE_START;
   for (var j = 0u; j < xp.cols; j++) { acc = lse_add(acc, f32(logits[base + j])); }
-  finish_row(r, base, acc.x, acc.y);
+  finish_row(r, base, acc.x, lse_sum(acc));
 }
 
 // One workgroup: loss = sum(loss) / count (mean) or sum(loss); scale = the

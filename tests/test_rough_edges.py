@@ -263,6 +263,33 @@ def test_short_softmax_special_values(dev):
         _same(getattr(F, name)(pw.tensor(x, dev), -1).numpy(), getattr(torch, name)(rx, -1), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("cols", [5, 100, 1500])
+def test_softmax_special_values_long_rows(dev, rng, cols):
+    """The one-pass max and sum of exponentials of softmax / log_softmax
+    (lse.wgsl) against torch on rows with the max first, last or rising,
+    values far apart, -inf, +inf and NaN (torch's NaN rows), forward and
+    backward; 5 columns take the thread-per-row kernel, the others (on GPUs;
+    lavapipe's short rows reach 1024) a workgroup per row."""
+    x = (3 * rand(rng, 9, cols)).astype(np.float32)
+    x[0, 0] = 50.0
+    x[1, -1] = 50.0
+    x[2] = np.linspace(-90.0, 90.0, cols, dtype=np.float32)
+    x[3, cols // 2] = 1e30
+    x[4, 1] = -np.inf
+    x[5] = -np.inf
+    x[6, cols // 3] = np.inf
+    x[7, 2] = np.nan
+    x[8] = -1e30
+    g = rand(rng, 9, cols)
+    for name in ("softmax", "log_softmax"):
+        tx, rx = pw.tensor(x, dev, requires_grad=True), _t64(x, grad=True)
+        y, ref = getattr(F, name)(tx, -1), getattr(torch, name)(rx, -1)
+        _same(y.numpy(), ref, rtol=1e-5, atol=1e-6)
+        y.backward(pw.tensor(g, dev))
+        ref.backward(_t64(g))
+        _same(tx.grad.numpy(), rx.grad, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("cols", COLS)
 @pytest.mark.parametrize("rows", ROWS)
