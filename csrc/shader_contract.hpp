@@ -276,7 +276,8 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   READ(in0, 0, "array<T0>") READ(in1, 1, "array<T1>") READ(in2, 2, "array<T2>") WRITE(res, 3, "array<TR>")        \
   UNIFORM(np, 4, NdParams) UNIFORM(fp, 5, FlatParams) READ(in0_bits, 6, "array<u32>")                             \
   WRITE(res_bits, 7, "array<u32>") WRITE(res_words, 8, "array<atomic<u32>>")                                      \
-  CONST(WG, 256) /* threads per workgroup, one element each */ PWT_UNARY_OPS(CONST) PWT_BINARY_OPS(CONST)
+  CONST(WG, 256) /* threads per workgroup */                                                                    \
+  CONST(EPT, 4) /* elements per thread (the kernels spell out four) */ PWT_UNARY_OPS(CONST) PWT_BINARY_OPS(CONST)
 #define PWT_SHADER_axis(READ, WRITE, UNIFORM, CONST)                                                              \
   READ(src, 0, "array<ST>") READ(src2, 1, "array<f32>") READ(idx_in, 2, "array<i32>") WRITE(res, 3, "array<RT>") \
   WRITE(idx_out, 4, "array<i32>") UNIFORM(ap, 5, AxisParams)                                                      \

@@ -96,7 +96,7 @@ void record_flat(Recorder& r, const Kernel& k,
     size_t i = 0;
     for (auto& [slot, at, buf] : operands)
       bound.at(i++) = Operand(slot, elements(*buf, first, count, elem_size(half, at)));
-    auto [gx, gy] = grid_1d(dev, ceil_div(count, ew::WG));
+    auto [gx, gy] = grid_1d(dev, ceil_div(count, ew::WG * ew::EPT));
     r.dispatch(k, Operands(bound.data(), i), p, gx, gy);
   }
 }
@@ -302,7 +302,7 @@ void record_nd(Recorder& r, const Kernel& k, const std::string& fn, const std::a
         operands[bound++] = Operand(slots[i], b.range);
         prm.offs[i] = b.off;
       }
-      auto [gx, gy] = grid_1d(dev, ceil_div(prm.n, ew::WG));
+      auto [gx, gy] = grid_1d(dev, ceil_div(prm.n, ew::WG * ew::EPT));
       r.dispatch(k, Operands(operands.data(), bound), prm, gx, gy);
     }
     size_t d = p;
