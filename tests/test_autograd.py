@@ -169,6 +169,10 @@ def test_where_and_comparisons(rng):
         ((4, 5, 6), (0, 2), False),
         ((4, 5, 6), None, False),
         ((1, 9), 0, True),
+        # few long lines: reduce_axis's two passes (parts, then the parts)
+        ((3, 5000), None, False),
+        ((20000, 3), 0, False),
+        ((2, 9000), 1, True),
     ],
 )
 @pytest.mark.parametrize("op", ["sum", "mean", "var"])
