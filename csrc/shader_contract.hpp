@@ -191,7 +191,8 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   CONST(U_RSQRT, 6) CONST(U_TANH, 7) CONST(U_SIGMOID, 8) CONST(U_RELU, 9) CONST(U_GELU_ERF, 10)                   \
   CONST(U_GELU_TANH, 11) CONST(U_SILU, 12) CONST(U_POW_SCALAR, 13) /* x^a */ CONST(U_CLAMP, 14) /* [a, b] */      \
   CONST(U_ADD_SCALAR, 15) /* x + a */ CONST(U_MUL_SCALAR, 16) /* x * a */ CONST(U_RSUB_SCALAR, 17) /* a - x */    \
-  CONST(U_RDIV_SCALAR, 18) /* a / x */ CONST(U_SQRT_STD, 19) /* sqrt, gradient 0 where the result is 0 (std) */
+  CONST(U_RDIV_SCALAR, 18) /* a / x */ CONST(U_SQRT_STD, 19) /* sqrt, gradient 0 where the result is 0 (std) */  \
+  CONST(U_SOFTPLUS, 20) /* log(1 + exp(a x)) / a, x where a x > b */
 #define PWT_BINARY_OPS(CONST)                                                                                     \
   CONST(B_ADD, 0) CONST(B_SUB, 1) CONST(B_MUL, 2) CONST(B_DIV, 3) CONST(B_MAXIMUM, 4) CONST(B_MINIMUM, 5)        \
   CONST(B_POW, 6) /* comparisons give 1.0 / 0.0: */ CONST(B_GT, 7) CONST(B_LT, 8) CONST(B_GE, 9) CONST(B_LE, 10) \

@@ -335,6 +335,17 @@ def gelu(x: TensorLike, approximate: str = "none") -> Tensor:
     return _unary("gelu_erf" if approximate == "none" else "gelu_tanh", x)
 
 
+def softplus(x: TensorLike, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """``log(1 + exp(beta * x)) / beta``, and ``x`` where ``beta * x > threshold``
+    (``torch.nn.functional.softplus``); differentiable."""
+    for name, v in (("beta", beta), ("threshold", threshold)):
+        if not _is_scalar(v):
+            raise TypeError(f"softplus: {name} must be a real number, got {type(v).__name__}")
+    if beta == 0:
+        raise ValueError("softplus: beta must not be 0")
+    return _unary("softplus", x, float(beta), float(threshold))
+
+
 def square(x: TensorLike) -> Tensor:
     return _unary("pow_scalar", x, 2.0)
 
@@ -852,6 +863,22 @@ def softmax(x: TensorLike, dim: int = -1) -> Tensor:
 
 def log_softmax(x: TensorLike, dim: int = -1) -> Tensor:
     return _softmax(x, dim, True)
+
+
+def logsumexp(x: TensorLike, dim: Union[int, tuple[int, ...], list[int]], keepdim: bool = False) -> Tensor:
+    """``log(sum(exp(x)))`` along ``dim`` (``torch.logsumexp``), around the max of each
+    slice (detached; an infinite max is left out, as torch does, so a slice of -inf gives
+    -inf and one holding +inf gives inf); differentiable, the gradient is softmax(x)."""
+    t = _check_float(x, "logsumexp")
+    if dim is None:
+        raise TypeError("logsumexp: dim must be an int or a tuple of ints (torch requires it too)")
+    dims = _dims_arg(dim, t.ndim, "logsumexp")
+    m = t.detach()
+    for d in dims:
+        m = max(m, d, keepdim=True)[0]
+    m = where(eq(abs(m), math.inf), 0.0, m)
+    out = log(sum(exp(t - m), dims, keepdim=True)) + m
+    return out if keepdim else out.reshape(_reduced_shape(t.shape, dims, False))
 
 
 # -- shape -------------------------------------------------------------------------
@@ -1752,18 +1779,95 @@ def cross_entropy(
     return result
 
 
-def mse_loss(input: TensorLike, target: TensorLike, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's names
-    _check_reduction(reduction, "mse_loss")
+def _loss_operands(input: TensorLike, target: TensorLike, reduction: str, op: str) -> tuple[Tensor, Tensor]:
+    """An element-wise loss's input and target as float tensors of one shape on one device."""
+    _check_reduction(reduction, op)
     dev = _device_of(input, target)
-    ti = _float_tensor(input, dev, "mse_loss", "input")
-    tt = _float_tensor(target, dev, "mse_loss", "target")
+    ti = _float_tensor(input, dev, op, "input")
+    tt = _float_tensor(target, dev, op, "target")
     if ti.shape != tt.shape:
-        raise ValueError(f"mse_loss: target has shape {tt.shape}, input has {ti.shape}")
-    d = ti - tt
-    sq = d * d
+        raise ValueError(f"{op}: target has shape {tt.shape}, input has {ti.shape}")
+    return ti, tt
+
+
+def _reduced_loss(loss: Tensor, reduction: str) -> Tensor:
     if reduction == "none":
-        return sq
-    return sum(sq) if reduction == "sum" else mean(sq)
+        return loss
+    return sum(loss) if reduction == "sum" else mean(loss)
+
+
+def mse_loss(input: TensorLike, target: TensorLike, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's names
+    ti, tt = _loss_operands(input, target, reduction, "mse_loss")
+    d = ti - tt
+    return _reduced_loss(d * d, reduction)
+
+
+def l1_loss(input: TensorLike, target: TensorLike, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's names
+    """``|input - target|``, reduced (``torch.nn.functional.l1_loss``); the gradient is 0 where they are equal."""
+    ti, tt = _loss_operands(input, target, reduction, "l1_loss")
+    return _reduced_loss(abs(ti - tt), reduction)
+
+
+def _piecewise_loss(ti: Tensor, tt: Tensor, knee: float, scale: float) -> Tensor:
+    """``0.5 d^2 / knee * scale`` where ``|d| < knee``, else ``(|d| - 0.5 knee) * scale``,
+    d = ti - tt (smooth L1: scale 1; Huber: scale knee). NaN stays NaN."""
+    d = ti - tt
+    ad = abs(d)
+    return where(lt(ad, knee), d * d * (0.5 * scale / knee), (ad - 0.5 * knee) * scale)
+
+
+def smooth_l1_loss(
+    input: TensorLike,  # noqa: A002 - torch's names
+    target: TensorLike,
+    reduction: str = "mean",
+    beta: float = 1.0,
+) -> Tensor:
+    """``0.5 d^2 / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (d = input - target),
+    reduced (``torch.nn.functional.smooth_l1_loss``); beta 0 is ``l1_loss``."""
+    ti, tt = _loss_operands(input, target, reduction, "smooth_l1_loss")
+    if not _is_scalar(beta) or not beta >= 0:
+        raise ValueError(f"smooth_l1_loss: beta must be a number >= 0, got {beta!r}")
+    if beta == 0:
+        return _reduced_loss(abs(ti - tt), reduction)
+    return _reduced_loss(_piecewise_loss(ti, tt, float(beta), 1.0), reduction)
+
+
+def huber_loss(
+    input: TensorLike,  # noqa: A002 - torch's names
+    target: TensorLike,
+    reduction: str = "mean",
+    delta: float = 1.0,
+) -> Tensor:
+    """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)`` (d = input - target),
+    reduced (``torch.nn.functional.huber_loss``)."""
+    ti, tt = _loss_operands(input, target, reduction, "huber_loss")
+    if not _is_scalar(delta) or not delta > 0:
+        raise ValueError(f"huber_loss: delta must be a number > 0, got {delta!r}")
+    return _reduced_loss(_piecewise_loss(ti, tt, float(delta), float(delta)), reduction)
+
+
+def binary_cross_entropy_with_logits(
+    input: TensorLike,  # noqa: A002 - torch's names
+    target: TensorLike,
+    weight: Optional[TensorLike] = None,
+    reduction: str = "mean",
+    pos_weight: Optional[TensorLike] = None,
+) -> Tensor:
+    """Sigmoid and binary cross-entropy in one stable form
+    (``torch.nn.functional.binary_cross_entropy_with_logits``):
+    ``(1 - y) x + (1 + (pos_weight - 1) y) softplus(-x)``, times ``weight``, reduced.
+    ``weight`` broadcasts to the input, ``pos_weight`` along its last dimension. The
+    gradient is ``sigmoid(x) - y`` (with the weights), also at ``x = 0``."""
+    ti, tt = _loss_operands(input, target, reduction, "binary_cross_entropy_with_logits")
+    dev = ti.device
+    sp = softplus(-ti)
+    if pos_weight is not None:
+        pw_t = _float_tensor(pos_weight, dev, "binary_cross_entropy_with_logits", "pos_weight")
+        sp = sp * (tt * (pw_t - 1.0) + 1.0)
+    loss = (1.0 - tt) * ti + sp
+    if weight is not None:
+        loss = loss * _float_tensor(weight, dev, "binary_cross_entropy_with_logits", "weight")
+    return _reduced_loss(loss, reduction)
 
 
 # -- attention ---------------------------------------------------------------------------

@@ -735,6 +735,9 @@ class Tensor(_TensorFields):
     def log_softmax(self, dim: int = -1) -> Tensor:
         return F.log_softmax(self, dim)
 
+    def logsumexp(self, dim: Union[int, tuple[int, ...], list[int]], keepdim: bool = False) -> Tensor:
+        return F.logsumexp(self, dim, keepdim)
+
     # The operators try the common case (float32 tensors of one device, bound as they are) in one
     # Cython call first; F's ops take every other call.
     def __add__(self, other: Operand) -> Tensor:

@@ -64,6 +64,21 @@ fn thread_elements(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> vec4<u32> {
 fn clamped(i: vec4<u32>, n: u32) -> vec4<u32> { return min(i, vec4<u32>(n - 1u)); }
 
 fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
+
+// log(1 + e) to a few ulps also where 1 + e rounds to 1 (log(u) * e / (u - 1)
+// cancels the rounding of u = 1 + e); inf for e = inf.
+fn log1p_f(e: f32) -> f32 {
+  let u = 1.0 + e;
+  if (u == 1.0) { return e; }
+  if (u > 3.4028235e38) { return u; }
+  return log(u) * e / (u - 1.0);
+}
+
+// torch's softplus: log(1 + exp(beta x)) / beta, or x where beta x > threshold.
+fn softplus_f(x: f32, beta: f32, threshold: f32) -> f32 {
+  let z = beta * x;
+  return select(log1p_f(exp(z)) / beta, x, z > threshold);
+}
 // is_nan (a bit test) comes from activations.wgsl.
 
 // tanh with full relative precision near 0 (the exp form loses it to
@@ -134,6 +149,7 @@ fn unary_f(x: f32) -> f32 {
     case U_MUL_SCALAR: { return x * fp.a; }
     case U_RSUB_SCALAR: { return fp.a - x; }
     case U_RDIV_SCALAR: { return fp.a / x; }
+    case U_SOFTPLUS: { return softplus_f(x, fp.a, fp.b); }
     default: { return nan(); }
   }
 }
@@ -160,6 +176,10 @@ fn unary_grad(x: f32, y: f32) -> f32 {
     case U_MUL_SCALAR: { return fp.a; }
     case U_RSUB_SCALAR: { return -1.0; }
     case U_RDIV_SCALAR: { return -fp.a / (x * x); }
+    case U_SOFTPLUS: {  // torch's: e / (e + 1), e = exp(beta x); 1 where beta x > threshold
+      let e = exp(fp.a * x);
+      return select(e / (e + 1.0), 1.0, fp.a * x > fp.b);
+    }
     default: { return nan(); }
   }
 }

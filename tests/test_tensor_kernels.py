@@ -76,6 +76,7 @@ A_B = {
     "mul_scalar": (-3.0, 0.0),
     "rsub_scalar": (2.0, 0.0),
     "rdiv_scalar": (1.5, 0.0),
+    "softplus": (1.5, 2.0),  # beta, threshold: both pieces hit
 }
 POSITIVE = {"log", "sqrt", "rsqrt", "pow_scalar", "rdiv_scalar", "sqrt_std"}
 
@@ -113,6 +114,7 @@ def torch_unary(name, x, a, b):
         "rsub_scalar": lambda: a - x,
         "rdiv_scalar": lambda: a / x,
         "sqrt_std": lambda: x.sqrt(),  # (std's gradient differs at 0 only: tests/test_nan_semantics.py)
+        "softplus": lambda: F.softplus(x, a, b),
     }[name]()
 
 

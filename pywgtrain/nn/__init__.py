@@ -15,10 +15,13 @@ from . import functional  # noqa: F401
 from . import modules as _modules
 from .modules import (  # noqa: F401
     GELU,
+    BCEWithLogitsLoss,
     CrossEntropyLoss,
     Dropout,
     Embedding,
+    HuberLoss,
     Identity,
+    L1Loss,
     LayerNorm,
     Linear,
     LogSoftmax,
@@ -31,7 +34,9 @@ from .modules import (  # noqa: F401
     Sequential,
     Sigmoid,
     SiLU,
+    SmoothL1Loss,
     Softmax,
+    Softplus,
     Tanh,
 )
 from .parameter import Parameter  # noqa: F401

@@ -1,11 +1,14 @@
 """Functional forms of the ops and losses, named as in ``torch.nn.functional``."""
 
 from ..functions import (  # noqa: F401
+    binary_cross_entropy_with_logits,
     causal_self_attention_qkv,
     cross_entropy,
     dropout,
     embedding,
     gelu,
+    huber_loss,
+    l1_loss,
     layer_norm,
     linear,
     log_softmax,
@@ -16,7 +19,9 @@ from ..functions import (  # noqa: F401
     scaled_dot_product_attention,
     sigmoid,
     silu,
+    smooth_l1_loss,
     softmax,
+    softplus,
     tanh,
 )
 
@@ -30,12 +35,17 @@ __all__ = [
     "tanh",
     "softmax",
     "log_softmax",
+    "softplus",
     "embedding",
     "layer_norm",
     "dropout",
     "cross_entropy",
     "nll_loss",
     "mse_loss",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "binary_cross_entropy_with_logits",
     "scaled_dot_product_attention",
     "causal_self_attention_qkv",
 ]

@@ -1,8 +1,8 @@
-from .activation import GELU, Identity, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Tanh
+from .activation import GELU, Identity, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Softplus, Tanh
 from .container import ModuleDict, ModuleList, Sequential
 from .dropout import Dropout
 from .linear import Linear
-from .loss import CrossEntropyLoss, MSELoss, NLLLoss
+from .loss import BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss, SmoothL1Loss
 from .module import Module
 from .sparse import Embedding
 from .normalization import LayerNorm
@@ -24,7 +24,12 @@ __all__ = [
     "Identity",
     "Softmax",
     "LogSoftmax",
+    "Softplus",
     "CrossEntropyLoss",
     "NLLLoss",
     "MSELoss",
+    "L1Loss",
+    "SmoothL1Loss",
+    "HuberLoss",
+    "BCEWithLogitsLoss",
 ]

@@ -60,6 +60,20 @@ class Sigmoid(_Activation):
         return F.sigmoid(x)
 
 
+class Softplus(_Activation):
+    """``log(1 + exp(beta x)) / beta``, linear past ``beta x > threshold`` (torch's)."""
+
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0) -> None:
+        super().__init__()
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, x: TensorLike) -> Tensor:
+        return F.softplus(x, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
 class Softmax(Module):
     def __init__(self, dim: int = -1) -> None:
         super().__init__()

@@ -59,3 +59,40 @@ class NLLLoss(CrossEntropyLoss):
 class MSELoss(_Loss):
     def forward(self, input: TensorLike, target: TensorLike) -> Tensor:  # noqa: A002 - torch's names
         return F.mse_loss(input, target, self.reduction)
+
+
+class L1Loss(_Loss):
+    def forward(self, input: TensorLike, target: TensorLike) -> Tensor:  # noqa: A002 - torch's names
+        return F.l1_loss(input, target, self.reduction)
+
+
+class SmoothL1Loss(_Loss):
+    def __init__(self, reduction: str = "mean", beta: float = 1.0) -> None:
+        super().__init__(reduction)
+        self.beta = beta
+
+    def forward(self, input: TensorLike, target: TensorLike) -> Tensor:  # noqa: A002 - torch's names
+        return F.smooth_l1_loss(input, target, self.reduction, self.beta)
+
+
+class HuberLoss(_Loss):
+    def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
+        super().__init__(reduction)
+        self.delta = delta
+
+    def forward(self, input: TensorLike, target: TensorLike) -> Tensor:  # noqa: A002 - torch's names
+        return F.huber_loss(input, target, self.reduction, self.delta)
+
+
+class BCEWithLogitsLoss(_Loss):
+    """Sigmoid and binary cross-entropy in one stable form; ``weight`` (broadcast to the
+    input) and ``pos_weight`` (along its last dimension) are tensors or arrays, as torch's."""
+
+    def __init__(
+        self, weight: Optional[TensorLike] = None, reduction: str = "mean", pos_weight: Optional[TensorLike] = None
+    ) -> None:
+        super().__init__(reduction)
+        self.weight, self.pos_weight = weight, pos_weight
+
+    def forward(self, input: TensorLike, target: TensorLike) -> Tensor:  # noqa: A002 - torch's names
+        return F.binary_cross_entropy_with_logits(input, target, self.weight, self.reduction, self.pos_weight)

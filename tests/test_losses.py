@@ -1,0 +1,197 @@
+"""softplus, logsumexp and the element-wise losses (l1, smooth L1, Huber, binary
+cross-entropy with logits) against torch's float64 results: values and
+gradients, every reduction, the points where a piece changes (d = 0, |d| =
+beta, x = 0) and inf / NaN where torch defines them; their modules; bad
+arguments."""
+
+import numpy as np
+import pytest
+
+import pywgtrain as pw
+import pywgtrain.nn.functional as F
+
+from helpers import rand
+
+torch = pytest.importorskip("torch")
+TF = torch.nn.functional
+
+
+def _t64(a, grad=False):
+    return torch.tensor(np.asarray(a, np.float64), requires_grad=grad)
+
+
+def _same(ours, ref, rtol=1e-5, atol=1e-6):
+    """A float32 result against torch's float64 one: NaN where torch has NaN, inf where it has inf."""
+    ref = ref.detach().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
+    ours = np.asarray(ours)
+    assert ours.shape == ref.shape, (ours.shape, ref.shape)
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(ref))
+    np.testing.assert_allclose(ours, ref, rtol=rtol, atol=atol, equal_nan=True)
+
+
+def _both(dev, ours_fn, ref_fn, arrays, grad_of=(0,), rtol=1e-5, atol=1e-6):
+    """ours_fn on device tensors and ref_fn on float64 torch tensors of `arrays`: the results,
+    then the gradients of the arrays in `grad_of` for one random upstream gradient."""
+    ts = [pw.tensor(a, dev, requires_grad=i in grad_of) for i, a in enumerate(arrays)]
+    rs = [_t64(a, grad=i in grad_of) for i, a in enumerate(arrays)]
+    y, ref = ours_fn(*ts), ref_fn(*rs)
+    _same(y.numpy(), ref, rtol, atol)
+    g = np.linspace(0.5, 1.5, max(ref.numel(), 1)).astype(np.float32).reshape(tuple(ref.shape))
+    y.backward(pw.tensor(g, dev)) if ref.dim() else y.backward()
+    ref.backward(_t64(g) if ref.dim() else None)
+    for i in grad_of:
+        _same(ts[i].grad.numpy(), rs[i].grad, rtol, atol)
+
+
+SPECIALS = np.array([-30.0, -5.0, -1.0, -1e-8, 0.0, 1e-8, 1.0, 5.0, 19.9, 20.1, 30.0, 100.0], np.float32)
+
+
+@pytest.mark.parametrize("beta,threshold", [(1.0, 20.0), (2.0, 20.0), (0.5, 3.0), (-1.0, 20.0)])
+def test_softplus_like_torch(dev, rng, beta, threshold):
+    x = np.concatenate([SPECIALS, -SPECIALS, 4 * rand(rng, 33)]).astype(np.float32)
+    _both(dev, lambda t: F.softplus(t, beta, threshold), lambda t: TF.softplus(t, beta, threshold), [x])
+    x = np.array([np.nan, np.inf, -np.inf, 0.0], np.float32)  # forward only: torch's gradient at inf is NaN there
+    _same(F.softplus(pw.tensor(x, dev), beta, threshold).numpy(), TF.softplus(_t64(x), beta, threshold))
+
+
+def test_softplus_module_and_errors(dev, rng):
+    x = rand(rng, 7, 5)
+    m = pw.nn.Softplus(beta=2.0, threshold=4.0)
+    np.testing.assert_array_equal(m(pw.tensor(x, dev)).numpy(), F.softplus(pw.tensor(x, dev), 2.0, 4.0).numpy())
+    assert "beta=2.0" in repr(m)
+    with pytest.raises(ValueError, match="beta must not be 0"):
+        F.softplus(pw.tensor(x, dev), 0.0)
+    with pytest.raises(TypeError, match="threshold must be a real number"):
+        F.softplus(pw.tensor(x, dev), 1.0, "20")
+
+
+@pytest.mark.parametrize(
+    "shape,dim,keepdim",
+    [((7,), 0, False), ((33, 5), 1, True), ((33, 5), -2, False), ((2, 3, 129), (0, 2), False), ((4, 5, 6), [1], True)],
+)
+def test_logsumexp_like_torch(dev, rng, shape, dim, keepdim):
+    x = (10 * rand(rng, *shape)).astype(np.float32)
+    _both(dev, lambda t: pw.logsumexp(t, dim, keepdim), lambda t: torch.logsumexp(t, dim, keepdim), [x])
+    _same(pw.tensor(x, dev).logsumexp(dim, keepdim).numpy(), torch.logsumexp(_t64(x), dim, keepdim))
+
+
+def test_logsumexp_special_values(dev):
+    x = np.array(
+        [[1e30, 1e30, -1e30], [-np.inf] * 3, [np.inf, 0.0, 1.0], [np.nan, 0.0, 1.0], [-1e4, -1e4, -1e4]], np.float32
+    )
+    _same(pw.logsumexp(pw.tensor(x, dev), 1).numpy(), torch.logsumexp(_t64(x), 1))
+    with pytest.raises(TypeError, match="dim must be an int"):
+        pw.logsumexp(pw.tensor(x, dev), None)
+
+
+REDUCTIONS = ["mean", "sum", "none"]
+
+
+def _pairs(rng, n=64):
+    """input, target with exact ties (d = 0), |d| at 1 and 0.5 exactly, and spread values."""
+    target = rand(rng, n)
+    d = 3 * rand(rng, n)
+    d[:6] = [0.0, 1.0, -1.0, 0.5, -0.5, 2.0]
+    return (target + d).astype(np.float32), target.astype(np.float32)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_l1_loss_like_torch(dev, rng, reduction):
+    x, y = _pairs(rng)
+    x[:6] = y[:6] + np.array([0.0, 1.0, -1.0, 0.5, -0.5, 2.0], np.float32)  # the ties exact in float32
+    _both(dev, lambda a, b: F.l1_loss(a, b, reduction), lambda a, b: TF.l1_loss(a, b, reduction=reduction), [x, y])
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.5, 0.0])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_smooth_l1_loss_like_torch(dev, rng, reduction, beta):
+    x, y = _pairs(rng)
+    y[:6] = 0.0
+    x[:6] = [0.0, 1.0, -1.0, 0.5, -0.5, 2.0]  # d exactly 0 and +-beta
+    _both(
+        dev,
+        lambda a, b: F.smooth_l1_loss(a, b, reduction, beta),
+        lambda a, b: TF.smooth_l1_loss(a, b, reduction=reduction, beta=beta),
+        [x, y],
+        grad_of=(0, 1),
+    )
+
+
+@pytest.mark.parametrize("delta", [1.0, 0.5, 2.5])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_huber_loss_like_torch(dev, rng, reduction, delta):
+    x, y = _pairs(rng)
+    y[:6] = 0.0
+    x[:6] = [0.0, 1.0, -1.0, 0.5, -0.5, 2.5]
+    _both(
+        dev,
+        lambda a, b: F.huber_loss(a, b, reduction, delta),
+        lambda a, b: TF.huber_loss(a, b, reduction=reduction, delta=delta),
+        [x, y],
+        grad_of=(0, 1),
+    )
+
+
+def test_piecewise_losses_nan(dev):
+    x = np.array([np.nan, 1.0, 0.0], np.float32)
+    y = np.zeros(3, np.float32)
+    for ours, ref in (
+        (F.l1_loss, TF.l1_loss),
+        (F.smooth_l1_loss, TF.smooth_l1_loss),
+        (F.huber_loss, TF.huber_loss),
+        (F.mse_loss, TF.mse_loss),
+    ):
+        _same(ours(pw.tensor(x, dev), pw.tensor(y, dev), "none").numpy(), ref(_t64(x), _t64(y), reduction="none"))
+
+
+@pytest.mark.parametrize("weighting", ["none", "weight", "pos_weight", "both"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_bce_with_logits_like_torch(dev, rng, reduction, weighting):
+    x = (6 * rand(rng, 17, 5)).astype(np.float32)
+    x[0] = [0.0, -0.0, 40.0, -40.0, 1e-7]  # the gradient at 0 is sigmoid(0) - y, not a kink's
+    y = rng.random((17, 5)).astype(np.float32)
+    y[1] = [0.0, 1.0, 0.0, 1.0, 0.5]
+    w = (rng.random((1, 5)) + 0.5).astype(np.float32)
+    pw_ = (rng.random(5) * 3).astype(np.float32)
+    use_w, use_p = weighting in ("weight", "both"), weighting in ("pos_weight", "both")
+    arrays = [x, y] + ([w] if use_w else []) + ([pw_] if use_p else [])
+
+    def ours(a, b, *rest):
+        rest = list(rest)
+        return F.binary_cross_entropy_with_logits(
+            a, b, rest.pop(0) if use_w else None, reduction, rest.pop(0) if use_p else None
+        )
+
+    def ref(a, b, *rest):
+        rest = list(rest)
+        return TF.binary_cross_entropy_with_logits(
+            a, b, rest.pop(0) if use_w else None, reduction=reduction, pos_weight=rest.pop(0) if use_p else None
+        )
+
+    _both(dev, ours, ref, arrays, grad_of=(0, 1))
+
+
+def test_loss_modules_match_the_functions(dev, rng):
+    x, y = _pairs(rng)
+    tx, ty = pw.tensor(x, dev), pw.tensor(y, dev)
+    w = (rng.random(64) + 0.5).astype(np.float32)
+    for module, fn in (
+        (pw.nn.L1Loss(), lambda: F.l1_loss(tx, ty)),
+        (pw.nn.SmoothL1Loss(reduction="sum", beta=0.5), lambda: F.smooth_l1_loss(tx, ty, "sum", 0.5)),
+        (pw.nn.HuberLoss(delta=2.0), lambda: F.huber_loss(tx, ty, "mean", 2.0)),
+        (pw.nn.BCEWithLogitsLoss(weight=w), lambda: F.binary_cross_entropy_with_logits(tx, ty.sigmoid(), w)),
+    ):
+        target = ty.sigmoid() if isinstance(module, pw.nn.BCEWithLogitsLoss) else ty
+        np.testing.assert_array_equal(module(tx, target).numpy(), fn().numpy())
+
+
+def test_loss_argument_errors(dev, rng):
+    x, y = pw.tensor(rand(rng, 4, 3), dev), pw.tensor(rand(rng, 4, 3), dev)
+    with pytest.raises(ValueError, match="beta must be a number >= 0"):
+        F.smooth_l1_loss(x, y, beta=-1.0)
+    with pytest.raises(ValueError, match="delta must be a number > 0"):
+        F.huber_loss(x, y, delta=0.0)
+    with pytest.raises(ValueError, match="l1_loss: target has shape"):
+        F.l1_loss(x, pw.tensor(rand(rng, 3, 4), dev))
+    with pytest.raises(ValueError, match="reduction"):
+        F.binary_cross_entropy_with_logits(x, y, reduction="avg")
