@@ -44,6 +44,24 @@ def stream_schedule(ops, cap=None):
     return submits, ops
 
 
+def t64(a, grad=False):
+    """A float64 torch tensor of `a` (the reference side of a comparison with torch)."""
+    import torch
+
+    return torch.tensor(np.asarray(a, np.float64), requires_grad=grad)
+
+
+def same_as_torch(ours, ref, rtol=2e-5, atol=1e-6):
+    """A float32 result against torch's float64 one: NaN where torch has NaN, inf where it has inf."""
+    import torch
+
+    ref = ref.detach().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
+    ours = np.asarray(ours)
+    assert ours.shape == ref.shape, (ours.shape, ref.shape)
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(ref))
+    np.testing.assert_allclose(ours, ref, rtol=rtol, atol=atol, equal_nan=True)
+
+
 def assert_close(actual, expected, rtol=1e-5, atol_scale=1e-5, magnitude=None):
     """float32 result vs float64 reference; atol scales with the reference's
     magnitude, or with `magnitude` where terms of that size may cancel in it."""

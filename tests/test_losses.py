@@ -10,37 +10,24 @@ import pytest
 import pywgtrain as pw
 import pywgtrain.nn.functional as F
 
-from helpers import rand
+from helpers import rand, same_as_torch, t64
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
-
-
-def _t64(a, grad=False):
-    return torch.tensor(np.asarray(a, np.float64), requires_grad=grad)
-
-
-def _same(ours, ref, rtol=1e-5, atol=1e-6):
-    """A float32 result against torch's float64 one: NaN where torch has NaN, inf where it has inf."""
-    ref = ref.detach().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
-    ours = np.asarray(ours)
-    assert ours.shape == ref.shape, (ours.shape, ref.shape)
-    np.testing.assert_array_equal(np.isnan(ours), np.isnan(ref))
-    np.testing.assert_allclose(ours, ref, rtol=rtol, atol=atol, equal_nan=True)
 
 
 def _both(dev, ours_fn, ref_fn, arrays, grad_of=(0,), rtol=1e-5, atol=1e-6):
     """ours_fn on device tensors and ref_fn on float64 torch tensors of `arrays`: the results,
     then the gradients of the arrays in `grad_of` for one random upstream gradient."""
     ts = [pw.tensor(a, dev, requires_grad=i in grad_of) for i, a in enumerate(arrays)]
-    rs = [_t64(a, grad=i in grad_of) for i, a in enumerate(arrays)]
+    rs = [t64(a, grad=i in grad_of) for i, a in enumerate(arrays)]
     y, ref = ours_fn(*ts), ref_fn(*rs)
-    _same(y.numpy(), ref, rtol, atol)
+    same_as_torch(y.numpy(), ref, rtol, atol)
     g = np.linspace(0.5, 1.5, max(ref.numel(), 1)).astype(np.float32).reshape(tuple(ref.shape))
     y.backward(pw.tensor(g, dev)) if ref.dim() else y.backward()
-    ref.backward(_t64(g) if ref.dim() else None)
+    ref.backward(t64(g) if ref.dim() else None)
     for i in grad_of:
-        _same(ts[i].grad.numpy(), rs[i].grad, rtol, atol)
+        same_as_torch(ts[i].grad.numpy(), rs[i].grad, rtol, atol)
 
 
 SPECIALS = np.array([-30.0, -5.0, -1.0, -1e-8, 0.0, 1e-8, 1.0, 5.0, 19.9, 20.1, 30.0, 100.0], np.float32)
@@ -51,7 +38,7 @@ def test_softplus_like_torch(dev, rng, beta, threshold):
     x = np.concatenate([SPECIALS, -SPECIALS, 4 * rand(rng, 33)]).astype(np.float32)
     _both(dev, lambda t: F.softplus(t, beta, threshold), lambda t: TF.softplus(t, beta, threshold), [x])
     x = np.array([np.nan, np.inf, -np.inf, 0.0], np.float32)  # forward only: torch's gradient at inf is NaN there
-    _same(F.softplus(pw.tensor(x, dev), beta, threshold).numpy(), TF.softplus(_t64(x), beta, threshold))
+    same_as_torch(F.softplus(pw.tensor(x, dev), beta, threshold).numpy(), TF.softplus(t64(x), beta, threshold))
 
 
 def test_softplus_module_and_errors(dev, rng):
@@ -72,14 +59,14 @@ def test_softplus_module_and_errors(dev, rng):
 def test_logsumexp_like_torch(dev, rng, shape, dim, keepdim):
     x = (10 * rand(rng, *shape)).astype(np.float32)
     _both(dev, lambda t: pw.logsumexp(t, dim, keepdim), lambda t: torch.logsumexp(t, dim, keepdim), [x])
-    _same(pw.tensor(x, dev).logsumexp(dim, keepdim).numpy(), torch.logsumexp(_t64(x), dim, keepdim))
+    same_as_torch(pw.tensor(x, dev).logsumexp(dim, keepdim).numpy(), torch.logsumexp(t64(x), dim, keepdim))
 
 
 def test_logsumexp_special_values(dev):
     x = np.array(
         [[1e30, 1e30, -1e30], [-np.inf] * 3, [np.inf, 0.0, 1.0], [np.nan, 0.0, 1.0], [-1e4, -1e4, -1e4]], np.float32
     )
-    _same(pw.logsumexp(pw.tensor(x, dev), 1).numpy(), torch.logsumexp(_t64(x), 1))
+    same_as_torch(pw.logsumexp(pw.tensor(x, dev), 1).numpy(), torch.logsumexp(t64(x), 1))
     with pytest.raises(TypeError, match="dim must be an int"):
         pw.logsumexp(pw.tensor(x, dev), None)
 
@@ -102,31 +89,27 @@ def test_l1_loss_like_torch(dev, rng, reduction):
     _both(dev, lambda a, b: F.l1_loss(a, b, reduction), lambda a, b: TF.l1_loss(a, b, reduction=reduction), [x, y])
 
 
-@pytest.mark.parametrize("beta", [1.0, 0.5, 0.0])
+@pytest.mark.parametrize(
+    "loss,knee",
+    [
+        ("smooth_l1_loss", 1.0),
+        ("smooth_l1_loss", 0.5),
+        ("smooth_l1_loss", 0.0),
+        ("huber_loss", 1.0),
+        ("huber_loss", 2.5),
+    ],
+)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_smooth_l1_loss_like_torch(dev, rng, reduction, beta):
-    x, y = _pairs(rng)
-    y[:6] = 0.0
-    x[:6] = [0.0, 1.0, -1.0, 0.5, -0.5, 2.0]  # d exactly 0 and +-beta
-    _both(
-        dev,
-        lambda a, b: F.smooth_l1_loss(a, b, reduction, beta),
-        lambda a, b: TF.smooth_l1_loss(a, b, reduction=reduction, beta=beta),
-        [x, y],
-        grad_of=(0, 1),
-    )
-
-
-@pytest.mark.parametrize("delta", [1.0, 0.5, 2.5])
-@pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_huber_loss_like_torch(dev, rng, reduction, delta):
+def test_piecewise_losses_like_torch(dev, rng, reduction, loss, knee):
+    """smooth L1 (beta = knee) and Huber (delta = knee), d exactly 0 and +-knee included."""
     x, y = _pairs(rng)
     y[:6] = 0.0
     x[:6] = [0.0, 1.0, -1.0, 0.5, -0.5, 2.5]
+    name = "beta" if loss == "smooth_l1_loss" else "delta"
     _both(
         dev,
-        lambda a, b: F.huber_loss(a, b, reduction, delta),
-        lambda a, b: TF.huber_loss(a, b, reduction=reduction, delta=delta),
+        lambda a, b: getattr(F, loss)(a, b, reduction, knee),
+        lambda a, b: getattr(TF, loss)(a, b, reduction=reduction, **{name: knee}),
         [x, y],
         grad_of=(0, 1),
     )
@@ -141,7 +124,7 @@ def test_piecewise_losses_nan(dev):
         (F.huber_loss, TF.huber_loss),
         (F.mse_loss, TF.mse_loss),
     ):
-        _same(ours(pw.tensor(x, dev), pw.tensor(y, dev), "none").numpy(), ref(_t64(x), _t64(y), reduction="none"))
+        same_as_torch(ours(pw.tensor(x, dev), pw.tensor(y, dev), "none").numpy(), ref(t64(x), t64(y), reduction="none"))
 
 
 @pytest.mark.parametrize("weighting", ["none", "weight", "pos_weight", "both"])

@@ -13,22 +13,9 @@ import pywgtrain.functions as F
 from pywgtrain import _core
 from pywgtrain.models import GPT, GPTConfig
 
-from helpers import poisoned, rand
+from helpers import poisoned, rand, same_as_torch, t64
 
 torch = pytest.importorskip("torch")
-
-
-def _t64(a, grad=False):
-    return torch.tensor(np.asarray(a, np.float64), requires_grad=grad)
-
-
-def _same(ours, ref, rtol=2e-5, atol=1e-6):
-    """float32 result vs torch's float64, inf and NaN where torch has them."""
-    ref = ref.detach().numpy() if isinstance(ref, torch.Tensor) else np.asarray(ref)
-    ours = np.asarray(ours)
-    assert ours.shape == ref.shape, (ours.shape, ref.shape)
-    np.testing.assert_array_equal(np.isnan(ours), np.isnan(ref))
-    np.testing.assert_allclose(ours, ref, rtol=rtol, atol=atol, equal_nan=True)
 
 
 # -- pow -----------------------------------------------------------------------------
@@ -37,21 +24,21 @@ EXPONENTS = np.array([2.0, 0.0, 1.0, 3.0, -1.0, -2.0, 0.5, 1.5, -0.5, 4.0], np.f
 
 def _same_with_grads(dev, y, ref, x, ref_x):
     """y against torch's ref, then x's gradient for the same upstream gradient."""
-    _same(y.numpy(), ref)
+    same_as_torch(y.numpy(), ref)
     g = np.linspace(0.5, 1.5, y.numel()).astype(np.float32).reshape(y.shape)
     y.backward(pw.tensor(g, dev))
-    ref.backward(_t64(g))
-    _same(x.grad.numpy(), ref_x.grad)
+    ref.backward(t64(g))
+    same_as_torch(x.grad.numpy(), ref_x.grad)
 
 
 @pytest.mark.parametrize("base", [0.0, -2.0, 2.0, 1.0, -1.0, 0.5])
 def test_scalar_base_tensor_exponent(dev, base):
     t = pw.tensor(EXPONENTS, dev, requires_grad=True)
     y = base**t
-    ref_t = _t64(EXPONENTS, grad=True)
+    ref_t = t64(EXPONENTS, grad=True)
     ref = base**ref_t
     _same_with_grads(dev, y, ref, t, ref_t)
-    _same(pw.pow(base, t).numpy(), torch.pow(base, ref_t))
+    same_as_torch(pw.pow(base, t).numpy(), torch.pow(base, ref_t))
 
 
 def test_issue_examples(dev):
@@ -65,7 +52,7 @@ def test_negative_base_scalar_exponent(dev, exponent):
     x = np.array([-3.0, -2.0, -0.5, 0.0, 0.5, 2.0], np.float32)
     tx = pw.tensor(x, dev, requires_grad=True)
     y = tx**exponent
-    ref_x = _t64(x, grad=True)
+    ref_x = t64(x, grad=True)
     ref = ref_x**exponent
     _same_with_grads(dev, y, ref, tx, ref_x)
 
@@ -75,13 +62,13 @@ def test_tensor_tensor_pow_negative_bases(dev):
     b = np.array([2.0, 3.0, 0.5, 2.0, 0.0, -1.0, 1.5, -2.0], np.float32)
     ta, tb = pw.tensor(a, dev, requires_grad=True), pw.tensor(b, dev, requires_grad=True)
     y = ta**tb
-    ra, rb = _t64(a, grad=True), _t64(b, grad=True)
+    ra, rb = t64(a, grad=True), t64(b, grad=True)
     ref = ra**rb
-    _same(y.numpy(), ref)
+    same_as_torch(y.numpy(), ref)
     y.sum().backward()
     ref.sum().backward()
-    _same(ta.grad.numpy(), ra.grad)
-    _same(tb.grad.numpy(), rb.grad)
+    same_as_torch(ta.grad.numpy(), ra.grad)
+    same_as_torch(tb.grad.numpy(), rb.grad)
 
 
 # -- matmul with vectors ---------------------------------------------------------------
@@ -103,16 +90,16 @@ def test_matmul_like_torch(dev, rng, sa, sb):
     a, b = rand(rng, *sa), rand(rng, *sb)
     ta, tb = pw.tensor(a, dev, requires_grad=True), pw.tensor(b, dev, requires_grad=True)
     y = ta @ tb
-    ra, rb = _t64(a, grad=True), _t64(b, grad=True)
+    ra, rb = t64(a, grad=True), t64(b, grad=True)
     ref = ra @ rb
     assert y.shape == tuple(ref.shape)
-    _same(y.numpy(), ref, rtol=1e-5, atol=1e-5)
+    same_as_torch(y.numpy(), ref, rtol=1e-5, atol=1e-5)
     g = rand(rng, *ref.shape)
     y.backward(pw.tensor(g, dev)) if ref.dim() else y.backward()
-    ref.backward(_t64(g) if ref.dim() else None)
-    _same(ta.grad.numpy(), ra.grad, rtol=1e-5, atol=1e-5)
-    _same(tb.grad.numpy(), rb.grad, rtol=1e-5, atol=1e-5)
-    _same(pw.matmul(a, b).numpy(), ref, rtol=1e-5, atol=1e-5)
+    ref.backward(t64(g) if ref.dim() else None)
+    same_as_torch(ta.grad.numpy(), ra.grad, rtol=1e-5, atol=1e-5)
+    same_as_torch(tb.grad.numpy(), rb.grad, rtol=1e-5, atol=1e-5)
+    same_as_torch(pw.matmul(a, b).numpy(), ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("sa,sb", [((5,), (4,)), ((5,), (4, 3)), ((3, 4), (5,)), ((2, 3, 4), (3,))])
@@ -245,22 +232,24 @@ def test_softmax_autograd_like_torch(dev, rng, cols):
     for name in ("softmax", "log_softmax"):
         tx = pw.tensor(x, dev, requires_grad=True)
         y = getattr(tx, name)(-1)
-        rx = _t64(x, grad=True)
+        rx = t64(x, grad=True)
         ref = getattr(torch, name)(rx, -1)
-        _same(y.numpy(), ref, rtol=1e-5, atol=1e-6)
+        same_as_torch(y.numpy(), ref, rtol=1e-5, atol=1e-6)
         g = rand(rng, *x.shape)
         y.backward(pw.tensor(g, dev))
-        ref.backward(_t64(g))
-        _same(tx.grad.numpy(), rx.grad, rtol=1e-5, atol=1e-5)
+        ref.backward(t64(g))
+        same_as_torch(tx.grad.numpy(), rx.grad, rtol=1e-5, atol=1e-5)
 
 
 def test_short_softmax_special_values(dev):
     x = np.array(
         [[0.0, -np.inf, 1.0], [np.nan, 0.0, 1.0], [1e30, 1e30, -1e30], [-np.inf] * 3, [80.0, 90.0, 100.0]], np.float32
     )
-    rx = _t64(x)
+    rx = t64(x)
     for name in ("softmax", "log_softmax"):
-        _same(getattr(F, name)(pw.tensor(x, dev), -1).numpy(), getattr(torch, name)(rx, -1), rtol=1e-5, atol=1e-6)
+        same_as_torch(
+            getattr(F, name)(pw.tensor(x, dev), -1).numpy(), getattr(torch, name)(rx, -1), rtol=1e-5, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize("cols", [5, 100, 1500])
@@ -282,12 +271,12 @@ def test_softmax_special_values_long_rows(dev, rng, cols):
     x[8] = -1e30
     g = rand(rng, 9, cols)
     for name in ("softmax", "log_softmax"):
-        tx, rx = pw.tensor(x, dev, requires_grad=True), _t64(x, grad=True)
+        tx, rx = pw.tensor(x, dev, requires_grad=True), t64(x, grad=True)
         y, ref = getattr(F, name)(tx, -1), getattr(torch, name)(rx, -1)
-        _same(y.numpy(), ref, rtol=1e-5, atol=1e-6)
+        same_as_torch(y.numpy(), ref, rtol=1e-5, atol=1e-6)
         y.backward(pw.tensor(g, dev))
-        ref.backward(_t64(g))
-        _same(tx.grad.numpy(), rx.grad, rtol=1e-4, atol=1e-5)
+        ref.backward(t64(g))
+        same_as_torch(tx.grad.numpy(), rx.grad, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -300,13 +289,13 @@ def test_cross_entropy_like_torch(dev, rng, rows, cols, reduction):
     labels[0] = min(cols - 1, 2)  # at least one counted row
     tx = pw.tensor(x, dev, requires_grad=True)
     loss = F.cross_entropy(tx, labels, reduction=reduction)
-    rx = _t64(x, grad=True)
+    rx = t64(x, grad=True)
     ref = torch.nn.functional.cross_entropy(rx, torch.tensor(labels), reduction=reduction)
-    _same(loss.numpy(), ref, rtol=1e-5, atol=1e-5)
+    same_as_torch(loss.numpy(), ref, rtol=1e-5, atol=1e-5)
     g = rand(rng, *ref.shape)
     loss.backward(pw.tensor(g, dev)) if ref.dim() else loss.backward()
-    ref.backward(_t64(g) if ref.dim() else None)
-    _same(tx.grad.numpy(), rx.grad, rtol=1e-5, atol=1e-6)
+    ref.backward(t64(g) if ref.dim() else None)
+    same_as_torch(tx.grad.numpy(), rx.grad, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("cols", [7, 1500, 5000])
@@ -329,14 +318,14 @@ def test_cross_entropy_special_values_like_torch(dev, rng, cols):
     x[8] = -1e30
     labels = rng.integers(0, cols, rows).astype(np.int64)
     labels[5] = 0
-    tx, rx = pw.tensor(x, dev, requires_grad=True), _t64(x, grad=True)
+    tx, rx = pw.tensor(x, dev, requires_grad=True), t64(x, grad=True)
     loss = F.cross_entropy(tx, labels, reduction="none")
     ref = torch.nn.functional.cross_entropy(rx, torch.tensor(labels), reduction="none")
-    _same(loss.numpy(), ref, rtol=1e-5, atol=1e-5)
+    same_as_torch(loss.numpy(), ref, rtol=1e-5, atol=1e-5)
     g = rand(rng, rows)
     loss.backward(pw.tensor(g, dev))
-    ref.backward(_t64(g))
-    _same(tx.grad.numpy(), rx.grad, rtol=1e-5, atol=1e-6)
+    ref.backward(t64(g))
+    same_as_torch(tx.grad.numpy(), rx.grad, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("cols", [1, 8, 64, 65, 1024, 1025])
