@@ -2271,6 +2271,52 @@ def layer_norm(
     return to_dtype(y, _HALF) if narrow else y
 
 
+def rms_norm(
+    input: TensorLike,  # noqa: A002 - torch's names
+    normalized_shape: ShapeLike,
+    weight: Optional[TensorLike] = None,
+    eps: Optional[float] = None,
+) -> Tensor:
+    """Root-mean-square normalization over the trailing ``normalized_shape`` dimensions
+    (``torch.nn.functional.rms_norm``), as torch computes it: ``x / sqrt(mean(x^2) + eps)``
+    in float32, cast back to the input's dtype, then times ``weight``; ``eps`` None is
+    float32's machine epsilon. Element-wise ops and a mean; differentiable in the input
+    and the weight."""
+    dev = _device_of(input, weight)
+    x = _float_tensor(input, dev, "rms_norm", "input", _elem_dtype(input))
+    ns = _shape_arg(normalized_shape, "rms_norm: normalized_shape")
+    k = len(ns)
+    if k == 0 or x.ndim < k or tuple(x.shape[x.ndim - k :]) != ns:
+        raise ValueError(
+            f"rms_norm: normalized_shape={list(ns)} does not match the trailing dimensions of an input of "
+            f"shape {list(x.shape)}"
+        )
+    if eps is None:
+        eps = float(np.finfo(np.float32).eps)
+    elif isinstance(eps, bool) or not _is_scalar(eps) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"rms_norm: eps must be a finite number >= 0 or None, got {eps!r}")
+    half = x.dtype is _HALF
+    xf = to_dtype(x, np.float32) if half else x
+    y = xf * rsqrt(mean(xf * xf, list(range(x.ndim - k, x.ndim)), keepdim=True) + float(eps))
+    if half:
+        y = to_dtype(y, np.float16)
+    if weight is not None:
+        tw = _float_tensor(weight, dev, "rms_norm", "weight", _elem_dtype(weight))
+        if tw.shape != ns:
+            raise ValueError(f"rms_norm: weight has shape {tw.shape}, expected normalized_shape {ns}")
+        y = y * tw
+    return y
+
+
+def leaky_relu(x: TensorLike, negative_slope: float = 0.01) -> Tensor:
+    """``x`` where ``x > 0``, else ``negative_slope * x`` (``torch.nn.functional.leaky_relu``);
+    the gradient at 0 is ``negative_slope``, as torch's."""
+    if not _is_scalar(negative_slope):
+        raise TypeError(f"leaky_relu: negative_slope must be a real number, got {type(negative_slope).__name__}")
+    t = _float_tensor(x, _device_of(x), "leaky_relu", "input", _elem_dtype(x))
+    return where(gt(t, 0.0), t, t * float(negative_slope))
+
+
 def dropout(
     input: TensorLike,
     p: float = 0.5,  # noqa: A002 - torch's names

@@ -1,4 +1,4 @@
-"""softplus, logsumexp and the element-wise losses (l1, smooth L1, Huber, binary
+"""softplus, logsumexp, rms_norm, leaky_relu and the element-wise losses (l1, smooth L1, Huber, binary
 cross-entropy with logits) against torch's float64 results: values and
 gradients, every reduction, the points where a piece changes (d = 0, |d| =
 beta, x = 0) and inf / NaN where torch defines them; their modules; bad
@@ -178,3 +178,57 @@ def test_loss_argument_errors(dev, rng):
         F.l1_loss(x, pw.tensor(rand(rng, 3, 4), dev))
     with pytest.raises(ValueError, match="reduction"):
         F.binary_cross_entropy_with_logits(x, y, reduction="avg")
+
+
+# -- rms_norm, leaky_relu (composed ops of the same kind) ------------------------------
+
+
+@pytest.mark.parametrize("shape,ns", [((7, 33), (33,)), ((2, 5, 129), (129,)), ((3, 4, 6), (4, 6)), ((1,), (1,))])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("eps", [None, 1e-5])
+def test_rms_norm_like_torch(dev, rng, shape, ns, affine, eps):
+    x = rand(rng, *shape)
+    x.reshape(-1, int(np.prod(ns)))[0] = 0.0  # a zero row: rsqrt(eps), no NaN in the gradient
+    w = rand(rng, *ns)
+    arrays, grad_of = ([x, w], (0, 1)) if affine else ([x], (0,))
+    _both(
+        dev,
+        lambda a, *b: F.rms_norm(a, ns, b[0] if b else None, eps),
+        # torch's eps=None is the input dtype's epsilon: float32's for a float32 input
+        lambda a, *b: TF.rms_norm(a, ns, b[0] if b else None, float(np.finfo(np.float32).eps) if eps is None else eps),
+        arrays,
+        grad_of=grad_of,
+        rtol=2e-5,
+        atol=2e-6,
+    )
+
+
+def test_rms_norm_module_half_and_errors(dev, rng):
+    x = rand(rng, 9, 16)
+    m = pw.nn.RMSNorm(16, device=dev)
+    np.testing.assert_array_equal(m.weight.numpy(), np.ones(16, np.float32))
+    np.testing.assert_array_equal(m(pw.tensor(x, dev)).numpy(), F.rms_norm(pw.tensor(x, dev), (16,), m.weight).numpy())
+    assert pw.nn.RMSNorm((4, 4), elementwise_affine=False).weight is None
+    # float16: float32 math, the result cast back before the weight, as torch's
+    h = x.astype(np.float16)
+    ours = F.rms_norm(pw.tensor(h, dev), (16,))
+    assert ours.dtype == np.float16
+    ref = TF.rms_norm(torch.from_numpy(h), (16,)).numpy()
+    np.testing.assert_allclose(ours.numpy().astype(np.float32), ref.astype(np.float32), rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match="does not match the trailing dimensions"):
+        F.rms_norm(pw.tensor(x, dev), (9,))
+    with pytest.raises(ValueError, match="weight has shape"):
+        F.rms_norm(pw.tensor(x, dev), (16,), pw.tensor(rand(rng, 8), dev))
+    with pytest.raises(ValueError, match="eps must be"):
+        F.rms_norm(pw.tensor(x, dev), (16,), None, -1.0)
+
+
+@pytest.mark.parametrize("slope", [0.01, 0.2, -0.5])
+def test_leaky_relu_like_torch(dev, rng, slope):
+    x = np.concatenate([[0.0, -0.0, 1e-30, -1e-30], 3 * rand(rng, 29)]).astype(np.float32)
+    _both(dev, lambda t: F.leaky_relu(t, slope), lambda t: TF.leaky_relu(t, slope), [x])
+    y = np.array([np.nan, np.inf, -np.inf], np.float32)
+    same_as_torch(F.leaky_relu(pw.tensor(y, dev), slope).numpy(), TF.leaky_relu(t64(y), slope))
+    m = pw.nn.LeakyReLU(slope)
+    np.testing.assert_array_equal(m(pw.tensor(x, dev)).numpy(), F.leaky_relu(pw.tensor(x, dev), slope).numpy())
+    assert f"negative_slope={slope}" in repr(m)

@@ -1,22 +1,24 @@
-from .activation import GELU, Identity, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Softplus, Tanh
+from .activation import GELU, Identity, LeakyReLU, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Softplus, Tanh
 from .container import ModuleDict, ModuleList, Sequential
 from .dropout import Dropout
 from .linear import Linear
 from .loss import BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss, SmoothL1Loss
 from .module import Module
 from .sparse import Embedding
-from .normalization import LayerNorm
+from .normalization import LayerNorm, RMSNorm
 
 __all__ = [
     "Module",
     "Linear",
     "Embedding",
     "LayerNorm",
+    "RMSNorm",
     "Dropout",
     "Sequential",
     "ModuleList",
     "ModuleDict",
     "ReLU",
+    "LeakyReLU",
     "GELU",
     "SiLU",
     "Tanh",

@@ -60,6 +60,18 @@ class Sigmoid(_Activation):
         return F.sigmoid(x)
 
 
+class LeakyReLU(_Activation):
+    def __init__(self, negative_slope: float = 0.01) -> None:
+        super().__init__()
+        self.negative_slope = negative_slope
+
+    def forward(self, x: TensorLike) -> Tensor:
+        return F.leaky_relu(x, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}"
+
+
 class Softplus(_Activation):
     """``log(1 + exp(beta x)) / beta``, linear past ``beta x > threshold`` (torch's)."""
 
