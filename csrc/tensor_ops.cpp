@@ -568,8 +568,9 @@ void reduce_axis(Recorder& r, ReduceOp op, const Buffer& x, const Buffer& out, c
   // len split into blocks merged into out (binding limit, loop trips)
   const bool blocks_len = uint64_t(len) * inner > limit || len > block_len;
   if (blocks_len && op == ReduceOp::R_MAX && (scale != 1.0f || beta != 0.0f))
-    throw ArgumentError("reduce_axis: Max with len " + std::to_string(len) + " (split into blocks: " +
-                        std::to_string(max_len) + " per block, or past one storage binding) needs scale 1 and beta 0");
+    throw ArgumentError("reduce_axis: Max with len " + std::to_string(len) +
+                        " (split into blocks: " + std::to_string(block_len) +
+                        " per block, or past one storage binding) needs scale 1 and beta 0");
   const char* entry =
       rows ? (argmax ? "reduce_rows_arg" : "reduce_rows") : (argmax ? "reduce_cols_arg" : "reduce_cols");
   const Kernel& k = argmax ? axis_kernel(dev, entry, {ax::src, ax::res, ax::ap, ax::idx_out}, uint32_t(op), false, half)

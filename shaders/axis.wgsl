@@ -235,8 +235,6 @@ fn softmax_store(base: u32, out: u32, first: u32, stride: u32, mx: f32, s: f32) 
   }
 }
 
-var<workgroup> slse: array<vec2<f32>, WG>;
-
 // y = softmax(x) or log_softmax(x) along rows; a workgroup per row. The row's
 // max and sum of exponentials come from one pass (lse.wgsl), the output from a second.
 @compute @workgroup_size(WG)
@@ -247,14 +245,8 @@ fn softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
   let base = ap.x_off + row * ap.x_row;
   var acc = LSE_START;
   if (valid) { for (var j = lid; j < ap.len; j += WG) { acc = lse_add(acc, src_at(base + j)); } }
-  slse[lid] = acc;
-  workgroupBarrier();
-  for (var h = WG / 2u; h > 0u; h >>= 1u) {
-    if (lid < h) { slse[lid] = lse_merge(slse[lid], slse[lid + h]); }
-    workgroupBarrier();
-  }
+  let tot = lse_workgroup(lid, acc);
   if (!valid) { return; }
-  let tot = slse[0];
   softmax_store(base, ap.out_off + row * ap.out_row, lid, WG, tot.x, lse_sum(tot));
 }
 

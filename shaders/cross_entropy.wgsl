@@ -69,11 +69,9 @@ fn finish_row(r: u32, base: u32, mx: f32, se: f32) {
   }
 }
 
-// The log-sum-exp (lse.wgsl) reads each row once: two passes over GPT-2's
-// 50,304-wide rows read 1.6 GB twice, the L2 holding none of a row by the second.
-var<workgroup> red2: array<vec2<f32>, WG>;
-
-// A workgroup per row (long rows): four loads in flight per thread, then a tree of partial sums.
+// A workgroup per row (long rows): the row read once (lse.wgsl; two passes over
+// GPT-2's 50,304-wide rows read 1.6 GB twice, none of a row left in the L2 by
+// the second), four loads in flight per thread.
 @compute @workgroup_size(WG)
 fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -92,14 +90,8 @@ fn xent_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
     for (; j < xp.cols; j += WG) { acc = lse_add(acc, f32(logits[base + j])); }
   }
-  red2[lid] = acc;
-  workgroupBarrier();
-  for (var s = WG / 2u; s > 0u; s >>= 1u) {
-    if (lid < s) { red2[lid] = lse_merge(red2[lid], red2[lid + s]); }
-    workgroupBarrier();
-  }
+  let tot = lse_workgroup(lid, acc);
   if (!valid || lid != 0u) { return; }
-  let tot = red2[0];
   finish_row(r, base, tot.x, lse_sum(tot));
 }
 

@@ -65,6 +65,8 @@ fn clamped(i: vec4<u32>, n: u32) -> vec4<u32> { return min(i, vec4<u32>(n - 1u))
 
 fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
 
+// is_nan (a bit test) comes from activations.wgsl.
+
 // log(1 + e) to a few ulps also where 1 + e rounds to 1 (log(u) * e / (u - 1)
 // cancels the rounding of u = 1 + e); inf for e = inf.
 fn log1p_f(e: f32) -> f32 {
@@ -79,7 +81,6 @@ fn softplus_f(x: f32, beta: f32, threshold: f32) -> f32 {
   let z = beta * x;
   return select(log1p_f(exp(z)) / beta, x, z > threshold);
 }
-// is_nan (a bit test) comes from activations.wgsl.
 
 // tanh with full relative precision near 0 (the exp form loses it to
 // cancellation below |x| ~ 0.4) and no overflow for large |x|.
@@ -196,11 +197,12 @@ fn unary_dx(x: f32, y: f32, dy: f32) -> f32 {
   }
 }
 
-fn put_unary(i: u32, x: f32) {
+// res[i] = v (+ beta * res[i]) unless i is past the piece (flat kernels).
+fn put_flat(i: u32, v: f32) {
   if (i >= fp.n) { return; }
-  var v = unary_f(x);
-  if (fp.beta != 0.0) { v += fp.beta * ldr(i); }
-  store_res(i, v);
+  var r = v;
+  if (fp.beta != 0.0) { r += fp.beta * ldr(i); }
+  store_res(i, r);
 }
 
 // y = f(x) (+ beta * y)
@@ -210,17 +212,10 @@ fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
   let i = thread_elements(wid, nwg, lid);
   let c = clamped(i, fp.n);
   let x = vec4<f32>(ld0(c.x), ld0(c.y), ld0(c.z), ld0(c.w));
-  put_unary(i.x, x.x);
-  put_unary(i.y, x.y);
-  put_unary(i.z, x.z);
-  put_unary(i.w, x.w);
-}
-
-fn put_unary_dx(i: u32, x: f32, y: f32, dy: f32) {
-  if (i >= fp.n) { return; }
-  var v = unary_dx(x, y, dy);
-  if (fp.beta != 0.0) { v += fp.beta * ldr(i); }
-  store_res(i, v);
+  put_flat(i.x, unary_f(x.x));
+  put_flat(i.y, unary_f(x.y));
+  put_flat(i.z, unary_f(x.z));
+  put_flat(i.w, unary_f(x.w));
 }
 
 // dx = dy * f'(x) (+ beta * dx)
@@ -232,10 +227,10 @@ fn unary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
   let x = vec4<f32>(ld0(c.x), ld0(c.y), ld0(c.z), ld0(c.w));
   let y = vec4<f32>(ld1(c.x), ld1(c.y), ld1(c.z), ld1(c.w));
   let dy = vec4<f32>(ld2(c.x), ld2(c.y), ld2(c.z), ld2(c.w));
-  put_unary_dx(i.x, x.x, y.x, dy.x);
-  put_unary_dx(i.y, x.y, y.y, dy.y);
-  put_unary_dx(i.z, x.z, y.z, dy.z);
-  put_unary_dx(i.w, x.w, y.w, dy.w);
+  put_flat(i.x, unary_dx(x.x, y.x, dy.x));
+  put_flat(i.y, unary_dx(x.y, y.y, dy.y));
+  put_flat(i.z, unary_dx(x.z, y.z, dy.z));
+  put_flat(i.w, unary_dx(x.w, y.w, dy.w));
 }
 
 // out = a (the value in fp.a)

@@ -17,6 +17,21 @@ fn lse_merge(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
   return vec2<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m));
 }
 
+// The workgroup's accumulators merged in a tree (WG threads, the including
+// shader's constant); every thread gets the total. Call from uniform control flow.
+var<workgroup> lse_partials: array<vec2<f32>, WG>;
+
+fn lse_workgroup(lid: u32, acc: vec2<f32>) -> vec2<f32> {
+  workgroupBarrier();
+  lse_partials[lid] = acc;
+  workgroupBarrier();
+  for (var h = WG / 2u; h > 0u; h >>= 1u) {
+    if (lid < h) { lse_partials[lid] = lse_merge(lse_partials[lid], lse_partials[lid + h]); }
+    workgroupBarrier();
+  }
+  return lse_partials[0];
+}
+
 // The sum of a finished accumulator: NaN under an infinite max, as torch's
 // softmax meets inf - inf there.
 fn lse_sum(acc: vec2<f32>) -> f32 {
