@@ -7,8 +7,9 @@ PyTorch with CUDA is importable. --json FILE writes the rows. --profile: GPU
 time per kernel (attn_forward, attn_delta, attn_dkdv, attn_dq; each dispatch
 in a timed pass of its own, medians of 5) of one captured forward + backward
 at the GPT-2 small (B*H = 96, T = 1024) and nanoGPT-char (B*H = 384, T = 256)
-shapes, in float32 and float16.
-Usage: python bench/attention_bench.py [--quick] [--json FILE] | --profile [--quick]"""
+shapes, in float32 and float16. --full: no causal mask (every key seen; TFLOP/s
+count the whole products), ours and torch's alike.
+Usage: python bench/attention_bench.py [--quick] [--full] [--json FILE] | --profile [--quick] [--full]"""
 
 import json
 import sys
@@ -29,6 +30,8 @@ SHAPES = [
     (8, 12, 1024, 32),
 ]
 QUICK = [(1, 2, 33, 16)]
+CAUSAL = "--full" not in sys.argv
+MASKED = 0.5 if CAUSAL else 1.0  # share of the T x T products computed
 DTYPES = (np.float32, np.float16)
 
 
@@ -51,11 +54,11 @@ def ours_times(dev, rng, shape, dtype, reps):
 
     def fwd():
         with pw.no_grad():
-            return F.scaled_dot_product_attention(q, k, v)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=CAUSAL)
 
     def fwd_bwd():
         q.grad = k.grad = v.grad = None
-        F.scaled_dot_product_attention(q, k, v).backward(g)
+        F.scaled_dot_product_attention(q, k, v, is_causal=CAUSAL).backward(g)
         return v.grad
 
     return timed(fwd, dev, reps), timed(fwd_bwd, dev, reps)
@@ -67,7 +70,7 @@ def torch_times(torch, b, h, t, d, dtype, reps):
     g = torch.randn(b, h, t, d, device="cuda", dtype=dtype)
 
     def run(bwd):
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=CAUSAL)
         if bwd:
             out.backward(g)
 
@@ -106,8 +109,9 @@ def profile_kernels():
         graph = pw.Graph()
         with pw.graph(graph), dev._recording() as rec:
             _core.attention_forward(
-                rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d, scale, 0, half
-            )
+                rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d, scale, 0, half,
+                causal=CAUSAL,
+            )  # fmt: skip
             _core.attention_backward(
                 rec,
                 q._buf,
@@ -136,6 +140,7 @@ def profile_kernels():
                 0.0,
                 0,
                 half,
+                causal=CAUSAL,
             )
         for _ in range(3):  # warm-up: clocks up
             graph.replay()
@@ -144,7 +149,7 @@ def profile_kernels():
         per = {kk["kernel"].split(":")[1].split(";")[0]: kk["us"] / 1e3 for kk in prof["kernels"]}
         fwd = per.get("attn_forward", 0.0)
         bwd = sum(per.get(n, 0.0) for n in ("attn_delta", "attn_dkdv", "attn_dq"))
-        flop = 2 * 2 * b * h * t * t * d / 2
+        flop = 2 * 2 * b * h * t * t * d * MASKED
         print(
             f"B={b} H={h} T={t} D={d} {np.dtype(dt).name}: "
             + ", ".join(f"{n} {ms:.3f} ms" for n, ms in per.items())
@@ -162,14 +167,14 @@ def main():
     reps = 2 if quick else 10
     dev = pw.default_device()
     torch = _torch_cuda()
-    print(f"adapter: {dev.name}; torch CUDA: {'yes' if torch else 'no'} (TF32 off)")
+    print(f"adapter: {dev.name}; torch CUDA: {'yes' if torch else 'no'} (TF32 off); causal: {CAUSAL}")
     print("ms per call (TFLOP/s); fwd: forward, f+b: forward + backward; torch: CUDA SDPA")
     cols = ["f32 fwd", "f16 fwd", "torch32 fwd", "torch16 fwd", "f32 f+b", "f16 f+b", "torch32 f+b", "torch16 f+b"]
     print(f"{'B H T D':<18}" + "".join(f"{c:>16}" for c in cols))
     rng = np.random.default_rng(0)
     rows = []
     for b, h, t, d in QUICK if quick else SHAPES:
-        flop = 2 * 2 * b * h * t * t * d / 2  # forward: Q K^T and P V, causal half
+        flop = 2 * 2 * b * h * t * t * d * MASKED  # forward: Q K^T and P V
         ours = {dt: ours_times(dev, rng, (b, h, t, d), dt, reps) for dt in DTYPES}
         theirs = {}
         if torch is not None:

@@ -1,4 +1,4 @@
-// Fused causal self-attention launchers (attention.wgsl): forward (O and the
+// Fused attention launchers (attention.wgsl): forward (O and the
 // row log-sum-exp) and the FlashAttention-2 backward (delta pass, dK/dV per
 // key block, dQ per query block). The inner block loop of each kernel is
 // split over dispatches so that no thread runs more than kMaxTrips loop
@@ -32,7 +32,8 @@ bool vec_views(uint32_t d, std::initializer_list<const AttnView*> views) {
   return true;
 }
 
-const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d, bool half, bool vec = false) {
+const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d, bool half, bool vec = false,
+                          bool causal = true) {
   KernelDesc kd;
   kd.shader = "attention";
   kd.entry = entry;
@@ -49,7 +50,10 @@ const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d, boo
   else
     kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in, sh::delta_in,
                    sh::dq,   sh::q4,   sh::k4,   sh::v4, sh::g4,   sh::acc_ws};
-  kd.constants = {{"HD", std::to_string(d) + "u"}, {"VEC", vec ? "true" : "false"}, {"HALF", half ? "true" : "false"}};
+  kd.constants = {{"HD", std::to_string(d) + "u"},
+                  {"VEC", vec ? "true" : "false"},
+                  {"HALF", half ? "true" : "false"},
+                  {"CAUSAL", causal ? "true" : "false"}};
   kd.aliases = {{"ET", half ? "f16" : "f32"}};
   // Every storage access in attention.wgsl is guarded (row < T, column < HD,
   // row index < B*H*T) and bind_view / bind_rows check that the last element
@@ -58,18 +62,15 @@ const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d, boo
   return dev.pipelines().get(kd);
 }
 
-struct Shape {
-  uint32_t batch, heads, t, d;
-  uint64_t bh() const { return uint64_t(batch) * heads; }
-};
+uint64_t bh(const AttnShape& s) { return uint64_t(s.batch) * s.heads; }
 
-void check_shape(const Device& dev, const Shape& s) {
-  if (s.batch == 0 || s.heads == 0 || s.t == 0 || s.d == 0)
-    throw ArgumentError("attention: batch, heads, T and D must be >= 1");
+void check_shape(const Device& dev, const AttnShape& s) {
+  if (s.batch == 0 || s.heads == 0 || s.t == 0 || s.tk == 0 || s.d == 0)
+    throw ArgumentError("attention: batch, heads, T, S and D must be >= 1");
   if (s.d > kMaxHeadDim)
     throw ArgumentError("attention: head size D = " + std::to_string(s.d) + " exceeds the supported maximum of " +
                         std::to_string(kMaxHeadDim));
-  if (s.bh() * s.t > UINT32_MAX) throw ArgumentError("attention: B * H * T exceeds 2^32 - 1 rows");
+  if (bh(s) * std::max(s.t, s.tk) > UINT32_MAX) throw ArgumentError("attention: B * H * T exceeds 2^32 - 1 rows");
   const auto& lim = dev.limits();
   if (lim.max_workgroup_storage < kSharedFloats * 4)
     throw ArgumentError("attention: the kernels need " + std::to_string(kSharedFloats * 4) +
@@ -79,15 +80,15 @@ void check_shape(const Device& dev, const Shape& s) {
                         std::to_string(lim.max_storage_buffers_per_stage));
 }
 
-// The binding of a strided operand of `elem`-byte elements: elements 0 .. its last element (whole
-// words), after checking it lies in the buffer.
-Range bind_view(const Device& dev, const Buffer& buf, const AttnView& v, const Shape& s, bool written, uint32_t elem,
-                const char* what) {
+// The binding of a strided operand of `rows` rows and `elem`-byte elements: elements 0 .. its last
+// element (whole words), after checking it lies in the buffer.
+Range bind_view(const Device& dev, const Buffer& buf, const AttnView& v, const AttnShape& s, uint32_t rows,
+                bool written, uint32_t elem, const char* what) {
   if (written && v.st < s.d)
     throw ArgumentError(std::string("attention: ") + what + " has a row stride of " + std::to_string(v.st) +
                         " < D = " + std::to_string(s.d) + " (its rows would overlap)");
   const uint64_t last =
-      v.off + uint64_t(s.batch - 1) * v.sb + uint64_t(s.heads - 1) * v.sh + uint64_t(s.t - 1) * v.st + s.d - 1;
+      v.off + uint64_t(s.batch - 1) * v.sb + uint64_t(s.heads - 1) * v.sh + uint64_t(rows - 1) * v.st + s.d - 1;
   const Range r = elements(buf, 0, last + 1, elem);
   if ((last + 1) * elem > buf.bytes())
     throw ArgumentError(std::string("attention: ") + what + " reaches element " + std::to_string(last) +
@@ -101,24 +102,24 @@ Range bind_view(const Device& dev, const Buffer& buf, const AttnView& v, const S
 }
 
 // acc_ws of a kernel whose block loop runs in `dispatches` dispatches: with float16 outputs and
-// more than one dispatch, f32 scratch for `per_row` floats per row of every head (attention.wgsl
-// ws_index); otherwise never touched (the writable placeholder).
-Range bind_scratch(Device& dev, const Shape& s, bool half, uint32_t dispatches, uint32_t per_row) {
+// more than one dispatch, f32 scratch for `per_row` floats per row (of `rows`) of every head
+// (attention.wgsl ws_index); otherwise never touched (the writable placeholder).
+Range bind_scratch(Device& dev, const AttnShape& s, uint32_t rows, bool half, uint32_t dispatches, uint32_t per_row) {
   if (!half || dispatches < 2) return Range{dev.placeholder(true), 0, 16};
-  const uint64_t bytes = s.bh() * s.t * per_row * 4;
+  const uint64_t bytes = bh(s) * rows * per_row * 4;
   if (bytes > dev.limits().max_storage_binding)
-    throw ArgumentError("attention: float16 operands with T = " + std::to_string(s.t) + " run the block loop in " +
+    throw ArgumentError("attention: float16 operands with " + std::to_string(rows) + " rows run the block loop in " +
                         std::to_string(dispatches) + " dispatches, whose float32 partial results (" +
                         std::to_string(bytes) + " bytes) exceed one storage binding (" +
                         std::to_string(dev.limits().max_storage_binding) + " bytes)");
   return Range{dev.workspace(bytes), 0, bytes};
 }
 
-Range bind_rows(const Device& dev, const Buffer& buf, const Shape& s, const char* what) {
-  check_floats(buf, s.bh() * s.t, what);
-  if (s.bh() * s.t * 4 > dev.limits().max_storage_binding)
+Range bind_rows(const Device& dev, const Buffer& buf, const AttnShape& s, const char* what) {
+  check_floats(buf, bh(s) * s.t, what);
+  if (bh(s) * s.t * 4 > dev.limits().max_storage_binding)
     throw ArgumentError(std::string("attention: ") + what + " exceeds one storage binding");
-  return floats(buf, 0, s.bh() * s.t);
+  return floats(buf, 0, bh(s) * s.t);
 }
 
 // An AttnParams view: (off, sb, sh, st).
@@ -147,47 +148,59 @@ uint32_t blocks_per_dispatch(const std::string& entry, uint32_t d, uint32_t max_
 
 // Calls fn(bh0, count) over chunks of the B*H heads that fit the y grid.
 template <typename Fn>
-void for_each_bh(const Device& dev, const Shape& s, Fn fn) {
+void for_each_bh(const Device& dev, const AttnShape& s, Fn fn) {
   const uint64_t cap = dev.limits().max_workgroups_per_dim;
-  for (uint64_t b0 = 0; b0 < s.bh(); b0 += cap) fn(uint32_t(b0), uint32_t(std::min<uint64_t>(cap, s.bh() - b0)));
+  for (uint64_t b0 = 0; b0 < bh(s); b0 += cap) fn(uint32_t(b0), uint32_t(std::min<uint64_t>(cap, bh(s) - b0)));
+}
+
+// The AttnParams fields every kernel of a call shares.
+AttnParams shape_params(const AttnShape& s, float scale) {
+  AttnParams p;
+  p.t = s.t;
+  p.tk = s.tk;
+  p.heads = s.heads;
+  p.blocks = uint32_t(ceil_div(s.t, kBlock));
+  p.kblocks = uint32_t(ceil_div(s.tk, kBlock));
+  p.scale = scale;
+  return p;
+}
+
+// Key blocks any query reaches: under the causal mask none past the last query block.
+uint32_t reached_key_blocks(const AttnShape& s, const AttnParams& p) {
+  return s.causal ? std::min(p.kblocks, p.blocks) : p.kblocks;
 }
 
 }  // namespace
 
 void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov, const Buffer& lse,
-                       uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale, uint32_t max_blocks,
-                       bool half) {
+                       const AttnShape& s, float scale, uint32_t max_blocks, bool half) {
   Device& dev = r.device();
-  const Shape s{batch, heads, t, d};
   check_shape(dev, s);
   check_no_alias("attention", out, "out", {{&q, "q"}, {&k, "k"}, {&v, "v"}});
   check_no_alias("attention", lse, "lse", {{&q, "q"}, {&k, "k"}, {&v, "v"}});
   const uint32_t elem = half ? 2 : 4;
-  const Range rq = bind_view(dev, q, qv, s, false, elem, "q");
-  const Range rk = bind_view(dev, k, kv, s, false, elem, "k");
-  const Range rv = bind_view(dev, v, vv, s, false, elem, "v");
-  const Range ro = bind_view(dev, out, ov, s, true, elem, "out");
+  const Range rq = bind_view(dev, q, qv, s, s.t, false, elem, "q");
+  const Range rk = bind_view(dev, k, kv, s, s.tk, false, elem, "k");
+  const Range rv = bind_view(dev, v, vv, s, s.tk, false, elem, "v");
+  const Range ro = bind_view(dev, out, ov, s, s.t, true, elem, "out");
   const Range rl = bind_rows(dev, lse, s, "lse");
-  const bool vec = vec_views(d, {&qv, &kv, &vv});
-  const Kernel& kern = attn_kernel(dev, "attn_forward", d, half, vec);
+  const bool vec = vec_views(s.d, {&qv, &kv, &vv});
+  const Kernel& kern = attn_kernel(dev, "attn_forward", s.d, half, vec, s.causal);
   const Range unused{dev.placeholder(), 0, 16};
   const Range q4 = vec ? rq : unused, k4 = vec ? rk : unused, v4 = vec ? rv : unused;
-  const uint32_t nb = uint32_t(ceil_div(t, kBlock));
-  const uint32_t per = blocks_per_dispatch("attn_forward", d, max_blocks);
-  const Range ws = bind_scratch(dev, s, half, uint32_t(ceil_div(nb, per)), d);
-  AttnParams p;
-  p.t = t;
-  p.heads = heads;
-  p.blocks = nb;
-  p.scale = scale;
+  AttnParams p = shape_params(s, scale);
+  const uint32_t nb = p.blocks, nkb = reached_key_blocks(s, p);
+  const uint32_t per = blocks_per_dispatch("attn_forward", s.d, max_blocks);
+  const Range ws = bind_scratch(dev, s, s.t, half, uint32_t(ceil_div(nkb, per)), s.d);
   p.q = view(qv);
   p.k = view(kv);
   p.v = view(vv);
   p.o = view(ov);
-  for (uint32_t b0 = 0; b0 < nb; b0 += per) {
+  // Key blocks [b0, b1) per dispatch; under the causal mask query blocks before b0 see none of them.
+  for (uint32_t b0 = 0; b0 < nkb; b0 += per) {
     p.blk0 = b0;
-    p.blk1 = std::min(nb, b0 + per);
+    p.blk1 = std::min(nkb, b0 + per);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
       r.dispatch(kern,
@@ -202,7 +215,7 @@ void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const B
                   {sh::v4, v4},
                   {sh::g4, q4},
                   {sh::acc_ws, ws}},
-                 p, nb - b0, count);
+                 p, s.causal ? nb - b0 : nb, count);
     });
   }
 }
@@ -211,10 +224,9 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
                         const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov, const Buffer& dout,
                         const AttnView& gv, const Buffer& lse, const Buffer& delta, const Buffer& dq,
                         const AttnView& dqv, const Buffer& dk, const AttnView& dkv, const Buffer& dv,
-                        const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
-                        float beta, uint32_t max_blocks, bool half) {
+                        const AttnView& dvv, const AttnShape& s, float scale, float beta, uint32_t max_blocks,
+                        bool half) {
   Device& dev = r.device();
-  const Shape s{batch, heads, t, d};
   check_shape(dev, s);
   const std::initializer_list<std::pair<const Buffer*, const char*>> inputs = {
       {&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&dout, "dout"}, {&lse, "lse"}};
@@ -223,31 +235,28 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
   check_no_alias("attention", dk, "dk", inputs);
   check_no_alias("attention", dv, "dv", inputs);
   const uint32_t elem = half ? 2 : 4;
-  const Range rq = bind_view(dev, q, qv, s, false, elem, "q");
-  const Range rk = bind_view(dev, k, kv, s, false, elem, "k");
-  const Range rv = bind_view(dev, v, vv, s, false, elem, "v");
-  const Range ro = bind_view(dev, out, ov, s, false, elem, "out");
-  const Range rg = bind_view(dev, dout, gv, s, false, elem, "dout");
-  const Range rdq = bind_view(dev, dq, dqv, s, true, elem, "dq");
-  const Range rdk = bind_view(dev, dk, dkv, s, true, elem, "dk");
-  const Range rdv = bind_view(dev, dv, dvv, s, true, elem, "dv");
+  const Range rq = bind_view(dev, q, qv, s, s.t, false, elem, "q");
+  const Range rk = bind_view(dev, k, kv, s, s.tk, false, elem, "k");
+  const Range rv = bind_view(dev, v, vv, s, s.tk, false, elem, "v");
+  const Range ro = bind_view(dev, out, ov, s, s.t, false, elem, "out");
+  const Range rg = bind_view(dev, dout, gv, s, s.t, false, elem, "dout");
+  const Range rdq = bind_view(dev, dq, dqv, s, s.t, true, elem, "dq");
+  const Range rdk = bind_view(dev, dk, dkv, s, s.tk, true, elem, "dk");
+  const Range rdv = bind_view(dev, dv, dvv, s, s.tk, true, elem, "dv");
   const Range rl = bind_rows(dev, lse, s, "lse");
   const Range rd = bind_rows(dev, delta, s, "delta");
-  const uint32_t nb = uint32_t(ceil_div(t, kBlock));
-  const uint32_t per_kv = blocks_per_dispatch("attn_dkdv", d, max_blocks);
-  const uint32_t per_q = blocks_per_dispatch("attn_dq", d, max_blocks);
+  AttnParams p = shape_params(s, scale);
+  const uint32_t nb = p.blocks, nkb = p.kblocks, reached = reached_key_blocks(s, p);
+  const uint32_t per_kv = blocks_per_dispatch("attn_dkdv", s.d, max_blocks);
+  const uint32_t per_q = blocks_per_dispatch("attn_dq", s.d, max_blocks);
   // The scratch of dK, dV and then of dQ is the same workspace (every dK/dV dispatch precedes the
   // dQ ones), taken before anything is recorded (a size error leaves the recording as it was);
   // dK/dV's, the larger, first, so that dQ's never replaces the buffer dK/dV's range names.
-  const Range ws_kv = bind_scratch(dev, s, half, uint32_t(ceil_div(nb, per_kv)), 2 * d);
-  const Range ws_q = bind_scratch(dev, s, half, uint32_t(ceil_div(nb, per_q)), d);
-  const bool vec = vec_views(d, {&qv, &kv, &vv, &gv});
+  const Range ws_kv = bind_scratch(dev, s, s.tk, half, uint32_t(ceil_div(nb, per_kv)), 2 * s.d);
+  const Range ws_q = bind_scratch(dev, s, s.t, half, uint32_t(ceil_div(reached, per_q)), s.d);
+  const bool vec = vec_views(s.d, {&qv, &kv, &vv, &gv});
   const Range unused{dev.placeholder(), 0, 16};
   const Range q4 = vec ? rq : unused, k4 = vec ? rk : unused, v4 = vec ? rv : unused, g4 = vec ? rg : unused;
-  AttnParams p;
-  p.t = t;
-  p.heads = heads;
-  p.scale = scale;
   p.beta = beta;
   p.q = view(qv);
   p.k = view(kv);
@@ -260,9 +269,10 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
 
   // delta = rowsum(dO * O): a thread per row.
   p.bh0 = 0;
-  p.blocks = uint32_t(s.bh() * t);
-  auto [gx, gy] = grid_1d(dev, ceil_div(s.bh() * t, sh::DELTA_WG));
-  r.dispatch(attn_kernel(dev, "attn_delta", d, half), {{sh::o_in, ro}, {sh::dout, rg}, {sh::delta_out, rd}}, p, gx, gy);
+  p.blocks = uint32_t(bh(s) * s.t);
+  auto [gx, gy] = grid_1d(dev, ceil_div(bh(s) * s.t, sh::DELTA_WG));
+  r.dispatch(attn_kernel(dev, "attn_delta", s.d, half), {{sh::o_in, ro}, {sh::dout, rg}, {sh::delta_out, rd}}, p, gx,
+             gy);
 
   p.blocks = nb;
   // The operands both gradient passes read, plus the outputs of one.
@@ -279,24 +289,27 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
                                    {sh::g4, g4}});
     return outputs;
   };
-  // dK, dV: a workgroup per key block; query blocks [b0, b1) per dispatch reach key blocks < b1.
-  const Kernel& kkv = attn_kernel(dev, "attn_dkdv", d, half, vec);
+  // dK, dV: a workgroup per key block; query blocks [b0, b1) per dispatch. Under the causal mask
+  // they reach key blocks < b1 only; the last dispatch also writes the key blocks no query
+  // reaches (S > T), whose gradient is 0.
+  const Kernel& kkv = attn_kernel(dev, "attn_dkdv", s.d, half, vec, s.causal);
   for (uint32_t b0 = 0; b0 < nb; b0 += per_kv) {
     p.blk0 = b0;
     p.blk1 = std::min(nb, b0 + per_kv);
+    const uint32_t grid = !s.causal || p.blk1 == nb ? nkb : std::min(nkb, p.blk1);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
-      r.dispatch(kkv, with_inputs({{sh::dk, rdk}, {sh::dv, rdv}, {sh::acc_ws, ws_kv}}), p, p.blk1, count);
+      r.dispatch(kkv, with_inputs({{sh::dk, rdk}, {sh::dv, rdv}, {sh::acc_ws, ws_kv}}), p, grid, count);
     });
   }
   // dQ: a workgroup per query block; key blocks [b0, b1) per dispatch.
-  const Kernel& kq = attn_kernel(dev, "attn_dq", d, half, vec);
-  for (uint32_t b0 = 0; b0 < nb; b0 += per_q) {
+  const Kernel& kq = attn_kernel(dev, "attn_dq", s.d, half, vec, s.causal);
+  for (uint32_t b0 = 0; b0 < reached; b0 += per_q) {
     p.blk0 = b0;
-    p.blk1 = std::min(nb, b0 + per_q);
+    p.blk1 = std::min(reached, b0 + per_q);
     for_each_bh(dev, s, [&](uint32_t bh0, uint32_t count) {
       p.bh0 = bh0;
-      r.dispatch(kq, with_inputs({{sh::dq, rdq}, {sh::acc_ws, ws_q}}), p, nb - b0, count);
+      r.dispatch(kq, with_inputs({{sh::dq, rdq}, {sh::acc_ws, ws_q}}), p, s.causal ? nb - b0 : nb, count);
     });
   }
 }
@@ -304,13 +317,13 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
 void attention_decode(Recorder& r, const Buffer& qkv, const Buffer& k_cache, const Buffer& v_cache, const Buffer& pos,
                       const Buffer& out, uint32_t batch, uint32_t heads, uint32_t capacity, uint32_t d, float scale) {
   Device& dev = r.device();
-  const Shape s{batch, heads, 1, d};
+  const AttnShape s{batch, heads, 1, 1, d, false};
   check_shape(dev, s);
   if (capacity == 0 || capacity > sh::DEC_KEYS)
     throw ArgumentError("attention_decode: cache capacity " + std::to_string(capacity) + " outside [1, " +
                         std::to_string(sh::DEC_KEYS) + "]");
-  if (s.bh() > dev.limits().max_workgroups_per_dim)
-    throw ArgumentError("attention_decode: B * H = " + std::to_string(s.bh()) + " exceeds the grid's " +
+  if (bh(s) > dev.limits().max_workgroups_per_dim)
+    throw ArgumentError("attention_decode: B * H = " + std::to_string(bh(s)) + " exceeds the grid's " +
                         std::to_string(dev.limits().max_workgroups_per_dim) + " workgroups");
   check_ints(pos, 1, "attention_decode pos");
   check_no_alias("attention_decode", out, "out", {{&qkv, "qkv"}, {&k_cache, "k_cache"}, {&v_cache, "v_cache"}});
@@ -320,11 +333,10 @@ void attention_decode(Recorder& r, const Buffer& qkv, const Buffer& k_cache, con
   // qkv [B, 1, 3C]: q, k, v side by side; out [B, 1, C]; caches [B, H, capacity, D].
   const AttnView qv{0, 3 * c, d, d}, kv{c, 3 * c, d, d}, vv{2 * c, 3 * c, d, d}, ov{0, c, d, d};
   const AttnView cv{0, heads * capacity * d, capacity * d, d};
-  const Shape cache{batch, heads, capacity, d};
-  const Range rq = bind_view(dev, qkv, vv, s, false, 4, "qkv");  // v's view ends last: the binding covers q and k
-  const Range ro = bind_view(dev, out, ov, s, true, 4, "out");
-  const Range rk = bind_view(dev, k_cache, cv, cache, true, 4, "k_cache");
-  const Range rv = bind_view(dev, v_cache, cv, cache, true, 4, "v_cache");
+  const Range rq = bind_view(dev, qkv, vv, s, 1, false, 4, "qkv");  // v's view ends last: the binding covers q and k
+  const Range ro = bind_view(dev, out, ov, s, 1, true, 4, "out");
+  const Range rk = bind_view(dev, k_cache, cv, s, capacity, true, 4, "k_cache");
+  const Range rv = bind_view(dev, v_cache, cv, s, capacity, true, 4, "v_cache");
   AttnParams p;
   p.t = capacity;
   p.heads = heads;
@@ -337,7 +349,7 @@ void attention_decode(Recorder& r, const Buffer& qkv, const Buffer& k_cache, con
   p.dv = view(cv);
   r.dispatch(attn_kernel(dev, "attn_decode", d, false),
              {{sh::q_in, rq}, {sh::out, ro}, {sh::kc, rk}, {sh::vc, rv}, {sh::pos_in, floats(pos, 0, 1)}}, p,
-             uint32_t(s.bh()), 1);
+             uint32_t(bh(s)), 1);
 }
 
 }  // namespace pwt

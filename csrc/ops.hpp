@@ -134,14 +134,20 @@ struct AttnView {
   uint64_t off;
   uint32_t sb, sh, st;
 };
-// out = softmax(q k^T * scale, causal) v per (b, h); lse [B*H, T] receives the
+// Sizes of an attention call: queries (q, out, dout, dq) are [batch, heads, t, d]
+// views, keys and values (k, v, dk, dv) [batch, heads, tk, d] ones; causal: query
+// i sees keys 0..i (the top-left triangle, torch's is_causal), else every key.
+struct AttnShape {
+  uint32_t batch, heads, t, tk, d;
+  bool causal;
+};
+// out = softmax(q k^T * scale [+ causal mask]) v per (b, h); lse [B*H, T] receives the
 // natural-log log-sum-exp of each row's scaled scores (the backward reads it).
 // D <= 128. max_blocks > 0 caps the inner blocks per dispatch (tests; 0: automatic).
 // half: q, k, v and out hold float16 (f32 math; lse stays float32).
 void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov, const Buffer& lse,
-                       uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale, uint32_t max_blocks,
-                       bool half = false);
+                       const AttnShape& s, float scale, uint32_t max_blocks, bool half = false);
 // dq, dk, dv (+ beta * themselves; beta 0 or 1) from dout, the forward's out and
 // lse; `delta` is scratch of B*H*T floats. dq, dk, dv may share one buffer
 // when their elements do not overlap; no output may share a buffer with an input.
@@ -150,8 +156,8 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
                         const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov, const Buffer& dout,
                         const AttnView& gv, const Buffer& lse, const Buffer& delta, const Buffer& dq,
                         const AttnView& dqv, const Buffer& dk, const AttnView& dkv, const Buffer& dv,
-                        const AttnView& dvv, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
-                        float beta, uint32_t max_blocks, bool half = false);
+                        const AttnView& dvv, const AttnShape& s, float scale, float beta, uint32_t max_blocks,
+                        bool half = false);
 // One decode step's attention (attn_decode): qkv [B, 1, 3C] (C = heads * d) holds
 // the new token's q, k, v; k and v are written to row pos[0] (int32, on the
 // device, < capacity) of k_cache / v_cache [B, heads, capacity, d], and

@@ -100,7 +100,8 @@ struct UniformTraits;  // defined for each uniform block below
 #define PWT_FIELDS_AttnParams(F)                                                                                  \
   F(t, u32, 0) F(heads, u32, 4) F(bh0, u32, 8) F(blocks, u32, 12) F(blk0, u32, 16) F(blk1, u32, 20)               \
   F(scale, f32, 24) F(beta, f32, 28) F(q, vec4u, 32) F(k, vec4u, 48) F(v, vec4u, 64) F(o, vec4u, 80)              \
-  F(g, vec4u, 96) F(dq, vec4u, 112) F(dk, vec4u, 128) F(dv, vec4u, 144)
+  F(g, vec4u, 96) F(dq, vec4u, 112) F(dk, vec4u, 128) F(dv, vec4u, 144) F(tk, u32, 160) F(kblocks, u32, 164)     \
+  F(_pad0, u32, 168) F(_pad1, u32, 172)
 #define PWT_FIELDS_XentParams(F)                                                                                  \
   F(rows, u32, 0) F(cols, u32, 4) F(row0, u32, 8) F(x_off, u32, 12) F(ignore_index, i32, 16) F(per_row, u32, 20)  \
   F(beta, f32, 24) F(_pad, u32, 28)
@@ -147,7 +148,7 @@ struct UniformTraits;  // defined for each uniform block below
 
 // (name, size in bytes) of every uniform block.
 #define PWT_UNIFORMS(U)                                                                                           \
-  U(GemmParams, 64) U(GemvParams, 40) U(BmmParams, 64) U(AttnParams, 160) U(XentParams, 32) U(XentFinalParams, 8) \
+  U(GemmParams, 64) U(GemvParams, 40) U(BmmParams, 64) U(AttnParams, 176) U(XentParams, 32) U(XentFinalParams, 8) \
   U(DropParams, 32) U(LnParams, 52) U(EwParams, 16) U(ColParams, 16) U(AdamParams, 32) U(AdamDevParams, 48) U(ScaleParams, 4) U(ScalerParams, 32) U(CastParams, 4)          \
   U(ReducePartialParams, 8) U(ReduceFinalParams, 16) U(FlatParams, 16) U(NdParams, 160) U(AxisParams, 64)         \
   U(GatherParams, 48) U(EmbBwdParams, 48) U(TokenParams, 16)

@@ -728,12 +728,24 @@ cdef c.AttnView _view(tuple view) except *:
     return v
 
 
+cdef c.AttnShape _attn_shape(uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, object tk, bint causal):
+    cdef c.AttnShape s
+    s.batch = batch
+    s.heads = heads
+    s.t = t
+    s.tk = t if tk is None else tk
+    s.d = d
+    s.causal = causal
+    return s
+
+
+# Queries [batch, heads, t, d]; keys and values [batch, heads, tk, d] (tk None: t).
 def attention_forward(_Recorder r not None, _Buffer q not None, tuple qv not None, _Buffer k not None,
                       tuple kv not None, _Buffer v not None, tuple vv not None, _Buffer out not None, tuple ov not None,
                       _Buffer lse not None, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
-                      uint32_t max_blocks=0, bint half=False):
+                      uint32_t max_blocks=0, bint half=False, tk=None, bint causal=True):
     c.attention_forward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
-                        _view(ov), _b(lse)[0], batch, heads, t, d, scale, max_blocks, half)
+                        _view(ov), _b(lse)[0], _attn_shape(batch, heads, t, d, tk, causal), scale, max_blocks, half)
 
 
 def attention_backward(_Recorder r not None, _Buffer q not None, tuple qv not None, _Buffer k not None,
@@ -741,11 +753,12 @@ def attention_backward(_Recorder r not None, _Buffer q not None, tuple qv not No
                        tuple ov not None, _Buffer dout not None, tuple gv not None, _Buffer lse not None,
                        _Buffer delta not None, _Buffer dq not None, tuple dqv not None, _Buffer dk not None,
                        tuple dkv not None, _Buffer dv not None, tuple dvv not None, uint32_t batch, uint32_t heads,
-                       uint32_t t, uint32_t d, float scale, float beta, uint32_t max_blocks=0, bint half=False):
+                       uint32_t t, uint32_t d, float scale, float beta, uint32_t max_blocks=0, bint half=False,
+                       tk=None, bint causal=True):
     c.attention_backward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
                          _view(ov), _b(dout)[0], _view(gv), _b(lse)[0], _b(delta)[0], _b(dq)[0], _view(dqv),
-                         _b(dk)[0], _view(dkv), _b(dv)[0], _view(dvv), batch, heads, t, d, scale, beta, max_blocks,
-                         half)
+                         _b(dk)[0], _view(dkv), _b(dv)[0], _view(dvv), _attn_shape(batch, heads, t, d, tk, causal),
+                         scale, beta, max_blocks, half)
 
 
 def attention_decode(_Recorder r not None, _Buffer qkv not None, _Buffer k_cache not None, _Buffer v_cache not None,

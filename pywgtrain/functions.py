@@ -1887,71 +1887,115 @@ def _attn_head_dim(d, op):
         raise ValueError(f"{op}: head size {d} exceeds the fused kernel's maximum of {ATTN_MAX_HEAD_DIM}")
 
 
-def _attn_backward_into(dev, q, qv, k, kv, v, vv, out, ov, g, gv, lse, shape, scale, grads, beta, half):
-    """Records the attention backward; grads = ((dq, view), (dk, view), (dv, view)); ``half``:
-    the operands and gradients are float16."""
-    b, h, t, d = shape
+def _attn_backward_into(dev, q, qv, k, kv, v, vv, out, ov, g, gv, lse, shape, scale, grads, beta, half, causal=True):
+    """Records the attention backward; shape = (batch, heads, T, S, D); grads = ((dq, view),
+    (dk, view), (dv, view)); ``half``: the operands and gradients are float16."""
+    b, h, t, tk, d = shape
     delta = empty((b * h * t,), np.float32, dev)
     (dq, dqv), (dk, dkv), (dv, dvv) = grads
     with _rec(dev) as rec:
         _core.attention_backward(
-            rec,
-            q,
-            qv,
-            k,
-            kv,
-            v,
-            vv,
-            out,
-            ov,
-            g._buf,
-            gv,
-            lse,
-            delta._buf,
-            dq._buf,
-            dqv,
-            dk._buf,
-            dkv,
-            dv._buf,
-            dvv,
-            b,
-            h,
-            t,
-            d,
-            float(scale),
-            float(beta),
-            0,
-            half,
-        )
+            rec, q, qv, k, kv, v, vv, out, ov, g._buf, gv, lse, delta._buf, dq._buf, dqv, dk._buf, dkv, dv._buf, dvv,
+            b, h, t, d, float(scale), float(beta), 0, half, tk=tk, causal=causal,
+        )  # fmt: skip
+
+
+def _sdpa_fused(q, k, v, is_causal, sc, dt, dev):
+    """The fused kernels on dense [B, H, T, D] queries and [B, H, S, D] keys and values."""
+    op = "scaled_dot_product_attention"
+    b, h, t, d = q.shape
+    tk = k.shape[2]
+    qview = (0, h * t * d, t * d, d)
+    kview = (0, h * tk * d, tk * d, d)
+    half = dt is _HALF
+    out = empty(q.shape, dt, dev)
+    lse = empty((b * h * t,), np.float32, dev)
+    with _rec(dev) as rec:
+        _core.attention_forward(
+            rec, q._buf, qview, k._buf, kview, v._buf, kview, out._buf, qview, lse._buf, b, h, t, d, sc, 0, half,
+            tk=tk, causal=is_causal,
+        )  # fmt: skip
+    if not needs_grad(q, k, v):
+        return out
+    bufs = (q._buf, k._buf, v._buf)
+    obuf, lbuf = out._buf, lse._buf
+    distinct = q is not k and q is not v and k is not v
+    shapes, views = (q.shape, k.shape, v.shape), (qview, kview, kview)
+
+    def backward(g, sinks):
+        if distinct:
+            targets = [
+                sk.target() if sk is not None else (empty(shape, dt, dev), 0.0) for sk, shape in zip(sinks, shapes)
+            ]
+            beta = builtins.max(bt for _, bt in targets)
+            if beta:  # one beta for all three: a fresh target joins the accumulating ones from 0
+                for dst, bt in targets:
+                    if not bt:
+                        _zero(dst)
+            grads = [(dst, vw) for (dst, _), vw in zip(targets, views)]
+        else:  # an input passed twice: separate results, summed by the sinks
+            grads = [(empty(shape, dt, dev), vw) for shape, vw in zip(shapes, views)]
+            beta = 0.0
+        _attn_backward_into(
+            dev, bufs[0], qview, bufs[1], kview, bufs[2], kview, obuf, qview, g, qview, lbuf, (b, h, t, tk, d), sc,
+            grads, beta, half, is_causal,
+        )  # fmt: skip
+        if not distinct:
+            for sink, (gt, _) in zip(sinks, grads):
+                if sink is not None:
+                    sink.put(gt, owned=True)
+
+    return attach(out, op, [q, k, v], backward, keep=(q, k, v, out))
+
+
+def _sdpa_mask(attn_mask, is_causal, t, tk, dev, dt, op):
+    """The additive mask of the written-out path (None: no mask): a boolean NumPy mask becomes
+    0 where True (take part) and -inf where False, as torch's; a float one is added as it is; the
+    causal mask is the top-left triangle (key <= query)."""
+    if is_causal:
+        m = np.where(np.tril(np.ones((t, tk), dtype=bool)), 0.0, -np.inf).astype(np.float32)
+        return tensor(m if dt is _FLOAT32 else m.astype(np.float16), dev)
+    if attn_mask is None:
+        return None
+    if isinstance(attn_mask, np.ndarray) and attn_mask.dtype == np.bool_:
+        m = np.where(attn_mask, 0.0, -np.inf).astype(np.float32)
+        return tensor(m if dt is _FLOAT32 else m.astype(np.float16), dev)
+    if isinstance(attn_mask, np.ndarray) and attn_mask.dtype == np.float64:
+        raise TypeError(f"{op}: attn_mask must be bool, float32 or the query's dtype, got float64")
+    return _float_tensor(attn_mask, dev, op, "attn_mask", getattr(attn_mask, "dtype", dt))
 
 
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    attn_mask: None = None,
+    attn_mask: Optional[TensorLike] = None,
     dropout_p: float = 0.0,
-    is_causal: bool = True,
+    is_causal: bool = False,
     scale: Optional[float] = None,
+    enable_gqa: bool = False,
 ) -> Tensor:
-    """Causal multi-head self-attention ``softmax(q k^T * scale + causal mask) v`` over
-    [B, H, T, D] float32 tensors (torch.nn.functional.scaled_dot_product_attention with
-    is_causal=True; ``scale`` defaults to 1/sqrt(D)). One fused kernel (FlashAttention-2
-    style, attention.wgsl): the T x T scores are never stored; the forward keeps one
-    log-sum-exp per row, the backward recomputes the probabilities from it (dK/dV per
-    key block, dQ per query block: deterministic). Only the causal form without a mask
-    or dropout is implemented; q, k and v must have equal shapes, D <= 128. float16
-    operands run the float16 kernels: float16 loads, float32 math inside (scores, the
-    softmax's max and sum, the products), each output rounded once to float16 (as torch's
-    half kernels); backward keeps the float16 q, k, v and output and gives float16
-    gradients."""
+    """``softmax(query key^T * scale + mask) value`` over the last two dimensions, as
+    torch.nn.functional.scaled_dot_product_attention: query [..., Hq, L, E], key [..., H, S, E],
+    value [..., H, S, Ev] -> [..., Hq, L, Ev]; ``scale`` defaults to 1/sqrt(E).
+
+    - ``is_causal``: query i sees keys 0..i (the top-left triangle when L != S); with
+      ``attn_mask`` too it raises, as torch.
+    - ``attn_mask``: a boolean NumPy array (True: the key takes part) or a float mask
+      (Tensor or array) added to the scores, broadcastable to [..., L, S].
+    - ``dropout_p``: dropout on the attention weights (applied whenever > 0, as torch).
+    - ``enable_gqa``: Hq a multiple of H, each key/value head serving Hq / H query heads.
+
+    Without a mask or dropout (and E = Ev <= 128, equal leading dimensions) it runs the fused
+    kernels (attention.wgsl, FlashAttention-2 style): the L x S scores are never stored, the
+    forward keeps one log-sum-exp per row and the backward recomputes the weights from it
+    (deterministic). Otherwise it is written out (products, softmax, dropout), as torch's math
+    path. float16 operands run float16 kernels (float32 math inside, each output rounded once)."""
     op = "scaled_dot_product_attention"
-    if attn_mask is not None:
-        raise ValueError(f"{op}: attn_mask is not supported (only is_causal=True without a mask)")
-    if not _is_scalar(dropout_p) or float(dropout_p) != 0.0:
-        raise ValueError(f"{op}: dropout_p must be 0 (dropout is not supported), got {dropout_p!r}")
-    if is_causal is not True:
-        raise ValueError(f"{op}: only is_causal=True is supported, got is_causal={is_causal!r}")
+    if is_causal and attn_mask is not None:
+        raise ValueError(f"{op}: pass either attn_mask or is_causal=True, not both (as torch)")
+    if isinstance(dropout_p, bool) or not _is_scalar(dropout_p) or not 0.0 <= float(dropout_p) <= 1.0:
+        raise ValueError(f"{op}: dropout_p must be a probability in [0, 1], got {dropout_p!r}")
     dt = _elem_dtype(query, key, value)
     if dt is None:  # float16 with float32: computed in float32 (_dtype_rules)
         return NotImplemented
@@ -1959,67 +2003,43 @@ def scaled_dot_product_attention(
     q = _float_tensor(query, dev, op, "query", dt)
     k = _float_tensor(key, dev, op, "key", dt)
     v = _float_tensor(value, dev, op, "value", dt)
-    if q.ndim != 4:
-        raise ValueError(f"{op}: query must be 4-D [batch, heads, seq, head_dim], got shape {q.shape}")
-    for name, x in (("key", k), ("value", v)):
-        if x.shape != q.shape:
-            raise ValueError(f"{op}: {name} has shape {x.shape}, query {q.shape} (equal shapes required)")
-    b, h, t, d = q.shape
-    if 0 in q.shape:
-        raise ValueError(f"{op}: empty dimension in shape {q.shape}")
-    _attn_head_dim(d, op)
-    sc = _attn_scale(scale, d, op)
-    view = (0, h * t * d, t * d, d)
-    half = dt is _HALF
-    out = empty(q.shape, dt, dev)
-    lse = empty((b * h * t,), np.float32, dev)
-    with _rec(dev) as rec:
-        _core.attention_forward(
-            rec, q._buf, view, k._buf, view, v._buf, view, out._buf, view, lse._buf, b, h, t, d, sc, 0, half
+    for name, x in (("query", q), ("key", k), ("value", v)):
+        if x.ndim < 2:
+            raise ValueError(f"{op}: {name} must have at least 2 dimensions [..., seq, features], got {x.shape}")
+        if 0 in x.shape:
+            raise ValueError(f"{op}: {name} has an empty dimension: {x.shape}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{op}: key's last dimension {k.shape[-1]} differs from query's {q.shape[-1]}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"{op}: key {k.shape} and value {v.shape} differ before the last dimension")
+    if enable_gqa and q.ndim >= 3 and k.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+        hq, hk = q.shape[-3], k.shape[-3]
+        if hq % hk:
+            raise ValueError(f"{op}: enable_gqa needs query heads ({hq}) to be a multiple of key heads ({hk})")
+        g = hq // hk  # key/value head j serves query heads j g .. j g + g - 1 (torch's repeat_interleave)
+        k, v = (
+            x.unsqueeze(-3).expand(*x.shape[:-2], g, *x.shape[-2:]).reshape(*x.shape[:-3], hq, *x.shape[-2:])
+            for x in (k, v)
         )
-    if not needs_grad(q, k, v):
-        return out
-    bufs = (q._buf, k._buf, v._buf)
-    obuf, lbuf = out._buf, lse._buf
-    distinct = q is not k and q is not v and k is not v
-
-    def backward(g, sinks):
-        if distinct:
-            targets = [s.target() if s is not None else (empty(q.shape, dt, dev), 0.0) for s in sinks]
-            beta = builtins.max(bt for _, bt in targets)
-            if beta:  # one beta for all three: a fresh target joins the accumulating ones from 0
-                for dst, bt in targets:
-                    if not bt:
-                        _zero(dst)
-            grads = [(dst, view) for dst, _ in targets]
-        else:  # an input passed twice: separate results, summed by the sinks
-            grads = [(empty(q.shape, dt, dev), view) for _ in range(3)]
-            beta = 0.0
-        _attn_backward_into(
-            dev,
-            bufs[0],
-            view,
-            bufs[1],
-            view,
-            bufs[2],
-            view,
-            obuf,
-            view,
-            g,
-            view,
-            lbuf,
-            (b, h, t, d),
-            sc,
-            grads,
-            beta,
-            half,
-        )
-        if not distinct:
-            for sink, (gt, _) in zip(sinks, grads):
-                if sink is not None:
-                    sink.put(gt, owned=True)
-
-    return attach(out, op, [q, k, v], backward, keep=(q, k, v, out))
+    sc = _attn_scale(scale, q.shape[-1], op)
+    dropout_p = float(dropout_p)
+    fused = (
+        attn_mask is None
+        and dropout_p == 0.0
+        and q.ndim == 4
+        and k.shape[:2] == q.shape[:2]
+        and v.shape[-1] == q.shape[-1] <= ATTN_MAX_HEAD_DIM
+    )
+    if fused:
+        return _sdpa_fused(q, k, v, bool(is_causal), sc, dt, dev)
+    scores = matmul(q, k.transpose(-2, -1)) * sc
+    mask = _sdpa_mask(attn_mask, is_causal, q.shape[-2], k.shape[-2], dev, dt, op)
+    if mask is not None:
+        scores = scores + mask
+    weights = softmax(scores, -1)
+    if dropout_p > 0.0:
+        weights = dropout(weights, dropout_p)
+    return matmul(weights, v)
 
 
 def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] = None) -> Tensor:
@@ -2074,7 +2094,7 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
                 g,
                 ov,
                 lbuf,
-                (b, h, t, d),
+                (b, h, t, t, d),
                 sc,
                 ((dst, qv), (dst, kv), (dst, vv)),
                 beta,

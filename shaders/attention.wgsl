@@ -1,11 +1,14 @@
-// Causal multi-head self-attention, fused (FlashAttention-2 style): the
-// T x T scores never reach memory. Operands are strided [B, H, T, D] views:
+// Multi-head attention, fused (FlashAttention-2 style): the T x S scores
+// never reach memory. Queries (q, O, dO, dQ) are strided [B, H, T, D] views,
+// keys and values (k, v, dK, dV) [B, H, S, D] ones (ap.t = T, ap.tk = S);
+// with CAUSAL, query i sees keys 0..i (torch's is_causal: the top-left
+// triangle), else every key. Operands are strided views:
 // element (b, h, t, d) of an operand with view (off, sb, sh, st) lies at
 // off + b * sb + h * sh + t * st + d (d contiguous), so q, k, v and their
 // gradients can be column blocks of one [B, T, 3C] tensor.
 //
-// HD (the head size) is a pipeline constant: every kernel is specialised per
-// head size. Tiles are B = 64 rows x 64 columns per workgroup of 16 x 16
+// HD (the head size) and CAUSAL are pipeline constants: every kernel is
+// specialised per head size and mask. Tiles are B = 64 rows x 64 columns per workgroup of 16 x 16
 // threads; a thread owns rows ty + 16 i (i < 4, the components of a vec4)
 // and score columns tx + 16 j (j < 4), or output columns 4 tx .. 4 tx + 3
 // (and 64 + 4 tx .. for HD > 64). Operands are staged 64 rows x 64 head
@@ -14,16 +17,16 @@
 // (register-blocked like gemm.wgsl: 16 FMAs per two vec4 reads); masks are
 // applied on diagonal and tail tiles only.
 //
-//   attn_forward:   per (bh, query block): loop over key blocks up to the
-//                   diagonal, S = Q K^T scaled in registers, online softmax
+//   attn_forward:   per (bh, query block): loop over key blocks (up to the
+//                   diagonal when causal), S = Q K^T scaled in registers, online softmax
 //                   (running max and sum), O += P V; writes O and the row
 //                   log-sum-exp (natural log, [BH, T]).
 //   attn_delta:     delta = rowsum(dO * O) per row ([BH, T]).
-//   attn_dkdv:      per (bh, key block): loop over query blocks from the
-//                   diagonal, P^T recomputed from lse, dV += P^T dO,
+//   attn_dkdv:      per (bh, key block): loop over query blocks (from the
+//                   diagonal when causal), P^T recomputed from lse, dV += P^T dO,
 //                   dS^T = P^T (dP^T - delta), dK += dS^T Q * scale.
-//   attn_dq:        per (bh, query block): loop over key blocks up to the
-//                   diagonal, dQ += dS K * scale (no atomics: deterministic).
+//   attn_dq:        per (bh, query block): loop over key blocks (up to the
+//                   diagonal when causal), dQ += dS K * scale (no atomics: deterministic).
 //
 // The block loop covers inner blocks [blk0, blk1) only (the launcher splits
 // long sequences over dispatches: lavapipe leaves loops after 65535 trips);
@@ -53,6 +56,7 @@ struct AttnParams {
   blk0: u32, blk1: u32, scale: f32, beta: f32,
   q: vec4<u32>, k: vec4<u32>, v: vec4<u32>, o: vec4<u32>,  // views: (off, sb, sh, st)
   g: vec4<u32>, dq: vec4<u32>, dk: vec4<u32>, dv: vec4<u32>,
+  tk: u32, kblocks: u32, _pad0: u32, _pad1: u32,  // S (keys), ceil(S / B)
 }
 
 @group(0) @binding(0) var<storage, read> q_in: array<ET>;
@@ -141,9 +145,12 @@ fn ld4(which: u32, i4: u32) -> vec4<ET> {
 // put.
 alias Slice = array<vec4<ET>, 4>;
 
+// Rows of an operand: S for keys and values, T for queries and dO.
+fn seq_len(which: u32) -> u32 { return select(ap.t, ap.tk, which == OK || which == OV); }
+
 fn fetch1(which: u32, base: u32, st: u32, row: u32, d: u32) -> vec4<ET> {
   var x = vec4<ET>();
-  if (row < ap.t && d < HD) {
+  if (row < seq_len(which) && d < HD) {
     let i = base + row * st + d;
     if (VEC) {
       x = ld4(which, i / 4u);
@@ -267,14 +274,26 @@ fn row_combine(ty: u32, is_max: bool) -> vec4<f32> {
   return r;
 }
 
-// Index of output element (row, col) of a view; 0xffffffff past T or HD.
-fn out_index(base: u32, st: u32, row: u32, col: u32) -> u32 {
-  if (row >= ap.t || col >= HD) { return 0xffffffffu; }
+// Index of output element (row, col) of a view of len rows; 0xffffffff past len or HD.
+fn out_index(base: u32, st: u32, row: u32, col: u32, len: u32) -> u32 {
+  if (row >= len || col >= HD) { return 0xffffffffu; }
   return base + row * st + col;
 }
 
-// Element (bh, row, col) of the dense f32 scratch acc_ws.
-fn ws_index(bh: u32, row: u32, col: u32) -> u32 { return (bh * ap.t + row) * HD + col; }
+// Element (bh, row, col) of the dense f32 scratch acc_ws, len rows per head.
+fn ws_index(bh: u32, row: u32, col: u32, len: u32) -> u32 { return (bh * len + row) * HD + col; }
+
+fn causal() -> bool { return CAUSAL; }
+
+// Key blocks query block qb reaches, and whether a dispatch ending at key
+// block blk1 leaves some of them to a later one.
+fn key_blocks(qb: u32) -> u32 { return select(ap.kblocks, min(qb + 1u, ap.kblocks), causal()); }
+fn more_keys_later(qb: u32) -> bool { return ap.blk1 < key_blocks(qb); }
+
+// Which of a tile's scores are real: key < S, and key <= query when causal.
+fn visible(key: vec4<u32>, query: vec4<u32>) -> vec4<bool> {
+  return (key < vec4<u32>(ap.tk)) & ((key <= query) | vec4<bool>(!causal()));
+}
 
 // What a dispatch's share of a gradient element adds to: on the first dispatch
 // that reaches the element, the caller's beta times the output's old value;
@@ -329,7 +348,7 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         for (var e = 0u; e < 4u; e++) {
           let col = 4u * tx + e;
           if (HALF) {  // the f32 partial O of the earlier dispatches
-            let w = ws_index(bh, rows[i], col);
+            let w = ws_index(bh, rows[i], col, ap.t);
             if (col < HD) { acc0[i][e] = acc_ws[w]; }
             if (DCH > 1u && col + 64u < HD) { acc1[i][e] = acc_ws[w + 64u]; }
           } else {
@@ -350,7 +369,7 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     qr[ch] = fetch(OQ, qbase, ap.q.w, r0, ch * 64u, li);
     kr[ch] = fetch(OK, kbase, ap.k.w, ap.blk0 * B, ch * 64u, li);
   }
-  let kend = min(ap.blk1, qb + 1u);
+  let kend = min(ap.blk1, key_blocks(qb));
   for (var kb = ap.blk0; kb < kend; kb++) {
     let c0 = kb * B;
     for (var ch = 0u; ch < DCH; ch++) { vr[ch] = fetch(OV, vbase, ap.v.w, c0, ch * 64u, li); }
@@ -365,18 +384,15 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     if (kb + 1u < kend) {
       for (var ch = 0u; ch < DCH; ch++) { kr[ch] = fetch(OK, kbase, ap.k.w, c0 + B, ch * 64u, li); }
     }
-    let masked = kb == qb || c0 + B > ap.t;  // uniform: only diagonal and tail tiles
+    let masked = (causal() && kb == qb) || c0 + B > ap.tk;  // uniform: only diagonal and tail tiles
     var mloc = vec4<f32>(NEG);
     for (var j = 0u; j < 4u; j++) {
       s[j] *= c;
-      if (masked) {
-        let key = vec4<u32>(c0 + tx + 16u * j);
-        s[j] = select(vec4<f32>(NEG), s[j], (key <= rows) & (key < vec4<u32>(ap.t)));
-      }
+      if (masked) { s[j] = select(vec4<f32>(NEG), s[j], visible(vec4<u32>(c0 + tx + 16u * j), rows)); }
       mloc = max(mloc, s[j]);
     }
     row_partials(mloc, tx, ty);
-    let nk4 = min(NV, (ap.t - c0 + 3u) / 4u);
+    let nk4 = min(NV, (ap.tk - c0 + 3u) / 4u);
     put(vr[0], R0, li);
     workgroupBarrier();
     let mnew = max(m, row_combine(ty, true));
@@ -408,14 +424,14 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
   row_partials(l, tx, ty);
   workgroupBarrier();
   let lt = row_combine(ty, false);
-  let partial = HALF && qb >= ap.blk1;  // a later dispatch goes on with this block's keys
+  let partial = HALF && more_keys_later(qb);  // a later dispatch goes on with this block's keys
   for (var i = 0u; i < 4u; i++) {
     if (rows[i] >= ap.t) { continue; }
     let inv = 1.0 / lt[i];
     for (var e = 0u; e < 4u; e++) {
       let col = 4u * tx + e;
       if (partial) {
-        let w = ws_index(bh, rows[i], col);
+        let w = ws_index(bh, rows[i], col, ap.t);
         if (col < HD) { acc_ws[w] = acc0[i][e] * inv; }
         if (DCH > 1u && col + 64u < HD) { acc_ws[w + 64u] = acc1[i][e] * inv; }
       } else {
@@ -468,7 +484,7 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
   var dv1: array<vec4<f32>, 4>;
   // K and V stay in registers; Q and dO of the next query block are fetched
   // while this one's products run.
-  let qstart = max(kb, ap.blk0);
+  let qstart = select(ap.blk0, max(kb, ap.blk0), causal());
   let qend = min(ap.blk1, ap.blocks);
   var kr = array<Slice, DCH>();
   var vr = array<Slice, DCH>();
@@ -511,12 +527,15 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
       workgroupBarrier();
     }
     if (DCH == 1u && more) { gr[0] = fetch(OG, gbase, ap.g.w, c0 + B, 0u, li); }  // dO is staged: fetch the next
-    let masked = qb == kb || c0 + B > ap.t;
+    let masked = (causal() && qb == kb) || c0 + B > ap.t;
     var p = array<vec4<f32>, 4>();
     for (var j = 0u; j < 4u; j++) {
       let qr_ = c0 + tx + 16u * j;
       p[j] = exp2(s[j] * c - lq[j]);
-      if (masked) { p[j] = select(vec4<f32>(0.0), p[j], (vec4<u32>(qr_) >= keys) & vec4<bool>(qr_ < ap.t)); }
+      if (masked) {
+        let keep = ((vec4<u32>(qr_) >= keys) | vec4<bool>(!causal())) & vec4<bool>(qr_ < ap.t);
+        p[j] = select(vec4<f32>(0.0), p[j], keep);
+      }
       s[j] = p[j] * (dp[j] - vec4<f32>(dl[j]));  // dS^T
     }
     // dV += P^T dO: P^T into R0; dO (chunk DCH - 1) is still in R1.
@@ -556,7 +575,7 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
   // Constant indices only: left to a loop the compiler might not unroll, the
   // accumulators live in local memory for the whole kernel (the float16
   // kernel's did on the H100, 1.75x the float32 kernel's time).
-  let first = kb >= ap.blk0;
+  let first = select(ap.blk0 == 0u, kb >= ap.blk0, causal());
   dkdv_row(bh, keys.x, tx, first, dk0[0], dv0[0], dk1[0], dv1[0]);
   dkdv_row(bh, keys.y, tx, first, dk0[1], dv0[1], dk1[1], dv1[1]);
   dkdv_row(bh, keys.z, tx, first, dk0[2], dv0[2], dk1[2], dv1[2]);
@@ -574,10 +593,10 @@ fn dkdv_row(bh: u32, key: u32, tx: u32, first: bool, dk_a: vec4<f32>, dv_a: vec4
 
 fn dkdv_element(bh: u32, key: u32, col: u32, first: bool, dk_a: f32, dv_a: f32, dk_b: f32, dv_b: f32) {
   let partial = HALF && ap.blk1 < ap.blocks;
-  let ik = out_index(head_base(ap.dk, bh), ap.dk.w, key, col);
+  let ik = out_index(head_base(ap.dk, bh), ap.dk.w, key, col, ap.tk);
   if (ik == 0xffffffffu) { return; }
-  let iv = out_index(head_base(ap.dv, bh), ap.dv.w, key, col);
-  let w = 2u * ws_index(bh, key, col);  // dK and dV partials interleaved
+  let iv = out_index(head_base(ap.dv, bh), ap.dv.w, key, col, ap.tk);
+  let w = 2u * ws_index(bh, key, col, ap.tk);  // dK and dV partials interleaved
   let x = dk_a * ap.scale + grad_base(old_dk(ik, first), w, first);
   let y = dv_a + grad_base(old_dv(iv, first), w + 1u, first);
   if (partial) {
@@ -636,11 +655,11 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     vr[ch] = fetch(OV, vbase, ap.v.w, ap.blk0 * B, ch * 64u, li);
     kr[ch] = fetch(OK, kbase, ap.k.w, ap.blk0 * B, ch * 64u, li);
   }
-  let kend = min(ap.blk1, qb + 1u);
+  let kend = min(ap.blk1, key_blocks(qb));
   for (var kb = ap.blk0; kb < kend; kb++) {
     let c0 = kb * B;
     let more = kb + 1u < kend;
-    let nk4 = min(NV, (ap.t - c0 + 3u) / 4u);
+    let nk4 = min(NV, (ap.tk - c0 + 3u) / 4u);
     var dp = array<vec4<f32>, 4>();  // dP = dO V^T
     var s = array<vec4<f32>, 4>();   // S = Q K^T; K (chunk 0) stays in R1 for dQ += dS K
     for (var ch = 0u; ch < DCH; ch++) {
@@ -661,12 +680,11 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
       workgroupBarrier();
     }
     if (DCH == 1u && more) { kr[0] = fetch(OK, kbase, ap.k.w, c0 + B, 0u, li); }
-    let masked = kb == qb || c0 + B > ap.t || r0 + B > ap.t;
+    let masked = (causal() && kb == qb) || c0 + B > ap.tk || r0 + B > ap.t;
     for (var j = 0u; j < 4u; j++) {
       var p = exp2(s[j] * c - lse2);
       if (masked) {
-        let key = vec4<u32>(c0 + tx + 16u * j);
-        p = select(vec4<f32>(0.0), p, (key <= rows) & (key < vec4<u32>(ap.t)) & (rows < vec4<u32>(ap.t)));
+        p = select(vec4<f32>(0.0), p, visible(vec4<u32>(c0 + tx + 16u * j), rows) & (rows < vec4<u32>(ap.t)));
       }
       s[j] = p * (dp[j] - dl);  // dS
     }
@@ -685,13 +703,13 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     }
   }
   let first = ap.blk0 == 0u;
-  let partial = HALF && qb >= ap.blk1;  // a later dispatch goes on with this block's keys
+  let partial = HALF && more_keys_later(qb);  // a later dispatch goes on with this block's keys
   let dqb = head_base(ap.dq, bh);
   for (var i = 0u; i < 4u; i++) {
     for (var e = 0u; e < 4u; e++) {
-      let iq = out_index(dqb, ap.dq.w, rows[i], 4u * tx + e);
+      let iq = out_index(dqb, ap.dq.w, rows[i], 4u * tx + e, ap.t);
       if (iq == 0xffffffffu) { continue; }
-      let w = ws_index(bh, rows[i], 4u * tx + e);
+      let w = ws_index(bh, rows[i], 4u * tx + e, ap.t);
       let x = acc0[i][e] * ap.scale + grad_base(old_dq(iq, first), w, first);
       if (partial) { acc_ws[w] = x; } else { dq[iq] = st(x); }
       if (DCH > 1u && 4u * tx + e + 64u < HD) {

@@ -182,7 +182,7 @@ def test_same_tensor_and_mixed_grads(dev, rng):
     b, h, t, d = 1, 2, 70, 32
     x_np, g = rand(rng, b, h, t, d), rand(rng, b, h, t, d)
     x = pw.tensor(x_np, dev, requires_grad=True)
-    out = F.scaled_dot_product_attention(x, x, x)
+    out = F.scaled_dot_product_attention(x, x, x, is_causal=True)
     out.backward(pw.tensor(g, dev))
     ro, rdq, rdk, rdv = torch_ref(x_np, x_np, x_np, g)
     close(out.numpy(), ro)
@@ -191,9 +191,10 @@ def test_same_tensor_and_mixed_grads(dev, rng):
     q_np, k_np, v_np = (rand(rng, b, h, t, d) for _ in range(3))
     q = pw.tensor(q_np, dev, requires_grad=True)
     k0, v0 = pw.tensor(k_np, dev), pw.tensor(v_np, dev)  # no grad: the kernel writes scratch for them
-    F.scaled_dot_product_attention(q, k0, v0).backward(pw.tensor(g, dev))
+    F.scaled_dot_product_attention(q, k0, v0, is_causal=True).backward(pw.tensor(g, dev))
     k, v = pw.tensor(k_np, dev, requires_grad=True), pw.tensor(v_np, dev, requires_grad=True)
-    F.scaled_dot_product_attention(q, k, v).backward(pw.tensor(g, dev))  # q.grad accumulates, k and v start fresh
+    # q.grad accumulates, k and v start fresh
+    F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(pw.tensor(g, dev))
     _, rdq, rdk, rdv = torch_ref(q_np, k_np, v_np, g)
     close(q.grad.numpy(), 2 * rdq)
     close(k.grad.numpy(), rdk)
@@ -203,7 +204,9 @@ def test_same_tensor_and_mixed_grads(dev, rng):
 def test_no_grad_forward_only(dev, rng):
     q, k, v = (rand(rng, 2, 2, 33, 64) for _ in range(3))
     with pw.no_grad():
-        out = F.scaled_dot_product_attention(*(pw.tensor(x, dev, requires_grad=True) for x in (q, k, v)))
+        out = F.scaled_dot_product_attention(
+            *(pw.tensor(x, dev, requires_grad=True) for x in (q, k, v)), is_causal=True
+        )
     assert out.grad_fn is None
     close(out.numpy(), torch_ref(q, k, v, np.zeros_like(q))[0])
 
@@ -211,21 +214,6 @@ def test_no_grad_forward_only(dev, rng):
 def test_errors(dev, rng):
     sdpa = F.scaled_dot_product_attention
     x = pw.tensor(rand(rng, 1, 2, 8, 16), dev)
-    with pytest.raises(ValueError, match="is_causal"):
-        sdpa(x, x, x, is_causal=False)
-    with pytest.raises(ValueError, match="attn_mask"):
-        sdpa(x, x, x, attn_mask=x)
-    with pytest.raises(ValueError, match="dropout"):
-        sdpa(x, x, x, dropout_p=0.1)
-    with pytest.raises(ValueError, match="key has shape"):
-        sdpa(x, pw.tensor(rand(rng, 1, 2, 9, 16), dev), x)
-    with pytest.raises(ValueError, match="value has shape"):
-        sdpa(x, x, pw.tensor(rand(rng, 1, 2, 8, 8), dev))
-    with pytest.raises(ValueError, match="4-D"):
-        sdpa(*(pw.tensor(rand(rng, 2, 8, 16), dev),) * 3)
-    big = pw.tensor(rand(rng, 1, 1, 4, 129), dev)
-    with pytest.raises(ValueError, match="head size 129"):
-        sdpa(big, big, big)
     with pytest.raises(TypeError, match="float32"):
         sdpa(x, x, np.zeros((1, 2, 8, 16), np.float64))
     with pytest.raises(TypeError, match="float32"):
@@ -434,3 +422,149 @@ def test_half_split_scratch_past_one_binding(dev, rng):
                 1,
                 True,
             )
+
+
+# -- torch's scaled_dot_product_attention semantics beyond the causal self-attention ------------
+
+
+def sdpa_ref(q, k, v, g, **kw):
+    """torch's SDPA in float64 (its math path) and the gradients of its inputs (None: no grad)."""
+    ts = [torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v)]
+    mask = kw.pop("attn_mask", None)
+    if mask is not None:
+        mask = torch.from_numpy(mask if mask.dtype == np.bool_ else mask.astype(np.float64))
+    out = torch.nn.functional.scaled_dot_product_attention(*ts, attn_mask=mask, **kw)
+    out.backward(torch.tensor(g, dtype=torch.float64))
+    return [out.detach().numpy()] + [t.grad.numpy() for t in ts]
+
+
+def sdpa_ours(dev, q, k, v, g, **kw):
+    ts = [pw.tensor(x, dev, requires_grad=True) for x in (q, k, v)]
+    out = F.scaled_dot_product_attention(*ts, **kw)
+    out.backward(pw.tensor(g, dev))
+    return [out.numpy()] + [t.grad.numpy() for t in ts]
+
+
+# (B, H, L, S, D): a key length different from the query length, shorter and longer, past a
+# 64-block and not a multiple of it; both masks.
+CROSS = [(1, 1, 1, 1, 8), (2, 3, 7, 33, 16), (1, 2, 129, 65, 64), (1, 1, 65, 200, 128), (2, 1, 200, 70, 24)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b,h,lq,s,d", CROSS)
+def test_fused_any_key_length_and_mask(dev, rng, b, h, lq, s, d, causal):
+    """The fused kernels without the causal mask (torch's default) and with it (the top-left
+    triangle when L != S), against torch's float64 forward and gradients."""
+    q, g = rand(rng, b, h, lq, d), rand(rng, b, h, lq, d)
+    k, v = rand(rng, b, h, s, d), rand(rng, b, h, s, d)
+    check_all(sdpa_ours(dev, q, k, v, g, is_causal=causal), sdpa_ref(q, k, v, g, is_causal=causal))
+
+
+def test_default_is_not_causal(dev, rng):
+    """is_causal defaults to False, as torch's: every key is seen."""
+    q, k, v, g = (rand(rng, 1, 2, 40, 16) for _ in range(4))
+    check_all(sdpa_ours(dev, q, k, v, g), sdpa_ref(q, k, v, g))
+
+
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lq,s", [(130, 300), (300, 130)])
+def test_raw_kernels_split_blocks_cross(dev, rng, lq, s, causal, half):
+    """The launchers with max_blocks = 1 (one key or query block per dispatch: resumed forward,
+    accumulated backward, float16's float32 scratch) at L != S, outputs poisoned first; under the
+    causal mask with S > L the keys no query sees get a zero gradient."""
+    b, h, d = 2, 2, 32
+    dt = np.float16 if half else np.float32
+    q, g = rand(rng, b, h, lq, d).astype(dt), rand(rng, b, h, lq, d).astype(dt)
+    k, v = rand(rng, b, h, s, d).astype(dt), rand(rng, b, h, s, d).astype(dt)
+    tq, tk, tv, tg = (pw.tensor(x, dev) for x in (q, k, v, g))
+    qv, kv = (0, h * lq * d, lq * d, d), (0, h * s * d, s * d, d)
+    poison = np.full((b, h, lq, d), np.nan, dt)
+    out, dq = pw.tensor(poison, dev), pw.tensor(poison, dev)
+    dk, dv = (pw.tensor(np.full((b, h, s, d), np.nan, dt), dev) for _ in range(2))
+    lse, delta = poisoned(dev, (b * h * lq,)), poisoned(dev, (b * h * lq,))
+    sc = 1 / math.sqrt(d)
+    with dev._recording() as rec:
+        _core.attention_forward(
+            rec, tq._buf, qv, tk._buf, kv, tv._buf, kv, out._buf, qv, lse._buf, b, h, lq, d, sc, 1, half,
+            tk=s, causal=causal,
+        )  # fmt: skip
+        _core.attention_backward(
+            rec, tq._buf, qv, tk._buf, kv, tv._buf, kv, out._buf, qv, tg._buf, qv, lse._buf, delta._buf,
+            dq._buf, qv, dk._buf, kv, dv._buf, kv, b, h, lq, d, sc, 0.0, 1, half, tk=s, causal=causal,
+        )  # fmt: skip
+    refs = sdpa_ref(*(x.astype(np.float64) for x in (q, k, v, g)), is_causal=causal)
+    factor = 40.0 if half else 1.0  # float16 operands and results: half-precision rounding
+    for got, want in zip((out, dq, dk, dv), refs):
+        close(got.numpy().astype(np.float64), want, factor)
+
+
+@pytest.mark.parametrize(
+    "shape_q,shape_kv", [((3, 9, 16), (3, 20, 16)), ((2, 2, 2, 5, 8), (2, 2, 2, 6, 8)), ((1, 2, 4, 129), (1, 2, 6, 129))]
+)
+def test_other_ranks_written_out(dev, rng, shape_q, shape_kv):
+    """3-D and 5-D operands and a head size past the fused kernels' 128 (written out) as torch's
+    math path."""
+    q, g = rand(rng, *shape_q), rand(rng, *shape_q)
+    k, v = rand(rng, *shape_kv), rand(rng, *shape_kv)
+    for causal in (False, True):
+        check_all(sdpa_ours(dev, q, k, v, g, is_causal=causal), sdpa_ref(q, k, v, g, is_causal=causal))
+
+
+def test_masks_like_torch(dev, rng):
+    """A boolean mask (True: the key takes part) and a float mask added to the scores, broadcast
+    from [L, S] and [B, 1, L, S]; a value head size different from the query's."""
+    b, h, lq, s, d, dv = 2, 3, 17, 23, 16, 12
+    q, g = rand(rng, b, h, lq, d), rand(rng, b, h, lq, dv)
+    k, v = rand(rng, b, h, s, d), rand(rng, b, h, s, dv)
+    keep = rng.random((lq, s)) < 0.7
+    keep[:, 0] = True  # no fully masked row (its NaN-or-0 answer depends on torch's kernel)
+    check_all(sdpa_ours(dev, q, k, v, g, attn_mask=keep), sdpa_ref(q, k, v, g, attn_mask=keep))
+    bias = rand(rng, b, 1, lq, s)
+    check_all(sdpa_ours(dev, q, k, v, g, attn_mask=bias), sdpa_ref(q, k, v, g, attn_mask=bias))
+    ts = [pw.tensor(x, dev) for x in (q, k, v)]
+    out = F.scaled_dot_product_attention(*ts, attn_mask=pw.tensor(bias, dev), scale=0.3)
+    ref = sdpa_ref(q, k, v, g, attn_mask=bias, scale=0.3)[0]
+    close(out.numpy(), ref)
+
+
+def test_grouped_query_attention(dev, rng):
+    """enable_gqa: 6 query heads over 2 key/value heads (query head i reads head i // 3), fused
+    (no mask) and written out (a mask)."""
+    q, g = rand(rng, 2, 6, 33, 16), rand(rng, 2, 6, 33, 16)
+    k, v = rand(rng, 2, 2, 40, 16), rand(rng, 2, 2, 40, 16)
+    for kw in ({"is_causal": True}, {"attn_mask": rng.random((33, 40)) < 0.8}):
+        kw_ref = dict(kw)
+        check_all(sdpa_ours(dev, q, k, v, g, enable_gqa=True, **kw), sdpa_ref(q, k, v, g, enable_gqa=True, **kw_ref))
+
+
+def test_dropout_on_the_weights(dev, rng):
+    """dropout_p = 1 drops every weight (a zero output and zero gradients, as torch); 0 < p < 1
+    scales the kept weights by 1 / (1 - p), so the output is a kept-weight sum of value rows."""
+    q, k, v = (pw.tensor(rand(rng, 1, 2, 9, 8), dev, requires_grad=True) for _ in range(3))
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
+    out.sum().backward()
+    assert not out.numpy().any() and not v.grad.numpy().any() and not q.grad.numpy().any()
+    ones = pw.tensor(np.ones((1, 1, 5, 4), np.float32), dev)
+    out = F.scaled_dot_product_attention(ones, ones, ones, dropout_p=0.5).numpy()
+    # equal scores: weights 1/5, kept ones doubled -> each output element is 0.4 * (kept keys)
+    kept = out / 0.4
+    assert np.allclose(kept, np.round(kept), atol=1e-5) and (out >= 0).all()
+    assert np.all(out == out[..., :1])  # one weight row per query scales a constant value column
+
+
+def test_sdpa_argument_errors(dev, rng):
+    q = pw.tensor(rand(rng, 1, 2, 5, 8), dev)
+    k6 = pw.tensor(rand(rng, 1, 2, 6, 8), dev)
+    with pytest.raises(ValueError, match="attn_mask or is_causal"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=np.ones((5, 5), bool), is_causal=True)
+    with pytest.raises(ValueError, match="dropout_p"):
+        F.scaled_dot_product_attention(q, q, q, dropout_p=1.5)
+    with pytest.raises(ValueError, match="last dimension"):
+        F.scaled_dot_product_attention(q, pw.tensor(rand(rng, 1, 2, 5, 4), dev), q)
+    with pytest.raises(ValueError, match="differ before the last dimension"):
+        F.scaled_dot_product_attention(q, k6, q)
+    with pytest.raises(ValueError, match="multiple of key heads"):
+        F.scaled_dot_product_attention(pw.tensor(rand(rng, 1, 3, 5, 8), dev), q, q, enable_gqa=True)
+    with pytest.raises(TypeError, match="attn_mask"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=np.zeros((5, 5)))

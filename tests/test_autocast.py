@@ -35,7 +35,7 @@ def test_output_dtypes_follow_torch(dev, rng):
             "matmul": (px @ px.T, tx @ tx.T),
             "bmm": (pw.bmm(px.reshape(1, 4, 8), px.reshape(1, 4, 8), trans_b=True), torch.bmm(tx[None], tx.T[None])),
             "sdpa": (
-                pw.nn.functional.scaled_dot_product_attention(pq, pq, pq),
+                pw.nn.functional.scaled_dot_product_attention(pq, pq, pq, is_causal=True),
                 TF.scaled_dot_product_attention(tq, tq, tq, is_causal=True),
             ),
             "cross_entropy": (pw.cross_entropy(py, labels), TF.cross_entropy(ty, torch.from_numpy(labels).long())),

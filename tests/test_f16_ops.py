@@ -408,7 +408,7 @@ def test_attention_half_keeps_half(dev, rng, fused):
     else:
         arrays = [half(rng, b, h, t, d) for _ in range(3)]
         ts = [pw.tensor(a, dev, requires_grad=True) for a in arrays]
-        out = pw.nn.functional.scaled_dot_product_attention(*ts)
+        out = pw.nn.functional.scaled_dot_product_attention(*ts, is_causal=True)
         rs = [t64(a).requires_grad_() for a in arrays]
         ref = TF.scaled_dot_product_attention(*rs, is_causal=True)
         pairs = list(zip(ts, rs))
@@ -852,7 +852,7 @@ def test_autocast_attention_saves_no_float32_copies(dev, rng, fused):
         half_bytes = 2 * 4 * n  # the cast qkv (3n) and the output (n)
     else:
         xs = [pw.tensor(rng.standard_normal((b, h, t, d), dtype=np.float32), dev, requires_grad=True) for _ in range(3)]
-        call = lambda: pw.nn.functional.scaled_dot_product_attention(*xs)  # noqa: E731
+        call = lambda: pw.nn.functional.scaled_dot_product_attention(*xs, is_causal=True)  # noqa: E731
         half_bytes = 2 * 4 * n  # three casts and the output
     dev.synchronize()
     before = dev.memory_stats(reset_peak=True)["allocated_bytes"]
@@ -890,7 +890,7 @@ def test_attention_half_nan_and_inf_like_torch(dev, rng, t):
         want = TF.scaled_dot_product_attention(*ts, is_causal=True)
     want.backward(torch.tensor(dy.astype(np.float32)))
     tq, tk, tv = (pw.tensor(a, dev, requires_grad=True) for a in (q, k, v))
-    out = pw.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+    out = pw.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
     out.backward(pw.tensor(dy, dev))
     got, ref = out.numpy(), want.detach().numpy()
     assert got.dtype == np.float16

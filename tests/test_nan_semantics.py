@@ -321,7 +321,7 @@ def test_attention_nan_key_row(dev, rng, t):
     want = want.detach().numpy()
     assert np.isnan(want[0, 1, nan_at:]).all() and not np.isnan(want[0, 1, :nan_at]).any()
     tq, tk, tv = (pw.tensor(a, dev, requires_grad=True) for a in (q, k, v))
-    out = pw.nn.functional.scaled_dot_product_attention(tq, tk, tv)
+    out = pw.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
     out.backward(pw.tensor(dy, dev))
     assert_nan_close(out.numpy(), want, rtol=1e-4, what="attention forward")
     # Heads without the NaN key: gradients as torch's. The head with it: NaN wherever
