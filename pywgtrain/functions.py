@@ -15,6 +15,7 @@ import builtins
 import functools
 import math
 import numbers
+import warnings
 import sys
 from typing import Any, Callable, Optional, Sequence, Union, cast
 
@@ -857,12 +858,27 @@ def _softmax_rows(x, log, op):
     return out
 
 
-def softmax(x: TensorLike, dim: int = -1) -> Tensor:
-    return _softmax(x, dim, False)
+def _implicit_softmax_dim(x: TensorLike, dim: Optional[int], op: str) -> int:
+    """torch's choice when ``dim`` is None (deprecated there, with a warning): 0 for 0-, 1- and
+    3-D inputs, else 1. Not the last dimension: a silent -1 would differ from torch."""
+    if dim is not None:
+        return dim
+    ndim = np.ndim(x) if not isinstance(x, Tensor) else x.ndim
+    chosen = 0 if ndim in (0, 1, 3) else 1
+    warnings.warn(
+        f"Implicit dimension choice for {op} has been deprecated. Change the call to include dim=X as an argument.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return chosen
 
 
-def log_softmax(x: TensorLike, dim: int = -1) -> Tensor:
-    return _softmax(x, dim, True)
+def softmax(x: TensorLike, dim: Optional[int] = None) -> Tensor:
+    return _softmax(x, _implicit_softmax_dim(x, dim, "softmax"), False)
+
+
+def log_softmax(x: TensorLike, dim: Optional[int] = None) -> Tensor:
+    return _softmax(x, _implicit_softmax_dim(x, dim, "log_softmax"), True)
 
 
 def logsumexp(x: TensorLike, dim: Union[int, tuple[int, ...], list[int]], keepdim: bool = False) -> Tensor:

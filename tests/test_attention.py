@@ -500,7 +500,8 @@ def test_raw_kernels_split_blocks_cross(dev, rng, lq, s, causal, half):
 
 
 @pytest.mark.parametrize(
-    "shape_q,shape_kv", [((3, 9, 16), (3, 20, 16)), ((2, 2, 2, 5, 8), (2, 2, 2, 6, 8)), ((1, 2, 4, 129), (1, 2, 6, 129))]
+    "shape_q,shape_kv",
+    [((3, 9, 16), (3, 20, 16)), ((2, 2, 2, 5, 8), (2, 2, 2, 6, 8)), ((1, 2, 4, 129), (1, 2, 6, 129))],
 )
 def test_other_ranks_written_out(dev, rng, shape_q, shape_kv):
     """3-D and 5-D operands and a head size past the fused kernels' 128 (written out) as torch's

@@ -241,6 +241,25 @@ def test_softmax_autograd_like_torch(dev, rng, cols):
         same_as_torch(tx.grad.numpy(), rx.grad, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(7,), (2, 5), (3, 4, 5), (2, 3, 4, 5)])
+def test_softmax_without_dim_as_torch(dev, rng, shape):
+    """F.softmax(x) / nn.Softmax() without dim: torch's deprecated implicit choice (dim 0 for
+    1-D and 3-D inputs, else 1) with its warning, not the last dimension."""
+    x = rand(rng, *shape)
+    import torch.nn.functional as TF
+
+    for name in ("softmax", "log_softmax"):
+        with pytest.warns(UserWarning, match="Implicit dimension choice"):
+            got = getattr(F, name)(pw.tensor(x, dev)).numpy()
+        with pytest.warns(UserWarning, match="Implicit dimension choice"):
+            want = getattr(TF, name)(t64(x))
+        same_as_torch(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.warns(UserWarning):
+        got = pw.nn.Softmax()(pw.tensor(x, dev)).numpy()
+    with pytest.warns(UserWarning):
+        same_as_torch(got, torch.nn.Softmax()(t64(x)), rtol=1e-5, atol=1e-6)
+
+
 def test_short_softmax_special_values(dev):
     x = np.array(
         [[0.0, -np.inf, 1.0], [np.nan, 0.0, 1.0], [1e30, 1e30, -1e30], [-np.inf] * 3, [80.0, 90.0, 100.0]], np.float32

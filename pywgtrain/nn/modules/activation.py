@@ -87,7 +87,7 @@ class Softplus(_Activation):
 
 
 class Softmax(Module):
-    def __init__(self, dim: int = -1) -> None:
+    def __init__(self, dim: Optional[int] = None) -> None:  # None: torch's implicit (deprecated) choice
         super().__init__()
         self.dim = dim
 
