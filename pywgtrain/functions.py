@@ -1713,18 +1713,11 @@ def _class_input(input, op, dtype=_FLOAT32):  # noqa: A002 - torch's name
     return x
 
 
-def nll_loss(
-    input: TensorLike,
-    target: Labels,  # noqa: A002 - torch's names
-    ignore_index: int = -100,
-    reduction: str = "mean",
-) -> Tensor:
-    """Negative log-likelihood of log-probabilities ``input`` [N, C] at int ``target`` [N]."""
-    _check_reduction(reduction, "nll_loss")
-    x = _class_input(input, "nll_loss")
+def _nll_pick(x: Tensor, labels: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """(-x[i, target_i] per row, 0 where ignored; the rows' 1/0 mask of not ignored), differentiable
+    in x."""
     rows, cols = x.shape
     dev = x.device
-    labels = _labels(target, rows, cols, ignore_index, dev, "nll_loss")
     picked = empty((rows,), np.float32, dev)
     mask = empty((rows,), np.float32, dev)
     with _rec(dev) as rec:
@@ -1738,6 +1731,41 @@ def nll_loss(
             lambda rec, g, dst, beta: _core.nll_pick_backward(rec, g, lbuf, dst, rows, cols, ignore, beta),
             keep=(labels,),
         )
+    return picked, mask
+
+
+def _class_weights(weight: Optional[TensorLike], labels: Tensor, mask: Tensor, cols: int, dev, op: str):
+    """(weight [C] as a float32 tensor, weight[target_i] per row, 0 where ignored) for a loss's
+    ``weight`` argument."""
+    w = _float_tensor(weight, dev, op, "weight")
+    if w.shape != (cols,):
+        raise ValueError(f"{op}: weight must have shape ({cols},), one per class, got {w.shape}")
+    if needs_grad(w):
+        raise NotImplementedError(f"{op}: weight requires grad; gradients to class weights are not implemented")
+    # Ignored rows' labels lie outside [0, C): their gathered rows are NaN, replaced by where().
+    picked = embedding(labels, w.reshape(cols, 1)).reshape(labels.shape[0])
+    return w, where(mask, picked, 0.0)
+
+
+def nll_loss(
+    input: TensorLike,
+    target: Labels,  # noqa: A002 - torch's names
+    weight: Optional[TensorLike] = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    """Negative log-likelihood of log-probabilities ``input`` [N, C] at int ``target`` [N]
+    (``torch.nn.functional.nll_loss``): ``-weight[t] input[i, t]``; the mean divides by the
+    summed weights of the rows not ignored."""
+    _check_reduction(reduction, "nll_loss")
+    x = _class_input(input, "nll_loss")
+    rows, cols = x.shape
+    labels = _labels(target, rows, cols, ignore_index, x.device, "nll_loss")
+    picked, mask = _nll_pick(x, labels, ignore_index)
+    if weight is not None:
+        mask = _class_weights(weight, labels, mask, cols, x.device, "nll_loss")[1]
+        picked = picked * mask
     if reduction == "none":
         return picked
     total = sum(picked)
@@ -1747,21 +1775,33 @@ def nll_loss(
 def cross_entropy(
     input: TensorLike,
     target: Labels,  # noqa: A002 - torch's names
+    weight: Optional[TensorLike] = None,
+    *,
     ignore_index: int = -100,
     reduction: str = "mean",
+    label_smoothing: float = 0.0,
 ) -> Tensor:
     """Softmax cross-entropy of logits [N, C] against int class indices [N]
     (torch.nn.functional.cross_entropy); the mean skips ``ignore_index`` rows.
-    One fused kernel pass forward (keeping each row's max and log-sum of
-    exponentials, not the softmax) and one backward (the softmax recomputed from the logits).
-    float16 logits are read as they are (float32 math, float16 gradient); the
-    loss is float32 under autocast (torch's float32 list), else float16."""
+    Without ``weight`` and ``label_smoothing``: one fused kernel pass forward (keeping
+    each row's max and log-sum of exponentials, not the softmax) and one backward (the
+    softmax recomputed from the logits). float16 logits are read as they are (float32
+    math, float16 gradient); the loss is float32 under autocast (torch's float32 list),
+    else float16. With them, torch's formula through log_softmax: ``(1 - eps) *
+    nll_loss(weight) + eps / C * smooth``, smooth = ``-sum_c weight[c] log p_c`` per row not
+    ignored, the mean divided by the summed weights of the rows not ignored (their number
+    without ``weight``)."""
     _check_reduction(reduction, "cross_entropy")
     x = _class_input(input, "cross_entropy", _elem_dtype(input))
     half = x.dtype is _HALF
     rows, cols = x.shape
     dev = x.device
     labels = _labels(target, rows, cols, ignore_index, dev, "cross_entropy")
+    if isinstance(label_smoothing, bool) or not _is_scalar(label_smoothing) or not 0 <= label_smoothing <= 1:
+        raise ValueError(f"cross_entropy: label_smoothing must lie in [0, 1], got {label_smoothing!r}")
+    if weight is not None or label_smoothing:
+        result = _smoothed_cross_entropy(x, labels, weight, ignore_index, reduction, float(label_smoothing))
+        return to_dtype(result, _HALF) if half and _autocast_state.dtype is None else result
     stats = empty((rows, 2), np.float32, dev)
     per_row, valid = (empty((rows,), np.float32, dev) for _ in range(2))
     out, scale = empty((), np.float32, dev), empty((), np.float32, dev)
@@ -1793,6 +1833,26 @@ def cross_entropy(
     if half and _autocast_state.dtype is None:  # float16 logits outside autocast: a float16 loss, as torch
         result = to_dtype(result, _HALF)
     return result
+
+
+def _smoothed_cross_entropy(x, labels, weight, ignore_index, reduction, eps):
+    """cross_entropy with class weights and / or label smoothing, written out as torch's."""
+    cols = x.shape[1]
+    logp = log_softmax(x.float() if x.dtype is _HALF else x, -1)
+    picked, mask = _nll_pick(logp, labels, ignore_index)
+    if weight is not None:
+        w, denom = _class_weights(weight, labels, mask, cols, x.device, "cross_entropy")
+        picked = picked * denom
+    else:
+        denom = mask
+    loss = picked * (1.0 - eps) if eps else picked
+    if eps:
+        smooth = -(matmul(logp, w) if weight is not None else sum(logp, -1))
+        smooth = where(mask, smooth, 0.0)
+        loss = loss + smooth * (eps / cols)
+    if reduction == "none":
+        return loss
+    return sum(loss) / sum(denom) if reduction == "mean" else sum(loss)
 
 
 def _loss_operands(input: TensorLike, target: TensorLike, reduction: str, op: str) -> tuple[Tensor, Tensor]:

@@ -1,5 +1,5 @@
-"""softplus, logsumexp, rms_norm, leaky_relu and the element-wise losses (l1, smooth L1, Huber, binary
-cross-entropy with logits) against torch's float64 results: values and
+"""softplus, logsumexp, rms_norm, leaky_relu, the element-wise losses (l1, smooth L1, Huber, binary
+cross-entropy with logits) and cross-entropy's class weights and label smoothing against torch's float64 results: values and
 gradients, every reduction, the points where a piece changes (d = 0, |d| =
 beta, x = 0) and inf / NaN where torch defines them; their modules; bad
 arguments."""
@@ -232,3 +232,65 @@ def test_leaky_relu_like_torch(dev, rng, slope):
     m = pw.nn.LeakyReLU(slope)
     np.testing.assert_array_equal(m(pw.tensor(x, dev)).numpy(), F.leaky_relu(pw.tensor(x, dev), slope).numpy())
     assert f"negative_slope={slope}" in repr(m)
+
+
+# -- cross-entropy / nll with class weights and label smoothing -----------------------------
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted,eps", [(True, 0.0), (False, 0.1), (True, 0.25), (False, 1.0)])
+def test_cross_entropy_weight_and_label_smoothing_like_torch(dev, rng, reduction, weighted, eps):
+    """torch's formula (ignored rows in the mean's divisor or not, as torch), values and gradients;
+    rows of 7 and 1,031 classes."""
+    for rows, cols in ((9, 7), (5, 1031)):
+        x = 3 * rand(rng, rows, cols)
+        labels = rng.integers(0, cols, rows)
+        labels[1] = -100  # ignored
+        w = (rng.random(cols) + 0.5).astype(np.float32) if weighted else None
+        wt = None if w is None else torch.from_numpy(w.astype(np.float64))
+
+        def ours(t):
+            return F.cross_entropy(t, labels, w, reduction=reduction, label_smoothing=eps)
+
+        def ref(t):
+            return TF.cross_entropy(t, torch.from_numpy(labels), wt, reduction=reduction, label_smoothing=eps)
+
+        _both(dev, ours, ref, [x])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_nll_loss_weight_like_torch(dev, rng, reduction):
+    x = rand(rng, 11, 6)
+    labels = rng.integers(0, 6, 11)
+    labels[[0, 4]] = 3
+    labels[2] = -100
+    w = (rng.random(6) + 0.5).astype(np.float32)
+    _both(
+        dev,
+        lambda t: F.nll_loss(t, labels, pw.tensor(w, dev), reduction=reduction),
+        lambda t: TF.nll_loss(t, torch.from_numpy(labels), torch.from_numpy(w.astype(np.float64)), reduction=reduction),
+        [x],
+    )
+
+
+def test_cross_entropy_modules_and_argument_errors(dev, rng):
+    x = rand(rng, 6, 5)
+    labels = rng.integers(0, 5, 6)
+    w = (rng.random(5) + 0.5).astype(np.float32)
+    ours = pw.nn.CrossEntropyLoss(w, label_smoothing=0.2, ignore_index=labels[0])(pw.tensor(x, dev), labels)
+    ref = torch.nn.CrossEntropyLoss(torch.from_numpy(w.astype(np.float64)), label_smoothing=0.2, ignore_index=labels[0])
+    same_as_torch(ours.numpy(), ref(t64(x), torch.from_numpy(labels)))
+    ours = pw.nn.NLLLoss(w, reduction="sum")(pw.tensor(x, dev), labels)
+    same_as_torch(
+        ours.numpy(),
+        torch.nn.NLLLoss(torch.from_numpy(w.astype(np.float64)), reduction="sum")(t64(x), torch.from_numpy(labels)),
+    )
+    tx = pw.tensor(x, dev)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        F.cross_entropy(tx, labels, label_smoothing=1.5)
+    with pytest.raises(ValueError, match="one per class"):
+        F.cross_entropy(tx, labels, np.ones(4, np.float32))
+    with pytest.raises(NotImplementedError, match="weight requires grad"):
+        F.cross_entropy(tx, labels, pw.tensor(w, dev, requires_grad=True))
+    with pytest.raises(TypeError):  # ignore_index is keyword-only: torch's third argument is weight
+        F.cross_entropy(tx, labels, None, -100)

@@ -239,6 +239,25 @@ def test_trainer_takes_ignore_index_labels_as_the_loss_does(dev):
         np.testing.assert_array_equal(got_sd[k], v, err_msg=k)
 
 
+def test_trainer_with_class_weights_and_label_smoothing(dev):
+    """A loss written out of several ops (class weights gathered per row, label smoothing) is
+    captured and replayed by Trainer with the eager loop's losses and weights."""
+    data = [(x, np.where(np.arange(8) % 3 == 0, -100, y)) for x, y in batches()]
+    results = []
+    for trainer in (False, True):
+        pw.manual_seed(11, dev)
+        model = Net(dev)
+        opt = pw.optim.AdamW(model.parameters(), lr=1e-2)
+        loss_fn = pw.nn.CrossEntropyLoss(pw.tensor(np.array([0.5, 1.0, 2.0], np.float32), dev), label_smoothing=0.1)
+        tr = Trainer(model, opt, loss_fn) if trainer else None
+        losses = [tr.step(x, y) if tr else eager_step(dev, model, opt, loss_fn, x, y) for x, y in data[:4]]
+        results.append(([v.item() for v in losses], model.state_dict()))
+    (want, want_sd), (got, got_sd) = results
+    assert got == want and all(np.isfinite(want))
+    for k, v in want_sd.items():
+        np.testing.assert_array_equal(got_sd[k], v, err_msg=k)
+
+
 def test_every_loss_module_checks_its_target(dev, rng):
     """Every loss class in pywgtrain.nn has check_target; the default is a host batch's check."""
     losses = [getattr(pw.nn, n) for n in dir(pw.nn) if n.endswith("Loss")]

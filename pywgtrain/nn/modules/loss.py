@@ -32,14 +32,31 @@ class _Loss(Module):
 
 
 class CrossEntropyLoss(_Loss):
-    """Softmax cross-entropy over [batch, classes] logits and int class labels."""
+    """Softmax cross-entropy over [batch, classes] logits and int class labels
+    (``F.cross_entropy``: class weights, ignore_index, label smoothing)."""
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean") -> None:
+    def __init__(
+        self,
+        weight: Optional[TensorLike] = None,
+        *,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+    ) -> None:
         super().__init__(reduction)
+        self.weight = weight
         self.ignore_index = ignore_index
+        self.label_smoothing = label_smoothing
 
     def forward(self, input: TensorLike, target: Labels) -> Tensor:  # noqa: A002 - torch's names
-        return F.cross_entropy(input, target, self.ignore_index, self.reduction)
+        return F.cross_entropy(
+            input,
+            target,
+            self.weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+        )
 
     def check_target(
         self, target: Any, input_shape: Optional[tuple[int, ...]] = None, name: str = "target"
@@ -52,8 +69,13 @@ class CrossEntropyLoss(_Loss):
 
 
 class NLLLoss(CrossEntropyLoss):
+    def __init__(
+        self, weight: Optional[TensorLike] = None, *, ignore_index: int = -100, reduction: str = "mean"
+    ) -> None:
+        super().__init__(weight, ignore_index=ignore_index, reduction=reduction)
+
     def forward(self, input: TensorLike, target: Labels) -> Tensor:  # noqa: A002 - torch's names
-        return F.nll_loss(input, target, self.ignore_index, self.reduction)
+        return F.nll_loss(input, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction)
 
 
 class MSELoss(_Loss):
