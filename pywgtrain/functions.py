@@ -1306,16 +1306,18 @@ def _ids_tensor(ids, dev, op, bound=None):
     return tensor(np.ascontiguousarray(arr, np.int32).reshape(arr.shape or (1,)), dev).reshape(arr.shape)
 
 
-def embedding(ids: Labels, weight: Tensor) -> Tensor:
+def embedding(ids: Labels, weight: Tensor, padding_idx: Optional[int] = None) -> Tensor:
     """Rows of ``weight`` [vocab, dim] picked by integer ``ids`` (any shape) ->
     [*ids.shape, dim]. Ids outside [0, vocab) in a device tensor give NaN rows.
-    The backward sums rows per id in a fixed order (deterministic)."""
+    The backward sums rows per id in a fixed order (deterministic); ``padding_idx``
+    (negative: from the end), as torch's: that row gets no gradient from this lookup."""
     if not isinstance(weight, Tensor) or weight.ndim != 2:
         raise ValueError(
             f"embedding: weight must be a 2-D Tensor, got {getattr(weight, 'shape', type(weight).__name__)}"
         )
     weight = _check_float(weight, "embedding")
     vocab, dim = weight.shape
+    pad = _padding_index(padding_idx, vocab, "embedding")
     tids = _ids_tensor(ids, weight.device, "embedding", vocab)
     n = tids._numel
     out = empty(tids.shape + (dim,), np.float32, weight.device)
@@ -1323,14 +1325,31 @@ def embedding(ids: Labels, weight: Tensor) -> Tensor:
         _core.embedding(rec, weight._buf, tids._buf, out._buf, n, vocab, dim)
     if needs_grad(weight):
         ibuf = tids._buf
-        _attach_launch(
-            out,
-            "embedding",
-            weight,
-            lambda rec, g, dst, beta: _core.embedding_backward(rec, g, ibuf, dst, n, vocab, dim, beta),
-            keep=(tids,),
-        )
+
+        def backward(g, sinks):
+            dst, beta = sinks[0].target()
+            # The padding row keeps what other uses of the weight put there (a tied output layer):
+            # when accumulating, this lookup's gradient goes through a scratch first.
+            part = dst if pad is None or not beta else empty(dst.shape, np.float32, dst.device)
+            with _rec(g.device) as rec:
+                _core.embedding_backward(rec, g._buf, ibuf, part._buf, n, vocab, dim, 0.0 if part is not dst else beta)
+            if pad is not None:
+                part[pad].zero_()
+                if part is not dst:
+                    dst.add_(part)
+
+        attach(out, "embedding", [weight], backward, keep=(tids,))
     return out
+
+
+def _padding_index(padding_idx: Optional[int], vocab: int, op: str) -> Optional[int]:
+    if padding_idx is None:
+        return None
+    if isinstance(padding_idx, bool) or not isinstance(padding_idx, numbers.Integral):
+        raise TypeError(f"{op}: padding_idx must be an int or None, got {padding_idx!r}")
+    if not -vocab <= padding_idx < vocab:
+        raise ValueError(f"{op}: padding_idx must be within num_embeddings ({vocab}), got {padding_idx}")
+    return int(padding_idx) % vocab
 
 
 def index_select(x: Tensor, dim: int, index: Labels) -> Tensor:

@@ -1026,3 +1026,34 @@ def test_embedding_backward_large_table_one_segment(dev, rng):
     for i in range(n_ids):
         acc[ids[i]] += dy[i]
     np.testing.assert_array_equal(dw.numpy(), acc)
+
+
+@pytest.mark.parametrize("padding_idx", [0, 3, -1])
+@pytest.mark.parametrize("device_ids", [False, True])
+def test_embedding_padding_idx_like_torch(dev, rng, padding_idx, device_ids):
+    """nn.Embedding(padding_idx): that row starts at zeros and gets no gradient from the lookup;
+    with the weight also used by a product (a tied output layer), the padding row keeps that
+    product's gradient, as torch's; a second backward accumulates."""
+    vocab, dim = 7, 5
+    ids = rng.integers(0, vocab, (4, 6)).astype(np.int32)
+    ids[0, :3] = padding_idx % vocab
+    emb = pw.nn.Embedding(vocab, dim, padding_idx=padding_idx, device=dev, seed=3)
+    assert not emb.weight.numpy()[padding_idx].any()
+    ref = torch.nn.Embedding(vocab, dim, padding_idx=padding_idx).double()
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(emb.weight.numpy().astype(np.float64)))
+    h = rand(rng, 3, dim)
+    for _ in range(2):
+        ours_ids = pw.tensor(ids, dev) if device_ids else ids
+        y = emb(ours_ids)
+        (y * y).sum().backward()
+        (pw.tensor(h, dev) @ emb.weight.T).sum().backward()  # the tied use
+        r = ref(torch.from_numpy(ids.astype(np.int64)))
+        (r * r).sum().backward()
+        (torch.from_numpy(h.astype(np.float64)) @ ref.weight.T).sum().backward()
+    assert_close(y.numpy(), r.detach().numpy())
+    assert_close(emb.weight.grad.numpy(), ref.weight.grad.numpy())
+    with pytest.raises(ValueError, match="padding_idx"):
+        pw.nn.Embedding(vocab, dim, padding_idx=vocab)
+    with pytest.raises(TypeError, match="padding_idx"):
+        pw.nn.functional.embedding(ids, emb.weight, padding_idx=1.5)

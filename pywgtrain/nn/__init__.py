@@ -30,6 +30,7 @@ from .modules import (  # noqa: F401
     ModuleDict,
     ModuleList,
     MSELoss,
+    MultiheadAttention,
     NLLLoss,
     ReLU,
     RMSNorm,
@@ -40,6 +41,8 @@ from .modules import (  # noqa: F401
     Softmax,
     Softplus,
     Tanh,
+    TransformerEncoder,
+    TransformerEncoderLayer,
 )
 from .parameter import Parameter  # noqa: F401
 from . import parallel  # noqa: F401  (torch is imported only when DistributedDataParallel is created)

@@ -6,6 +6,7 @@ from .loss import BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELos
 from .module import Module
 from .sparse import Embedding
 from .normalization import LayerNorm, RMSNorm
+from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = [
     "Module",
@@ -34,4 +35,7 @@ __all__ = [
     "SmoothL1Loss",
     "HuberLoss",
     "BCEWithLogitsLoss",
+    "MultiheadAttention",
+    "TransformerEncoderLayer",
+    "TransformerEncoder",
 ]

@@ -16,12 +16,14 @@ from .module import Module
 class Embedding(Module):
     """Rows of ``weight`` [num_embeddings, embedding_dim] picked by integer ids
     (``torch.nn.Embedding``), initialized N(0, 1) like torch from ``seed`` or ``rng``.
-    The backward sums rows per id deterministically on the GPU."""
+    The backward sums rows per id deterministically on the GPU. ``padding_idx``: that row
+    starts at zeros and gets no gradient from the lookup, as torch's."""
 
     def __init__(
         self,
         num_embeddings: int,
         embedding_dim: int,
+        padding_idx: Optional[int] = None,
         device: Optional[Device] = None,
         seed: Optional[int] = None,
         rng: Optional[np.random.Generator] = None,
@@ -31,11 +33,16 @@ class Embedding(Module):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Embedding: {name} must be an int >= 1, got {v!r}")
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.padding_idx = F._padding_index(padding_idx, num_embeddings, "Embedding")
         rng = rng if rng is not None else np.random.default_rng(seed)
-        self.weight = Parameter(rng.standard_normal((num_embeddings, embedding_dim)), resolve_device(device))
+        init = rng.standard_normal((num_embeddings, embedding_dim))
+        if self.padding_idx is not None:
+            init[self.padding_idx] = 0.0
+        self.weight = Parameter(init, resolve_device(device))
 
     def forward(self, ids: Labels) -> Tensor:
-        return F.embedding(ids, self.weight)
+        return F.embedding(ids, self.weight, self.padding_idx)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"

@@ -1,0 +1,274 @@
+"""Multi-head attention and the transformer encoder, as torch.nn's: the same
+arguments, parameter names (state_dicts move between the two) and masks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from ... import functions as F
+from ...device import Device, resolve_device
+from ...tensor import Tensor, TensorLike
+from ..parameter import Parameter
+from .container import ModuleList
+from .dropout import Dropout
+from .linear import Linear
+from .module import Module
+from .normalization import LayerNorm
+
+
+def _additive_mask(mask: Any, dev: Device, what: str) -> Optional[Tensor]:
+    """An nn.MultiheadAttention mask as a float mask to add to the scores: a boolean NumPy
+    mask is True where attention is NOT allowed (torch's convention here, the opposite of
+    scaled_dot_product_attention's), a float one is added as it is."""
+    if mask is None:
+        return None
+    if isinstance(mask, np.ndarray) and mask.dtype == np.bool_:
+        return F.tensor(np.where(mask, -np.inf, 0.0).astype(np.float32), dev)
+    if isinstance(mask, (Tensor, np.ndarray)):
+        return F._float_tensor(mask, dev, "MultiheadAttention", what)
+    raise TypeError(
+        f"MultiheadAttention: {what} must be a boolean NumPy array or a float mask, got {type(mask).__name__}"
+    )
+
+
+class MultiheadAttention(Module):
+    """``torch.nn.MultiheadAttention``: ``out_proj(attention(q W_q, k W_k, v W_v))`` over
+    ``num_heads`` heads; parameters ``in_proj_weight`` [3E, E] (Xavier-uniform),
+    ``in_proj_bias`` (zeros), ``out_proj.weight`` / ``out_proj.bias`` (zeros), as torch's.
+    Inputs [L, N, E] ([N, L, E] with ``batch_first``, or unbatched [L, E]).
+
+    ``forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+    average_attn_weights=True, is_causal=False)`` returns ``(output, weights)``: weights
+    averaged over heads ([N, L, S]) or per head, None when ``need_weights=False``, which
+    lets unmasked attention run the fused kernels. Boolean masks are True where attention is
+    not allowed; ``key_padding_mask`` [N, S], ``attn_mask`` [L, S] or [N * heads, L, S]; float
+    masks are added. ``is_causal`` is a hint that ``attn_mask`` is the causal mask (it must be
+    given), as torch's. ``add_bias_kv``, ``add_zero_attn`` and ``kdim`` / ``vdim`` other than
+    ``embed_dim`` raise."""
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
+        kdim: Optional[int] = None,
+        vdim: Optional[int] = None,
+        batch_first: bool = False,
+        device: Optional[Device] = None,
+        seed: Optional[int] = None,
+        rng: Optional[np.random.Generator] = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(embed_dim, bool) or not isinstance(embed_dim, int) or embed_dim < 1:
+            raise ValueError(f"MultiheadAttention: embed_dim must be an int >= 1, got {embed_dim!r}")
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f"MultiheadAttention: num_heads must be an int >= 1, got {num_heads!r}")
+        if embed_dim % num_heads:
+            raise ValueError(f"MultiheadAttention: embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        if add_bias_kv or add_zero_attn:
+            raise NotImplementedError("MultiheadAttention: add_bias_kv and add_zero_attn are not implemented")
+        if kdim not in (None, embed_dim) or vdim not in (None, embed_dim):
+            raise NotImplementedError("MultiheadAttention: kdim / vdim other than embed_dim are not implemented")
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.dropout, self.batch_first = float(dropout), bool(batch_first)
+        dev = resolve_device(device)
+        rng = rng if rng is not None else np.random.default_rng(seed)
+        bound = math.sqrt(6.0 / (embed_dim + 3 * embed_dim))  # xavier_uniform_ of [3E, E]
+        self.in_proj_weight = Parameter(rng.uniform(-bound, bound, (3 * embed_dim, embed_dim)), dev)
+        if bias:
+            self.in_proj_bias = Parameter(np.zeros(3 * embed_dim, np.float32), dev)
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, device=dev, rng=rng)
+        if bias:
+            self.out_proj.bias = Parameter(np.zeros(embed_dim, np.float32), dev)
+
+    def _project(self, x: Tensor, part: int) -> Tensor:
+        """x @ W_part^T + b_part for part 0 (q), 1 (k), 2 (v) of the packed projection."""
+        e = self.embed_dim
+        w = self.in_proj_weight[part * e : (part + 1) * e]
+        b = None if self.in_proj_bias is None else self.in_proj_bias[part * e : (part + 1) * e]
+        return F.linear(x, w, b)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        n, length, _ = x.shape
+        return x.reshape(n, length, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(
+        self,
+        query: TensorLike,
+        key: TensorLike,
+        value: TensorLike,
+        key_padding_mask: Any = None,
+        need_weights: bool = True,
+        attn_mask: Any = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        dev = self.in_proj_weight.device
+        q, k, v = (
+            F._float_tensor(x, dev, "MultiheadAttention", n)
+            for x, n in ((query, "query"), (key, "key"), (value, "value"))
+        )
+        unbatched = q.ndim == 2
+        if unbatched:
+            q, k, v = (x.unsqueeze(1) for x in (q, k, v))
+        if q.ndim != 3 or q.shape[-1] != self.embed_dim:
+            raise ValueError(
+                f"MultiheadAttention: query must be [L, N, {self.embed_dim}] (or batch_first), got {q.shape}"
+            )
+        if k.shape != v.shape or k.ndim != 3 or k.shape[-1] != self.embed_dim:
+            raise ValueError(f"MultiheadAttention: key {k.shape} and value {v.shape} must be [S, N, {self.embed_dim}]")
+        if not self.batch_first or unbatched:  # work on [N, L, E]
+            q, k, v = (x.transpose(0, 1) for x in (q, k, v))
+        n, lq, e = q.shape
+        s = k.shape[1]
+        if is_causal and attn_mask is None:
+            raise RuntimeError(
+                "MultiheadAttention: is_causal is a hint that attn_mask is the causal mask; pass attn_mask"
+            )
+        if query is key and key is value:  # self-attention: one product for q, k and v
+            qkv = F.linear(q, self.in_proj_weight, self.in_proj_bias)
+            qh, kh, vh = (self._heads(qkv[..., i * e : (i + 1) * e]) for i in range(3))
+        else:
+            qh, kh, vh = (self._heads(self._project(x, i)) for i, x in enumerate((q, k, v)))
+        p = self.dropout if self.training else 0.0
+        mask = _additive_mask(attn_mask, dev, "attn_mask")
+        if mask is not None and mask.ndim == 3:
+            mask = mask.reshape(n, self.num_heads, lq, s)
+        pad = _additive_mask(key_padding_mask, dev, "key_padding_mask")
+        if pad is not None:
+            if pad.shape != (n, s):
+                raise ValueError(f"MultiheadAttention: key_padding_mask must be [{n}, {s}], got {pad.shape}")
+            pad = pad.reshape(n, 1, 1, s)
+            mask = pad if mask is None else mask + pad
+        weights = None
+        if need_weights:
+            scores = F.matmul(qh, kh.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+            if mask is not None:
+                scores = scores + mask
+            w = F.softmax(scores, -1)
+            if p > 0.0:
+                w = F.dropout(w, p)
+            out = F.matmul(w, vh)
+            weights = w.mean(1) if average_attn_weights else w
+        else:
+            causal = bool(is_causal) and pad is None  # torch's hint: the causal mask replaces attn_mask
+            out = F.scaled_dot_product_attention(
+                qh, kh, vh, attn_mask=None if causal else mask, dropout_p=p, is_causal=causal
+            )
+        out = self.out_proj(out.transpose(1, 2).reshape(n, lq, e))
+        if not self.batch_first or unbatched:
+            out = out.transpose(0, 1)
+        if unbatched:
+            out = out.reshape(lq, e)
+            if weights is not None:
+                weights = weights.reshape(weights.shape[1:])
+        return out, weights
+
+    def extra_repr(self) -> str:
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, batch_first={self.batch_first}"
+
+
+class TransformerEncoderLayer(Module):
+    """``torch.nn.TransformerEncoderLayer``: self-attention and a feed-forward block
+    (``linear1``, ``activation``, ``dropout``, ``linear2``), each around a residual with
+    ``norm1`` / ``norm2`` after it (``norm_first``: before), ``dropout1`` / ``dropout2`` on
+    the branches. ``activation`` "relu" or "gelu" (fused into linear1's GEMM) or a callable.
+    ``forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False)``; masks as
+    ``MultiheadAttention``'s."""
+
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: Union[str, Callable[[Tensor], Tensor]] = "relu",
+        layer_norm_eps: float = 1e-5,
+        batch_first: bool = False,
+        norm_first: bool = False,
+        bias: bool = True,
+        device: Optional[Device] = None,
+        seed: Optional[int] = None,
+        rng: Optional[np.random.Generator] = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(activation, str) and activation not in ("relu", "gelu"):
+            raise ValueError(
+                f"TransformerEncoderLayer: activation must be 'relu', 'gelu' or a callable, got {activation!r}"
+            )
+        dev = resolve_device(device)
+        rng = rng if rng is not None else np.random.default_rng(seed)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias, batch_first=batch_first, device=dev, rng=rng)
+        fused = activation if isinstance(activation, str) else None
+        self.linear1 = Linear(d_model, dim_feedforward, bias, dev, rng=rng, activation=fused)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias, dev, rng=rng)
+        self.norm_first = bool(norm_first)
+        self.norm1 = LayerNorm(d_model, layer_norm_eps, bias=bias, device=dev)
+        self.norm2 = LayerNorm(d_model, layer_norm_eps, bias=bias, device=dev)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.activation = activation
+        self._config: dict[str, Any] = dict(
+            d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+            layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first, bias=bias, device=dev,
+        )  # fmt: skip
+
+    def _sa(self, x: Tensor, mask: Any, pad: Any, is_causal: bool) -> Tensor:
+        out = self.self_attn(x, x, x, key_padding_mask=pad, need_weights=False, attn_mask=mask, is_causal=is_causal)[0]
+        return self.dropout1(out)
+
+    def _ff(self, x: Tensor) -> Tensor:
+        h = self.linear1(x)
+        if not isinstance(self.activation, str):
+            h = self.activation(h)
+        return self.dropout2(self.linear2(self.dropout(h)))
+
+    def forward(
+        self, src: TensorLike, src_mask: Any = None, src_key_padding_mask: Any = None, is_causal: bool = False
+    ) -> Tensor:
+        x = F._float_tensor(src, self.linear1.weight.device, "TransformerEncoderLayer", "src")
+        if self.norm_first:
+            x = x + self._sa(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            return x + self._ff(self.norm2(x))
+        x = self.norm1(x + self._sa(x, src_mask, src_key_padding_mask, is_causal))
+        return self.norm2(x + self._ff(x))
+
+
+class TransformerEncoder(Module):
+    """``torch.nn.TransformerEncoder``: ``num_layers`` copies of ``encoder_layer`` (starting
+    from its weights, as torch's deep copies do) in ``layers``, then ``norm`` if given."""
+
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: Optional[Module] = None) -> None:
+        super().__init__()
+        if not isinstance(encoder_layer, TransformerEncoderLayer):
+            raise TypeError(
+                f"TransformerEncoder: encoder_layer must be a TransformerEncoderLayer, got {type(encoder_layer).__name__}"
+            )
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"TransformerEncoder: num_layers must be an int >= 1, got {num_layers!r}")
+        state = encoder_layer.state_dict()
+        layers = []
+        for _ in range(num_layers):
+            layer = TransformerEncoderLayer(**encoder_layer._config)
+            layer.load_state_dict(state)
+            layers.append(layer)
+        self.layers = ModuleList(layers)
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(
+        self, src: TensorLike, mask: Any = None, src_key_padding_mask: Any = None, is_causal: bool = False
+    ) -> Tensor:
+        x = F._float_tensor(src, self.layers[0].linear1.weight.device, "TransformerEncoder", "src")
+        for layer in self.layers:
+            x = layer(x, mask, src_key_padding_mask, is_causal)
+        return x if self.norm is None else self.norm(x)
