@@ -1950,16 +1950,17 @@ def binary_cross_entropy_with_logits(
 ) -> Tensor:
     """Sigmoid and binary cross-entropy in one stable form
     (``torch.nn.functional.binary_cross_entropy_with_logits``):
-    ``(1 - y) x + (1 + (pos_weight - 1) y) softplus(-x)``, times ``weight``, reduced.
-    ``weight`` broadcasts to the input, ``pos_weight`` along its last dimension. The
-    gradient is ``sigmoid(x) - y`` (with the weights), also at ``x = 0``."""
+    ``(1 - y) softplus(x) + pos_weight y softplus(-x)``, times ``weight``, reduced: the
+    terms never cancel (``(1 - y) x + softplus(-x)``, the same value, loses the digits of a
+    small loss at y = 0, x << 0). ``weight`` broadcasts to the input, ``pos_weight`` along its
+    last dimension. The gradient is torch's ``(1 + (pos_weight - 1) y) sigmoid(x) -
+    pos_weight y`` (with the weights), also at ``x = 0``."""
     ti, tt = _loss_operands(input, target, reduction, "binary_cross_entropy_with_logits")
     dev = ti.device
-    sp = softplus(-ti)
+    positive = tt * softplus(-ti)
     if pos_weight is not None:
-        pw_t = _float_tensor(pos_weight, dev, "binary_cross_entropy_with_logits", "pos_weight")
-        sp = sp * (tt * (pw_t - 1.0) + 1.0)
-    loss = (1.0 - tt) * ti + sp
+        positive = positive * _float_tensor(pos_weight, dev, "binary_cross_entropy_with_logits", "pos_weight")
+    loss = (1.0 - tt) * softplus(ti) + positive
     if weight is not None:
         loss = loss * _float_tensor(weight, dev, "binary_cross_entropy_with_logits", "weight")
     return _reduced_loss(loss, reduction)

@@ -134,6 +134,7 @@ def test_bce_with_logits_like_torch(dev, rng, reduction, weighting):
     x[0] = [0.0, -0.0, 40.0, -40.0, 1e-7]  # the gradient at 0 is sigmoid(0) - y, not a kink's
     y = rng.random((17, 5)).astype(np.float32)
     y[1] = [0.0, 1.0, 0.0, 1.0, 0.5]
+    x[1, :4] = [-12.0, 12.0, -20.0, 20.0]  # small losses: (1 - y) x + softplus(-x) would cancel to noise
     w = (rng.random((1, 5)) + 0.5).astype(np.float32)
     pw_ = (rng.random(5) * 3).astype(np.float32)
     use_w, use_p = weighting in ("weight", "both"), weighting in ("pos_weight", "both")
