@@ -70,8 +70,9 @@ void activation_backward(Recorder& r, const Buffer& dy, const Buffer& z, const B
 void bias_grad(Recorder& r, const Buffer& dz, const Buffer& db, uint32_t rows, uint32_t cols, float beta,
                bool half = false);
 
+// weight_decay: AdamW's decoupled decay; l2: Adam's weight decay, added to the gradient.
 struct AdamWConfig {
-  float lr, beta1, beta2, eps, weight_decay;
+  float lr, beta1, beta2, eps, weight_decay, l2;
 };
 // AdamW's per-dispatch uniform block.
 using AdamWUniform = AdamParams;

@@ -37,6 +37,7 @@ void check_adamw_config(const AdamWConfig& cfg) {
   if (!(cfg.eps > 0.0f)) throw ArgumentError("AdamW: eps must be > 0, got " + std::to_string(cfg.eps));
   if (!(cfg.weight_decay >= 0.0f))
     throw ArgumentError("AdamW: weight_decay must be >= 0, got " + std::to_string(cfg.weight_decay));
+  if (!(cfg.l2 >= 0.0f)) throw ArgumentError("Adam: weight_decay must be >= 0, got " + std::to_string(cfg.l2));
 }
 
 AdamDevParams adam_device_params(const AdamWConfig& cfg, uint32_t slot, uint32_t group) {
@@ -47,6 +48,7 @@ AdamDevParams adam_device_params(const AdamWConfig& cfg, uint32_t slot, uint32_t
   p.beta2 = cfg.beta2;
   p.eps = cfg.eps;
   p.weight_decay = cfg.weight_decay;
+  p.l2 = cfg.l2;
   // In double, from the float32 betas the kernel multiplies by.
   p.one_minus_beta1 = float(1.0 - double(cfg.beta1));
   p.one_minus_beta2 = float(1.0 - double(cfg.beta2));
@@ -65,6 +67,7 @@ AdamWUniform adamw_uniform(uint32_t n, const AdamWConfig& cfg, uint64_t step) {
   p.beta2 = cfg.beta2;
   p.eps = cfg.eps;
   p.decay = float(1.0 - double(cfg.lr) * cfg.weight_decay);
+  p.l2 = cfg.l2;
   p.step_size = float(cfg.lr / bc1);
   p.bc2_sqrt = float(std::sqrt(bc2));
   return p;

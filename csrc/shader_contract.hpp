@@ -117,11 +117,11 @@ struct UniformTraits;  // defined for each uniform block below
 #define PWT_FIELDS_ColParams(F) F(rows, u32, 0) F(cols, u32, 4) F(beta, f32, 8) F(block_rows, u32, 12)
 #define PWT_FIELDS_AdamParams(F)                                                                                  \
   F(n, u32, 0) F(beta1, f32, 4) F(beta2, f32, 8) F(eps, f32, 12) F(decay, f32, 16) F(step_size, f32, 20)          \
-  F(bc2_sqrt, f32, 24) F(half_copy, u32, 28)
+  F(bc2_sqrt, f32, 24) F(half_copy, u32, 28) F(l2, f32, 32) F(_pad0, u32, 36) F(_pad1, u32, 40) F(_pad2, u32, 44)
 #define PWT_FIELDS_AdamDevParams(F)                                                                               \
   F(n, u32, 0) F(slot, u32, 4) F(group, u32, 8) F(half_copy, u32, 12) F(beta1, f32, 16) F(beta2, f32, 20)              \
   F(eps, f32, 24) F(weight_decay, f32, 28) F(one_minus_beta1, f32, 32) F(one_minus_beta2, f32, 36)                \
-  F(_pad1, f32, 40) F(_pad2, f32, 44)
+  F(l2, f32, 40) F(_pad2, f32, 44)
 #define PWT_FIELDS_ScaleParams(F) F(n, u32, 0)
 #define PWT_FIELDS_ScalerParams(F)                                                                                \
   F(n, u32, 0) F(growth_interval, u32, 4) F(growth_factor, f32, 8) F(backoff_factor, f32, 12)                     \
@@ -149,7 +149,7 @@ struct UniformTraits;  // defined for each uniform block below
 // (name, size in bytes) of every uniform block.
 #define PWT_UNIFORMS(U)                                                                                           \
   U(GemmParams, 64) U(GemvParams, 40) U(BmmParams, 64) U(AttnParams, 176) U(XentParams, 32) U(XentFinalParams, 8) \
-  U(DropParams, 32) U(LnParams, 52) U(EwParams, 16) U(ColParams, 16) U(AdamParams, 32) U(AdamDevParams, 48) U(ScaleParams, 4) U(ScalerParams, 32) U(CastParams, 4)          \
+  U(DropParams, 32) U(LnParams, 52) U(EwParams, 16) U(ColParams, 16) U(AdamParams, 48) U(AdamDevParams, 48) U(ScaleParams, 4) U(ScalerParams, 32) U(CastParams, 4)          \
   U(ReducePartialParams, 8) U(ReduceFinalParams, 16) U(FlatParams, 16) U(NdParams, 160) U(AxisParams, 64)         \
   U(GatherParams, 48) U(EmbBwdParams, 48) U(TokenParams, 16)
 

@@ -418,13 +418,14 @@ cdef class _Recorder:
         self.ptr.get().fill_zero(dst.ptr.get()[0], offset, nbytes)
 
 
-cdef AdamWConfig _adamw_config(float lr, float beta1, float beta2, float eps, float weight_decay):
+cdef AdamWConfig _adamw_config(float lr, float beta1, float beta2, float eps, float weight_decay, float l2):
     cdef AdamWConfig cfg
     cfg.lr = lr
     cfg.beta1 = beta1
     cfg.beta2 = beta2
     cfg.eps = eps
     cfg.weight_decay = weight_decay
+    cfg.l2 = l2
     return cfg
 
 
@@ -539,9 +540,10 @@ def bias_grad(_Recorder r not None, _Buffer dz not None, _Buffer db not None, ui
 
 def adamw(_Recorder r not None, _Buffer param not None, _Buffer grad not None, _Buffer exp_avg not None,
           _Buffer exp_avg_sq not None, uint64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-          uint64_t step, _Buffer clip=None, _Buffer param_half=None):
-    """One AdamW step; ``param_half``: also write each new parameter's float16 copy there."""
-    cdef AdamWConfig cfg = _adamw_config(lr, beta1, beta2, eps, weight_decay)
+          uint64_t step, _Buffer clip=None, _Buffer param_half=None, float l2=0.0):
+    """One AdamW step; ``param_half``: also write each new parameter's float16 copy there; ``l2``:
+    Adam's weight decay (added to the gradient; pass weight_decay 0)."""
+    cdef AdamWConfig cfg = _adamw_config(lr, beta1, beta2, eps, weight_decay, l2)
     c.adamw(r.ptr.get()[0], _b(param)[0], _b(grad)[0], _b(exp_avg)[0], _b(exp_avg_sq)[0], n, cfg, step, _opt(clip),
             _opt(param_half))
 
@@ -568,15 +570,15 @@ ADAM_SLOT_WORDS = c.kAdamSlotWords
 def adamw_prepare(_Recorder r not None, _Buffer state not None, uint32_t first_slot, uint32_t slots,
                   _Buffer found_inf not None, float beta1, float beta2, float eps, float weight_decay,
                   _Buffer hyper not None, uint32_t group):
-    cdef AdamWConfig cfg = _adamw_config(0.0, beta1, beta2, eps, weight_decay)
+    cdef AdamWConfig cfg = _adamw_config(0.0, beta1, beta2, eps, weight_decay, 0.0)
     c.adamw_prepare(r.ptr.get()[0], _b(state)[0], first_slot, slots, _b(found_inf)[0], cfg, _b(hyper)[0], group)
 
 
 def adamw_device(_Recorder r not None, _Buffer param not None, _Buffer grad not None, _Buffer exp_avg not None,
                  _Buffer exp_avg_sq not None, uint64_t n, float beta1, float beta2, float eps, float weight_decay,
                  _Buffer state not None, uint32_t slot, _Buffer found_inf not None, _Buffer clip=None,
-                 _Buffer param_half=None):
-    cdef AdamWConfig cfg = _adamw_config(0.0, beta1, beta2, eps, weight_decay)
+                 _Buffer param_half=None, float l2=0.0):
+    cdef AdamWConfig cfg = _adamw_config(0.0, beta1, beta2, eps, weight_decay, l2)
     c.adamw_device(r.ptr.get()[0], _b(param)[0], _b(grad)[0], _b(exp_avg)[0], _b(exp_avg_sq)[0], n, cfg,
                    _b(state)[0], slot, _b(found_inf)[0], _opt(clip), _opt(param_half))
 

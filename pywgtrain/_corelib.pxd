@@ -135,7 +135,7 @@ cdef extern from "buffer.hpp" namespace "pwt" nogil:
 cdef extern from "recorder.hpp" namespace "pwt" nogil:
     cdef cppclass PassTimer
     cdef cppclass AdamWConfig:  # defined in ops.hpp
-        float lr, beta1, beta2, eps, weight_decay
+        float lr, beta1, beta2, eps, weight_decay, l2
     cdef cppclass Range:
         uint64_t size
     Range whole(const Buffer& b)

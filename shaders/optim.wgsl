@@ -2,7 +2,9 @@
 // vector needs more than 65535 workgroups; the index is linearized here.
 //
 // AdamW as torch.optim.AdamW (amsgrad=False): decoupled decay p *= 1 - lr*wd,
-// then p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). `adamw` takes the
+// then p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps). Adam
+// (torch.optim.Adam) is the same update with no decoupled decay (decay 1) and
+// its weight decay l2 * p added to the gradient instead. `adamw` takes the
 // bias corrections for this step from the host; the capturable form
 // (`adamw_prepare`, `adamw_device`) keeps step counts and bias corrections in
 // device memory and reads lr from a buffer, so a captured step replays with
@@ -20,6 +22,8 @@ struct AdamParams {
   step_size: f32,  // lr / (1 - beta1^t)
   bc2_sqrt: f32,   // sqrt(1 - beta2^t)
   half_copy: u32,  // 1: write param_half too
+  l2: f32,         // Adam's weight_decay (added to the gradient); 0 for AdamW
+  _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> param: array<f32>;
@@ -41,7 +45,7 @@ struct ScaleParams { n: u32, }
 struct AdamDevParams {
   n: u32, slot: u32, group: u32, half_copy: u32,
   beta1: f32, beta2: f32, eps: f32, weight_decay: f32,
-  one_minus_beta1: f32, one_minus_beta2: f32, _pad1: f32, _pad2: f32,
+  one_minus_beta1: f32, one_minus_beta2: f32, l2: f32, _pad2: f32,  // l2 as AdamParams'
 }
 @group(0) @binding(8) var<storage, read> hyper: array<f32>;
 @group(0) @binding(9) var<storage, read_write> adam_state: array<u32>;
@@ -86,7 +90,10 @@ fn is_finite(x: f32) -> bool {
 }
 
 // Updates parameter i and returns its new value.
-fn adam_update(i: u32, g: f32, beta1: f32, beta2: f32, eps: f32, decay: f32, step_size: f32, bc2_sqrt: f32) -> f32 {
+fn adam_update(i: u32, g_in: f32, beta1: f32, beta2: f32, eps: f32, decay: f32, l2: f32, step_size: f32,
+               bc2_sqrt: f32) -> f32 {
+  // Only where there is an L2 term: 0 * an infinite parameter would make the gradient NaN.
+  let g = select(g_in, g_in + l2 * param[i], l2 != 0.0);
   let m = beta1 * exp_avg[i] + (1.0 - beta1) * g;
   let v = beta2 * exp_avg_sq[i] + (1.0 - beta2) * g * g;
   exp_avg[i] = m;
@@ -98,7 +105,7 @@ fn adam_update(i: u32, g: f32, beta1: f32, beta2: f32, eps: f32, decay: f32, ste
 }
 
 fn adamw_update(i: u32, g: f32) -> f32 {
-  return adam_update(i, g, ap.beta1, ap.beta2, ap.eps, ap.decay, ap.step_size, ap.bc2_sqrt);
+  return adam_update(i, g, ap.beta1, ap.beta2, ap.eps, ap.decay, ap.l2, ap.step_size, ap.bc2_sqrt);
 }
 
 // Word i / 2 of the float16 copy from the new values of parameters i (even) and i + 1; an odd
@@ -122,7 +129,7 @@ fn adamw_device_update(i: u32, g: f32) -> f32 {
   let step_size = bitcast<f32>(adam_state[base + 3u]);
   let bc2_sqrt = bitcast<f32>(adam_state[base + 4u]);
   let decay = bitcast<f32>(adam_state[base + 5u]);
-  return adam_update(i, g, dp.beta1, dp.beta2, dp.eps, decay, step_size, bc2_sqrt);
+  return adam_update(i, g, dp.beta1, dp.beta2, dp.eps, decay, dp.l2, step_size, bc2_sqrt);
 }
 
 // Every update entry runs a thread per two parameters and writes their float16

@@ -225,3 +225,44 @@ def test_parameters_moved_into_the_arena_keep_values_and_identity(dev, rng):
         np.testing.assert_array_equal(p.numpy(), before[name], err_msg=name)
     with pytest.raises(ValueError, match="a parameter appears twice"):
         pw.optim.AdamW(params + params[:1])
+
+
+@pytest.mark.parametrize(
+    "fused,capturable,max_grad_norm", [(True, False, None), (False, False, 0.5), (True, True, 0.5)]
+)
+def test_adam_like_torch(dev, rng, fused, capturable, max_grad_norm):
+    """optim.Adam against torch.optim.Adam over 6 steps of fixed gradients: weight_decay an L2
+    term added to the gradient (not AdamW's decoupled decay), two parameter groups, clipping by
+    the global norm first as clip_grad_norm_ does; a scheduler's lr change is followed."""
+    import torch
+
+    shapes = [(7, 5), (33,), (4, 3)]
+    init = [rand(rng, *s) for s in shapes]
+    grads = [[rand(rng, *s) for s in shapes] for _ in range(6)]
+    ps = [pw.nn.Parameter(a, dev) for a in init]
+    ts = [torch.tensor(a.astype(np.float64), requires_grad=True) for a in init]
+    kw = dict(lr=3e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    opt = pw.optim.Adam(
+        [{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.0}],
+        max_grad_norm=max_grad_norm, fused=fused, capturable=capturable, **kw,
+    )  # fmt: skip
+    topt = torch.optim.Adam([{"params": ts[:2]}, {"params": ts[2:], "weight_decay": 0.0}], **kw)
+    for step, gs in enumerate(grads):
+        if step == 3:
+            for g in opt.param_groups + topt.param_groups:
+                g["lr"] *= 0.5
+        for p, t, g in zip(ps, ts, gs):
+            p.grad = pw.tensor(g, dev)
+            t.grad = torch.tensor(g.astype(np.float64))
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(ts, max_grad_norm)
+        opt.step()
+        topt.step()
+    for p, t in zip(ps, ts):
+        assert_close(p.numpy(), t.detach().numpy(), rtol=2e-5, atol_scale=2e-5)
+    assert opt.state_dict()["param_groups"][0]["weight_decay"] == 0.1
+
+
+def test_adam_default_has_no_weight_decay(dev):
+    opt = pw.optim.Adam([pw.nn.Parameter(np.ones(3, np.float32), dev)])
+    assert opt.param_groups[0]["weight_decay"] == 0.0 and opt.param_groups[0]["lr"] == 1e-3

@@ -1,7 +1,7 @@
 """Optimizers with PyTorch's semantics, updating parameters on the GPU."""
 
 from . import lr_scheduler  # noqa: F401
-from .adamw import AdamW  # noqa: F401
+from .adamw import Adam, AdamW  # noqa: F401
 from .optimizer import Optimizer  # noqa: F401
 
-__all__ = ["Optimizer", "AdamW", "lr_scheduler"]
+__all__ = ["Optimizer", "Adam", "AdamW", "lr_scheduler"]

@@ -195,7 +195,7 @@ class AdamW(Optimizer):
         self._calls = 0
         if self.capturable:
             if any(p.device is not self.device for p in self.params):
-                raise ValueError("AdamW(capturable=True): every parameter must live on one device")
+                raise ValueError(f"{type(self).__name__}(capturable=True): every parameter must live on one device")
             # Per parameter: step, bits of 1 - beta1^step and 1 - beta2^step, then coefficients
             # the GPU derives from them each step (optim.wgsl).
             self._steps = zeros((len(self.params), _core.ADAM_SLOT_WORDS), dtype=np.int32, device=self.device)
@@ -227,11 +227,15 @@ class AdamW(Optimizer):
         steps = {self._state_for(i)["step"] for i in range(len(self.params))}
         return len(set(self._touched) if self.capturable else steps) == 1
 
+    # Whether weight_decay is an L2 term added to the gradient (Adam) rather than a decoupled decay.
+    _l2_decay = False
+
     def _hyper(self, group):
+        """(lr, beta1, beta2, eps, decoupled weight decay, L2 weight decay) of a group."""
         lr, (b1, b2), eps, wd = check_adamw_hyperparameters(
             group["lr"], group["betas"], group["eps"], group["weight_decay"]
         )
-        return lr, b1, b2, eps, wd
+        return (lr, b1, b2, eps, 0.0, wd) if self._l2_decay else (lr, b1, b2, eps, wd, 0.0)
 
     def _current_lrs(self):
         return np.array([self._hyper(g)[0] for g in self.param_groups], dtype=np.float32)
@@ -241,12 +245,12 @@ class AdamW(Optimizer):
         ``found_inf`` (capturable only; GradScaler passes it): a one-element tensor whose
         nonzero value skips the step on the GPU."""
         if found_inf is not None and not self.capturable:
-            raise ValueError("AdamW.step(found_inf=...) needs AdamW(capturable=True)")
+            raise ValueError(f"{type(self).__name__}.step(found_inf=...) needs capturable=True")
         if found_inf is not None and (
             found_inf.device is not self.device or found_inf.shape != (1,) or found_inf.dtype != np.float32
         ):
             raise ValueError(
-                f"AdamW.step: found_inf must be a float32 tensor of shape (1,) on {self.device!r}, "
+                f"{type(self).__name__}.step: found_inf must be a float32 tensor of shape (1,) on {self.device!r}, "
                 f"got {found_inf.dtype} {found_inf.shape} on {found_inf.device!r}"
             )
         if self.capturable:
@@ -275,7 +279,7 @@ class AdamW(Optimizer):
                 for gi, (first, last) in enumerate(self._group_ranges):
                     if first == last:
                         continue
-                    lr, b1, b2, eps, wd = self._hyper(self.param_groups[gi])
+                    lr, b1, b2, eps, wd, l2 = self._hyper(self.param_groups[gi])
                     t = {
                         name: self._arena.span(name, first, last) for name in ("param", "grad", "exp_avg", "exp_avg_sq")
                     }
@@ -295,11 +299,12 @@ class AdamW(Optimizer):
                         step,
                         clip,
                         None if half is None else half._buf,
+                        l2,
                     )
             else:
                 for i, p in live:
                     gi = self._group_of[i]
-                    lr, b1, b2, eps, wd = self._hyper(self.param_groups[gi])
+                    lr, b1, b2, eps, wd, l2 = self._hyper(self.param_groups[gi])
                     st = self._state_for(i)
                     st["step"] += 1
                     _core.adamw(
@@ -316,6 +321,7 @@ class AdamW(Optimizer):
                         wd,
                         st["step"],
                         clip,
+                        l2=l2,
                     )
         for _, p in live:
             p._bump_version()  # written in place: a graph that saved the old values refuses to backward
@@ -347,7 +353,7 @@ class AdamW(Optimizer):
                 st["step"] += 1
                 work.append((self._group_of[i], i, i + 1, [p, p.grad, st["exp_avg"], st["exp_avg_sq"], None]))
         for gi, first, last, (param, grad, m, v, half) in work:
-            _, b1, b2, eps, wd = self._hyper(self.param_groups[gi])
+            _, b1, b2, eps, wd, l2 = self._hyper(self.param_groups[gi])
             _core.adamw_prepare(
                 rec, self._steps._buf, first, last - first, found_inf._buf, b1, b2, eps, wd, self._lrs._buf, gi
             )
@@ -367,6 +373,7 @@ class AdamW(Optimizer):
                 found_inf._buf,
                 clip,
                 None if half is None else half._buf,
+                l2,
             )
 
     def _device_steps(self) -> list[int]:
@@ -506,8 +513,30 @@ class AdamW(Optimizer):
         if self.capturable:
             # The bias corrections of the loaded counts, from the float32 betas the GPU uses.
             for gi, (first, last) in enumerate(self._group_ranges):
-                _, b1, b2, _, _ = self._hyper(self.param_groups[gi])
+                _, b1, b2, *_ = self._hyper(self.param_groups[gi])
                 for col, beta in ((1, b1), (2, b2)):
                     bc = 1.0 - np.float64(np.float32(beta)) ** steps[first:last, 0].astype(np.float64)
                     steps[first:last, col] = bc.astype(np.float32).view(np.int32)
             self._steps.copy_(steps)
+
+
+class Adam(AdamW):
+    """``torch.optim.Adam`` (amsgrad=False): AdamW's machinery (fused flat steps,
+    ``max_grad_norm``, ``capturable``, GradScaler, state_dict) with torch's Adam update:
+    ``weight_decay`` (default 0) is an L2 term added to the gradient before the moments,
+    not a decoupled decay."""
+
+    _l2_decay = True
+
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-3,
+        betas: Sequence[float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_grad_norm: Optional[float] = None,
+        fused: bool = True,
+        capturable: bool = False,
+    ) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, max_grad_norm, fused, capturable)
