@@ -299,7 +299,7 @@ class Trainer:
         meta = {
             "step_count": self.step_count,
             "param_groups": osd["param_groups"],
-            "steps": {str(i): st["step"] for i, st in osd["state"].items()},
+            "steps": {str(i): st["step"] for i, st in osd["state"].items() if "step" in st},
         }
         if self.scaler is not None and self.scaler.is_enabled():
             meta["scaler"] = self.scaler.state_dict()
@@ -308,15 +308,13 @@ class Trainer:
         if _is_safetensors_path(path):
             tensors = {f"model.{k}": v for k, v in self._saved_model().state_dict().items()}
             for i, st in osd["state"].items():
-                tensors[f"optim.{i}.exp_avg"] = st["exp_avg"]
-                tensors[f"optim.{i}.exp_avg_sq"] = st["exp_avg_sq"]
+                tensors.update({f"optim.{i}.{k}": v for k, v in st.items() if k != "step"})
             tensors["rng_state"] = random.get_rng_state(self.device)
             _atomic_write(path, lambda f: write_safetensors(f, tensors, {"pywgtrain": json.dumps(meta)}))
             return
         arrays = {f"model/{k}": v for k, v in self._saved_model().state_dict().items()}
         for i, st in osd["state"].items():
-            arrays[f"optim/{i}/exp_avg"] = st["exp_avg"]
-            arrays[f"optim/{i}/exp_avg_sq"] = st["exp_avg_sq"]
+            arrays.update({f"optim/{i}/{k}": v for k, v in st.items() if k != "step"})
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         arrays["rng_state"] = random.get_rng_state(self.device)
         _atomic_write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]  # numpy's stub: allow_pickle
@@ -406,17 +404,22 @@ def _read_checkpoint(path):
         raise ValueError(f"{path}: metadata 'step_count' must be >= 0, got {meta['step_count']}")
     model_sd = {k[len("model" + sep) :]: entries.pop(k) for k in list(entries) if k.startswith("model" + sep)}
     rng_state = entries.pop("rng_state", None)
-    state = {}
+    # The optimizer's per-parameter arrays (optim<sep><i><sep><name>) and step counts (metadata
+    # 'steps'): what they must hold is the optimizer's check_state_dict's to say.
+    state: dict[int, dict[str, Any]] = {}
+    for name in [k for k in entries if k.startswith("optim" + sep)]:
+        i, _, key = name[len("optim" + sep) :].partition(sep)
+        if not (i.isascii() and i.isdigit()) or not key:
+            raise ValueError(f"{path}: entry {name!r} names no parameter index and state")
+        state.setdefault(int(i), {})[key] = entries.pop(name)
     for i, step in meta["steps"].items():
         if not (i.isascii() and i.isdigit()):
             raise ValueError(f"{path}: metadata 'steps' names parameter {i!r}, not an index")
-        names = [f"optim{sep}{i}{sep}{m}" for m in ("exp_avg", "exp_avg_sq")]
-        absent = [n for n in names if n not in entries]
-        if absent:
-            raise ValueError(f"{path}: metadata 'steps' names parameter {i}, but the file has no {absent}")
-        state[int(i)] = {"step": step, "exp_avg": entries.pop(names[0]), "exp_avg_sq": entries.pop(names[1])}
+        if int(i) not in state:
+            raise ValueError(f"{path}: metadata 'steps' names parameter {i}, but the file has no state for it")
+        state[int(i)]["step"] = step
     if entries:
-        raise ValueError(f"{path}: unexpected entries {sorted(entries)[:5]} (optimizer moments without a step count?)")
+        raise ValueError(f"{path}: unexpected entries {sorted(entries)[:5]}")
     return meta, model_sd, state, rng_state
 
 

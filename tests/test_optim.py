@@ -266,3 +266,72 @@ def test_adam_like_torch(dev, rng, fused, capturable, max_grad_norm):
 def test_adam_default_has_no_weight_decay(dev):
     opt = pw.optim.Adam([pw.nn.Parameter(np.ones(3, np.float32), dev)])
     assert opt.param_groups[0]["weight_decay"] == 0.0 and opt.param_groups[0]["lr"] == 1e-3
+
+
+SGD_CASES = [
+    dict(momentum=0.0),
+    dict(momentum=0.9, weight_decay=0.05),
+    dict(momentum=0.9, dampening=0.3),
+    dict(momentum=0.8, nesterov=True, weight_decay=0.01),
+    dict(momentum=0.5, maximize=True),
+]
+
+
+@pytest.mark.parametrize("kw", SGD_CASES)
+def test_sgd_like_torch(dev, rng, kw):
+    """optim.SGD against torch.optim.SGD over 5 steps (two groups, the second with its own
+    lr; lr halved midway as a scheduler would), then its state_dict: a copy loaded into a fresh
+    optimizer continues exactly as the original."""
+    import torch
+
+    shapes = [(7, 5), (33,), (4, 3)]
+    init = [rand(rng, *s) for s in shapes]
+    grads = [[rand(rng, *s) for s in shapes] for _ in range(7)]
+    ps = [pw.nn.Parameter(a, dev) for a in init]
+    ts = [torch.tensor(a.astype(np.float64), requires_grad=True) for a in init]
+    opt = pw.optim.SGD([{"params": ps[:2]}, {"params": ps[2:], "lr": 0.05}], lr=0.1, **kw)
+    topt = torch.optim.SGD([{"params": ts[:2]}, {"params": ts[2:], "lr": 0.05}], lr=0.1, **kw)
+
+    def step(opt, params, gs):
+        for p, g in zip(params, gs):
+            p.grad = pw.tensor(g, dev)
+        opt.step()
+
+    for i, gs in enumerate(grads[:5]):
+        if i == 3:
+            for g in opt.param_groups + topt.param_groups:
+                g["lr"] *= 0.5
+        step(opt, ps, gs)
+        for t, g in zip(ts, gs):
+            t.grad = torch.tensor(g.astype(np.float64))
+        topt.step()
+    for p, t in zip(ps, ts):
+        assert_close(p.numpy(), t.detach().numpy(), rtol=1e-5, atol_scale=1e-5)
+    sd = opt.state_dict()
+    assert (0 in sd["state"]) == (kw["momentum"] > 0)
+    twins = [pw.nn.Parameter(p.numpy(), dev) for p in ps]
+    twin = pw.optim.SGD([{"params": twins[:2]}, {"params": twins[2:], "lr": 0.05}], lr=0.1, **kw)
+    twin.load_state_dict(sd)
+    for gs in grads[5:]:
+        step(opt, ps, gs)
+        step(twin, twins, gs)
+    for p, q in zip(ps, twins):
+        np.testing.assert_array_equal(p.numpy(), q.numpy())
+
+
+def test_sgd_rejects_bad_arguments(dev):
+    p = [pw.nn.Parameter(np.ones(3, np.float32), dev)]
+    with pytest.raises(ValueError, match="lr"):
+        pw.optim.SGD(p, lr=-1.0)
+    with pytest.raises(ValueError, match="Nesterov"):
+        pw.optim.SGD(p, lr=0.1, nesterov=True)
+    opt = pw.optim.SGD(p, lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="momentum_buffer must be a float array of shape"):
+        opt.load_state_dict(
+            {"state": {0: {"momentum_buffer": np.zeros(4)}}, "param_groups": opt.state_dict()["param_groups"]}
+        )
+    opt.param_groups[0]["lr"] = float("nan")
+    p[0].grad = pw.tensor(np.ones(3, np.float32), dev)
+    with pytest.raises(ValueError, match="lr must be a finite"):
+        opt.step()
+    assert np.all(p[0].numpy() == 1.0)

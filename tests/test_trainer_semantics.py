@@ -276,3 +276,29 @@ def test_every_loss_module_checks_its_target(dev, rng):
         ce.check_target(np.array([0, 3]), (2, 3))
     with pytest.raises(TypeError, match="labels must be integers, got dtype float64"):
         pw.nn.NLLLoss().check_target(np.zeros(2), (2, 3))
+
+
+def test_trainer_checkpoints_an_sgd_optimizer(dev, tmp_path):
+    """Trainer.save / load with optim.SGD's momentum buffers (not AdamW's moments): a run resumed
+    from a checkpoint ends where the uninterrupted one does."""
+    data = batches()
+
+    def make():
+        pw.manual_seed(11, dev)
+        model = Net(dev)
+        opt = pw.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+        return model, Trainer(model, opt, pw.nn.CrossEntropyLoss())
+
+    model, tr = make()
+    for x, y in data[:3]:
+        tr.step(x, y)
+    path = str(tmp_path / "sgd.safetensors")
+    tr.save(path)
+    for x, y in data[3:6]:
+        tr.step(x, y)
+    model2, tr2 = make()
+    tr2.load(path)
+    for x, y in data[3:6]:
+        tr2.step(x, y)
+    for (k, v), (_, w) in zip(model.state_dict().items(), model2.state_dict().items()):
+        np.testing.assert_array_equal(v, w, err_msg=k)

@@ -3,5 +3,6 @@
 from . import lr_scheduler  # noqa: F401
 from .adamw import Adam, AdamW  # noqa: F401
 from .optimizer import Optimizer  # noqa: F401
+from .sgd import SGD  # noqa: F401
 
-__all__ = ["Optimizer", "Adam", "AdamW", "lr_scheduler"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "lr_scheduler"]
