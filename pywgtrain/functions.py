@@ -897,6 +897,125 @@ def logsumexp(x: TensorLike, dim: Union[int, tuple[int, ...], list[int]], keepdi
     return out if keepdim else out.reshape(_reduced_shape(t.shape, dims, False))
 
 
+def min(  # noqa: A001 - torch's name
+    x: TensorLike, dim: Optional[int] = None, keepdim: bool = False
+) -> Union[Tensor, _MaxResult]:
+    """``min()`` / ``min(dim)`` -> (values, indices), as ``max`` of ``-x``: NaN wins, ties
+    give the first index, the gradient goes where ``max``'s would."""
+    t = _check_float(x, "min")
+    if dim is None:
+        return -cast(Tensor, max(-t))
+    values, indices = cast(_MaxResult, max(-t, dim, keepdim))
+    return _MaxResult((-values, indices))
+
+
+def argmax(x: TensorLike, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:
+    """int32 indices of the largest elements along ``dim`` (torch.argmax; int64 there); over
+    the flattened tensor when ``dim`` is None. NaN wins; ties give the first index."""
+    t = _check_float(x, "argmax")
+    if dim is None:
+        idx = cast(_MaxResult, max(t.reshape(-1), 0))[1]
+        return idx.reshape((1,) * t.ndim) if keepdim else idx
+    return cast(_MaxResult, max(t, dim, keepdim))[1]
+
+
+def argmin(x: TensorLike, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:
+    """``argmax(-x)`` (torch.argmin): int32 indices of the smallest elements."""
+    return argmax(-_check_float(x, "argmin"), dim, keepdim)
+
+
+def isnan(x: TensorLike) -> Tensor:
+    """1.0 where ``x`` is NaN, else 0.0 (torch's bool result as float32: no bool dtype here)."""
+    t = _check_float(x, "isnan")
+    return ne(t, t)
+
+
+def isinf(x: TensorLike) -> Tensor:
+    """1.0 where ``x`` is +-inf, else 0.0."""
+    return eq(abs(_check_float(x, "isinf")), math.inf)
+
+
+def isfinite(x: TensorLike) -> Tensor:
+    """1.0 where ``x`` is neither inf nor NaN, else 0.0."""
+    return lt(abs(_check_float(x, "isfinite")), math.inf)
+
+
+def _mask_tensor(mask, dev, op: str) -> Tensor:
+    """A mask operand as a float32 tensor (nonzero: true): a boolean NumPy array becomes 1.0 / 0.0."""
+    if isinstance(mask, np.ndarray) and mask.dtype == np.bool_:
+        return tensor(mask.astype(np.float32), dev)
+    return _float_tensor(mask, dev, op, "mask")
+
+
+def masked_fill(x: TensorLike, mask: Operand, value: float) -> Tensor:
+    """``x`` with ``value`` where ``mask`` is true (torch.masked_fill): ``mask`` a boolean NumPy
+    array or a float tensor (nonzero: true) broadcastable to ``x``; no gradient where filled."""
+    t = _float_tensor(x, _device_of(x), "masked_fill", "input", _elem_dtype(x))
+    if not _is_scalar(value):
+        raise TypeError(f"masked_fill: value must be a real number, got {type(value).__name__}")
+    m = _mask_tensor(mask, t.device, "masked_fill")
+    if _broadcast(m.shape, t.shape, "masked_fill") != t.shape:
+        raise ValueError(f"masked_fill: mask of shape {m.shape} does not broadcast to the input's {t.shape}")
+    return where(m, float(value), t)
+
+
+def _triangle(x: TensorLike, diagonal: int, lower: bool, op: str) -> Tensor:
+    t = _float_tensor(x, _device_of(x), op, "input", _elem_dtype(x))
+    if t.ndim < 2:
+        raise ValueError(f"{op}: input must have at least 2 dimensions, got shape {t.shape}")
+    if isinstance(diagonal, bool) or not isinstance(diagonal, numbers.Integral):
+        raise TypeError(f"{op}: diagonal must be an int, got {diagonal!r}")
+    ones = np.ones(t.shape[-2:], np.float32)
+    keep = np.tril(ones, int(diagonal)) if lower else np.triu(ones, int(diagonal))
+    return where(tensor(keep, t.device), t, 0.0)
+
+
+def tril(x: TensorLike, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two dimensions (torch.tril), the rest 0 (NaN too)."""
+    return _triangle(x, diagonal, True, "tril")
+
+
+def triu(x: TensorLike, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two dimensions (torch.triu), the rest 0 (NaN too)."""
+    return _triangle(x, diagonal, False, "triu")
+
+
+def arange(start: float, end: Optional[float] = None, step: float = 1, dtype: Any = None, device: Any = None) -> Tensor:
+    """``torch.arange``: ``[start, end)`` by ``step`` (``arange(n)``: 0..n-1), int32 when every
+    bound is an int (torch: int64), else float32; made on the host, then uploaded."""
+    if end is None:
+        start, end = 0, start
+    for name, v in (("start", start), ("end", end), ("step", step)):
+        if isinstance(v, bool) or not _is_scalar(v) or not math.isfinite(float(v)):
+            raise TypeError(f"arange: {name} must be a finite real number, got {v!r}")
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
+    integral = all(isinstance(v, (int, np.integer)) for v in (start, end, step))
+    dt = np.dtype(dtype) if dtype is not None else np.dtype(np.int32 if integral else np.float32)
+    n = builtins.max(0, math.ceil((float(end) - float(start)) / float(step)))
+    values = float(start) + np.arange(n, dtype=np.float64) * float(step)  # as torch: start + i * step
+    return tensor(values.astype(dt), device)
+
+
+def zeros_like(x: Tensor, dtype: Any = None) -> Tensor:
+    """Zeros of ``x``'s shape, dtype (or ``dtype``) and device."""
+    return zeros(x.shape, x.dtype if dtype is None else dtype, x.device)
+
+
+def ones_like(x: Tensor, dtype: Any = None) -> Tensor:
+    """Ones of ``x``'s shape and device, float32 (the only dtype ``ones`` makes)."""
+    return full_like(x, 1.0, dtype)
+
+
+def full_like(x: Tensor, fill_value: float, dtype: Any = None) -> Tensor:
+    """``fill_value`` in ``x``'s shape and device; float32 or float16 (``x``'s dtype unless given)."""
+    dt = np.dtype(x.dtype if dtype is None else dtype)
+    if dt not in (_FLOAT32, _HALF):
+        raise TypeError(f"full_like: dtype must be float32 or float16, got {dt.name}")
+    out = full(x.shape, fill_value, x.device)
+    return out if dt == _FLOAT32 else to_dtype(out, _HALF)
+
+
 # -- shape -------------------------------------------------------------------------
 def _new_shape(x, shape, op):
     """The target shape of reshape/view, with -1 filled in, checked against x's size."""
@@ -1222,7 +1341,7 @@ def split(x: Tensor, split_size_or_sections: Union[int, Sequence[int]], dim: int
         step = int(split_size_or_sections)
         if step < 1:
             raise ValueError(f"split: split_size must be >= 1, got {step}")
-        sizes = [min(step, size - s) for s in range(0, size, step)]
+        sizes = [builtins.min(step, size - s) for s in range(0, size, step)]
     else:
         sizes = [int(s) for s in cast(Sequence[int], split_size_or_sections)]
         if builtins.sum(sizes) != size or any(s < 1 for s in sizes):

@@ -27,6 +27,14 @@ if TYPE_CHECKING:
 F: Any = None
 
 
+Scalar = float  # a Python number in Tensor's method signatures (where `float` names the method)
+
+
+def _size_args(size: tuple[Any, ...]) -> tuple[int, ...]:
+    """Sizes given as ints or as one sequence (torch's ``*size``)."""
+    return tuple(int(n) for n in (size[0] if len(size) == 1 and not isinstance(size[0], int) else size))
+
+
 def _register_ops(module: ModuleType) -> None:
     global F
     F = module
@@ -718,6 +726,66 @@ class Tensor(_TensorFields):
 
     def max(self, dim: Optional[int] = None, keepdim: bool = False) -> Any:  # a Tensor, or (values, indices)
         return F.max(self, dim, keepdim)
+
+    def min(self, dim: Optional[int] = None, keepdim: bool = False) -> Any:  # a Tensor, or (values, indices)
+        return F.min(self, dim, keepdim)
+
+    def argmax(self, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:
+        return F.argmax(self, dim, keepdim)
+
+    def argmin(self, dim: Optional[int] = None, keepdim: bool = False) -> Tensor:
+        return F.argmin(self, dim, keepdim)
+
+    def isnan(self) -> Tensor:
+        return F.isnan(self)
+
+    def isinf(self) -> Tensor:
+        return F.isinf(self)
+
+    def isfinite(self) -> Tensor:
+        return F.isfinite(self)
+
+    def masked_fill(self, mask: Any, value: Scalar) -> Tensor:
+        return F.masked_fill(self, mask, value)
+
+    def masked_fill_(self, mask: Any, value: Scalar) -> Tensor:
+        """In place (through views too; the version counter moves), differentiable as copy_."""
+        return self.copy_(F.masked_fill(self, mask, value))
+
+    def tril(self, diagonal: int = 0) -> Tensor:
+        return F.tril(self, diagonal)
+
+    def triu(self, diagonal: int = 0) -> Tensor:
+        return F.triu(self, diagonal)
+
+    def repeat(self, *sizes: ShapeLike) -> Tensor:
+        """``torch.Tensor.repeat``: the tensor tiled ``sizes[i]`` times along each dimension
+        (leading sizes add dimensions); a copy."""
+        reps = _size_args(sizes)
+        if len(reps) < self.ndim:
+            raise ValueError(
+                f"repeat: {len(reps)} sizes for a tensor of {self.ndim} dimensions (at least as many needed)"
+            )
+        shape = (1,) * (len(reps) - self.ndim) + self.shape
+        inter = [d for n in shape for d in (1, n)]  # [1, n0, 1, n1, ...]: tile by expanding the 1s
+        tiled = [d for r, n in zip(reps, shape) for d in (r, n)]
+        return self.reshape(inter).expand(*tiled).reshape([r * n for r, n in zip(reps, shape)])
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        return self.expand(*other.shape)
+
+    def type_as(self, other: Tensor) -> Tensor:
+        return self.to(other.dtype)
+
+    def new_zeros(self, *size: ShapeLike) -> Tensor:
+        """Zeros of ``size`` with this tensor's dtype and device."""
+        return zeros(_size_args(size), self.dtype, self.device)
+
+    def new_ones(self, *size: ShapeLike) -> Tensor:
+        return self.new_full(_size_args(size), 1.0)
+
+    def new_full(self, size: ShapeLike, fill_value: Scalar) -> Tensor:
+        return F.full_like(empty(size, self.dtype, self.device), fill_value)
 
     def var(
         self, dim: Dims = None, unbiased: Optional[bool] = None, keepdim: bool = False, correction: Optional[int] = None

@@ -271,7 +271,8 @@ fn binary_f(a: f32, b: f32) -> f32 {
     case B_GE: { return select(0.0, 1.0, a >= b); }
     case B_LE: { return select(0.0, 1.0, a <= b); }
     case B_EQ: { return select(0.0, 1.0, a == b); }
-    case B_NE: { return select(0.0, 1.0, a != b); }
+    // NaN is unequal to everything, as torch; `!=` alone may compile to an ordered compare (false with NaN).
+    case B_NE: { return select(0.0, 1.0, a != b || is_nan(a) || is_nan(b)); }
     case B_EQ_NAN: { return select(0.0, 1.0, a == b || (is_nan(a) && is_nan(b))); }  // NaN equals NaN
     default: { return nan(); }
   }
@@ -350,6 +351,9 @@ fn binary_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
   put_nd(q.e.w, q.d, binary_dx(a.w, b.w, dy.w));
 }
 
+// A condition operand's truth: nonzero, NaN included (torch's bool(NaN); an ordered `!=` says false).
+fn truthy(c: f32) -> bool { return c != 0.0 || is_nan(c); }
+
 // out = cond != 0 ? a : b (+ beta * out)
 @compute @workgroup_size(WG)
 fn where_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -358,10 +362,10 @@ fn where_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   let a = vec4<f32>(ld0(q.a.x), ld0(q.b.x), ld0(q.c.x), ld0(q.d.x));
   let b = vec4<f32>(ld1(q.a.y), ld1(q.b.y), ld1(q.c.y), ld1(q.d.y));
   let cond = vec4<f32>(ld2(q.a.z), ld2(q.b.z), ld2(q.c.z), ld2(q.d.z));
-  put_nd(q.e.x, q.a, select(b.x, a.x, cond.x != 0.0));
-  put_nd(q.e.y, q.b, select(b.y, a.y, cond.y != 0.0));
-  put_nd(q.e.z, q.c, select(b.z, a.z, cond.z != 0.0));
-  put_nd(q.e.w, q.d, select(b.w, a.w, cond.w != 0.0));
+  put_nd(q.e.x, q.a, select(b.x, a.x, truthy(cond.x)));
+  put_nd(q.e.y, q.b, select(b.y, a.y, truthy(cond.y)));
+  put_nd(q.e.z, q.c, select(b.z, a.z, truthy(cond.z)));
+  put_nd(q.e.w, q.d, select(b.w, a.w, truthy(cond.w)));
 }
 
 // dst = src (+ beta * dst), both strided (also a cast where T0 and TR differ)

@@ -454,3 +454,21 @@ def test_std_var_all_constant_and_single_element(dev, op):
     y.backward()
     assert_nan_close(y.numpy(), want, what=op)
     assert_nan_close(t.grad.numpy(), gx, what=op + " grad")
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_comparisons_and_where_with_nan_like_torch(dev, half):
+    """NaN != anything is true (ne, !=, with tensors and scalars, float16 too), the other
+    comparisons false; a NaN condition is true in where / masked_fill (torch's bool(NaN))."""
+    dt = np.float16 if half else np.float32
+    a = np.array([0.0, np.nan, 1.0, 2.0, np.nan, -np.inf], dt)
+    b = np.array([0.0, 1.0, np.nan, 2.0, np.nan, -np.inf], dt)
+    ta, tb = pw.tensor(a, dev), pw.tensor(b, dev)
+    ra, rb = torch.from_numpy(a.astype(np.float32)), torch.from_numpy(b.astype(np.float32))
+    for op in ("ne", "eq", "gt", "lt", "ge", "le"):
+        ours = getattr(pw.functions, op)
+        np.testing.assert_array_equal(ours(ta, tb).numpy().astype(bool), getattr(torch, op)(ra, rb).numpy(), op)
+        np.testing.assert_array_equal(ours(ta, 1.0).numpy().astype(bool), getattr(torch, op)(ra, 1.0).numpy(), op)
+    np.testing.assert_array_equal((ta != ta).numpy().astype(bool), (ra != ra).numpy())
+    got = pw.functions.where(ta, 5.0, -5.0).numpy()
+    np.testing.assert_array_equal(got, torch.where(ra.bool(), 5.0, -5.0).numpy())
