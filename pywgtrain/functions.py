@@ -1016,6 +1016,50 @@ def full_like(x: Tensor, fill_value: float, dtype: Any = None) -> Tensor:
     return out if dt == _FLOAT32 else to_dtype(out, _HALF)
 
 
+def pad(x: TensorLike, pad: Sequence[int], mode: str = "constant", value: Optional[float] = None) -> Tensor:
+    """``torch.nn.functional.pad`` in constant mode: ``pad`` = (left, right) of the last
+    dimension, then of the one before, ...; negative sizes crop. Differentiable (a copy into
+    a filled tensor)."""
+    if mode != "constant":
+        raise NotImplementedError(f"pad: only mode='constant' is implemented, got {mode!r}")
+    t = _float_tensor(x, _device_of(x), "pad", "input", _elem_dtype(x))
+    sizes = list(pad)
+    if len(sizes) % 2 or len(sizes) // 2 > t.ndim or not all(isinstance(n, numbers.Integral) for n in sizes):
+        raise ValueError(f"pad: pad must be an even number (at most 2 x {t.ndim}) of ints, got {tuple(pad)}")
+    fill = 0.0 if value is None else float(value)
+    shape, index, crop = list(t.shape), [slice(None)] * t.ndim, t
+    for k in range(len(sizes) // 2):
+        d = t.ndim - 1 - k
+        left, right = int(sizes[2 * k]), int(sizes[2 * k + 1])
+        keep = shape[d] + builtins.min(left, 0) + builtins.min(right, 0)
+        if keep < 0 or shape[d] + left + right < 0:
+            raise ValueError(f"pad: padding {left, right} of dimension {d} (size {shape[d]}) leaves a negative size")
+        crop = crop.narrow(d, builtins.max(-left, 0), keep)
+        index[d] = slice(builtins.max(left, 0), builtins.max(left, 0) + keep)
+        shape[d] += left + right
+    out = full(tuple(shape), fill, t.device)
+    if t.dtype is _HALF:
+        out = to_dtype(out, _HALF)
+    if crop._numel:
+        out[tuple(index)] = crop
+    return out
+
+
+def normalize(x: TensorLike, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """``x / max(||x||_p, eps)`` along ``dim`` (torch.nn.functional.normalize); the norm's
+    gradient is 0 at an all-zero slice, as torch's (not inf * 0)."""
+    t = _check_float(x, "normalize")
+    if p == 2.0:
+        norm = _unary("sqrt_std", sum(t * t, dim, keepdim=True))  # sqrt with gradient 0 at 0
+    elif p == 1.0:
+        norm = sum(abs(t), dim, keepdim=True)
+    else:
+        total = sum(pow(abs(t), float(p)), dim, keepdim=True)
+        zero = eq(total, 0.0)
+        norm = where(zero, 0.0, pow(where(zero, 1.0, total), 1.0 / float(p)))
+    return t / clamp(norm, float(eps), None)
+
+
 # -- shape -------------------------------------------------------------------------
 def _new_shape(x, shape, op):
     """The target shape of reshape/view, with -1 filled in, checked against x's size."""

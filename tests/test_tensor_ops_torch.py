@@ -117,3 +117,44 @@ def test_arange_and_constructors_like_torch(dev):
     y = pw.tensor(np.ones(3, np.float32), dev)
     assert y.expand_as(pw.empty((2, 3), device=dev)).shape == (2, 3)
     assert y.type_as(x).dtype == np.float16
+
+
+@pytest.mark.parametrize(
+    "shape,pads,value", [((3, 5), (1, 2), 0.0), ((2, 3, 4), (2, 0, 1, 1), -1.5), ((2, 6), (-1, 2, 0, 1), 3.0)]
+)
+def test_pad_like_torch(dev, rng, shape, pads, value):
+    """Constant padding of the last dimensions (negative sizes crop), values and gradient."""
+    x = rand(rng, *shape)
+    tx, rx = pw.tensor(x, dev, requires_grad=True), t64(x, grad=True)
+    got = pw.nn.functional.pad(tx, pads, value=value)
+    want = torch.nn.functional.pad(rx, pads, value=value)
+    same_as_torch(got.numpy(), want)
+    g = rand(rng, *want.shape)
+    got.backward(pw.tensor(g, dev))
+    want.backward(t64(g))
+    same_as_torch(tx.grad.numpy(), rx.grad)
+    with pytest.raises(NotImplementedError, match="constant"):
+        pw.nn.functional.pad(tx, pads, mode="reflect")
+
+
+@pytest.mark.parametrize("p,dim", [(2.0, 1), (1.0, -1), (3.0, 0)])
+def test_normalize_like_torch(dev, rng, p, dim):
+    x = rand(rng, 4, 6)
+    x[1] = 0.0  # a zero row (and column): eps keeps it finite, its gradient is torch's
+    x[:, 2] = 0.0
+    tx, rx = pw.tensor(x, dev, requires_grad=True), t64(x, grad=True)
+    got, want = pw.nn.functional.normalize(tx, p, dim), torch.nn.functional.normalize(rx, p, dim)
+    same_as_torch(got.numpy(), want, 1e-5, 1e-6)
+    g = rand(rng, 4, 6)
+    got.backward(pw.tensor(g, dev))
+    want.backward(t64(g))
+    same_as_torch(tx.grad.numpy(), rx.grad, 1e-4, 1e-5)
+
+
+def test_flatten_unflatten_modules(dev, rng):
+    x = pw.tensor(rand(rng, 2, 3, 4, 5), dev)
+    assert pw.nn.Flatten()(x).shape == (2, 60)
+    assert pw.nn.Flatten(0, 2)(x).shape == (24, 5)
+    y = pw.nn.Unflatten(1, (3, 20))(pw.nn.Flatten()(x))
+    assert y.shape == (2, 3, 20)
+    np.testing.assert_array_equal(y.numpy(), x.numpy().reshape(2, 3, 20))

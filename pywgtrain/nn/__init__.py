@@ -19,6 +19,7 @@ from .modules import (  # noqa: F401
     CrossEntropyLoss,
     Dropout,
     Embedding,
+    Flatten,
     HuberLoss,
     Identity,
     L1Loss,
@@ -43,6 +44,7 @@ from .modules import (  # noqa: F401
     Tanh,
     TransformerEncoder,
     TransformerEncoderLayer,
+    Unflatten,
 )
 from .parameter import Parameter  # noqa: F401
 from . import parallel  # noqa: F401  (torch is imported only when DistributedDataParallel is created)

@@ -16,6 +16,8 @@ from ..functions import (  # noqa: F401
     mlp,
     mse_loss,
     nll_loss,
+    normalize,
+    pad,
     relu,
     rms_norm,
     scaled_dot_product_attention,
@@ -52,4 +54,6 @@ __all__ = [
     "binary_cross_entropy_with_logits",
     "scaled_dot_product_attention",
     "causal_self_attention_qkv",
+    "pad",
+    "normalize",
 ]

@@ -1,5 +1,5 @@
 from .activation import GELU, Identity, LeakyReLU, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Softplus, Tanh
-from .container import ModuleDict, ModuleList, Sequential
+from .container import Flatten, ModuleDict, ModuleList, Sequential, Unflatten
 from .dropout import Dropout
 from .linear import Linear
 from .loss import BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss, SmoothL1Loss
@@ -16,6 +16,8 @@ __all__ = [
     "RMSNorm",
     "Dropout",
     "Sequential",
+    "Flatten",
+    "Unflatten",
     "ModuleList",
     "ModuleDict",
     "ReLU",

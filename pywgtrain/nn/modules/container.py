@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, Optional, Union, ValuesView
+from typing import Any, ItemsView, Iterable, Iterator, KeysView, Mapping, Optional, Sequence, Union, ValuesView
 
 from ... import functions as F
+from ...tensor import Tensor
 from .activation import _Activation
 from .linear import Linear
 from .module import Module
@@ -136,3 +137,32 @@ class ModuleDict(Module):
 
     def values(self) -> ValuesView[Module]:
         return self._modules.values()
+
+
+class Flatten(Module):
+    """``torch.nn.Flatten``: dimensions ``start_dim`` .. ``end_dim`` merged into one."""
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1) -> None:
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.flatten(self.start_dim, self.end_dim)
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Unflatten(Module):
+    """``torch.nn.Unflatten``: dimension ``dim`` split into ``unflattened_size``."""
+
+    def __init__(self, dim: int, unflattened_size: Sequence[int]) -> None:
+        super().__init__()
+        self.dim, self.unflattened_size = dim, tuple(unflattened_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        d = self.dim % x.ndim
+        return x.reshape(*x.shape[:d], *self.unflattened_size, *x.shape[d + 1 :])
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
