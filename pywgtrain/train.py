@@ -178,6 +178,7 @@ class Trainer:
                 if p is not None:
                     sig.append(id(p))
                     params.append(p)
+            sig += [id(b) for b in d["_buffers"].values()]  # a captured step binds each buffer's memory
             stack += [c for c in d["_modules"].values() if c is not None]
         return tuple(sig), params
 

@@ -63,6 +63,24 @@ def float32_values(value: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
     return out
 
 
+def _state_values(value: Any, slot: Tensor, what: str) -> np.ndarray:
+    """A state-dict entry for ``slot``: float32 for float32 tensors (``float32_values``); a
+    buffer of another dtype takes values of the same kind (float16, or integers within int32)."""
+    if slot.dtype == np.float32:
+        return float32_values(value, slot.shape, what)
+    if hasattr(value, "detach") and hasattr(value, "cpu") and not isinstance(value, Tensor):
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if arr.shape != tuple(slot.shape):
+        raise ValueError(f"{what} has shape {arr.shape}, expected {tuple(slot.shape)}")
+    if arr.dtype.kind != np.dtype(slot.dtype).kind:
+        raise TypeError(f"{what} has dtype {arr.dtype.name}, expected {np.dtype(slot.dtype).name}")
+    out = arr.astype(slot.dtype)
+    if arr.dtype.kind in "iu" and (out != arr).any():
+        raise ValueError(f"{what} holds values outside {np.dtype(slot.dtype).name}'s range")
+    return np.ascontiguousarray(out)
+
+
 class Module:
     """Base class of every layer and model (``torch.nn.Module``). Subclasses
     call ``super().__init__()`` first, then assign ``Parameter``s and
@@ -71,6 +89,8 @@ class Module:
     # Set in __init__ with object.__setattr__ (registration must not see them).
     _parameters: OrderedDict[str, Parameter]
     _modules: OrderedDict[str, Module]
+    _buffers: OrderedDict[str, Optional[Tensor]]
+    _non_persistent: set[str]
     training: bool
 
     if TYPE_CHECKING:
@@ -80,6 +100,8 @@ class Module:
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "training", True)
 
     # -- registration -----------------------------------------------------------
@@ -94,7 +116,13 @@ class Module:
         # parameters, and whatever replaces a registered module or parameter.
         registered = name in (params or ()) or name in (mods or ())
         tracked = registered or type(value) in PLAIN_TYPES or isinstance(value, (Parameter, Module))
-        if params is not None:
+        buffers = self.__dict__.get("_buffers")
+        if buffers is not None and name in buffers:
+            if isinstance(value, (Parameter, Module)) or not (value is None or isinstance(value, Tensor)):
+                raise TypeError(f"cannot assign {type(value).__name__} to buffer '{name}' (a Tensor or None)")
+            buffers[name] = value  # a registered buffer stays one, as torch's
+            tracked = True  # a captured step read the old tensor
+        elif params is not None:
             params.pop(name, None)
             mods.pop(name, None)
             if isinstance(value, Parameter):
@@ -108,6 +136,8 @@ class Module:
     def __delattr__(self, name):
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
+        self._buffers.pop(name, None)
+        self._non_persistent.discard(name)
         object.__delattr__(self, name)
         _changed()
 
@@ -127,6 +157,25 @@ class Module:
         setattr(self, name, module)
 
     register_module = add_module
+
+    def register_buffer(self, name: str, tensor: Optional[Tensor], persistent: bool = True) -> None:
+        """A tensor the module keeps that is not a parameter (``torch.nn.Module.register_buffer``):
+        an attribute, listed by ``buffers()``, in ``state_dict()`` unless not ``persistent``."""
+        if "_buffers" not in self.__dict__:
+            raise AttributeError("cannot assign buffer before Module.__init__() call")
+        if not isinstance(name, str) or not name or "." in name:
+            raise KeyError(f"buffer name must be a non-empty string without '.', got {name!r}")
+        if tensor is not None and (not isinstance(tensor, Tensor) or isinstance(tensor, Parameter)):
+            raise TypeError(f"cannot assign {type(tensor).__name__} as buffer '{name}' (a Tensor or None)")
+        if name in self._parameters or name in self._modules:
+            raise KeyError(f"attribute '{name}' already exists as a parameter or submodule")
+        self._buffers[name] = tensor
+        if persistent:
+            self._non_persistent.discard(name)
+        else:
+            self._non_persistent.add(name)
+        object.__setattr__(self, name, tensor)
+        _changed()
 
     # -- traversal -----------------------------------------------------------------
     def named_modules(self, memo: Optional[set[int]] = None, prefix: str = "") -> Iterator[tuple[str, Module]]:
@@ -161,6 +210,49 @@ class Module:
 
     def parameters(self, recurse: bool = True) -> list[Parameter]:
         return [p for _, p in self.named_parameters(recurse=recurse)]
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, Tensor]]:
+        seen = set()
+        modules = self.named_modules(prefix=prefix) if recurse else [(prefix, self)]
+        for mod_prefix, m in modules:
+            for name, b in m._buffers.items():
+                if b is None or id(b) in seen:
+                    continue
+                seen.add(id(b))
+                yield (f"{mod_prefix}.{name}" if mod_prefix else name), b
+
+    def buffers(self, recurse: bool = True) -> list[Tensor]:
+        return [b for _, b in self.named_buffers(recurse=recurse)]
+
+    def apply(self: _M, fn: Any) -> _M:
+        """``fn(module)`` on every submodule, then on this one (torch's order); returns self."""
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
+    def get_submodule(self, target: str) -> Module:
+        m = self
+        for part in target.split(".") if target else []:
+            if part not in m._modules or m._modules[part] is None:
+                raise AttributeError(f"{type(m).__name__} has no submodule `{part}` (in '{target}')")
+            m = m._modules[part]
+        return m
+
+    def get_parameter(self, target: str) -> Parameter:
+        mod, _, name = target.rpartition(".")
+        m = self.get_submodule(mod)
+        if name not in m._parameters or m._parameters[name] is None:
+            raise AttributeError(f"{type(m).__name__} has no parameter `{name}`")
+        return m._parameters[name]
+
+    def get_buffer(self, target: str) -> Tensor:
+        mod, _, name = target.rpartition(".")
+        m = self.get_submodule(mod)
+        buf = m._buffers.get(name)
+        if buf is None:
+            raise AttributeError(f"{type(m).__name__} has no buffer `{name}`")
+        return buf
 
     @property
     def device(self) -> Optional[Device]:
@@ -200,13 +292,9 @@ class Module:
 
     # -- state -------------------------------------------------------------------------
     def state_dict(self) -> OrderedDict[str, np.ndarray]:
-        """Parameters as NumPy arrays under PyTorch's dotted names (tied weights under every name, as torch)."""
-        out = OrderedDict()
-        for mod_prefix, m in self.named_modules():
-            for name, p in m._parameters.items():
-                if p is not None:
-                    out[f"{mod_prefix}.{name}" if mod_prefix else name] = p.numpy()
-        return out
+        """Parameters and persistent buffers as NumPy arrays under PyTorch's dotted names (each
+        module's parameters, then its buffers; tied weights under every name, as torch)."""
+        return OrderedDict((name, t.numpy()) for name, t in self._named_state_slots().items())
 
     def load_state_dict(
         self, state: Union[Mapping[str, Any], CheckedState], strict: bool = True
@@ -217,20 +305,22 @@ class Module:
         as it is (``strict`` was given to that check). Returns (missing keys, unexpected keys)."""
         checked = state if isinstance(state, CheckedState) else self.check_state_dict(state, strict)
         arrays = checked.value_for(self)
-        params = self._named_parameter_slots()
+        slots = self._named_state_slots()
         with no_grad():
             for name, arr in arrays.items():
-                params[name].copy_(arr)
+                slots[name].copy_(arr)
         return checked.missing, checked.unexpected
 
-    def _named_parameter_slots(self) -> OrderedDict[str, Parameter]:
-        """Every parameter under each of its state-dict names (tied weights under every name)."""
-        params = OrderedDict()
+    def _named_state_slots(self) -> OrderedDict[str, Tensor]:
+        """Every parameter and persistent buffer under each of its state-dict names (tied weights
+        under every name)."""
+        slots: OrderedDict[str, Tensor] = OrderedDict()
         for mod_prefix, m in self.named_modules():
-            for name, p in m._parameters.items():
-                if p is not None:
-                    params[f"{mod_prefix}.{name}" if mod_prefix else name] = p
-        return params
+            named = [*m._parameters.items(), *((n, b) for n, b in m._buffers.items() if n not in m._non_persistent)]
+            for name, t in named:
+                if t is not None:
+                    slots[f"{mod_prefix}.{name}" if mod_prefix else name] = t
+        return slots
 
     def check_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> CheckedState:
         """Validate a state dict for ``load_state_dict`` without changing anything: names (all of
@@ -239,15 +329,15 @@ class Module:
         unexpected keys, as a ``CheckedState`` that this module's ``load_state_dict`` applies."""
         if not isinstance(state, Mapping):
             raise TypeError(f"load_state_dict: state must be a mapping of names to arrays, got {type(state).__name__}")
-        params = self._named_parameter_slots()
-        missing = [k for k in params if k not in state]
-        unexpected = [k for k in state if k not in params]
+        slots = self._named_state_slots()
+        missing = [k for k in slots if k not in state]
+        unexpected = [k for k in state if k not in slots]
         if strict and (missing or unexpected):
             raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
         arrays = OrderedDict()
-        for name, p in params.items():
+        for name, t in slots.items():
             if name in state:
-                arrays[name] = float32_values(state[name], p.shape, f"load_state_dict: {name}")
+                arrays[name] = _state_values(state[name], t, f"load_state_dict: {name}")
         return CheckedState(self, arrays, missing, unexpected)
 
     # -- calling ---------------------------------------------------------------------------
