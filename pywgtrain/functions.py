@@ -2309,7 +2309,11 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
     permute or concatenation copies forward or backward (the gradient lands in one
     [B, T, 3C] tensor). A float16 ``qkv`` runs the float16 kernels (float32 math inside,
     each output rounded once): a float16 result and gradient, float16 kept for backward."""
-    op = "causal_self_attention_qkv"
+    return _self_attention_qkv(qkv, n_head, scale, True, "causal_self_attention_qkv")
+
+
+def _self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float], causal: bool, op: str) -> Tensor:
+    """causal_self_attention_qkv's kernels, with or without the causal mask."""
     x = _float_tensor(qkv, _device_of(qkv), op, "qkv", _elem_dtype(qkv))
     if isinstance(n_head, bool) or not isinstance(n_head, numbers.Integral) or n_head < 1:
         raise TypeError(f"{op}: n_head must be a positive int, got {n_head!r}")
@@ -2333,7 +2337,7 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
     lse = empty((b * h * t,), np.float32, dev)
     with _rec(dev) as rec:
         _core.attention_forward(
-            rec, x._buf, qv, x._buf, kv, x._buf, vv, out._buf, ov, lse._buf, b, h, t, d, sc, 0, half
+            rec, x._buf, qv, x._buf, kv, x._buf, vv, out._buf, ov, lse._buf, b, h, t, d, sc, 0, half, causal=causal
         )
     if needs_grad(x):
         xbuf, obuf, lbuf = x._buf, out._buf, lse._buf  # (buffers: the node must not hold out itself)
@@ -2358,6 +2362,7 @@ def causal_self_attention_qkv(qkv: Tensor, n_head: int, scale: Optional[float] =
                 ((dst, qv), (dst, kv), (dst, vv)),
                 beta,
                 half,
+                causal,
             )
 
         attach(out, op, [x], backward, keep=(x, out))

@@ -133,12 +133,16 @@ class MultiheadAttention(Module):
             raise RuntimeError(
                 "MultiheadAttention: is_causal is a hint that attn_mask is the causal mask; pass attn_mask"
             )
+        p = self.dropout if self.training else 0.0
+        plain = not need_weights and key_padding_mask is None and (attn_mask is None or is_causal) and p == 0.0
         if query is key and key is value:  # self-attention: one product for q, k and v
             qkv = F.linear(q, self.in_proj_weight, self.in_proj_bias)
+            if plain and self.head_dim <= F.ATTN_MAX_HEAD_DIM:  # the kernels read q, k, v out of qkv in place
+                out = F._self_attention_qkv(qkv, self.num_heads, None, bool(is_causal), "MultiheadAttention")
+                return self._finish(out, None, lq, e, unbatched)
             qh, kh, vh = (self._heads(qkv[..., i * e : (i + 1) * e]) for i in range(3))
         else:
             qh, kh, vh = (self._heads(self._project(x, i)) for i, x in enumerate((q, k, v)))
-        p = self.dropout if self.training else 0.0
         mask = _additive_mask(attn_mask, dev, "attn_mask")
         if mask is not None and mask.ndim == 3:
             mask = mask.reshape(n, self.num_heads, lq, s)
@@ -163,7 +167,13 @@ class MultiheadAttention(Module):
             out = F.scaled_dot_product_attention(
                 qh, kh, vh, attn_mask=None if causal else mask, dropout_p=p, is_causal=causal
             )
-        out = self.out_proj(out.transpose(1, 2).reshape(n, lq, e))
+        return self._finish(out.transpose(1, 2).reshape(n, lq, e), weights, lq, e, unbatched)
+
+    def _finish(
+        self, heads: Tensor, weights: Optional[Tensor], lq: int, e: int, unbatched: bool
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        """The output projection of [N, L, E] attention results, back in the caller's layout."""
+        out = self.out_proj(heads)
         if not self.batch_first or unbatched:
             out = out.transpose(0, 1)
         if unbatched:
