@@ -10,12 +10,11 @@ d 512, 8 heads, T 256, batch 32). CPU adapters run one tiny configuration.
 
 import json
 import sys
-import time
 
 import numpy as np
 
 import pywgtrain as pw
-from pywgtrain.benchmarks.common import _torch_cuda, is_cpu_adapter
+from pywgtrain.benchmarks.common import _torch_cuda, is_cpu_adapter, time_steps
 from pywgtrain.train import Trainer
 
 CONFIGS = [  # name, layers, d_model, heads, T, batch
@@ -35,17 +34,6 @@ class Net(pw.nn.Module):
 
     def forward(self, x):
         return self.head(self.encoder(x)).reshape(-1, CLASSES)
-
-
-def timed(fn, sync, steps=10, warmup=3):
-    for i in range(warmup):
-        fn(i)
-    sync()
-    t0 = time.perf_counter()
-    for i in range(steps):
-        fn(i)
-    sync()
-    return (time.perf_counter() - t0) / steps * 1e3
 
 
 def main():
@@ -83,7 +71,7 @@ def main():
                     opt.step()
                     return loss
 
-            row[f"pywgtrain_{kind}_ms"] = timed(step, dev.synchronize)
+            row[f"pywgtrain_{kind}_ms"] = time_steps(step, 10, dev.synchronize, warmup=3)
         if torch is not None:
             enc_layer = torch.nn.TransformerEncoderLayer(d, heads, 4 * d, 0.1, "gelu", batch_first=True)
             tmodel = torch.nn.Sequential()
@@ -102,7 +90,7 @@ def main():
                 loss.backward()
                 topt.step()
 
-            row["torch_eager_ms"] = timed(tstep, torch.cuda.synchronize)
+            row["torch_eager_ms"] = time_steps(tstep, 10, torch.cuda.synchronize, warmup=3)
         rows.append(row)
         cells = ", ".join(f"{k[:-3]} {v:.1f} ms" for k, v in row.items() if k.endswith("_ms"))
         print(f"{name} ({layers} layers, d {d}, {heads} heads, T {t}, batch {batch}): {cells}", flush=True)

@@ -5,6 +5,7 @@ cli/ sits above benchmarks/, never the other way round)."""
 
 import os
 import statistics
+import time
 
 
 def is_cpu_adapter(dev):
@@ -61,6 +62,19 @@ def _time_cuda(torch, fn, reps, warmup=3):
         e.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
+
+
+def time_steps(fn, steps, sync, warmup=0):
+    """Wall-clock ms per call of fn(i) over ``steps`` calls back to back, synchronized
+    (``sync()``) before and after; ``warmup`` untimed calls first."""
+    for i in range(warmup):
+        fn(i)
+    sync()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        fn(i)
+    sync()
+    return (time.perf_counter() - t0) / steps * 1e3
 
 
 def gpu_adapters():

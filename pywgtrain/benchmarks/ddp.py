@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pywgtrain
 
-from .common import check_output_path, gpu_adapters, rank_adapter
+from .common import check_output_path, gpu_adapters, rank_adapter, time_steps
 
 PACKAGE_PARENT = Path(pywgtrain.__file__).resolve().parent.parent
 
@@ -202,15 +202,6 @@ def bench_ddp(args):
 
 
 # -- the workers ----------------------------------------------------------------------------
-def _timed(fn, steps, sync):
-    sync()
-    t0 = time.perf_counter()
-    for i in range(steps):
-        fn(i)
-    sync()
-    return (time.perf_counter() - t0) / steps * 1e3
-
-
 def _pywgtrain_worker(spec, rank, world, local_rank):
     import torch.distributed as dist
 
@@ -245,10 +236,10 @@ def _pywgtrain_worker(spec, rank, world, local_rank):
             opt.step()
 
         step(0), step(1)  # kernels and autotuning; the bucket plan, then a step that overlaps
-        compute = _timed(lambda i: step(i, sync=False), spec["steps"], dev.synchronize)
+        compute = time_steps(lambda i: step(i, sync=False), spec["steps"], dev.synchronize)
         dist.barrier()
         model.comm_stats(reset=True)
-        ms = _timed(step, spec["steps"], dev.synchronize)
+        ms = time_steps(step, spec["steps"], dev.synchronize)
         stats = model.comm_stats(reset=True)
         n = spec["steps"]
         runs.append(
@@ -299,9 +290,9 @@ def _torch_worker(spec, rank, world, local_rank):
             opt.step()
 
         step(0), step(1)
-        compute = _timed(lambda i: step(i, sync=False), spec["steps"], torch.cuda.synchronize)
+        compute = time_steps(lambda i: step(i, sync=False), spec["steps"], torch.cuda.synchronize)
         dist.barrier()
-        runs.append({"step_ms": _timed(step, spec["steps"], torch.cuda.synchronize), "compute_ms": compute})
+        runs.append({"step_ms": time_steps(step, spec["steps"], torch.cuda.synchronize), "compute_ms": compute})
     return runs
 
 
