@@ -1972,15 +1972,40 @@ def cross_entropy(
     else float16. With them, torch's formula through log_softmax: ``(1 - eps) *
     nll_loss(weight) + eps / C * smooth``, smooth = ``-sum_c weight[c] log p_c`` per row not
     ignored, the mean divided by the summed weights of the rows not ignored (their number
-    without ``weight``)."""
+    without ``weight``). Also as torch: logits [N, C, d1, ...] with targets [N, d1, ...] (the
+    classes along dimension 1), and float class probabilities of the input's shape as targets
+    (``-sum_c weight[c] target_c log p_c``, the mean over the rows)."""
     _check_reduction(reduction, "cross_entropy")
-    x = _class_input(input, "cross_entropy", _elem_dtype(input))
+    if isinstance(label_smoothing, bool) or not _is_scalar(label_smoothing) or not 0 <= label_smoothing <= 1:
+        raise ValueError(f"cross_entropy: label_smoothing must lie in [0, 1], got {label_smoothing!r}")
+    x = _float_tensor(input, _device_of(input), "cross_entropy", "input", _elem_dtype(input))
+    soft = getattr(target, "dtype", None) in (_FLOAT32, _HALF) and tuple(np.shape(target)) == x.shape
+    if x.ndim > 2:  # classes along dimension 1: moved last, every other position a row
+        order = (0, *range(2, x.ndim), 1)
+        rows_shape = (x.shape[0], *x.shape[2:])
+        flat = x.permute(*order).reshape(-1, x.shape[1])
+        t = target
+        if soft:
+            t = _float_tensor(target, x.device, "cross_entropy", "target", _elem_dtype(target))
+            t = t.permute(*order).reshape(-1, x.shape[1])
+        elif tuple(np.shape(target)) == rows_shape:
+            t = target.reshape(-1) if isinstance(target, Tensor) else np.asarray(target).reshape(-1)
+        else:
+            raise ValueError(
+                f"cross_entropy: target has shape {np.shape(target)}, expected {rows_shape} for input {x.shape}"
+            )
+        loss = cross_entropy(
+            flat, t, weight, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing
+        )
+        return loss.reshape(rows_shape) if reduction == "none" else loss
+    x = _class_input(x, "cross_entropy", x.dtype)
     half = x.dtype is _HALF
     rows, cols = x.shape
     dev = x.device
+    if soft:
+        result = _soft_cross_entropy(x, target, weight, reduction, float(label_smoothing))
+        return to_dtype(result, _HALF) if half and _autocast_state.dtype is None else result
     labels = _labels(target, rows, cols, ignore_index, dev, "cross_entropy")
-    if isinstance(label_smoothing, bool) or not _is_scalar(label_smoothing) or not 0 <= label_smoothing <= 1:
-        raise ValueError(f"cross_entropy: label_smoothing must lie in [0, 1], got {label_smoothing!r}")
     if weight is not None or label_smoothing:
         result = _smoothed_cross_entropy(x, labels, weight, ignore_index, reduction, float(label_smoothing))
         return to_dtype(result, _HALF) if half and _autocast_state.dtype is None else result
@@ -2015,6 +2040,24 @@ def cross_entropy(
     if half and _autocast_state.dtype is None:  # float16 logits outside autocast: a float16 loss, as torch
         result = to_dtype(result, _HALF)
     return result
+
+
+def _soft_cross_entropy(x, target, weight, reduction, eps):
+    """cross_entropy against class probabilities [N, C], written out as torch's."""
+    cols = x.shape[1]
+    logp = log_softmax(x.float() if x.dtype is _HALF else x, -1)
+    t = _float_tensor(target, x.device, "cross_entropy", "target", _elem_dtype(target))
+    if t.dtype is _HALF:
+        t = t.float()
+    if eps:
+        t = t * (1.0 - eps) + eps / cols
+    prod = t * logp
+    if weight is not None:
+        w = _float_tensor(weight, x.device, "cross_entropy", "weight")
+        if w.shape != (cols,):
+            raise ValueError(f"cross_entropy: weight must have shape ({cols},), one per class, got {w.shape}")
+        prod = prod * w
+    return _reduced_loss(-sum(prod, -1), reduction)
 
 
 def _smoothed_cross_entropy(x, labels, weight, ignore_index, reduction, eps):

@@ -295,3 +295,41 @@ def test_cross_entropy_modules_and_argument_errors(dev, rng):
         F.cross_entropy(tx, labels, pw.tensor(w, dev, requires_grad=True))
     with pytest.raises(TypeError):  # ignore_index is keyword-only: torch's third argument is weight
         F.cross_entropy(tx, labels, None, -100)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("weighted,eps", [(False, 0.0), (True, 0.2)])
+def test_cross_entropy_probability_targets_like_torch(dev, rng, reduction, weighted, eps):
+    """Class probabilities as targets (their gradient too), with weights and label smoothing."""
+    x = 3 * rand(rng, 9, 7)
+    p = rng.random((9, 7)).astype(np.float32)
+    p /= p.sum(1, keepdims=True)
+    w = (rng.random(7) + 0.5).astype(np.float32) if weighted else None
+    wt = None if w is None else torch.from_numpy(w.astype(np.float64))
+    _both(
+        dev,
+        lambda a, b: F.cross_entropy(a, b, w, reduction=reduction, label_smoothing=eps),
+        lambda a, b: TF.cross_entropy(a, b, wt, reduction=reduction, label_smoothing=eps),
+        [x, p],
+        grad_of=(0, 1),
+    )
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("soft", [False, True])
+def test_cross_entropy_k_dimensional_like_torch(dev, rng, reduction, soft):
+    """Logits [N, C, d1, d2] against targets [N, d1, d2] (ignored positions too) or class
+    probabilities of the logits' shape, as torch's."""
+    x = 2 * rand(rng, 3, 5, 4, 2)
+    if soft:
+        y = rng.random((3, 5, 4, 2)).astype(np.float32)
+        y /= y.sum(1, keepdims=True)
+        _both(dev, lambda a: F.cross_entropy(a, y, reduction=reduction),
+              lambda a: TF.cross_entropy(a, torch.from_numpy(y.astype(np.float64)), reduction=reduction), [x])  # fmt: skip
+        return
+    y = rng.integers(0, 5, (3, 4, 2))
+    y[0, 1, 1] = -100
+    _both(dev, lambda a: F.cross_entropy(a, y, reduction=reduction),
+          lambda a: TF.cross_entropy(a, torch.from_numpy(y), reduction=reduction), [x])  # fmt: skip
+    with pytest.raises(ValueError, match=r"expected \(3, 4, 2\)"):
+        F.cross_entropy(pw.tensor(x, dev), y[:, :2])
