@@ -139,3 +139,56 @@ def test_transformer_argument_errors(dev):
         mha(x, x, x, key_padding_mask=np.zeros((3, 3), bool))
     with pytest.raises(ValueError, match="activation"):
         pw.nn.TransformerEncoderLayer(8, 2, activation="swish", device=dev)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_like_torch(dev, rng, norm_first):
+    """Causal self-attention over the target (given as is_causal with its mask), attention over
+    the memory with a padding mask, outputs and every gradient (memory's too)."""
+    d, h, ff, n, t, s = 16, 4, 24, 2, 6, 9
+    ours = pw.nn.TransformerDecoderLayer(
+        d, h, ff, 0.0, "gelu", batch_first=True, norm_first=norm_first, device=dev, seed=4
+    )
+    theirs = torch_twin(
+        ours, torch.nn.TransformerDecoderLayer(d, h, ff, 0.0, "gelu", batch_first=True, norm_first=norm_first)
+    )
+    tgt, mem = rand(rng, n, t, d), rand(rng, n, s, d)
+    causal = ~np.tril(np.ones((t, t), bool))
+    pad = np.zeros((n, s), bool)
+    pad[1, -4:] = True
+    tt, tm = pw.tensor(tgt, dev, requires_grad=True), pw.tensor(mem, dev, requires_grad=True)
+    rt, rm = t64(tgt, grad=True), t64(mem, grad=True)
+    out = ours(tt, tm, tgt_mask=causal, memory_key_padding_mask=pad, tgt_is_causal=True)
+    rout = theirs(
+        rt, rm, tgt_mask=torch.from_numpy(causal), memory_key_padding_mask=torch.from_numpy(pad), tgt_is_causal=True
+    )
+    same_as_torch(out.numpy(), rout, 1e-4, 1e-5)
+    g = rand(rng, n, t, d)
+    out.backward(pw.tensor(g, dev))
+    rout.backward(t64(g))
+    same_as_torch(tt.grad.numpy(), rt.grad, 1e-4, 1e-5)
+    same_as_torch(tm.grad.numpy(), rm.grad, 1e-4, 1e-5)
+    compare_grads(ours, theirs)
+
+
+def test_transformer_like_torch(dev, rng):
+    """nn.Transformer (2 + 2 layers, final norms): parameter names as torch's, Xavier-uniform
+    matrices, the forward with torch's square subsequent mask, loaded weights."""
+    ours = pw.nn.Transformer(16, 4, 2, 2, 32, 0.0, batch_first=True, device=dev, seed=0)
+    theirs = torch.nn.Transformer(16, 4, 2, 2, 32, 0.0, batch_first=True)
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+    w = ours.state_dict()["encoder.layers.0.linear1.weight"]  # [32, 16]: bound sqrt(6 / 48)
+    assert np.abs(w).max() <= np.sqrt(6 / 48) and np.abs(w).max() > 0.9 * np.sqrt(6 / 48)
+    assert ours.state_dict()["encoder.layers.0.linear1.bias"].any()  # vectors keep Linear's init
+    theirs = torch_twin(ours, theirs)
+    src, tgt = rand(rng, 2, 7, 16), rand(rng, 2, 5, 16)
+    mask = pw.nn.Transformer.generate_square_subsequent_mask(5, dev)
+    np.testing.assert_array_equal(mask.numpy(), torch.nn.Transformer.generate_square_subsequent_mask(5).numpy())
+    out = ours(pw.tensor(src, dev), pw.tensor(tgt, dev), tgt_mask=mask)
+    rout = theirs(
+        t64(src), t64(tgt), tgt_mask=torch.nn.Transformer.generate_square_subsequent_mask(5, dtype=torch.float64)
+    )
+    same_as_torch(out.numpy(), rout, 1e-4, 1e-5)
+    out.sum().backward()
+    rout.sum().backward()
+    compare_grads(ours, theirs)

@@ -282,3 +282,207 @@ class TransformerEncoder(Module):
         for layer in self.layers:
             x = layer(x, mask, src_key_padding_mask, is_causal)
         return x if self.norm is None else self.norm(x)
+
+
+class TransformerDecoderLayer(Module):
+    """``torch.nn.TransformerDecoderLayer``: self-attention (``self_attn``), attention over
+    the encoder's output (``multihead_attn``) and the feed-forward block, each around a
+    residual with ``norm1`` / ``norm2`` / ``norm3`` after it (``norm_first``: before).
+    ``forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+    memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False)``; masks as
+    ``MultiheadAttention``'s."""
+
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: Union[str, Callable[[Tensor], Tensor]] = "relu",
+        layer_norm_eps: float = 1e-5,
+        batch_first: bool = False,
+        norm_first: bool = False,
+        bias: bool = True,
+        device: Optional[Device] = None,
+        seed: Optional[int] = None,
+        rng: Optional[np.random.Generator] = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(activation, str) and activation not in ("relu", "gelu"):
+            raise ValueError(
+                f"TransformerDecoderLayer: activation must be 'relu', 'gelu' or a callable, got {activation!r}"
+            )
+        dev = resolve_device(device)
+        rng = rng if rng is not None else np.random.default_rng(seed)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias, batch_first=batch_first, device=dev, rng=rng)
+        self.multihead_attn = MultiheadAttention(
+            d_model, nhead, dropout, bias, batch_first=batch_first, device=dev, rng=rng
+        )
+        fused = activation if isinstance(activation, str) else None
+        self.linear1 = Linear(d_model, dim_feedforward, bias, dev, rng=rng, activation=fused)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias, dev, rng=rng)
+        self.norm_first = bool(norm_first)
+        self.norm1, self.norm2, self.norm3 = (
+            LayerNorm(d_model, layer_norm_eps, bias=bias, device=dev) for _ in range(3)
+        )
+        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
+        self.activation = activation
+        self._config: dict[str, Any] = dict(
+            d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+            layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first, bias=bias, device=dev,
+        )  # fmt: skip
+
+    def _sa(self, x: Tensor, mask: Any, pad: Any, is_causal: bool) -> Tensor:
+        out = self.self_attn(x, x, x, key_padding_mask=pad, need_weights=False, attn_mask=mask, is_causal=is_causal)[0]
+        return self.dropout1(out)
+
+    def _mha(self, x: Tensor, mem: Tensor, mask: Any, pad: Any, is_causal: bool) -> Tensor:
+        out = self.multihead_attn(
+            x, mem, mem, key_padding_mask=pad, need_weights=False, attn_mask=mask, is_causal=is_causal
+        )[0]
+        return self.dropout2(out)
+
+    def _ff(self, x: Tensor) -> Tensor:
+        h = self.linear1(x)
+        if not isinstance(self.activation, str):
+            h = self.activation(h)
+        return self.dropout3(self.linear2(self.dropout(h)))
+
+    def forward(
+        self,
+        tgt: TensorLike,
+        memory: TensorLike,
+        tgt_mask: Any = None,
+        memory_mask: Any = None,
+        tgt_key_padding_mask: Any = None,
+        memory_key_padding_mask: Any = None,
+        tgt_is_causal: bool = False,
+        memory_is_causal: bool = False,
+    ) -> Tensor:
+        dev = self.linear1.weight.device
+        x = F._float_tensor(tgt, dev, "TransformerDecoderLayer", "tgt")
+        mem = F._float_tensor(memory, dev, "TransformerDecoderLayer", "memory")
+        if self.norm_first:
+            x = x + self._sa(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+            x = x + self._mha(self.norm2(x), mem, memory_mask, memory_key_padding_mask, memory_is_causal)
+            return x + self._ff(self.norm3(x))
+        x = self.norm1(x + self._sa(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+        x = self.norm2(x + self._mha(x, mem, memory_mask, memory_key_padding_mask, memory_is_causal))
+        return self.norm3(x + self._ff(x))
+
+
+class TransformerDecoder(Module):
+    """``torch.nn.TransformerDecoder``: ``num_layers`` copies of ``decoder_layer`` (from its
+    weights, as torch's deep copies) in ``layers``, then ``norm`` if given."""
+
+    def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int, norm: Optional[Module] = None) -> None:
+        super().__init__()
+        if not isinstance(decoder_layer, TransformerDecoderLayer):
+            raise TypeError(
+                f"TransformerDecoder: decoder_layer must be a TransformerDecoderLayer, got {type(decoder_layer).__name__}"
+            )
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"TransformerDecoder: num_layers must be an int >= 1, got {num_layers!r}")
+        state = decoder_layer.state_dict()
+        layers = []
+        for _ in range(num_layers):
+            layer = TransformerDecoderLayer(**decoder_layer._config)
+            layer.load_state_dict(state)
+            layers.append(layer)
+        self.layers = ModuleList(layers)
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(
+        self,
+        tgt: TensorLike,
+        memory: TensorLike,
+        tgt_mask: Any = None,
+        memory_mask: Any = None,
+        tgt_key_padding_mask: Any = None,
+        memory_key_padding_mask: Any = None,
+        tgt_is_causal: bool = False,
+        memory_is_causal: bool = False,
+    ) -> Tensor:
+        x = F._float_tensor(tgt, self.layers[0].linear1.weight.device, "TransformerDecoder", "tgt")
+        for layer in self.layers:
+            x = layer(
+                x, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
+                memory_is_causal,
+            )  # fmt: skip
+        return x if self.norm is None else self.norm(x)
+
+
+class Transformer(Module):
+    """``torch.nn.Transformer``: an encoder and a decoder stack, each with a final LayerNorm;
+    every parameter of two or more dimensions starts Xavier-uniform, as torch's
+    (``seed``: from ``numpy.random.default_rng(seed)``, else the device's RNG state).
+    ``forward(src, tgt, src_mask, tgt_mask, memory_mask, src_key_padding_mask,
+    tgt_key_padding_mask, memory_key_padding_mask, src_is_causal, tgt_is_causal,
+    memory_is_causal)``."""
+
+    def __init__(
+        self,
+        d_model: int = 512,
+        nhead: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: Union[str, Callable[[Tensor], Tensor]] = "relu",
+        custom_encoder: Optional[Module] = None,
+        custom_decoder: Optional[Module] = None,
+        layer_norm_eps: float = 1e-5,
+        batch_first: bool = False,
+        norm_first: bool = False,
+        bias: bool = True,
+        device: Optional[Device] = None,
+        seed: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        from .. import init
+
+        dev = resolve_device(device)
+        kw: dict[str, Any] = dict(
+            dim_feedforward=dim_feedforward, dropout=dropout, activation=activation, layer_norm_eps=layer_norm_eps,
+            batch_first=batch_first, norm_first=norm_first, bias=bias, device=dev,
+        )  # fmt: skip
+        self.encoder = custom_encoder or TransformerEncoder(
+            TransformerEncoderLayer(d_model, nhead, **kw), num_encoder_layers,
+            LayerNorm(d_model, layer_norm_eps, bias=bias, device=dev),
+        )  # fmt: skip
+        self.decoder = custom_decoder or TransformerDecoder(
+            TransformerDecoderLayer(d_model, nhead, **kw), num_decoder_layers,
+            LayerNorm(d_model, layer_norm_eps, bias=bias, device=dev),
+        )  # fmt: skip
+        self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
+        generator = None if seed is None else np.random.default_rng(seed)
+        for p in self.parameters():
+            if p.ndim > 1:
+                init.xavier_uniform_(p, generator=generator)
+
+    def forward(
+        self,
+        src: TensorLike,
+        tgt: TensorLike,
+        src_mask: Any = None,
+        tgt_mask: Any = None,
+        memory_mask: Any = None,
+        src_key_padding_mask: Any = None,
+        tgt_key_padding_mask: Any = None,
+        memory_key_padding_mask: Any = None,
+        src_is_causal: Optional[bool] = None,
+        tgt_is_causal: Optional[bool] = None,
+        memory_is_causal: bool = False,
+    ) -> Tensor:
+        memory = self.encoder(src, src_mask, src_key_padding_mask, bool(src_is_causal))
+        return self.decoder(
+            tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask, bool(tgt_is_causal),
+            memory_is_causal,
+        )  # fmt: skip
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz: int, device: Optional[Device] = None) -> Tensor:
+        """The float causal mask of ``sz`` positions: 0 on and below the diagonal, -inf above."""
+        return F.tensor(np.triu(np.full((sz, sz), -np.inf, np.float32), 1), resolve_device(device))
