@@ -609,6 +609,8 @@ def where(condition: Operand, input: Operand, other: Operand) -> Tensor:  # noqa
     if dt is None:  # float16 with float32: computed in float32 (_dtype_rules)
         return NotImplemented
     dev = _device_of(condition, input, other)
+    if isinstance(condition, np.ndarray) and condition.dtype == np.bool_:  # torch's bool mask, as 1.0 / 0.0
+        condition = condition.astype(np.float32)
     tc = _float_tensor(condition, dev, "where", "condition", _elem_dtype(condition))
     # (a scalar stays a float32 tensor: the kernel rounds it once into a float16 result)
     ta = (
@@ -943,7 +945,7 @@ def isfinite(x: TensorLike) -> Tensor:
 def _mask_tensor(mask, dev, op: str) -> Tensor:
     """A mask operand as a float32 tensor (nonzero: true): a boolean NumPy array becomes 1.0 / 0.0."""
     if isinstance(mask, np.ndarray) and mask.dtype == np.bool_:
-        return tensor(mask.astype(np.float32), dev)
+        mask = mask.astype(np.float32)
     return _float_tensor(mask, dev, op, "mask")
 
 

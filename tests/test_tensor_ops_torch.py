@@ -158,3 +158,12 @@ def test_flatten_unflatten_modules(dev, rng):
     y = pw.nn.Unflatten(1, (3, 20))(pw.nn.Flatten()(x))
     assert y.shape == (2, 3, 20)
     np.testing.assert_array_equal(y.numpy(), x.numpy().reshape(2, 3, 20))
+
+
+def test_where_takes_a_boolean_numpy_condition(dev, rng):
+    x, y = rand(rng, 2, 5), rand(rng, 5)
+    cond = rng.random((2, 5)) < 0.5
+    got = pw.where(cond, pw.tensor(x, dev), pw.tensor(y, dev)).numpy()
+    np.testing.assert_array_equal(
+        got, torch.where(torch.from_numpy(cond), torch.from_numpy(x), torch.from_numpy(y)).numpy()
+    )
