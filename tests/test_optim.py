@@ -335,3 +335,24 @@ def test_sgd_rejects_bad_arguments(dev):
     with pytest.raises(ValueError, match="lr must be a finite"):
         opt.step()
     assert np.all(p[0].numpy() == 1.0)
+
+
+def test_nn_utils_clipping_like_torch(dev, rng):
+    """pw.nn.utils.clip_grad_norm_ / clip_grad_value_ under torch.nn.utils' names, on parameters."""
+    import torch
+
+    grads = [rand(rng, 5, 3) * 3, rand(rng, 7) * 3]
+    grads[1][2] = np.nan
+    ps = [pw.nn.Parameter(np.zeros(g.shape, np.float32), dev) for g in grads]
+    ts = [torch.zeros(g.shape, dtype=torch.float64, requires_grad=True) for g in grads]
+    for p, t, g in zip(ps, ts, grads):
+        p.grad = pw.tensor(g, dev)
+        t.grad = torch.from_numpy(g.astype(np.float64))
+    pw.nn.utils.clip_grad_value_(ps, 0.7)
+    torch.nn.utils.clip_grad_value_(ts, 0.7)
+    for p, t in zip(ps, ts):
+        np.testing.assert_array_equal(np.isnan(p.grad.numpy()), np.isnan(t.grad.numpy()))
+        np.testing.assert_allclose(p.grad.numpy(), t.grad.numpy(), rtol=1e-6)
+    assert pw.nn.utils.clip_grad_norm_ is pw.clip_grad_norm_
+    with pytest.raises(ValueError, match="clip_value"):
+        pw.nn.utils.clip_grad_value_(ps, -1.0)

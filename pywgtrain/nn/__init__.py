@@ -13,6 +13,7 @@ import numpy as np
 from ..device import Device, resolve_device
 from . import functional  # noqa: F401
 from . import init  # noqa: F401
+from . import utils  # noqa: F401
 from . import modules as _modules
 from .modules import (  # noqa: F401
     GELU,
