@@ -33,27 +33,28 @@ bool vec_views(uint32_t d, std::initializer_list<const AttnView*> views) {
 }
 
 const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d, bool half, bool vec = false,
-                          bool causal = true) {
+                          bool causal = true, bool kbias = false) {
   KernelDesc kd;
   kd.shader = "attention";
   kd.entry = entry;
   if (entry == "attn_forward")  // dout is bound to q: ld() names it, the forward never reads it
-    kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::out, sh::lse_out, sh::ap,
-                   sh::dout, sh::q4,   sh::k4,   sh::v4,  sh::g4,      sh::acc_ws};
+    kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::out, sh::lse_out, sh::ap,    sh::dout,
+                   sh::q4,   sh::k4,   sh::v4,   sh::g4,  sh::acc_ws,  sh::kbias};
   else if (entry == "attn_delta")
     kd.bindings = {sh::ap, sh::o_in, sh::dout, sh::delta_out};
   else if (entry == "attn_decode")
     kd.bindings = {sh::q_in, sh::out, sh::ap, sh::kc, sh::vc, sh::pos_in};
   else if (entry == "attn_dkdv")
     kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in, sh::delta_in,
-                   sh::dk,   sh::dv,   sh::q4,   sh::k4, sh::v4,   sh::g4,     sh::acc_ws};
+                   sh::dk,   sh::dv,   sh::q4,   sh::k4, sh::v4,   sh::g4,     sh::acc_ws, sh::kbias};
   else
     kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in, sh::delta_in,
-                   sh::dq,   sh::q4,   sh::k4,   sh::v4, sh::g4,   sh::acc_ws};
+                   sh::dq,   sh::q4,   sh::k4,   sh::v4, sh::g4,   sh::acc_ws, sh::kbias};
   kd.constants = {{"HD", std::to_string(d) + "u"},
                   {"VEC", vec ? "true" : "false"},
                   {"HALF", half ? "true" : "false"},
-                  {"CAUSAL", causal ? "true" : "false"}};
+                  {"CAUSAL", causal ? "true" : "false"},
+                  {"KBIAS", kbias ? "true" : "false"}};
   kd.aliases = {{"ET", half ? "f16" : "f32"}};
   // Every storage access in attention.wgsl is guarded (row < T, column < HD,
   // row index < B*H*T) and bind_view / bind_rows check that the last element
@@ -75,8 +76,8 @@ void check_shape(const Device& dev, const AttnShape& s) {
   if (lim.max_workgroup_storage < kSharedFloats * 4)
     throw ArgumentError("attention: the kernels need " + std::to_string(kSharedFloats * 4) +
                         " bytes of workgroup memory, the device offers " + std::to_string(lim.max_workgroup_storage));
-  if (lim.max_storage_buffers_per_stage < 13)
-    throw ArgumentError("attention: the backward binds 13 storage buffers, the device allows " +
+  if (lim.max_storage_buffers_per_stage < 14)
+    throw ArgumentError("attention: the backward binds 14 storage buffers, the device allows " +
                         std::to_string(lim.max_storage_buffers_per_stage));
 }
 
@@ -153,6 +154,13 @@ void for_each_bh(const Device& dev, const AttnShape& s, Fn fn) {
   for (uint64_t b0 = 0; b0 < bh(s); b0 += cap) fn(uint32_t(b0), uint32_t(std::min<uint64_t>(cap, bh(s) - b0)));
 }
 
+// The kbias binding: [batch][tk] floats, or a placeholder never read (KBIAS false).
+Range bind_kbias(Device& dev, const Buffer* kbias, const AttnShape& s) {
+  if (!kbias) return Range{dev.placeholder(), 0, 16};
+  check_floats(*kbias, uint64_t(s.batch) * s.tk, "attention kbias");
+  return floats(*kbias, 0, uint64_t(s.batch) * s.tk);
+}
+
 // The AttnParams fields every kernel of a call shares.
 AttnParams shape_params(const AttnShape& s, float scale) {
   AttnParams p;
@@ -174,7 +182,7 @@ uint32_t reached_key_blocks(const AttnShape& s, const AttnParams& p) {
 
 void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov, const Buffer& lse,
-                       const AttnShape& s, float scale, uint32_t max_blocks, bool half) {
+                       const AttnShape& s, float scale, uint32_t max_blocks, bool half, const Buffer* kbias) {
   Device& dev = r.device();
   check_shape(dev, s);
   check_no_alias("attention", out, "out", {{&q, "q"}, {&k, "k"}, {&v, "v"}});
@@ -186,7 +194,8 @@ void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const B
   const Range ro = bind_view(dev, out, ov, s, s.t, true, elem, "out");
   const Range rl = bind_rows(dev, lse, s, "lse");
   const bool vec = vec_views(s.d, {&qv, &kv, &vv});
-  const Kernel& kern = attn_kernel(dev, "attn_forward", s.d, half, vec, s.causal);
+  const Kernel& kern = attn_kernel(dev, "attn_forward", s.d, half, vec, s.causal, kbias != nullptr);
+  const Range rb = bind_kbias(dev, kbias, s);
   const Range unused{dev.placeholder(), 0, 16};
   const Range q4 = vec ? rq : unused, k4 = vec ? rk : unused, v4 = vec ? rv : unused;
   AttnParams p = shape_params(s, scale);
@@ -214,7 +223,8 @@ void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const B
                   {sh::k4, k4},
                   {sh::v4, v4},
                   {sh::g4, q4},
-                  {sh::acc_ws, ws}},
+                  {sh::acc_ws, ws},
+                  {sh::kbias, rb}},
                  p, s.causal ? nb - b0 : nb, count);
     });
   }
@@ -225,7 +235,7 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
                         const AttnView& gv, const Buffer& lse, const Buffer& delta, const Buffer& dq,
                         const AttnView& dqv, const Buffer& dk, const AttnView& dkv, const Buffer& dv,
                         const AttnView& dvv, const AttnShape& s, float scale, float beta, uint32_t max_blocks,
-                        bool half) {
+                        bool half, const Buffer* kbias) {
   Device& dev = r.device();
   check_shape(dev, s);
   const std::initializer_list<std::pair<const Buffer*, const char*>> inputs = {
@@ -245,6 +255,7 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
   const Range rdv = bind_view(dev, dv, dvv, s, s.tk, true, elem, "dv");
   const Range rl = bind_rows(dev, lse, s, "lse");
   const Range rd = bind_rows(dev, delta, s, "delta");
+  const Range rb = bind_kbias(dev, kbias, s);
   AttnParams p = shape_params(s, scale);
   const uint32_t nb = p.blocks, nkb = p.kblocks, reached = reached_key_blocks(s, p);
   const uint32_t per_kv = blocks_per_dispatch("attn_dkdv", s.d, max_blocks);
@@ -286,13 +297,14 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
                                    {sh::q4, q4},
                                    {sh::k4, k4},
                                    {sh::v4, v4},
-                                   {sh::g4, g4}});
+                                   {sh::g4, g4},
+                                   {sh::kbias, rb}});
     return outputs;
   };
   // dK, dV: a workgroup per key block; query blocks [b0, b1) per dispatch. Under the causal mask
   // they reach key blocks < b1 only; the last dispatch also writes the key blocks no query
   // reaches (S > T), whose gradient is 0.
-  const Kernel& kkv = attn_kernel(dev, "attn_dkdv", s.d, half, vec, s.causal);
+  const Kernel& kkv = attn_kernel(dev, "attn_dkdv", s.d, half, vec, s.causal, kbias != nullptr);
   for (uint32_t b0 = 0; b0 < nb; b0 += per_kv) {
     p.blk0 = b0;
     p.blk1 = std::min(nb, b0 + per_kv);
@@ -303,7 +315,7 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
     });
   }
   // dQ: a workgroup per query block; key blocks [b0, b1) per dispatch.
-  const Kernel& kq = attn_kernel(dev, "attn_dq", s.d, half, vec, s.causal);
+  const Kernel& kq = attn_kernel(dev, "attn_dq", s.d, half, vec, s.causal, kbias != nullptr);
   for (uint32_t b0 = 0; b0 < reached; b0 += per_q) {
     p.blk0 = b0;
     p.blk1 = std::min(reached, b0 + per_q);

@@ -145,10 +145,12 @@ struct AttnShape {
 // out = softmax(q k^T * scale [+ causal mask]) v per (b, h); lse [B*H, T] receives the
 // natural-log log-sum-exp of each row's scaled scores (the backward reads it).
 // D <= 128. max_blocks > 0 caps the inner blocks per dispatch (tests; 0: automatic).
-// half: q, k, v and out hold float16 (f32 math; lse stays float32).
+// half: q, k, v and out hold float16 (f32 math; lse stays float32). kbias (optional): float32
+// [batch][tk], added to the scaled scores of key j in every head and query (a key padding mask).
 void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
                        const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov, const Buffer& lse,
-                       const AttnShape& s, float scale, uint32_t max_blocks, bool half = false);
+                       const AttnShape& s, float scale, uint32_t max_blocks, bool half = false,
+                       const Buffer* kbias = nullptr);
 // dq, dk, dv (+ beta * themselves; beta 0 or 1) from dout, the forward's out and
 // lse; `delta` is scratch of B*H*T floats. dq, dk, dv may share one buffer
 // when their elements do not overlap; no output may share a buffer with an input.
@@ -158,7 +160,7 @@ void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const 
                         const AttnView& gv, const Buffer& lse, const Buffer& delta, const Buffer& dq,
                         const AttnView& dqv, const Buffer& dk, const AttnView& dkv, const Buffer& dv,
                         const AttnView& dvv, const AttnShape& s, float scale, float beta, uint32_t max_blocks,
-                        bool half = false);
+                        bool half = false, const Buffer* kbias = nullptr);
 // One decode step's attention (attn_decode): qkv [B, 1, 3C] (C = heads * d) holds
 // the new token's q, k, v; k and v are written to row pos[0] (int32, on the
 // device, < capacity) of k_cache / v_cache [B, heads, capacity, d], and

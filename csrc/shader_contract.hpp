@@ -227,6 +227,7 @@ PWT_UNIFORMS(PWT_DECLARE_UNIFORM)
   WRITE(dv, 13, "array<ET>") READ(q4, 14, "array<vec4<ET>>") READ(k4, 15, "array<vec4<ET>>")                      \
   READ(v4, 16, "array<vec4<ET>>") READ(g4, 17, "array<vec4<ET>>") WRITE(kc, 18, "array<f32>")                    \
   WRITE(vc, 19, "array<f32>") READ(pos_in, 20, "array<i32>") WRITE(acc_ws, 21, "array<f32>")                      \
+  READ(kbias, 22, "array<f32>") /* KBIAS: [B][S] added to every score of key s (a key padding mask) */              \
   CONST(B, 64)        /* rows and columns of a tile */                                                            \
   CONST(DELTA_WG, 256) /* threads of attn_delta, one row each */                                                  \
   CONST(DEC_WG, 256)  /* threads of attn_decode (a workgroup per head) */                                         \

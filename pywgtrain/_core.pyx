@@ -745,9 +745,11 @@ cdef c.AttnShape _attn_shape(uint32_t batch, uint32_t heads, uint32_t t, uint32_
 def attention_forward(_Recorder r not None, _Buffer q not None, tuple qv not None, _Buffer k not None,
                       tuple kv not None, _Buffer v not None, tuple vv not None, _Buffer out not None, tuple ov not None,
                       _Buffer lse not None, uint32_t batch, uint32_t heads, uint32_t t, uint32_t d, float scale,
-                      uint32_t max_blocks=0, bint half=False, tk=None, bint causal=True):
+                      uint32_t max_blocks=0, bint half=False, tk=None, bint causal=True, _Buffer kbias=None):
+    """kbias: float32 [batch][tk] added to the scaled scores of each key (a key padding mask)."""
     c.attention_forward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
-                        _view(ov), _b(lse)[0], _attn_shape(batch, heads, t, d, tk, causal), scale, max_blocks, half)
+                        _view(ov), _b(lse)[0], _attn_shape(batch, heads, t, d, tk, causal), scale, max_blocks, half,
+                        _opt(kbias))
 
 
 def attention_backward(_Recorder r not None, _Buffer q not None, tuple qv not None, _Buffer k not None,
@@ -756,11 +758,11 @@ def attention_backward(_Recorder r not None, _Buffer q not None, tuple qv not No
                        _Buffer delta not None, _Buffer dq not None, tuple dqv not None, _Buffer dk not None,
                        tuple dkv not None, _Buffer dv not None, tuple dvv not None, uint32_t batch, uint32_t heads,
                        uint32_t t, uint32_t d, float scale, float beta, uint32_t max_blocks=0, bint half=False,
-                       tk=None, bint causal=True):
+                       tk=None, bint causal=True, _Buffer kbias=None):
     c.attention_backward(r.ptr.get()[0], _b(q)[0], _view(qv), _b(k)[0], _view(kv), _b(v)[0], _view(vv), _b(out)[0],
                          _view(ov), _b(dout)[0], _view(gv), _b(lse)[0], _b(delta)[0], _b(dq)[0], _view(dqv),
                          _b(dk)[0], _view(dkv), _b(dv)[0], _view(dvv), _attn_shape(batch, heads, t, d, tk, causal),
-                         scale, beta, max_blocks, half)
+                         scale, beta, max_blocks, half, _opt(kbias))
 
 
 def attention_decode(_Recorder r not None, _Buffer qkv not None, _Buffer k_cache not None, _Buffer v_cache not None,

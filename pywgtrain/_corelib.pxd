@@ -247,13 +247,13 @@ cdef extern from "ops.hpp" namespace "pwt" nogil:
     void attention_forward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
                            const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov,
                            const Buffer& lse, const AttnShape& s, float scale, uint32_t max_blocks,
-                           bint half) except +raise_py_error
+                           bint half, const Buffer* kbias) except +raise_py_error
     void attention_backward(Recorder& r, const Buffer& q, const AttnView& qv, const Buffer& k, const AttnView& kv,
                             const Buffer& v, const AttnView& vv, const Buffer& out, const AttnView& ov,
                             const Buffer& dout, const AttnView& gv, const Buffer& lse, const Buffer& delta,
                             const Buffer& dq, const AttnView& dqv, const Buffer& dk, const AttnView& dkv,
                             const Buffer& dv, const AttnView& dvv, const AttnShape& s, float scale, float beta,
-                            uint32_t max_blocks, bint half) except +raise_py_error
+                            uint32_t max_blocks, bint half, const Buffer* kbias) except +raise_py_error
     void attention_decode(Recorder& r, const Buffer& qkv, const Buffer& k_cache, const Buffer& v_cache,
                           const Buffer& pos, const Buffer& out, uint32_t batch, uint32_t heads, uint32_t capacity,
                           uint32_t d, float scale) except +raise_py_error

@@ -2191,7 +2191,9 @@ def _attn_head_dim(d, op):
         raise ValueError(f"{op}: head size {d} exceeds the fused kernel's maximum of {ATTN_MAX_HEAD_DIM}")
 
 
-def _attn_backward_into(dev, q, qv, k, kv, v, vv, out, ov, g, gv, lse, shape, scale, grads, beta, half, causal=True):
+def _attn_backward_into(
+    dev, q, qv, k, kv, v, vv, out, ov, g, gv, lse, shape, scale, grads, beta, half, causal=True, kbias=None
+):
     """Records the attention backward; shape = (batch, heads, T, S, D); grads = ((dq, view),
     (dk, view), (dv, view)); ``half``: the operands and gradients are float16."""
     b, h, t, tk, d = shape
@@ -2200,12 +2202,13 @@ def _attn_backward_into(dev, q, qv, k, kv, v, vv, out, ov, g, gv, lse, shape, sc
     with _rec(dev) as rec:
         _core.attention_backward(
             rec, q, qv, k, kv, v, vv, out, ov, g._buf, gv, lse, delta._buf, dq._buf, dqv, dk._buf, dkv, dv._buf, dvv,
-            b, h, t, d, float(scale), float(beta), 0, half, tk=tk, causal=causal,
+            b, h, t, d, float(scale), float(beta), 0, half, tk=tk, causal=causal, kbias=kbias,
         )  # fmt: skip
 
 
-def _sdpa_fused(q, k, v, is_causal, sc, dt, dev):
-    """The fused kernels on dense [B, H, T, D] queries and [B, H, S, D] keys and values."""
+def _sdpa_fused(q, k, v, is_causal, sc, dt, dev, kbias=None):
+    """The fused kernels on dense [B, H, T, D] queries and [B, H, S, D] keys and values;
+    ``kbias``: a float32 [B, S] tensor added to every score of each key."""
     op = "scaled_dot_product_attention"
     b, h, t, d = q.shape
     tk = k.shape[2]
@@ -2217,12 +2220,12 @@ def _sdpa_fused(q, k, v, is_causal, sc, dt, dev):
     with _rec(dev) as rec:
         _core.attention_forward(
             rec, q._buf, qview, k._buf, kview, v._buf, kview, out._buf, qview, lse._buf, b, h, t, d, sc, 0, half,
-            tk=tk, causal=is_causal,
+            tk=tk, causal=is_causal, kbias=None if kbias is None else kbias._buf,
         )  # fmt: skip
     if not needs_grad(q, k, v):
         return out
     bufs = (q._buf, k._buf, v._buf)
-    obuf, lbuf = out._buf, lse._buf
+    obuf, lbuf, bbuf = out._buf, lse._buf, None if kbias is None else kbias._buf
     distinct = q is not k and q is not v and k is not v
     shapes, views = (q.shape, k.shape, v.shape), (qview, kview, kview)
 
@@ -2242,14 +2245,28 @@ def _sdpa_fused(q, k, v, is_causal, sc, dt, dev):
             beta = 0.0
         _attn_backward_into(
             dev, bufs[0], qview, bufs[1], kview, bufs[2], kview, obuf, qview, g, qview, lbuf, (b, h, t, tk, d), sc,
-            grads, beta, half, is_causal,
+            grads, beta, half, is_causal, bbuf,
         )  # fmt: skip
         if not distinct:
             for sink, (gt, _) in zip(sinks, grads):
                 if sink is not None:
                     sink.put(gt, owned=True)
 
-    return attach(out, op, [q, k, v], backward, keep=(q, k, v, out))
+    kept = (q, k, v, out) if kbias is None else (q, k, v, out, kbias)  # the backward re-reads the bias
+    return attach(out, op, [q, k, v], backward, keep=kept)
+
+
+def _key_bias(mask: Tensor, batch: int, keys: int) -> Optional[Tensor]:
+    """An additive mask that depends on the batch and the key only (broadcastable from
+    [batch, 1, 1, keys]: a key padding mask) as the fused kernels' dense float32 [batch, keys]
+    bias; None for any other mask, or one that requires grad (the kernels give it none)."""
+    shape = (1,) * (4 - mask.ndim) + mask.shape if mask.ndim <= 4 else None
+    if shape is None or needs_grad(mask) or shape[1] != 1 or shape[2] != 1 or shape[0] not in (1, batch):
+        return None
+    if shape[3] not in (1, keys):
+        return None
+    bias = mask.float() if mask.dtype is _HALF else mask
+    return bias.reshape(shape[0], shape[3]).expand(batch, keys).contiguous()
 
 
 def _sdpa_mask(attn_mask, is_causal, t, tk, dev, dt, op):
@@ -2327,17 +2344,20 @@ def scaled_dot_product_attention(
         )
     sc = _attn_scale(scale, q.shape[-1], op)
     dropout_p = float(dropout_p)
-    fused = (
-        attn_mask is None
-        and dropout_p == 0.0
+    fusable = (
+        dropout_p == 0.0
         and q.ndim == 4
         and k.shape[:2] == q.shape[:2]
         and v.shape[-1] == q.shape[-1] <= ATTN_MAX_HEAD_DIM
     )
-    if fused:
+    if fusable and attn_mask is None:
         return _sdpa_fused(q, k, v, bool(is_causal), sc, dt, dev)
-    scores = matmul(q, k.transpose(-2, -1)) * sc
     mask = _sdpa_mask(attn_mask, is_causal, q.shape[-2], k.shape[-2], dev, dt, op)
+    if fusable and mask is not None and not is_causal:
+        kbias = _key_bias(mask, q.shape[0], k.shape[2])
+        if kbias is not None:
+            return _sdpa_fused(q, k, v, False, sc, dt, dev, kbias)
+    scores = matmul(q, k.transpose(-2, -1)) * sc
     if mask is not None:
         scores = scores + mask
     weights = softmax(scores, -1)

@@ -86,6 +86,9 @@ struct AttnParams {
 // HALF: f32 partial results of split block loops, dense [B*H][T][HD] (dK at 0
 // and dV after it in attn_dkdv; O or dQ at 0); a single dispatch never touches it.
 @group(0) @binding(21) var<storage, read_write> acc_ws: array<f32>;
+// KBIAS (a pipeline constant): a per-key bias [B][S] added to the scaled scores of every head
+// and query (torch's additive key padding mask; -inf drops the key); a placeholder otherwise.
+@group(0) @binding(22) var<storage, read> kbias: array<f32>;
 
 // From csrc/shader_contract.hpp (emitted ahead of this file): B (rows and columns of a tile),
 // DELTA_WG (threads of attn_delta).
@@ -290,6 +293,16 @@ fn causal() -> bool { return CAUSAL; }
 fn key_blocks(qb: u32) -> u32 { return select(ap.kblocks, min(qb + 1u, ap.kblocks), causal()); }
 fn more_keys_later(qb: u32) -> bool { return ap.blk1 < key_blocks(qb); }
 
+// The key bias of (bh, key) in log2 units (the scores' units), 0 without KBIAS or past S.
+fn key_bias(bh: u32, key: u32) -> f32 {
+  if (!KBIAS || key >= ap.tk) { return 0.0; }
+  return kbias[(bh / ap.heads) * ap.tk + key] * LOG2E;
+}
+
+fn key_bias4(bh: u32, keys: vec4<u32>) -> vec4<f32> {
+  return vec4<f32>(key_bias(bh, keys.x), key_bias(bh, keys.y), key_bias(bh, keys.z), key_bias(bh, keys.w));
+}
+
 // Which of a tile's scores are real: key < S, and key <= query when causal.
 fn visible(key: vec4<u32>, query: vec4<u32>) -> vec4<bool> {
   return (key < vec4<u32>(ap.tk)) & ((key <= query) | vec4<bool>(!causal()));
@@ -387,7 +400,7 @@ fn attn_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
     let masked = (causal() && kb == qb) || c0 + B > ap.tk;  // uniform: only diagonal and tail tiles
     var mloc = vec4<f32>(NEG);
     for (var j = 0u; j < 4u; j++) {
-      s[j] *= c;
+      s[j] = s[j] * c + key_bias(bh, c0 + tx + 16u * j);
       if (masked) { s[j] = select(vec4<f32>(NEG), s[j], visible(vec4<u32>(c0 + tx + 16u * j), rows)); }
       mloc = max(mloc, s[j]);
     }
@@ -478,6 +491,7 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
   let vbase = head_base(ap.v, bh);
   let gbase = head_base(ap.g, bh);
   let c = ap.scale * LOG2E;
+  let kb_rows = key_bias4(bh, keys);  // this block's keys are the tile's rows
   var dk0: array<vec4<f32>, 4>;  // key rows ty + 16 i, head columns 4 tx .. (and 64 + 4 tx ..)
   var dk1: array<vec4<f32>, 4>;
   var dv0: array<vec4<f32>, 4>;
@@ -531,7 +545,7 @@ fn attn_dkdv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
     var p = array<vec4<f32>, 4>();
     for (var j = 0u; j < 4u; j++) {
       let qr_ = c0 + tx + 16u * j;
-      p[j] = exp2(s[j] * c - lq[j]);
+      p[j] = exp2(s[j] * c + kb_rows - lq[j]);
       if (masked) {
         let keep = ((vec4<u32>(qr_) >= keys) | vec4<bool>(!causal())) & vec4<bool>(qr_ < ap.t);
         p[j] = select(vec4<f32>(0.0), p[j], keep);
@@ -682,7 +696,7 @@ fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     if (DCH == 1u && more) { kr[0] = fetch(OK, kbase, ap.k.w, c0 + B, 0u, li); }
     let masked = (causal() && kb == qb) || c0 + B > ap.tk || r0 + B > ap.t;
     for (var j = 0u; j < 4u; j++) {
-      var p = exp2(s[j] * c - lse2);
+      var p = exp2(s[j] * c + key_bias(bh, c0 + tx + 16u * j) - lse2);
       if (masked) {
         p = select(vec4<f32>(0.0), p, visible(vec4<u32>(c0 + tx + 16u * j), rows) & (rows < vec4<u32>(ap.t)));
       }

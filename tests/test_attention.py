@@ -569,3 +569,61 @@ def test_sdpa_argument_errors(dev, rng):
         F.scaled_dot_product_attention(pw.tensor(rand(rng, 1, 3, 5, 8), dev), q, q, enable_gqa=True)
     with pytest.raises(TypeError, match="attn_mask"):
         F.scaled_dot_product_attention(q, q, q, attn_mask=np.zeros((5, 5)))
+
+
+@pytest.mark.parametrize("form", ["bool_b11s", "float_b11s", "float_1s", "bool_11s_half"])
+def test_key_padding_mask_runs_fused_like_torch(dev, rng, monkeypatch, form):
+    """A mask that depends on the batch and the key only (a key padding mask) runs the fused
+    kernels (the written-out path's matmul is not called) with torch's values and gradients."""
+    b, h, lq, s, d = 2, 3, 37, 70, 16
+    half = form.endswith("half")
+    q, g = rand(rng, b, h, lq, d), rand(rng, b, h, lq, d)
+    k, v = rand(rng, b, h, s, d), rand(rng, b, h, s, d)
+    keep = np.ones((b, 1, 1, s), bool)
+    keep[0, ..., -20:] = False
+    keep[1, ..., 3:9] = False
+    if form.startswith("bool"):
+        mask = keep if form == "bool_b11s" else keep[:1]
+    elif form == "float_b11s":
+        mask = np.where(keep, rand(rng, b, 1, 1, s), -np.inf).astype(np.float32)
+    else:
+        mask = rand(rng, 1, s)
+    monkeypatch.setattr(pw.functions, "matmul", None)  # the written-out path would fail
+    if half:
+        q, k, v, g = (x.astype(np.float16) for x in (q, k, v, g))
+    ts = [pw.tensor(x, dev, requires_grad=True) for x in (q, k, v)]
+    ours_mask = mask if mask.dtype == np.bool_ else pw.tensor(mask, dev)
+    out = F.scaled_dot_product_attention(*ts, attn_mask=ours_mask)
+    out.backward(pw.tensor(g, dev))
+    refs = sdpa_ref(*(x.astype(np.float64) for x in (q, k, v, g)), attn_mask=mask)
+    factor = 40.0 if half else 1.0
+    for got, want in zip([out] + [t.grad for t in ts], refs):
+        close(got.numpy().astype(np.float64), want, factor)
+
+
+def test_key_bias_split_blocks_half(dev, rng):
+    """The raw launchers with a key bias, one block per dispatch (resumed forward, accumulated
+    backward through float16's float32 scratch), outputs poisoned first."""
+    b, h, lq, s, d = 2, 2, 130, 200, 32
+    q, g = (rand(rng, b, h, lq, d).astype(np.float16) for _ in range(2))
+    k, v = (rand(rng, b, h, s, d).astype(np.float16) for _ in range(2))
+    bias = rand(rng, b, s)
+    bias[1, 150:] = -np.inf
+    tq, tk, tv, tg, tb = (pw.tensor(x, dev) for x in (q, k, v, g, bias))
+    qv, kv = (0, h * lq * d, lq * d, d), (0, h * s * d, s * d, d)
+    out, dq = (pw.tensor(np.full((b, h, lq, d), np.nan, np.float16), dev) for _ in range(2))
+    dk, dv = (pw.tensor(np.full((b, h, s, d), np.nan, np.float16), dev) for _ in range(2))
+    lse, delta = poisoned(dev, (b * h * lq,)), poisoned(dev, (b * h * lq,))
+    sc = 1 / math.sqrt(d)
+    with dev._recording() as rec:
+        _core.attention_forward(
+            rec, tq._buf, qv, tk._buf, kv, tv._buf, kv, out._buf, qv, lse._buf, b, h, lq, d, sc, 1, True,
+            tk=s, causal=False, kbias=tb._buf,
+        )  # fmt: skip
+        _core.attention_backward(
+            rec, tq._buf, qv, tk._buf, kv, tv._buf, kv, out._buf, qv, tg._buf, qv, lse._buf, delta._buf,
+            dq._buf, qv, dk._buf, kv, dv._buf, kv, b, h, lq, d, sc, 0.0, 1, True, tk=s, causal=False, kbias=tb._buf,
+        )  # fmt: skip
+    refs = sdpa_ref(*(x.astype(np.float64) for x in (q, k, v, g)), attn_mask=bias[:, None, None, :].astype(np.float64))
+    for got, want in zip((out, dq, dk, dv), refs):
+        close(got.numpy().astype(np.float64), want, 40.0)
