@@ -38,15 +38,15 @@ const Kernel& attn_kernel(Device& dev, const std::string& entry, uint32_t d, boo
   kd.shader = "attention";
   kd.entry = entry;
   if (entry == "attn_forward")  // dout is bound to q: ld() names it, the forward never reads it
-    kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::out, sh::lse_out, sh::ap,    sh::dout,
+    kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::out, sh::lse_out, sh::ap,   sh::dout,
                    sh::q4,   sh::k4,   sh::v4,   sh::g4,  sh::acc_ws,  sh::kbias};
   else if (entry == "attn_delta")
     kd.bindings = {sh::ap, sh::o_in, sh::dout, sh::delta_out};
   else if (entry == "attn_decode")
     kd.bindings = {sh::q_in, sh::out, sh::ap, sh::kc, sh::vc, sh::pos_in};
   else if (entry == "attn_dkdv")
-    kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in, sh::delta_in,
-                   sh::dk,   sh::dv,   sh::q4,   sh::k4, sh::v4,   sh::g4,     sh::acc_ws, sh::kbias};
+    kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in, sh::delta_in, sh::dk,
+                   sh::dv,   sh::q4,   sh::k4,   sh::v4, sh::g4,   sh::acc_ws, sh::kbias};
   else
     kd.bindings = {sh::q_in, sh::k_in, sh::v_in, sh::ap, sh::dout, sh::lse_in, sh::delta_in,
                    sh::dq,   sh::q4,   sh::k4,   sh::v4, sh::g4,   sh::acc_ws, sh::kbias};
