@@ -186,13 +186,10 @@ class MultiheadAttention(Module):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, batch_first={self.batch_first}"
 
 
-class TransformerEncoderLayer(Module):
-    """``torch.nn.TransformerEncoderLayer``: self-attention and a feed-forward block
-    (``linear1``, ``activation``, ``dropout``, ``linear2``), each around a residual with
-    ``norm1`` / ``norm2`` after it (``norm_first``: before), ``dropout1`` / ``dropout2`` on
-    the branches. ``activation`` "relu" or "gelu" (fused into linear1's GEMM) or a callable.
-    ``forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False)``; masks as
-    ``MultiheadAttention``'s."""
+class _TransformerLayer(Module):
+    """What the encoder and decoder layers share: their arguments (torch's), self-attention
+    (``self_attn``, ``dropout1``), the feed-forward block (``linear1``, ``activation``,
+    ``dropout``, ``linear2`` and its dropout) and ``norms`` LayerNorms ``norm1`` ... ."""
 
     def __init__(
         self,
@@ -210,27 +207,33 @@ class TransformerEncoderLayer(Module):
         rng: Optional[np.random.Generator] = None,
     ) -> None:
         super().__init__()
+        what = type(self).__name__
         if isinstance(activation, str) and activation not in ("relu", "gelu"):
-            raise ValueError(
-                f"TransformerEncoderLayer: activation must be 'relu', 'gelu' or a callable, got {activation!r}"
-            )
+            raise ValueError(f"{what}: activation must be 'relu', 'gelu' or a callable, got {activation!r}")
         dev = resolve_device(device)
         rng = rng if rng is not None else np.random.default_rng(seed)
         self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias, batch_first=batch_first, device=dev, rng=rng)
+        if self.cross_attention:
+            self.multihead_attn = MultiheadAttention(
+                d_model, nhead, dropout, bias, batch_first=batch_first, device=dev, rng=rng
+            )
         fused = activation if isinstance(activation, str) else None
         self.linear1 = Linear(d_model, dim_feedforward, bias, dev, rng=rng, activation=fused)
         self.dropout = Dropout(dropout)
         self.linear2 = Linear(dim_feedforward, d_model, bias, dev, rng=rng)
         self.norm_first = bool(norm_first)
-        self.norm1 = LayerNorm(d_model, layer_norm_eps, bias=bias, device=dev)
-        self.norm2 = LayerNorm(d_model, layer_norm_eps, bias=bias, device=dev)
-        self.dropout1 = Dropout(dropout)
-        self.dropout2 = Dropout(dropout)
+        norms = 3 if self.cross_attention else 2
+        for i in range(1, norms + 1):
+            setattr(self, f"norm{i}", LayerNorm(d_model, layer_norm_eps, bias=bias, device=dev))
+        for i in range(1, norms + 1):
+            setattr(self, f"dropout{i}", Dropout(dropout))
         self.activation = activation
         self._config: dict[str, Any] = dict(
             d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
             layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first, bias=bias, device=dev,
         )  # fmt: skip
+
+    cross_attention = False  # the decoder's attention over the memory (multihead_attn, norm3)
 
     def _sa(self, x: Tensor, mask: Any, pad: Any, is_causal: bool) -> Tensor:
         out = self.self_attn(x, x, x, key_padding_mask=pad, need_weights=False, attn_mask=mask, is_causal=is_causal)[0]
@@ -240,7 +243,17 @@ class TransformerEncoderLayer(Module):
         h = self.linear1(x)
         if not isinstance(self.activation, str):
             h = self.activation(h)
-        return self.dropout2(self.linear2(self.dropout(h)))
+        last = self.dropout3 if self.cross_attention else self.dropout2
+        return last(self.linear2(self.dropout(h)))
+
+
+class TransformerEncoderLayer(_TransformerLayer):
+    """``torch.nn.TransformerEncoderLayer``: self-attention and a feed-forward block
+    (``linear1``, ``activation``, ``dropout``, ``linear2``), each around a residual with
+    ``norm1`` / ``norm2`` after it (``norm_first``: before), ``dropout1`` / ``dropout2`` on
+    the branches. ``activation`` "relu" or "gelu" (fused into linear1's GEMM) or a callable.
+    ``forward(src, src_mask=None, src_key_padding_mask=None, is_causal=False)``; masks as
+    ``MultiheadAttention``'s."""
 
     def forward(
         self, src: TensorLike, src_mask: Any = None, src_key_padding_mask: Any = None, is_causal: bool = False
@@ -253,38 +266,7 @@ class TransformerEncoderLayer(Module):
         return self.norm2(x + self._ff(x))
 
 
-class TransformerEncoder(Module):
-    """``torch.nn.TransformerEncoder``: ``num_layers`` copies of ``encoder_layer`` (starting
-    from its weights, as torch's deep copies do) in ``layers``, then ``norm`` if given."""
-
-    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: Optional[Module] = None) -> None:
-        super().__init__()
-        if not isinstance(encoder_layer, TransformerEncoderLayer):
-            raise TypeError(
-                f"TransformerEncoder: encoder_layer must be a TransformerEncoderLayer, got {type(encoder_layer).__name__}"
-            )
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"TransformerEncoder: num_layers must be an int >= 1, got {num_layers!r}")
-        state = encoder_layer.state_dict()
-        layers = []
-        for _ in range(num_layers):
-            layer = TransformerEncoderLayer(**encoder_layer._config)
-            layer.load_state_dict(state)
-            layers.append(layer)
-        self.layers = ModuleList(layers)
-        self.num_layers = num_layers
-        self.norm = norm
-
-    def forward(
-        self, src: TensorLike, mask: Any = None, src_key_padding_mask: Any = None, is_causal: bool = False
-    ) -> Tensor:
-        x = F._float_tensor(src, self.layers[0].linear1.weight.device, "TransformerEncoder", "src")
-        for layer in self.layers:
-            x = layer(x, mask, src_key_padding_mask, is_causal)
-        return x if self.norm is None else self.norm(x)
-
-
-class TransformerDecoderLayer(Module):
+class TransformerDecoderLayer(_TransformerLayer):
     """``torch.nn.TransformerDecoderLayer``: self-attention (``self_attn``), attention over
     the encoder's output (``multihead_attn``) and the feed-forward block, each around a
     residual with ``norm1`` / ``norm2`` / ``norm3`` after it (``norm_first``: before).
@@ -292,62 +274,13 @@ class TransformerDecoderLayer(Module):
     memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False)``; masks as
     ``MultiheadAttention``'s."""
 
-    def __init__(
-        self,
-        d_model: int,
-        nhead: int,
-        dim_feedforward: int = 2048,
-        dropout: float = 0.1,
-        activation: Union[str, Callable[[Tensor], Tensor]] = "relu",
-        layer_norm_eps: float = 1e-5,
-        batch_first: bool = False,
-        norm_first: bool = False,
-        bias: bool = True,
-        device: Optional[Device] = None,
-        seed: Optional[int] = None,
-        rng: Optional[np.random.Generator] = None,
-    ) -> None:
-        super().__init__()
-        if isinstance(activation, str) and activation not in ("relu", "gelu"):
-            raise ValueError(
-                f"TransformerDecoderLayer: activation must be 'relu', 'gelu' or a callable, got {activation!r}"
-            )
-        dev = resolve_device(device)
-        rng = rng if rng is not None else np.random.default_rng(seed)
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias, batch_first=batch_first, device=dev, rng=rng)
-        self.multihead_attn = MultiheadAttention(
-            d_model, nhead, dropout, bias, batch_first=batch_first, device=dev, rng=rng
-        )
-        fused = activation if isinstance(activation, str) else None
-        self.linear1 = Linear(d_model, dim_feedforward, bias, dev, rng=rng, activation=fused)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias, dev, rng=rng)
-        self.norm_first = bool(norm_first)
-        self.norm1, self.norm2, self.norm3 = (
-            LayerNorm(d_model, layer_norm_eps, bias=bias, device=dev) for _ in range(3)
-        )
-        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
-        self.activation = activation
-        self._config: dict[str, Any] = dict(
-            d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
-            layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first, bias=bias, device=dev,
-        )  # fmt: skip
-
-    def _sa(self, x: Tensor, mask: Any, pad: Any, is_causal: bool) -> Tensor:
-        out = self.self_attn(x, x, x, key_padding_mask=pad, need_weights=False, attn_mask=mask, is_causal=is_causal)[0]
-        return self.dropout1(out)
+    cross_attention = True
 
     def _mha(self, x: Tensor, mem: Tensor, mask: Any, pad: Any, is_causal: bool) -> Tensor:
         out = self.multihead_attn(
             x, mem, mem, key_padding_mask=pad, need_weights=False, attn_mask=mask, is_causal=is_causal
         )[0]
         return self.dropout2(out)
-
-    def _ff(self, x: Tensor) -> Tensor:
-        h = self.linear1(x)
-        if not isinstance(self.activation, str):
-            h = self.activation(h)
-        return self.dropout3(self.linear2(self.dropout(h)))
 
     def forward(
         self,
@@ -372,27 +305,53 @@ class TransformerDecoderLayer(Module):
         return self.norm3(x + self._ff(x))
 
 
-class TransformerDecoder(Module):
+class _Stack(Module):
+    """``num_layers`` copies of ``layer`` (starting from its weights, as torch's deep copies
+    do) in ``layers``, then ``norm`` if given."""
+
+    layer_type: type = _TransformerLayer
+
+    def __init__(self, layer: _TransformerLayer, num_layers: int, norm: Optional[Module] = None) -> None:
+        super().__init__()
+        what = type(self).__name__
+        if not isinstance(layer, self.layer_type):
+            raise TypeError(f"{what}: the layer must be a {self.layer_type.__name__}, got {type(layer).__name__}")
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"{what}: num_layers must be an int >= 1, got {num_layers!r}")
+        state = layer.state_dict()
+        copies = []
+        for _ in range(num_layers):
+            copy = self.layer_type(**layer._config)
+            copy.load_state_dict(state)
+            copies.append(copy)
+        self.layers = ModuleList(copies)
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def _input(self, x: TensorLike, name: str) -> Tensor:
+        return F._float_tensor(x, self.layers[0].linear1.weight.device, type(self).__name__, name)
+
+
+class TransformerEncoder(_Stack):
+    """``torch.nn.TransformerEncoder``: ``num_layers`` copies of ``encoder_layer`` (starting
+    from its weights, as torch's deep copies do) in ``layers``, then ``norm`` if given."""
+
+    layer_type = TransformerEncoderLayer
+
+    def forward(
+        self, src: TensorLike, mask: Any = None, src_key_padding_mask: Any = None, is_causal: bool = False
+    ) -> Tensor:
+        x = self._input(src, "src")
+        for layer in self.layers:
+            x = layer(x, mask, src_key_padding_mask, is_causal)
+        return x if self.norm is None else self.norm(x)
+
+
+class TransformerDecoder(_Stack):
     """``torch.nn.TransformerDecoder``: ``num_layers`` copies of ``decoder_layer`` (from its
     weights, as torch's deep copies) in ``layers``, then ``norm`` if given."""
 
-    def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int, norm: Optional[Module] = None) -> None:
-        super().__init__()
-        if not isinstance(decoder_layer, TransformerDecoderLayer):
-            raise TypeError(
-                f"TransformerDecoder: decoder_layer must be a TransformerDecoderLayer, got {type(decoder_layer).__name__}"
-            )
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"TransformerDecoder: num_layers must be an int >= 1, got {num_layers!r}")
-        state = decoder_layer.state_dict()
-        layers = []
-        for _ in range(num_layers):
-            layer = TransformerDecoderLayer(**decoder_layer._config)
-            layer.load_state_dict(state)
-            layers.append(layer)
-        self.layers = ModuleList(layers)
-        self.num_layers = num_layers
-        self.norm = norm
+    layer_type = TransformerDecoderLayer
 
     def forward(
         self,
@@ -405,7 +364,7 @@ class TransformerDecoder(Module):
         tgt_is_causal: bool = False,
         memory_is_causal: bool = False,
     ) -> Tensor:
-        x = F._float_tensor(tgt, self.layers[0].linear1.weight.device, "TransformerDecoder", "tgt")
+        x = self._input(tgt, "tgt")
         for layer in self.layers:
             x = layer(
                 x, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask, tgt_is_causal,
