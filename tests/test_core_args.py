@@ -41,6 +41,8 @@ OPTIONAL = {
     ("layer_norm_backward", "dx"),
     ("layer_norm_backward", "dweight"),
     ("layer_norm_backward", "dbias"),
+    ("attention_forward", "kbias"),
+    ("attention_backward", "kbias"),
 }
 
 
