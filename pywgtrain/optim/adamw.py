@@ -394,10 +394,7 @@ class AdamW(Optimizer):
                     "exp_avg": st["exp_avg"].numpy(),
                     "exp_avg_sq": st["exp_avg_sq"].numpy(),
                 }
-        groups = [
-            {k: v for k, v in g.items() if k != "params"} | {"params": [self._index[id(p)] for p in g["params"]]}
-            for g in self.param_groups
-        ]
+        groups = self._saved_groups()
         for g in groups:
             g["max_grad_norm"] = self.max_grad_norm
         return {"state": state, "param_groups": groups}
@@ -410,30 +407,9 @@ class AdamW(Optimizer):
         finite eps > 0, finite weight_decay >= 0, max_grad_norm None or finite >= 0 and the same
         in every group, no unknown options), each state's parameter index, step (an int >= 0)
         and moments (float32-compatible, the parameter's shape, exp_avg_sq >= 0)."""
-        if not isinstance(sd, Mapping) or set(sd) != {"state", "param_groups"}:
-            keys = sorted(sd) if isinstance(sd, Mapping) else type(sd).__name__
-            raise ValueError(f"optimizer state must be a mapping with 'state' and 'param_groups', got {keys}")
-        groups = sd["param_groups"]
-        if not isinstance(groups, (list, tuple)) or not all(isinstance(g, Mapping) for g in groups):
-            raise ValueError(f"optimizer state: param_groups must be a list of dicts, got {groups!r:.200}")
-        if len(groups) != len(self.param_groups):
-            raise ValueError(
-                f"optimizer state has {len(groups)} parameter groups, this optimizer {len(self.param_groups)}"
-            )
-        known = {"params", "initial_lr", "max_grad_norm", *self.defaults}
+        groups, states = self._check_frame(sd, ("max_grad_norm",))
         out_groups, norms = [], set()
-        for gi, (saved, mine) in enumerate(zip(groups, self.param_groups)):
-            where = f"optimizer state group {gi}"
-            unknown = sorted(set(saved) - known)
-            if unknown:
-                raise ValueError(f"{where} has unknown options {unknown}")
-            missing = sorted(k for k in ("params", "lr", "betas", "eps", "weight_decay") if k not in saved)
-            if missing:
-                raise ValueError(f"{where} lacks {missing}")
-            ps = saved["params"]
-            if not isinstance(ps, (list, tuple)) or len(ps) != len(mine["params"]):
-                n = len(ps) if isinstance(ps, (list, tuple)) else ps
-                raise ValueError(f"{where} has {n!r} parameters, this optimizer {len(mine['params'])}")
+        for where, saved in groups:
             betas = saved["betas"]
             if not isinstance(betas, (list, tuple)) or len(betas) != 2:
                 raise ValueError(f"{where}: betas must be a pair of numbers, got {betas!r}")
@@ -465,21 +441,8 @@ class AdamW(Optimizer):
             norms.add(None if norm is None else float(norm))
         if len(norms) > 1:
             raise ValueError(f"optimizer state: the groups disagree on max_grad_norm ({sorted(norms, key=str)})")
-        states = sd["state"]
-        if not isinstance(states, Mapping):
-            raise ValueError(f"optimizer state: 'state' must be a mapping, got {type(states).__name__}")
         out_state = {}
-        for key, st in states.items():
-            try:
-                i = int(key) if isinstance(key, (str, int, np.integer)) and not isinstance(key, bool) else None
-            except ValueError:
-                i = None
-            if i is None or not 0 <= i < len(self.params):
-                raise ValueError(
-                    f"optimizer state names parameter {key!r}; this optimizer has parameters 0..{len(self.params) - 1}"
-                )
-            if i in out_state:
-                raise ValueError(f"optimizer state names parameter {i} twice")
+        for i, st in states:
             if not isinstance(st, Mapping) or set(st) != {"step", "exp_avg", "exp_avg_sq"}:
                 got = sorted(st) if isinstance(st, Mapping) else type(st).__name__
                 raise ValueError(f"optimizer state {i} must hold step, exp_avg and exp_avg_sq, got {got}")

@@ -10,10 +10,9 @@ import numpy as np
 
 from .._checked import CheckedState
 from ..autograd import no_grad
+from ..nn.modules.module import float32_values
 from ..tensor import tensor
 from .optimizer import Optimizer, Params
-
-_HYPER = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize")
 
 
 def _check_sgd_group(group: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -90,58 +89,28 @@ class SGD(Optimizer):
             for i, st in enumerate(self.state)
             if "momentum_buffer" in st
         }
-        groups = [
-            {k: v for k, v in g.items() if k != "params"} | {"params": [self._index[id(p)] for p in g["params"]]}
-            for g in self.param_groups
-        ]
-        return {"state": state, "param_groups": groups}
+        return {"state": state, "param_groups": self._saved_groups()}
 
     def check_state_dict(self, sd: Mapping[str, Any]) -> CheckedState:
         """Validate a ``state_dict()`` of this optimizer without changing anything: the group count
         and sizes, each group's hyperparameters, each state's parameter index and momentum buffer
         (float32-compatible, the parameter's shape)."""
-        if not isinstance(sd, Mapping) or set(sd) != {"state", "param_groups"}:
-            keys = sorted(sd) if isinstance(sd, Mapping) else type(sd).__name__
-            raise ValueError(f"optimizer state must be a mapping with 'state' and 'param_groups', got {keys}")
-        groups = sd["param_groups"]
-        if not isinstance(groups, (list, tuple)) or len(groups) != len(self.param_groups):
-            raise ValueError(f"optimizer state must have {len(self.param_groups)} parameter groups")
+        groups, states = self._check_frame(sd)
         out_groups = []
-        for gi, (saved, mine) in enumerate(zip(groups, self.param_groups)):
-            if not isinstance(saved, Mapping):
-                raise ValueError(f"optimizer state group {gi} must be a dict")
-            unknown = sorted(set(saved) - {"params", "initial_lr", *_HYPER})
-            if unknown:
-                raise ValueError(f"optimizer state group {gi} has unknown options {unknown}")
-            missing = sorted(k for k in ("params", *_HYPER) if k not in saved)
-            if missing:
-                raise ValueError(f"optimizer state group {gi} lacks {missing}")
-            if len(saved["params"]) != len(mine["params"]):
-                raise ValueError(
-                    f"optimizer state group {gi} has {len(saved['params'])} parameters, this optimizer "
-                    f"{len(mine['params'])}"
-                )
-            group = _check_sgd_group(saved, f"optimizer state group {gi}")
+        for where, saved in groups:
+            group = _check_sgd_group(saved, where)
             if "initial_lr" in saved:
                 group["initial_lr"] = float(saved["initial_lr"])
             out_groups.append(group)
         state = {}
-        states = sd["state"]
-        if not isinstance(states, Mapping):
-            raise ValueError("optimizer state: 'state' must be a mapping")
-        for key, st in states.items():
-            i = int(key) if isinstance(key, (int, np.integer)) or (isinstance(key, str) and key.isdigit()) else -1
-            if not 0 <= i < len(self.params):
-                raise ValueError(f"optimizer state names parameter {key!r}, this optimizer has {len(self.params)}")
+        for i, st in states:
             if not isinstance(st, Mapping) or set(st) != {"momentum_buffer"}:
                 raise ValueError(f"optimizer state {i} must hold exactly 'momentum_buffer'")
-            buf = np.asarray(st["momentum_buffer"])
-            if buf.dtype.kind != "f" or buf.shape != self.params[i].shape:
-                raise ValueError(
-                    f"optimizer state {i}: momentum_buffer must be a float array of shape {self.params[i].shape}, "
-                    f"got {buf.dtype.name} {buf.shape}"
+            state[i] = {
+                "momentum_buffer": float32_values(
+                    st["momentum_buffer"], self.params[i].shape, f"optimizer state {i}.momentum_buffer"
                 )
-            state[i] = {"momentum_buffer": buf.astype(np.float32)}
+            }
         return CheckedState(self, {"state": state, "param_groups": out_groups})
 
     def load_state_dict(self, sd: Union[Mapping[str, Any], CheckedState]) -> None:
