@@ -603,14 +603,19 @@ eq = _elementwise2("eq")
 ne = _elementwise2("ne")
 
 
+def _bool_as_float(x: Any) -> Any:
+    """A boolean NumPy mask as 1.0 / 0.0 float32 (torch's bool tensors; there is no bool dtype
+    here); anything else as it is."""
+    return x.astype(np.float32) if isinstance(x, np.ndarray) and x.dtype == np.bool_ else x
+
+
 def where(condition: Operand, input: Operand, other: Operand) -> Tensor:  # noqa: A002 - torch's names
     """``input`` where ``condition`` is nonzero, else ``other`` (broadcast)."""
     dt = _elem_dtype(input, other)
     if dt is None:  # float16 with float32: computed in float32 (_dtype_rules)
         return NotImplemented
     dev = _device_of(condition, input, other)
-    if isinstance(condition, np.ndarray) and condition.dtype == np.bool_:  # torch's bool mask, as 1.0 / 0.0
-        condition = condition.astype(np.float32)
+    condition = _bool_as_float(condition)
     tc = _float_tensor(condition, dev, "where", "condition", _elem_dtype(condition))
     # (a scalar stays a float32 tensor: the kernel rounds it once into a float16 result)
     ta = (
@@ -942,23 +947,16 @@ def isfinite(x: TensorLike) -> Tensor:
     return lt(abs(_check_float(x, "isfinite")), math.inf)
 
 
-def _mask_tensor(mask, dev, op: str) -> Tensor:
-    """A mask operand as a float32 tensor (nonzero: true): a boolean NumPy array becomes 1.0 / 0.0."""
-    if isinstance(mask, np.ndarray) and mask.dtype == np.bool_:
-        mask = mask.astype(np.float32)
-    return _float_tensor(mask, dev, op, "mask")
-
-
 def masked_fill(x: TensorLike, mask: Operand, value: float) -> Tensor:
     """``x`` with ``value`` where ``mask`` is true (torch.masked_fill): ``mask`` a boolean NumPy
     array or a float tensor (nonzero: true) broadcastable to ``x``; no gradient where filled."""
     t = _float_tensor(x, _device_of(x), "masked_fill", "input", _elem_dtype(x))
     if not _is_scalar(value):
         raise TypeError(f"masked_fill: value must be a real number, got {type(value).__name__}")
-    m = _mask_tensor(mask, t.device, "masked_fill")
-    if _broadcast(m.shape, t.shape, "masked_fill") != t.shape:
-        raise ValueError(f"masked_fill: mask of shape {m.shape} does not broadcast to the input's {t.shape}")
-    return where(m, float(value), t)
+    shape = tuple(mask.shape) if isinstance(mask, (Tensor, np.ndarray)) else ()
+    if _broadcast(shape, t.shape, "masked_fill") != t.shape:
+        raise ValueError(f"masked_fill: mask of shape {shape} does not broadcast to the input's {t.shape}")
+    return where(mask, float(value), t)
 
 
 def _triangle(x: TensorLike, diagonal: int, lower: bool, op: str) -> Tensor:
@@ -1011,11 +1009,20 @@ def ones_like(x: Tensor, dtype: Any = None) -> Tensor:
 
 def full_like(x: Tensor, fill_value: float, dtype: Any = None) -> Tensor:
     """``fill_value`` in ``x``'s shape and device; float32 or float16 (``x``'s dtype unless given)."""
-    dt = np.dtype(x.dtype if dtype is None else dtype)
+    return _constant(x.shape, fill_value, x.dtype if dtype is None else dtype, x.device, "full_like")
+
+
+def _constant(shape: tuple[int, ...], value: float, dtype: Any, dev, op: str) -> Tensor:
+    """A new float32 or float16 tensor holding ``value`` everywhere, filled on the device (a
+    float16 fill rounds the value once)."""
+    dt = np.dtype(dtype)
     if dt not in (_FLOAT32, _HALF):
-        raise TypeError(f"full_like: dtype must be float32 or float16, got {dt.name}")
-    out = full(x.shape, fill_value, x.device)
-    return out if dt == _FLOAT32 else to_dtype(out, _HALF)
+        raise TypeError(f"{op}: dtype must be float32 or float16, got {dt.name}")
+    out = empty(shape, dt, dev)
+    if out._numel:
+        with _rec(dev) as rec:
+            _core.fill(rec, out._buf, out._numel, float(value), dt == _HALF)
+    return out
 
 
 def pad(x: TensorLike, pad: Sequence[int], mode: str = "constant", value: Optional[float] = None) -> Tensor:
@@ -1039,9 +1046,7 @@ def pad(x: TensorLike, pad: Sequence[int], mode: str = "constant", value: Option
         crop = crop.narrow(d, builtins.max(-left, 0), keep)
         index[d] = slice(builtins.max(left, 0), builtins.max(left, 0) + keep)
         shape[d] += left + right
-    out = full(tuple(shape), fill, t.device)
-    if t.dtype is _HALF:
-        out = to_dtype(out, _HALF)
+    out = _constant(tuple(shape), fill, t.dtype, t.device, "pad")
     if crop._numel:
         out[tuple(index)] = crop
     return out
@@ -1918,12 +1923,18 @@ def _nll_pick(x: Tensor, labels: Tensor, ignore_index: int) -> tuple[Tensor, Ten
     return picked, mask
 
 
-def _class_weights(weight: Optional[TensorLike], labels: Tensor, mask: Tensor, cols: int, dev, op: str):
-    """(weight [C] as a float32 tensor, weight[target_i] per row, 0 where ignored) for a loss's
-    ``weight`` argument."""
+def _class_weight_vector(weight: TensorLike, cols: int, dev, op: str) -> Tensor:
+    """A loss's ``weight`` argument checked: a float32 tensor of one weight per class."""
     w = _float_tensor(weight, dev, op, "weight")
     if w.shape != (cols,):
         raise ValueError(f"{op}: weight must have shape ({cols},), one per class, got {w.shape}")
+    return w
+
+
+def _class_weights(weight: TensorLike, labels: Tensor, mask: Tensor, cols: int, dev, op: str):
+    """(weight [C] as a float32 tensor, weight[target_i] per row, 0 where ignored) for a loss's
+    ``weight`` argument."""
+    w = _class_weight_vector(weight, cols, dev, op)
     if needs_grad(w):
         raise NotImplementedError(f"{op}: weight requires grad; gradients to class weights are not implemented")
     # Ignored rows' labels lie outside [0, C): their gathered rows are NaN, replaced by where().
@@ -2055,10 +2066,7 @@ def _soft_cross_entropy(x, target, weight, reduction, eps):
         t = t * (1.0 - eps) + eps / cols
     prod = t * logp
     if weight is not None:
-        w = _float_tensor(weight, x.device, "cross_entropy", "weight")
-        if w.shape != (cols,):
-            raise ValueError(f"cross_entropy: weight must have shape ({cols},), one per class, got {w.shape}")
-        prod = prod * w
+        prod = prod * _class_weight_vector(weight, cols, x.device, "cross_entropy")
     return _reduced_loss(-sum(prod, -1), reduction)
 
 

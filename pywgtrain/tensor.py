@@ -785,7 +785,7 @@ class Tensor(_TensorFields):
         return self.new_full(_size_args(size), 1.0)
 
     def new_full(self, size: ShapeLike, fill_value: Scalar) -> Tensor:
-        return F.full_like(empty(size, self.dtype, self.device), fill_value)
+        return F._constant(_shape_arg(size), fill_value, self.dtype, self.device, "new_full")
 
     def var(
         self, dim: Dims = None, unbiased: Optional[bool] = None, keepdim: bool = False, correction: Optional[int] = None
