@@ -11,6 +11,7 @@ import numpy as np
 from ... import functions as F
 from ...device import Device, resolve_device
 from ...tensor import Tensor, TensorLike
+from .. import init
 from ..parameter import Parameter
 from .container import ModuleList
 from .dropout import Dropout
@@ -400,8 +401,6 @@ class Transformer(Module):
         seed: Optional[int] = None,
     ) -> None:
         super().__init__()
-        from .. import init
-
         dev = resolve_device(device)
         kw: dict[str, Any] = dict(
             dim_feedforward=dim_feedforward, dropout=dropout, activation=activation, layer_norm_eps=layer_norm_eps,
